@@ -1,0 +1,118 @@
+"""Overhead and scaling of ddp_core, as ratios measured in one run on this machine.
+
+    python benchmarks/bench_ddp_core.py [--dataset synthetic|imdb] [--repeats 3]
+
+1. ddp_core at 1 rank vs a minimal plain PyTorch loop (same model, data, batch, optimizer): target >= 0.97.
+2. ddp_core with timers vs `--no-timers`, at 1 and 2 ranks: target >= 0.98.
+3. Samples/s at 1 rank vs 2 ranks on the same cores, small and medium presets.
+
+Every figure is steady-state throughput: the mean over epochs after the first. Each comparison
+alternates its two sides `--repeats` times and reports the median, so that a burst of load from
+elsewhere on a shared machine hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ddp_core.config import TrainConfig
+from ddp_core.data import load_data
+from ddp_core.model import ModelConfig, TransformerClassifier
+
+EPOCHS = 3
+
+
+def workload(dataset: str, preset: str) -> list[str]:
+    return ["--dataset", dataset, "--preset", preset, "--train-samples", "1024", "--eval-samples", "64",
+            "--seq-len", "128", "--global-batch-size", "32", "--epochs", str(EPOCHS), "--seed", "0", "--no-progress"]
+
+
+def steady_samples_per_s(epoch_rates: list[float]) -> float:
+    return statistics.mean(epoch_rates[1:])
+
+
+def ddp_core_rate(args: list[str], nproc: int, scratch: Path) -> float:
+    out = scratch / f"run{time.monotonic_ns()}"
+    launcher = [sys.executable, "-m", "ddp_core.train"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ddp_core.train"]
+    subprocess.run(launcher + args + ["--out", str(out)], check=True, capture_output=True)
+    with open(out / "metrics.csv") as f:
+        return steady_samples_per_s([float(row["samples_per_s"]) for row in csv.DictReader(f)])
+
+
+def plain_loop_rate(args: list[str], scratch: Path) -> float:
+    """The same training in the simplest loop PyTorch allows, run in a fresh process like ddp_core."""
+    code = f"import sys; sys.argv = ['x'] + {args!r}; from benchmarks.bench_ddp_core import plain_loop; plain_loop()"
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def plain_loop() -> None:
+    from ddp_core.config import parse_args
+
+    cfg: TrainConfig = parse_args(sys.argv[1:])
+    data = load_data(cfg)
+    torch.manual_seed(cfg.seed)
+    model = TransformerClassifier(ModelConfig.from_preset(cfg.preset, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
+                                                          num_classes=data.num_classes, dropout=cfg.dropout))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    batch, rates = cfg.global_batch_size, []
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(data.train_labels))
+        start = time.perf_counter()
+        steps = len(order) // batch
+        for step in range(steps):
+            idx = order[step * batch:(step + 1) * batch]
+            loss = F.cross_entropy(model(data.train_ids[idx].long()), data.train_labels[idx])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        rates.append(steps * batch / (time.perf_counter() - start))
+    print(steady_samples_per_s(rates))
+
+
+def alternate(name: str, measure_a, measure_b, repeats: int) -> tuple[float, float, float]:
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(measure_a())
+        b.append(measure_b())
+    ra, rb = statistics.median(a), statistics.median(b)
+    print(f"{name}: {ra:.1f} vs {rb:.1f} samples/s, ratio {ra / rb:.3f}", flush=True)
+    return ra, rb, ra / rb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="synthetic", choices=["synthetic", "imdb"])
+    parser.add_argument("--repeats", type=int, default=3)
+    opts = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dataset {opts.dataset}, "
+          f"median of {opts.repeats} alternating repeats, steady epochs 2..{EPOCHS}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        small = workload(opts.dataset, "small")
+        alternate("1. ddp_core (1 rank) / plain loop", lambda: ddp_core_rate(small, 1, scratch),
+                  lambda: plain_loop_rate(small, scratch), opts.repeats)
+        for nproc in (1, 2):
+            alternate(f"2. timers on / off ({nproc} rank{'s' if nproc > 1 else ''})",
+                      lambda: ddp_core_rate(small, nproc, scratch),
+                      lambda: ddp_core_rate(small + ["--no-timers"], nproc, scratch), opts.repeats)
+        for preset in ("small", "medium"):
+            args = workload(opts.dataset, preset)
+            alternate(f"3. {preset}: 2 ranks / 1 rank", lambda: ddp_core_rate(args, 2, scratch),
+                      lambda: ddp_core_rate(args, 1, scratch), opts.repeats)
+
+
+if __name__ == "__main__":
+    main()

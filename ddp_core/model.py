@@ -1,0 +1,94 @@
+"""A pre-LN transformer encoder that classifies a padded token sequence.
+
+Padding never changes a prediction: padded keys are masked out of attention and the sequence
+representation is the mean over real tokens only. Token id 0 is padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PAD_ID = 0
+
+PRESETS = {
+    "tiny": dict(d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.0),
+    "small": dict(d_model=128, n_layers=2, n_heads=4, d_ff=512, dropout=0.1),
+    "medium": dict(d_model=256, n_layers=4, n_heads=8, d_ff=1024, dropout=0.1),
+    "large": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, dropout=0.1),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    max_len: int
+    num_classes: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    dropout: float
+
+    @classmethod
+    def from_preset(cls, preset: str, *, vocab_size: int, max_len: int, num_classes: int,
+                    dropout: float | None = None) -> "ModelConfig":
+        shape = dict(PRESETS[preset])
+        if dropout is not None:
+            shape["dropout"] = dropout
+        return cls(vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, **shape)
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.dropout
+        self.ln_attn = nn.LayerNorm(cfg.d_model)
+        # No bias: a key bias shifts every score of a query equally, so softmax cancels it and its gradient is
+        # exactly zero; Adam would turn that zero's rounding noise into full-size, rank-dependent updates.
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln_ff = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.ln_attn(x)).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :],
+                                              dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(batch, length, width)))
+        return x + self.drop(self.ff(self.ln_ff(x)))
+
+
+class TransformerClassifier(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model {cfg.d_model} does not divide into {cfg.n_heads} heads")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_out = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        attend = ids != PAD_ID
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.drop(self.tok_emb(ids) + self.pos_emb(positions))
+        for block in self.blocks:
+            x = block(x, attend)
+        x = self.ln_out(x)
+        weights = attend.unsqueeze(-1).to(x.dtype)
+        pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        return self.head(pooled)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

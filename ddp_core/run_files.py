@@ -1,0 +1,95 @@
+"""The files of a run directory: `metrics.csv`, `run.json` and `checkpoint.pt`.
+
+Each is written so that a run killed at any moment leaves valid files: CSV rows are flushed and
+fsynced as they are appended, and whole files are replaced atomically (write, then rename).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import socket
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+METRICS_COLUMNS = [
+    "epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
+    "epoch_time_s", "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s",
+    "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
+    "samples_per_s", "peak_memory_mb",
+]
+
+
+def append_metrics_row(path: Path, row: dict) -> None:
+    """Append one epoch's row; it is on disk when this returns."""
+    new_file = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
+        if new_file:
+            writer.writeheader()
+        writer.writerow({name: row[name] for name in METRICS_COLUMNS})
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def drop_metrics_after(path: Path, last_epoch: int) -> None:
+    """Forget rows of epochs after the last checkpoint: a resumed run trains them again."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        rows = [row for row in csv.DictReader(f) if int(row["epoch"]) <= last_epoch]
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    else:
+        torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    """The commit of the ddp_core checkout, with `-dirty` when it has uncommitted changes."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def environment(device: torch.device) -> dict:
+    """Hardware and software provenance for run.json."""
+    info = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "device_name": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "git_commit": git_commit(),
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return info

@@ -1,0 +1,132 @@
+"""Per-epoch phase and communication timers for a DDP training loop.
+
+How each number is measured (the report's methods chapter cites this):
+
+Clock. Every timestamp is taken on the timeline that limits throughput. On a GPU that is the
+device stream: a `torch.cuda.Event` is recorded at each boundary and all of them are converted to
+seconds once, at the end of the epoch, after one `torch.cuda.synchronize()`; no step is ever
+synchronised for the sake of measuring it. On a CPU the timestamps are `time.perf_counter()`.
+Host work that overlaps with GPU work already queued therefore costs nothing on a GPU, which is
+the truth about its cost.
+
+Phases. `data` (taking the next batch and moving it to the device), `forward` (model and loss),
+`backward` (`loss.backward()`, which in DDP returns only once every gradient bucket has been
+all-reduced) and `optimizer` (the AdamW step, learning-rate schedule and zeroing gradients) are
+the spans between consecutive boundaries, summed over the epoch's micro-steps.
+
+Communication. DDP hands each gradient bucket to a communication hook as soon as all of its
+gradients are ready, while the backward pass carries on with earlier layers. The hook here is
+PyTorch's default averaging all-reduce with two timestamps added: when the bucket was handed over
+and when its reduced result was ready (recorded in the all-reduce future's callback, which on a
+GPU runs on a stream that waits for the NCCL kernel).
+
+- `comm_total_s` is the time during which at least one all-reduce was in flight: the length of
+  the union of the per-bucket [handed over, reduced] intervals. Buckets queue behind each other on
+  one communication stream, so the union counts each moment once.
+- `comm_exposed_s` is the communication that backward could not hide: per optimizer step, from the
+  moment the last bucket was handed over (the backward computation is finished then) to the moment
+  the last all-reduce completed, which is the time the step waits for the network before the
+  optimizer may run. It is part of `backward_time_s` and never exceeds `comm_total_s`.
+
+What this leaves out: when compute and communication share a resource (on a CPU the same cores;
+on a GPU the SMs and memory bandwidth that NCCL kernels use), communication also slows the
+backward computation it overlaps with. That cost shows up as a longer `backward_time_s` than
+in a 1-rank run with the same per-rank batch, not in `comm_exposed_s`. A 1-rank run has no
+process group and no DDP wrapper, so its communication is exactly zero.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+class _Clock:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.origin = None
+
+    def now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def reset(self):
+        self.origin = self.now()
+
+    def seconds(self, stamp) -> float:
+        """Seconds since `reset()`; on a GPU valid only after the device was synchronised."""
+        if not self.cuda:
+            return stamp - self.origin
+        return self.origin.elapsed_time(stamp) / 1000.0
+
+
+class EpochTimer:
+    """Collects phase spans and per-bucket all-reduce spans for one epoch at a time."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.enabled = enabled
+        self.clock = _Clock(device)
+        self.begin_epoch()
+
+    def begin_epoch(self) -> None:
+        self.phase_spans = defaultdict(list)
+        self.comm_spans_per_step = []
+        if self.enabled:
+            self.clock.reset()
+
+    @contextmanager
+    def phase(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        start = self.clock.now()
+        yield
+        self.phase_spans[name].append((start, self.clock.now()))
+
+    def begin_step(self) -> None:
+        """Marks the start of an optimizer step: all-reduces after this belong to it."""
+        self.comm_spans_per_step.append([])
+
+    def allreduce_hook(self, process_group, bucket):
+        """DDP communication hook: the default averaging all-reduce, timed."""
+        spans = self.comm_spans_per_step[-1]
+        handed_over = self.clock.now()
+
+        def reduced(fut):
+            spans.append((handed_over, self.clock.now()))
+            return fut.value()
+
+        return default_hooks.allreduce_hook(process_group, bucket).then(reduced)
+
+    def end_epoch(self) -> dict[str, float]:
+        """Seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank)."""
+        if not self.enabled:
+            return {f"{name}_time_s": float("nan") for name in PHASES} | {"comm_total_s": float("nan"),
+                                                                          "comm_exposed_s": float("nan")}
+        if self.clock.cuda:
+            torch.cuda.synchronize()
+        sec = self.clock.seconds
+        totals = {f"{name}_time_s": sum(sec(b) - sec(a) for a, b in self.phase_spans[name]) for name in PHASES}
+        step_spans = [[(sec(a), sec(b)) for a, b in spans] for spans in self.comm_spans_per_step if spans]
+        totals["comm_total_s"] = union_length([span for spans in step_spans for span in spans])
+        totals["comm_exposed_s"] = sum(max(b for _, b in spans) - max(a for a, _ in spans) for spans in step_spans)
+        return totals
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by a set of intervals, each moment counted once."""
+    total, covered_until = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_until:
+            total += end - max(start, covered_until)
+            covered_until = end
+    return total

@@ -1,0 +1,53 @@
+"""The identities the report rests on: DDP equals large-batch SGD, resume is exact, the model learns."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_SYNTHETIC, read_metrics
+
+
+def final_parameters(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_two_ranks_hold_the_same_parameters_as_one_rank_with_the_same_global_batch(train, tmp_path, grad_accum):
+    common = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 16 * 6,
+              "--eval-samples", 64, "--epochs", 1, "--lr", "3e-3", "--warmup-steps", 2]
+    train(*common, "--out", tmp_path / "one")
+    train(*common, "--grad-accum", grad_accum, "--out", tmp_path / "two", nproc=2)
+
+    one, two = final_parameters(tmp_path / "one"), final_parameters(tmp_path / "two")
+    assert read_metrics(tmp_path / "two")[0]["steps"] == "6"
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=f"parameter {name} differs")
+
+
+def test_resume_after_one_epoch_reproduces_an_uninterrupted_run(train, tmp_path):
+    common = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 32, "--train-samples", 512,
+              "--eval-samples", 128]
+    train(*common, "--epochs", 2, "--out", tmp_path / "straight", nproc=2)
+    train(*common, "--epochs", 1, "--out", tmp_path / "resumed", nproc=2)
+    train(*common, "--epochs", 2, "--out", tmp_path / "resumed", "--resume", nproc=2)
+
+    learning = ["epoch", "train_loss", "val_loss", "val_accuracy", "lr"]
+    straight = [{k: row[k] for k in learning} for row in read_metrics(tmp_path / "straight")]
+    resumed = [{k: row[k] for k in learning} for row in read_metrics(tmp_path / "resumed")]
+    assert resumed == straight
+    run_info = json.loads((tmp_path / "resumed" / "run.json").read_text())
+    assert len(run_info["resumed_at"]) == 1 and run_info["end_time"]
+
+
+def test_synthetic_task_is_learned(train, tmp_path):
+    train(*TINY_SYNTHETIC, "--global-batch-size", 32, "--epochs", 4, "--lr", "3e-3", "--warmup-steps", 10,
+          "--out", tmp_path / "run")
+    assert float(read_metrics(tmp_path / "run")[-1]["val_accuracy"]) >= 0.95
+
+
+def test_small_model_learns_imdb_well_above_chance(train, tmp_path, data_dir):
+    train("--dataset", "imdb", "--data-dir", data_dir, "--preset", "small", "--train-samples", 3000,
+          "--eval-samples", 1000, "--seq-len", 128, "--global-batch-size", 32, "--epochs", 2, "--lr", "3e-3",
+          "--warmup-steps", 30, "--no-progress", "--out", tmp_path / "imdb")
+    assert float(read_metrics(tmp_path / "imdb")[-1]["val_accuracy"]) >= 0.65
