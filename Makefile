@@ -1,9 +1,9 @@
-# `make report` runs the default experiment set; `make test` runs the test suite.
+# `make report` runs the default experiments and builds the book; `make test` runs the test suite.
 # Both create .venv and install what they need when it is missing.
 
 PYTHON ?= python3
 VENV := .venv
-PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
 # A CPU build of torch (on disk on the project's machines). GPU users: use environment.yml, or
 # `make TORCH_SPEC='torch>=2.4' ...` to let pip pick a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
@@ -11,31 +11,58 @@ TORCH_SPEC ?= torch==2.13.0
 # exists, else the Hugging Face Hub.
 export DDP_CORE_DATA_DIR := $(or $(DDP_CORE_DATA_DIR),$(abspath $(wildcard ../shared/data)))
 
-# The default experiment: IMDB, small preset, sized to finish in a few minutes on a 2-core CPU.
-EXPERIMENT ?= results/report
+# The experiment: notebooks/profiles/$(PROFILE).yml, once per world size, into results/$(EXPERIMENT).
+PROFILE ?= default
+EXPERIMENT ?= report
 WORLD_SIZES ?= 1 2 4
-TRAIN_ARGS ?= --dataset imdb --preset small --train-samples 2000 --eval-samples 1000 --seq-len 128 \
-	--global-batch-size 32 --epochs 3 --lr 3e-3 --warmup-steps 30 --seed 0
+RESULTS_DIR ?= results
+# The runs the book shows (book/results links there).
+RESULTS ?= $(RESULTS_DIR)/$(EXPERIMENT)
+MATHJAX := book/_static/mathjax/tex-chtml.js
+TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
 
-.PHONY: test report install clean-venv
+.PHONY: test report book pdf install
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e '.[dev]'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
-	$(PY) -m pytest
+test: $(VENV)/.installed $(MATHJAX)
+	$(BIN)/python -m pytest
 
-$(EXPERIMENT)/n%/metrics.csv: | $(VENV)/.installed
-	$(PY) -m ddp_core.train $(TRAIN_ARGS) --check
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $* -m ddp_core.train $(TRAIN_ARGS) --out $(EXPERIMENT)/n$*
+# One papermill execution of the run notebook per world size, saved next to the run's CSVs. A run that
+# fails leaves its partial notebook as run_experiment.failed.ipynb for inspection.
+$(RESULTS_DIR)/$(EXPERIMENT)/n%/run_experiment.ipynb: notebooks/run_experiment.md notebooks/profiles/$(PROFILE).yml | $(VENV)/.installed
+	mkdir -p $(@D)
+	$(BIN)/jupytext --to ipynb -o - $< | $(BIN)/papermill --no-progress-bar - $(@D)/run_experiment.failed.ipynb \
+		-f notebooks/profiles/$(PROFILE).yml -p world_size $* -p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
+	mv $(@D)/run_experiment.failed.ipynb $@
 
-report: $(foreach n,$(WORLD_SIZES),$(EXPERIMENT)/n$(n)/metrics.csv)
-	$(PY) -m ddp_core.analysis $(EXPERIMENT)
+report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb)
+	$(BIN)/python -m ddp_core.analysis $(RESULTS_DIR)/$(EXPERIMENT)
+	$(MAKE) book RESULTS=$(RESULTS_DIR)/$(EXPERIMENT)
 
-clean-venv:
-	rm -rf $(VENV)
+book: $(VENV)/.installed $(MATHJAX)
+	ln -sfn $(abspath $(RESULTS)) book/results
+	$(BIN)/jupyter-book build book -W --keep-going
+	@echo "HTML: _build/html/index.html"
+
+pdf: $(VENV)/.installed
+	command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends $(TEX_PACKAGES))
+	ln -sfn $(abspath $(RESULTS)) book/results
+	$(BIN)/jupyter-book build book --builder pdflatex
+	@echo "PDF: _build/latex/book.pdf"
+
+# MathJax served from the site itself, so that equations render without internet.
+$(MATHJAX):
+	npm install --no-save --no-audit --no-fund --prefix .npm mathjax@3.2.2
+	mkdir -p $(@D)/output/chtml $(@D)/input/tex
+	cp .npm/node_modules/mathjax/es5/tex-chtml.js $@
+	cp -r .npm/node_modules/mathjax/es5/output/chtml/fonts $(@D)/output/chtml/
+	cp -r .npm/node_modules/mathjax/es5/input/tex/extensions $(@D)/input/tex/
+	cp -r .npm/node_modules/mathjax/es5/a11y .npm/node_modules/mathjax/es5/ui $(@D)/

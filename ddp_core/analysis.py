@@ -24,6 +24,16 @@ class ResultsError(Exception):
     """A results folder that cannot be analysed; the message names the file and the reason."""
 
 
+def book_results_folder(start: Path | None = None) -> Path:
+    """The results the book shows: `book/results` (a link that `make report` or the user points at a folder
+    of runs) in the project that holds the current directory."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_config.yml").is_file() and (folder / "book").is_dir():
+            return folder / "book" / "results"
+    raise ResultsError(f"{here}: not inside the report's project (no _config.yml with a book/ folder above it)")
+
+
 def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     metrics_path, info_path = run_dir / "metrics.csv", run_dir / "run.json"
     for path in (metrics_path, info_path):
@@ -76,6 +86,9 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
     Speedup is T1/TN with T the mean epoch time per trained sample, which is the epoch-time ratio when
     every run trains the same number of samples per epoch and stays fair when `drop_last` makes them differ.
     """
+    if 1 not in set(metrics["world_size"]):
+        raise ResultsError(f"no 1-rank run among world sizes {sorted(set(metrics['world_size']))}: "
+                           f"speedup is measured against one rank")
     steady = steady_epochs(metrics)
     per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
     steady = steady.assign(
@@ -99,9 +112,8 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
     last = metrics.sort_values("epoch").groupby("world_size").last()
     table["final_val_accuracy"] = last["val_accuracy"]
     table["global_batch_size"] = last["global_batch_size"]
-    if 1 in table.index:
-        table["speedup"] = table.loc[1, "time_per_sample_s"] / table["time_per_sample_s"]
-        table["efficiency"] = table["speedup"] / table.index
+    table["speedup"] = table.loc[1, "time_per_sample_s"] / table["time_per_sample_s"]
+    table["efficiency"] = table["speedup"] / table.index
     comm = table["comm_total_per_step_s"]
     table["compute_to_comm_ratio"] = (table["compute_per_step_s"] / comm).where(comm > 0)
     return table
@@ -114,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         metrics, _ = load_experiment(argv[0])
+        table = scaling_table(metrics)
     except ResultsError as exc:
         print(f"ddp_core.analysis: error: {exc}", file=sys.stderr)
         return 2
     columns = ["global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
                "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
-    table = scaling_table(metrics)
-    print(table[[c for c in columns if c in table]].to_string(float_format=lambda v: f"{v:.4g}"))
+    print(table[columns].to_string(float_format=lambda v: f"{v:.4g}"))
     return 0
 
 

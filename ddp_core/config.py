@@ -103,11 +103,18 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> TrainConfig:
+    """The checked config; `world_size` defaults to torchrun's WORLD_SIZE (a launcher may check ahead of it)."""
     ns = build_parser().parse_args(argv)
     cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in fields(TrainConfig)})
-    validate(cfg, world_size_from_env())
+    validate(cfg, world_size if world_size is not None else world_size_from_env())
     return cfg
+
+
+def differing_settings(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The options that change what is trained and differ between a saved run's config and `cfg`."""
+    now = cfg.to_dict()
+    return ["--" + k.replace("_", "-") for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
 
 
 def micro_batch_size(cfg: TrainConfig, world_size: int) -> int:

@@ -76,6 +76,16 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: torch.device) -> dict:
     """Hardware and software provenance for run.json."""
     info = {
@@ -85,7 +95,7 @@ def environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": None,
-        "device_name": platform.processor() or platform.machine(),
+        "device_name": cpu_model(),
         "cpu_count": os.cpu_count(),
         "git_commit": git_commit(),
     }

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from ddp_core.config import (CHECKPOINT_NAME, RESUMABLE_CHANGES, TrainConfig, UsageError, global_batch_size,
+from ddp_core.config import (CHECKPOINT_NAME, TrainConfig, UsageError, differing_settings, global_batch_size,
                              micro_batch_size, parse_args)
 from ddp_core.data import EncodedData, load_data
 from ddp_core.model import ModelConfig, TransformerClassifier, count_parameters
@@ -132,11 +132,10 @@ def new_run_dir(cfg: TrainConfig, world_size: int) -> Path:
 
 def load_checkpoint(cfg: TrainConfig, rt: Runtime) -> dict:
     ckpt = torch.load(Path(cfg.out) / CHECKPOINT_NAME, map_location=rt.device, weights_only=False)
-    saved, now = ckpt["config"], cfg.to_dict()
-    changed = [k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+    changed = differing_settings(ckpt["config"], cfg)
     if changed:
-        raise UsageError(f"--resume: {', '.join('--' + k.replace('_', '-') for k in changed)} differ(s) from the run "
-                         f"being resumed; resume with the same arguments (only --epochs may grow)")
+        raise UsageError(f"--resume: {', '.join(changed)} differ(s) from the run being resumed; "
+                         f"resume with the same arguments (only --epochs may grow)")
     if ckpt["world_size"] != rt.world_size:
         raise UsageError(f"--resume: the run used {ckpt['world_size']} rank(s), this launch has {rt.world_size}")
     return ckpt

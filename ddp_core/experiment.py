@@ -1,0 +1,110 @@
+"""One experiment configuration, run from the `run_experiment` notebook: check, launch, find results.
+
+Parameters are checked with the trainer's own parser before any process starts, so a bad value
+fails the notebook's first cell with one line. A run directory that already holds the same
+finished run is reused (papermill can re-execute the notebook without retraining), an
+interrupted one is resumed, and one with other settings is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_core.config import CHECKPOINT_NAME, UsageError, differing_settings, parse_args
+
+LAUNCHERS = ("local",)
+
+
+class ExperimentError(Exception):
+    """A bad notebook parameter or a failed launch, in one line."""
+
+
+@dataclass
+class Plan:
+    world_size: int
+    run_dir: Path
+    train_args: list[str]
+    action: str  # "train", "resume" or "reuse"
+
+
+def train_args(**options) -> list[str]:
+    """`--name value` for each option that is set; True flags become bare switches."""
+    args = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        args.append("--" + name.replace("_", "-"))
+        if value is not True:
+            args.append(str(value))
+    return args
+
+
+def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, **options) -> Plan:
+    """Check every parameter and decide what to do with the run directory; starts nothing."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
+    if launcher == "slurm":
+        raise ExperimentError("launcher 'slurm' is not available yet; use launcher='local'")
+    if launcher not in LAUNCHERS:
+        raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    run_dir = Path(results_dir) / experiment / f"n{world_size}"
+    args = train_args(**options)
+    try:
+        cfg = parse_args(args, world_size=world_size)
+    except UsageError as exc:
+        raise ExperimentError(str(exc)) from None
+    action = "train"
+    if (run_dir / "run.json").exists():
+        info = json.loads((run_dir / "run.json").read_text())
+        changed = differing_settings(info["config"], cfg)
+        if changed or info["world_size"] != world_size:
+            raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed) or 'world size'}); "
+                                  f"choose another experiment name")
+        finished = info.get("end_time") and info["config"]["epochs"] >= cfg.epochs
+        if finished:
+            action = "reuse"
+        elif (run_dir / CHECKPOINT_NAME).exists():
+            action = "resume"
+        else:
+            raise ExperimentError(f"{run_dir} holds an interrupted run without a checkpoint; delete it or choose "
+                                  f"another experiment name")
+    return Plan(world_size, run_dir, args, action)
+
+
+def launch_command(plan: Plan) -> list[str]:
+    if plan.world_size == 1:
+        return [sys.executable, "-m", "ddp_core.train"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
+            "-m", "ddp_core.train"]
+
+
+def run_local(plan: Plan) -> None:
+    """Check the data, then train with torchrun (plain python for 1 rank), echoing each epoch's line."""
+    if plan.action == "reuse":
+        print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
+        return
+    check = subprocess.run([sys.executable, "-m", "ddp_core.train", *plan.train_args, "--check"],
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        raise ExperimentError((check.stderr.strip().splitlines() or ["data check failed"])[-1])
+    print(check.stdout.strip())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // plan.world_size)))
+    command = [*launch_command(plan), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
+    if plan.action == "resume":
+        command.append("--resume")
+    print("$", " ".join(command), flush=True)
+    tail = deque(maxlen=20)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            if line.startswith("ddp_core:"):
+                print(line.rstrip(), flush=True)
+    if proc.returncode != 0:
+        raise ExperimentError(f"training exited with code {proc.returncode}; its last lines:\n" + "\n".join(tail))

@@ -1,0 +1,135 @@
+"""The report: notebooks run under papermill, the book builds with warnings as errors, and what it
+shows is what the CSVs say."""
+
+import html
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import jupytext
+import pandas as pd
+import papermill
+import pytest
+
+from conftest import REPO
+from ddp_core.experiment import ExperimentError, prepare
+
+WORLD_SIZES = (1, 4)
+
+
+def page_text(site: Path, page: str) -> str:
+    text = html.unescape(re.sub(r"<[^>]+>", " ", (site / f"{page}.html").read_text()))
+    return re.sub(r"\s+", " ", text)
+
+
+def as_ipynb(md: Path, folder: Path) -> Path:
+    path = folder / (md.stem + ".ipynb")
+    jupytext.write(jupytext.read(md), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, isolated_env):
+    """A copy of the project in which `make report` ran on the tiny profile, as CI and a user run it."""
+    project = tmp_path_factory.mktemp("project")
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        source = REPO / name
+        if source.is_symlink():
+            (project / name).symlink_to(source.readlink())
+        else:
+            shutil.copy2(source, project / name)
+    shutil.copytree(REPO / "book" / "_static" / "mathjax", project / "book" / "_static" / "mathjax")
+    (project / ".venv").symlink_to(REPO / ".venv")
+    sizes = " ".join(map(str, WORLD_SIZES))
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}"],
+                          cwd=project, env=isolated_env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return project
+
+
+def test_each_run_keeps_its_executed_notebook_next_to_its_csvs(project):
+    for n in WORLD_SIZES:
+        run_dir = project / "results" / "report" / f"n{n}"
+        assert {"metrics.csv", "run.json", "run_experiment.ipynb"} <= {p.name for p in run_dir.iterdir()}
+        assert (project / "_build" / "html" / "results" / f"n{n}" / "run_experiment.html").is_file()
+
+
+def test_theory_page_renders_its_equations_with_local_mathjax(project):
+    site = project / "_build" / "html"
+    theory = (site / "theory.html").read_text()
+    assert theory.count('class="math notranslate nohighlight"') >= 10
+    assert r"T_\text{ring}(S, N) = 2(N-1)\,\alpha + 2\,\frac{N-1}{N}\, S\, \beta" in html.unescape(theory)
+    assert 'src="_static/mathjax/tex-chtml.js' in theory and "cdn" not in theory.lower()
+    assert (site / "_static" / "mathjax" / "tex-chtml.js").is_file()
+
+
+def test_results_page_has_its_figures(project):
+    site = project / "_build" / "html" / "notebooks"
+    images = re.findall(r'<img[^>]+src="([^"]+\.png)"', (site / "scaling_analysis.html").read_text())
+    assert len(images) >= 4
+    assert all((site / src).resolve().is_file() for src in images)
+
+
+def test_numbers_in_the_prose_are_those_of_the_csvs(project):
+    runs = {n: pd.read_csv(project / "results" / "report" / f"n{n}" / "metrics.csv") for n in WORLD_SIZES}
+    steady = {n: df[df["epoch"] > 1] for n, df in runs.items()}
+    per_sample = {n: (df["epoch_time_s"] / df["train_samples"]).mean() for n, df in steady.items()}
+    largest = max(WORLD_SIZES)
+    speedup = per_sample[1] / per_sample[largest]
+    text = page_text(project / "_build" / "html", "notebooks/scaling_analysis")
+    assert f"one epoch takes {steady[largest]['epoch_time_s'].mean():.2f} s" in text
+    assert f"against {steady[1]['epoch_time_s'].mean():.2f} s on one rank" in text
+    assert f"a speedup of {speedup:.2f}" in text
+    assert f"efficiency of {speedup / largest:.1%}" in text
+    assert f"it is {runs[1]['val_accuracy'].iloc[-1]:.3f} on one rank" in text
+    discussion = page_text(project / "_build" / "html", "discussion")
+    assert f"the speedup is {speedup:.2f} for an efficiency of {speedup / largest:.1%}" in discussion
+
+
+def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
+    common = dict(world_size=1, launcher="local", results_dir=str(project / "results"), experiment="report",
+                  dataset="synthetic", preset="tiny", epochs=2, global_batch_size=16, seq_len=32, vocab_size=128,
+                  train_samples=256, eval_samples=64, lr=0.003, warmup_steps=5, seed=0)
+    assert prepare(**common).action == "reuse"
+    with pytest.raises(ExperimentError, match="holds a run with other settings \\(--lr\\)"):
+        prepare(**common | {"lr": 0.01})
+
+
+@pytest.mark.parametrize("parameters,message", [
+    ({"world_size": 0}, "world_size must be a positive integer, got 0"),
+    ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local"),
+    ({"dataset": "mnist"}, "invalid choice: 'mnist'"),
+], ids=["world_size 0", "unknown launcher", "unknown dataset"])
+def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, message):
+    notebook = as_ipynb(REPO / "notebooks" / "run_experiment.md", tmp_path)
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        papermill.execute_notebook(notebook, tmp_path / "out.ipynb", cwd=tmp_path, progress_bar=False,
+                                   parameters={"results_dir": str(tmp_path / "results"), **parameters})
+    assert failure.value.ename == "ExperimentError"
+    assert message in failure.value.evalue and "\n" not in failure.value.evalue
+    executed = [c for c in jupytext.read(tmp_path / "out.ipynb").cells if c.cell_type == "code"]
+    failed = next(i for i, c in enumerate(executed) if any(o.get("output_type") == "error" for o in c.outputs))
+    assert "prepare(" in executed[failed].source
+    parameter_tags = {"parameters", "injected-parameters"}
+    assert all(parameter_tags & set(executed[i].metadata.get("tags", [])) for i in range(failed))
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda run: (run / "metrics.csv").unlink(), "metrics.csv: missing"),
+    (lambda run: (run / "metrics.csv").write_text("epoch,world_size\n1,1\n"), "metrics.csv: missing column(s)"),
+    (lambda run: (run / "metrics.csv").write_bytes(b'epoch,"world\n\x00\x01'), "metrics.csv: unreadable CSV"),
+], ids=["missing CSV", "CSV without its columns", "corrupt CSV"])
+def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, reason):
+    results = tmp_path / "experiment"
+    shutil.copytree(project / "results" / "report", results)
+    damage(results / "n4")
+    notebook = as_ipynb(REPO / "notebooks" / "scaling_analysis.md", tmp_path)
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        papermill.execute_notebook(notebook, tmp_path / "out.ipynb", cwd=tmp_path, progress_bar=False,
+                                   parameters={"results": str(results)})
+    assert failure.value.ename == "ResultsError"
+    assert str(results / "n4" / reason.split(":")[0]) in failure.value.evalue and reason.split(": ")[1] in failure.value.evalue
