@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddp_core.config import CHECKPOINT_NAME, UsageError, differing_settings, parse_args
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "slurm")
 
 
 class ExperimentError(Exception):
@@ -28,6 +28,7 @@ class ExperimentError(Exception):
 @dataclass
 class Plan:
     world_size: int
+    nodes: int
     run_dir: Path
     train_args: list[str]
     action: str  # "train", "resume" or "reuse"
@@ -45,14 +46,20 @@ def train_args(**options) -> list[str]:
     return args
 
 
-def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, **options) -> Plan:
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, nodes=1, **options) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not _positive_int(world_size):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
-    if launcher == "slurm":
-        raise ExperimentError("launcher 'slurm' is not available yet; use launcher='local'")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    if not _positive_int(nodes) or world_size % nodes:
+        raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
+    if launcher == "local" and nodes != 1:
+        raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm'")
     run_dir = Path(results_dir) / experiment / f"n{world_size}"
     args = train_args(**options)
     try:
@@ -74,7 +81,7 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, **o
         else:
             raise ExperimentError(f"{run_dir} holds an interrupted run without a checkpoint; delete it or choose "
                                   f"another experiment name")
-    return Plan(world_size, run_dir, args, action)
+    return Plan(world_size, nodes, run_dir, args, action)
 
 
 def launch_command(plan: Plan) -> list[str]:
@@ -84,11 +91,11 @@ def launch_command(plan: Plan) -> list[str]:
             "-m", "ddp_core.train"]
 
 
-def run_local(plan: Plan) -> None:
+def run_local(plan: Plan) -> bool:
     """Check the data, then train with torchrun (plain python for 1 rank), echoing each epoch's line."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
-        return
+        return True
     check = subprocess.run([sys.executable, "-m", "ddp_core.train", *plan.train_args, "--check"],
                            capture_output=True, text=True)
     if check.returncode != 0:
@@ -108,3 +115,4 @@ def run_local(plan: Plan) -> None:
                 print(line.rstrip(), flush=True)
     if proc.returncode != 0:
         raise ExperimentError(f"training exited with code {proc.returncode}; its last lines:\n" + "\n".join(tail))
+    return True

@@ -150,6 +150,8 @@ def train(cfg: TrainConfig) -> None:
         dist.init_process_group(rt.backend)
     try:
         run(cfg, rt)
+        if rt.distributed:
+            dist.barrier()  # no rank tears gloo down while a peer is still talking to it
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -2,6 +2,7 @@
 shows is what the CSVs say."""
 
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -100,7 +101,7 @@ def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
 
 @pytest.mark.parametrize("parameters,message", [
     ({"world_size": 0}, "world_size must be a positive integer, got 0"),
-    ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local"),
+    ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local, slurm"),
     ({"dataset": "mnist"}, "invalid choice: 'mnist'"),
 ], ids=["world_size 0", "unknown launcher", "unknown dataset"])
 def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, message):
@@ -133,3 +134,18 @@ def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, r
                                    parameters={"results": str(results)})
     assert failure.value.ename == "ResultsError"
     assert str(results / "n4" / reason.split(":")[0]) in failure.value.evalue and reason.split(": ")[1] in failure.value.evalue
+
+
+@pytest.mark.skipif(shutil.which("latexmk") is None and os.geteuid() != 0,
+                    reason="TeX is absent and installing it (make pdf runs apt-get) needs root")
+def test_pdf_holds_the_equations_and_the_figures(project, isolated_env):
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "pdf"], cwd=project, env=isolated_env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    latex = project / "_build" / "latex"
+    tex = (latex / "book.tex").read_text()
+    assert tex.count(r"\begin{equation*}") + tex.count(r"\[") >= 8
+    assert r"T_\text{ring}(S, N) = 2(N-1)\,\alpha" in tex
+    figures = re.findall(r"\\sphinxincludegraphics(?:\[[^\]]*\])?\{\{?([^}]+?)\}?\.png\}", tex)
+    assert len(figures) >= 4 and all((latex / f"{name}.png").is_file() for name in figures)
+    assert re.search(r"Output written on book\.pdf \(\d+ pages", (latex / "book.log").read_text())

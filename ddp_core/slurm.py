@@ -1,0 +1,112 @@
+"""Submit a run to Slurm with `slurm/ddp_train.sbatch`, wait for it, and report how it really ended.
+
+The job's final state comes from Slurm's records (`squeue` while it is queued or running, then
+`sacct`, or `sacct -c` where only job completion logging is on, or `scontrol show job`), never
+from an exit code alone: `sbatch --wait` returns 0 for a job cancelled while pending.
+The job id is kept in the run directory, so running the notebook again attaches to a job that is
+still queued or running instead of submitting it twice.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddp_core.experiment import ExperimentError, Plan
+
+SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "ddp_train.sbatch"
+JOB_ID_FILE = "slurm_job_id"
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                 "STAGE_OUT", "SIGNALING"}
+
+
+def _slurm(*command: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise ExperimentError(f"{command[0]} not found: launcher='slurm' needs the Slurm client commands") from None
+
+
+def sbatch_command(plan: Plan, *, gpus_per_rank: int, cpus_per_rank: int, extra_args: list[str]) -> list[str]:
+    ranks_per_node = plan.world_size // plan.nodes
+    command = ["sbatch", "--parsable", f"--job-name=ddp-{plan.run_dir.parent.name}-n{plan.world_size}",
+               f"--nodes={plan.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={ranks_per_node * cpus_per_rank}",
+               f"--output={plan.run_dir.resolve()}/slurm-%j.out", "--export=ALL"]
+    if gpus_per_rank:
+        command.append(f"--gpus-per-node={ranks_per_node * gpus_per_rank}")
+    train_args = [*plan.train_args, "--resume"] if plan.action == "resume" else plan.train_args
+    return [*command, *extra_args, str(SBATCH_SCRIPT), str(plan.run_dir.resolve()), *train_args]
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(state, exit code) of a job, e.g. ("RUNNING", ""), ("FAILED", "1:0"); ("UNKNOWN", "") if Slurm forgot it."""
+    queued = _slurm("squeue", "--noheader", "--jobs", job_id, "--format=%T")
+    if queued.returncode == 0 and queued.stdout.strip():
+        return queued.stdout.split()[0], ""
+    for sacct in (["sacct"], ["sacct", "-c"]):
+        done = _slurm(*sacct, "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
+                      "--format=JobID,State,ExitCode")
+        for line in done.stdout.splitlines():
+            fields = line.split("|")
+            if done.returncode == 0 and len(fields) == 3 and fields[0] == job_id:
+                return fields[1].split()[0], fields[2]
+    shown = _slurm("scontrol", "show", "job", job_id)
+    fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
+    return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "")
+
+
+def wait_for(job_id: str, poll_s: float) -> tuple[str, str]:
+    """Poll until the job has left the queue and Slurm has recorded how it ended."""
+    last = None
+    while True:
+        state, exit_code = job_state(job_id)
+        if state != last:
+            print(f"job {job_id}: {state}", flush=True)
+            last = state
+        if state not in ACTIVE_STATES | {"UNKNOWN"}:
+            return state, exit_code
+        time.sleep(poll_s)
+
+
+def failure_report(run_dir: Path, job_id: str, lines: int = 15) -> str:
+    """The trainer's own error lines (each rank prints one), then the end of the job's log."""
+    log = run_dir / f"slurm-{job_id}.out"
+    if not log.is_file():
+        return f"no log at {log}"
+    text = log.read_text(errors="replace").splitlines()
+    causes = dict.fromkeys(line.strip() for line in text if "ddp_core.train: error:" in line)
+    return "\n".join([*causes, f"--- end of {log}:", *text[-lines:]])
+
+
+def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sbatch_args: str = "",
+              wait: bool = True, poll_s: float = 5.0) -> bool:
+    """Submit (or attach to) the run's job; with `wait`, block until it ends. True when the run is finished."""
+    if plan.action == "reuse":
+        print(f"{plan.run_dir} already holds this finished run: reusing it, not resubmitting")
+        return True
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    id_file = plan.run_dir / JOB_ID_FILE
+    job_id = id_file.read_text().strip() if id_file.exists() else None
+    if job_id and job_state(job_id)[0] in ACTIVE_STATES:
+        print(f"job {job_id} for {plan.run_dir} is already in the queue: attaching to it")
+    else:
+        command = sbatch_command(plan, gpus_per_rank=gpus_per_rank, cpus_per_rank=cpus_per_rank,
+                                 extra_args=sbatch_args.split())
+        env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes))
+        submitted = subprocess.run(command, capture_output=True, text=True, env=env)
+        if submitted.returncode != 0:
+            raise ExperimentError("sbatch refused the job: " + " ".join(submitted.stderr.split()))
+        job_id = submitted.stdout.strip().split(";")[0]
+        id_file.write_text(job_id + "\n")
+        print(f"submitted job {job_id}; log: {plan.run_dir / f'slurm-{job_id}.out'}")
+    if not wait:
+        print("not waiting (wait=False): run this notebook again with the same parameters to collect the results")
+        return False
+    state, exit_code = wait_for(job_id, poll_s)
+    if state != "COMPLETED":
+        raise ExperimentError(f"job {job_id} ended {state} (exit code {exit_code or '?'})\n"
+                              + failure_report(plan.run_dir, job_id))
+    return True

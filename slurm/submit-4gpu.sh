@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Four GPUs on one node: sbatch slurm/ddp_train.sbatch with the run's log in the run directory.
+#   slurm/submit-4gpu.sh results/my-experiment/n4 --dataset imdb --preset small --global-batch-size 64 --epochs 3
+set -euo pipefail
+run_dir=${1:?usage: $0 RUN_DIR [ddp_core.train options]}
+shift
+mkdir -p "$run_dir"
+exec sbatch --nodes 1 --gpus-per-node 4 --cpus-per-task 32 --output "$run_dir/slurm-%j.out" \
+    "$(dirname "$0")/ddp_train.sbatch" "$run_dir" "$@"

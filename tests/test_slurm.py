@@ -1,0 +1,113 @@
+"""The SLURM path against a real single-node Slurm on localhost, and a real two-node rendezvous."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import jupytext
+import papermill
+import pytest
+import torch
+
+from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
+
+CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
+TINY_PROFILE = {"dataset": "synthetic", "preset": "tiny", "epochs": 2, "global_batch_size": 16, "seq_len": 32,
+                "vocab_size": 128, "train_samples": 256, "eval_samples": 64, "lr": 0.003, "warmup_steps": 5}
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    if shutil.which("sbatch") is None and os.geteuid() != 0:
+        pytest.skip("Slurm is absent and installing it (slurm/local-cluster.sh start runs apt-get) needs root")
+    env = dict(os.environ, DDP_SLURM_DIR=str(tmp_path_factory.mktemp("slurm")), DDP_SLURMCTLD_PORT="16817",
+               DDP_SLURMD_PORT="16818")
+    started = subprocess.run([CLUSTER_SCRIPT, "start"], env=env, capture_output=True, text=True, timeout=600)
+    assert started.returncode == 0, started.stdout + started.stderr
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = f"{env['DDP_SLURM_DIR']}/slurm.conf"
+    yield
+    subprocess.run([CLUSTER_SCRIPT, "stop"], env=env, capture_output=True, timeout=60)
+    if previous is None:
+        del os.environ["SLURM_CONF"]
+    else:
+        os.environ["SLURM_CONF"] = previous
+
+
+def run_notebook(tmp_path, **parameters):
+    notebook = tmp_path / "run_experiment.ipynb"
+    jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
+    output = tmp_path / f"executed-{len(list(tmp_path.glob('executed-*')))}.ipynb"
+    papermill.execute_notebook(notebook, output, cwd=tmp_path, progress_bar=False, execution_timeout=300,
+                               parameters={**TINY_PROFILE, "results_dir": str(tmp_path / "results"),
+                                           "poll_seconds": 0.5, **parameters})
+    return "\n".join(out.get("text", "") for cell in jupytext.read(output).cells for out in cell.get("outputs", []))
+
+
+def learning_curve(run_dir):
+    return [(row["epoch"], row["train_loss"], row["val_loss"], row["val_accuracy"]) for row in read_metrics(run_dir)]
+
+
+def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_path):
+    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="slurm")
+    run_notebook(tmp_path, launcher="local", world_size=2, experiment="local")
+
+    slurm_run = tmp_path / "results" / "slurm" / "n2"
+    assert "COMPLETED" in printed
+    assert [p.name for p in slurm_run.glob("slurm-*.out")], "the job's log belongs in the run directory"
+    assert [int(row["world_size"]) for row in read_metrics(slurm_run)] == [2, 2]
+    assert learning_curve(slurm_run) == learning_curve(tmp_path / "results" / "local" / "n2")
+
+
+def test_a_job_that_fails_inside_stops_with_the_cause(slurm_cluster, tmp_path):
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="bad", dataset="imdb",
+                     data_dir=str(tmp_path / "no-such-data"))
+    assert failure.value.ename == "ExperimentError"
+    assert "ended FAILED" in failure.value.evalue
+    assert f"data dir {tmp_path / 'no-such-data'} does not exist" in failure.value.evalue
+
+
+def test_a_job_larger_than_the_cluster_is_refused_at_once(slurm_cluster, tmp_path):
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="big", slurm_cpus_per_rank=4096)
+    assert failure.value.ename == "ExperimentError"
+    assert "sbatch refused the job" in failure.value.evalue and "processors" in failure.value.evalue
+
+
+def test_submit_now_and_collect_later(slurm_cluster, tmp_path):
+    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="later", wait=False)
+    assert "submitted job" in printed and "not waiting" in printed
+    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="later")
+    assert "submitted job" not in printed, "the second execution must not submit the run again"
+    assert len(read_metrics(tmp_path / "results" / "later" / "n2")) == 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_rendezvous_over_c10d_and_train_the_same_model_as_one_node(tmp_path, isolated_env):
+    args = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 128,
+            "--eval-samples", 32, "--epochs", 1, "--threads-per-rank", 1]
+    run_training([*args, "--out", tmp_path / "one-node"], cwd=tmp_path, env=isolated_env, nproc=2)
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+         f"--rdzv-endpoint={endpoint}", "--rdzv-id=two-nodes", "-m", "ddp_core.train",
+         *map(str, args), "--out", str(tmp_path / "two-nodes")],
+        cwd=tmp_path, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)]
+    outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    assert all(agent.returncode == 0 for agent in agents), "\n".join(outputs)
+
+    one = torch.load(tmp_path / "one-node" / "checkpoint.pt", weights_only=False)
+    two = torch.load(tmp_path / "two-nodes" / "checkpoint.pt", weights_only=False)
+    assert one["world_size"] == two["world_size"] == 2
+    for name, value in one["model"].items():
+        torch.testing.assert_close(two["model"][name], value, rtol=0, atol=0, msg=f"{name} differs")
