@@ -18,6 +18,8 @@ WORLD_SIZES ?= 1 2 4
 RESULTS_DIR ?= results
 # The runs the book shows (book/results links there).
 RESULTS ?= $(RESULTS_DIR)/$(EXPERIMENT)
+# The all-reduce benchmark behind the cost model (chapter "Predicting scaling"), one per world size > 1.
+ALLREDUCE_ARGS ?=
 MATHJAX := book/_static/mathjax/tex-chtml.js
 TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
 
@@ -42,8 +44,13 @@ $(RESULTS_DIR)/$(EXPERIMENT)/n%/run_experiment.ipynb: notebooks/run_experiment.m
 		-f notebooks/profiles/$(PROFILE).yml -p world_size $* -p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
 	mv $(@D)/run_experiment.failed.ipynb $@
 
-report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb)
+$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n%/allreduce.csv: | $(VENV)/.installed
+	$(BIN)/torchrun --standalone --nproc-per-node $* -m ddp_core.bench_allreduce --out $(@D) $(ALLREDUCE_ARGS)
+
+report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb) \
+		$(foreach n,$(filter-out 1,$(WORLD_SIZES)),$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n$(n)/allreduce.csv)
 	$(BIN)/python -m ddp_core.analysis $(RESULTS_DIR)/$(EXPERIMENT)
+	$(BIN)/python -m ddp_core.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
 	$(MAKE) book RESULTS=$(RESULTS_DIR)/$(EXPERIMENT)
 
 book: $(VENV)/.installed $(MATHJAX)

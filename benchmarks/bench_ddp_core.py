@@ -6,9 +6,10 @@
 2. ddp_core with timers vs `--no-timers`, at 1 and 2 ranks: target >= 0.98.
 3. Samples/s at 1 rank vs 2 ranks on the same cores, small and medium presets.
 
-Every figure is steady-state throughput: the mean over epochs after the first. Each comparison
-alternates its two sides `--repeats` times and reports the median, so that a burst of load from
-elsewhere on a shared machine hits both sides alike.
+Every figure is steady-state throughput: the mean over epochs after the first. Each comparison runs
+its two sides in ABBA order, `--repeats` pairs, and reports the median ratio with its range over the
+pairs: a burst of load from elsewhere on a shared machine hits both sides alike, and the range shows
+how far the machine's noise reaches.
 """
 
 from __future__ import annotations
@@ -82,23 +83,26 @@ def plain_loop() -> None:
     print(steady_samples_per_s(rates))
 
 
-def alternate(name: str, measure_a, measure_b, repeats: int) -> tuple[float, float, float]:
-    a, b = [], []
-    for _ in range(repeats):
-        a.append(measure_a())
-        b.append(measure_b())
-    ra, rb = statistics.median(a), statistics.median(b)
-    print(f"{name}: {ra:.1f} vs {rb:.1f} samples/s, ratio {ra / rb:.3f}", flush=True)
-    return ra, rb, ra / rb
+def alternate(name: str, measure_a, measure_b, repeats: int) -> float:
+    ratios = []
+    for i in range(repeats):
+        if i % 2 == 0:
+            a, b = measure_a(), measure_b()
+        else:
+            b, a = measure_b(), measure_a()
+        ratios.append(a / b)
+    median = statistics.median(ratios)
+    print(f"{name}: ratio {median:.3f} (range {min(ratios):.3f}-{max(ratios):.3f} over {repeats} pairs)", flush=True)
+    return median
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="synthetic", choices=["synthetic", "imdb"])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=4)
     opts = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dataset {opts.dataset}, "
-          f"median of {opts.repeats} alternating repeats, steady epochs 2..{EPOCHS}", flush=True)
+          f"{opts.repeats} ABBA pairs, steady epochs 2..{EPOCHS}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         small = workload(opts.dataset, "small")

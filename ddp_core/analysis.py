@@ -119,22 +119,26 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_on_folder(prog: str, report, argv: list[str] | None = None) -> int:
+    """`python -m PROG RESULTS_FOLDER`: `report(folder)` prints its findings, a bad folder one error line."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m ddp_core.analysis RESULTS_FOLDER", file=sys.stderr)
+        print(f"usage: python -m {prog} RESULTS_FOLDER", file=sys.stderr)
         return 2
     try:
-        metrics, _ = load_experiment(argv[0])
-        table = scaling_table(metrics)
+        report(argv[0])
     except ResultsError as exc:
-        print(f"ddp_core.analysis: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    columns = ["global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
-               "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
-    print(table[columns].to_string(float_format=lambda v: f"{v:.4g}"))
     return 0
 
 
+def print_scaling_table(folder: str) -> None:
+    metrics, _ = load_experiment(folder)
+    columns = ["global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
+               "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
+    print(scaling_table(metrics)[columns].to_string(float_format=lambda v: f"{v:.4g}"))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_on_folder("ddp_core.analysis", print_scaling_table))

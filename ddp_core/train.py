@@ -200,7 +200,8 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
         if cfg.resume:
             run_info["resumed_at"].append(now_iso())
             drop_metrics_after(out / "metrics.csv", first_epoch - 1)
-        run_info.update(config=cfg.to_dict(), world_size=rt.world_size, backend=rt.backend, device=str(rt.device),
+        run_info.update(config=cfg.to_dict(), world_size=rt.world_size, local_world_size=rt.local_world_size,
+                        backend=rt.backend, device=str(rt.device),
                         threads_per_rank=rt.threads_per_rank, parameters=n_params, model=vars(model_cfg),
                         per_rank_batch_size=micro, global_batch_size=global_batch, end_time=None,
                         **environment(rt.device))

@@ -45,7 +45,8 @@ def project(tmp_path_factory, isolated_env):
     shutil.copytree(REPO / "book" / "_static" / "mathjax", project / "book" / "_static" / "mathjax")
     (project / ".venv").symlink_to(REPO / ".venv")
     sizes = " ".join(map(str, WORLD_SIZES))
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}"],
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}",
+                           "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
                           cwd=project, env=isolated_env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return project
@@ -149,3 +150,23 @@ def test_pdf_holds_the_equations_and_the_figures(project, isolated_env):
     figures = re.findall(r"\\sphinxincludegraphics(?:\[[^\]]*\])?\{\{?([^}]+?)\}?\.png\}", tex)
     assert len(figures) >= 4 and all((latex / f"{name}.png").is_file() for name in figures)
     assert re.search(r"Output written on book\.pdf \(\d+ pages", (latex / "book.log").read_text())
+
+
+def test_pointing_the_book_at_other_runs_changes_what_a_plain_rebuild_shows(project, tmp_path, isolated_env):
+    other = tmp_path / "other"
+    shutil.copytree(project / "results" / "report", other)
+    killed = pd.read_csv(other / "n4" / "metrics.csv").iloc[:1]  # as if the 4-rank run had stopped after epoch 1
+    killed.to_csv(other / "n4" / "metrics.csv", index=False)
+    link = project / "book" / "results"
+    original = link.readlink()
+    link.unlink()
+    link.symlink_to(other)
+    try:
+        build = subprocess.run([str(project / ".venv" / "bin" / "jupyter-book"), "build", "book"], cwd=project,
+                               env=isolated_env, capture_output=True, text=True, timeout=600)
+        assert build.returncode == 0, build.stdout[-3000:]
+        text = page_text(project / "_build" / "html", "notebooks/scaling_analysis")
+        assert f"one epoch takes {killed['epoch_time_s'].iloc[0]:.2f} s" in text
+    finally:
+        link.unlink()
+        link.symlink_to(original)

@@ -1,0 +1,104 @@
+"""All-reduce time over message sizes, measured as nccl-tests does, on gloo or NCCL.
+
+    torchrun --nproc-per-node N -m ddp_core.bench_allreduce --out results/report/allreduce-n2
+
+For each size S (bytes of float32 gradient), after warm-up iterations, the mean time t of one
+`all_reduce` over timed iterations (the slowest rank's), and nccl-tests' bandwidths
+(doc/PERFORMANCE.md): algbw = S / t and busbw = algbw * 2(N-1)/N. Writes `allreduce.csv` and
+`allreduce.json` (provenance) into --out; an existing --out is never overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp_core.run_files import environment, now_iso, save_atomic
+
+COLUMNS = ["size_bytes", "iterations", "time_s", "algbw_GBps", "busbw_GBps", "world_size"]
+
+
+def sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of four from min_bytes to max_bytes, whole float32 elements."""
+    out, size = [], max(4, min_bytes)
+    while size <= max_bytes:
+        out.append(size)
+        size *= 4
+    return out
+
+
+def time_allreduce(tensor: torch.Tensor, iterations: int) -> float:
+    """Mean seconds per all-reduce over `iterations`, as the slowest rank saw it."""
+    dist.barrier()
+    if tensor.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        dist.all_reduce(tensor)
+    if tensor.is_cuda:
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([(time.perf_counter() - start) / iterations], dtype=torch.float64)
+    elapsed = elapsed.to(tensor.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchrun ... -m ddp_core.bench_allreduce", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for allreduce.csv and allreduce.json")
+    parser.add_argument("--min-bytes", type=int, default=4)
+    parser.add_argument("--max-bytes", type=int, default=256 * 2**20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seconds-per-size", type=float, default=0.3, help="time budget that sets the iterations")
+    opts = parser.parse_args(argv)
+    out = Path(opts.out)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size < 2:
+        print("bench_allreduce: error: run it under torchrun with at least 2 processes", file=sys.stderr)
+        return 2
+    if (out / "allreduce.csv").exists():
+        print(f"bench_allreduce: error: {out / 'allreduce.csv'} exists; choose another --out", file=sys.stderr)
+        return 2
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    leader = dist.get_rank() == 0
+    rows = []
+    try:
+        for size in sizes(opts.min_bytes, opts.max_bytes):
+            tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+            probe = time_allreduce(tensor, opts.warmup)
+            iterations = max(3, min(1000, int(opts.seconds_per_size / max(probe, 1e-7))))
+            seconds = time_allreduce(tensor, iterations)
+            algbw = size / seconds / 1e9
+            rows.append(dict(size_bytes=size, iterations=iterations, time_s=seconds, algbw_GBps=algbw,
+                             busbw_GBps=algbw * 2 * (world_size - 1) / world_size, world_size=world_size))
+            if leader:
+                print(f"{size:>12d} B  {seconds * 1e6:12.1f} us  algbw {algbw:8.3f} GB/s  "
+                      f"busbw {rows[-1]['busbw_GBps']:8.3f} GB/s", flush=True)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if leader:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "allreduce.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        save_atomic({"world_size": world_size, "backend": "nccl" if use_cuda else "gloo", "device": str(device),
+                     "end_time": now_iso(), **environment(device)}, out / "allreduce.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

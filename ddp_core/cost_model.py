@@ -1,0 +1,138 @@
+"""The alpha-beta model of ring all-reduce, fitted to `bench_allreduce`, and the DDP speedup it predicts.
+
+    python -m ddp_core.cost_model results/report     # prints the fit and the prediction errors
+
+Fit: T(S) = 2(N-1) alpha + 2 (N-1)/N S beta by least squares on relative error (each message size
+counts alike, from bytes to hundreds of MB).
+
+Prediction for N ranks, from the 1-rank run and the fit alone, except for one measured input:
+- compute per step: the 1-rank step time, scaled by the per-rank batch (b_N / b_1), and by the share
+  of the machine a rank gets. On a GPU each rank has its own device (factor 1). On a CPU the ranks
+  share the cores: a rank gets min(threads_per_rank, cores / ranks on the node) of them, against
+  the 1-rank run's, and the compute is taken to scale inversely with that.
+- communication per step: the all-reduce time of each DDP gradient bucket, from the fit. Buckets
+  are formed as DDP forms them: parameters in reverse order, a first bucket of 1 MiB, then 25 MiB.
+- exposed communication: the predicted communication times the fraction the N-rank run left
+  exposed (the one measured input). Two scenarios without it are given beside: every bucket
+  exposed (no overlap at all), and only the last bucket exposed (DDP's best case).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ddp_core.analysis import ResultsError, load_experiment, run_on_folder, scaling_table, steady_epochs
+from ddp_core.model import ModelConfig, TransformerClassifier
+
+FIRST_BUCKET_BYTES = 2**20
+BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass
+class AlphaBeta:
+    world_size: int
+    alpha_s: float
+    beta_s_per_byte: float
+    r2: float
+    max_relative_error: float
+
+    def allreduce_s(self, size_bytes: float) -> float:
+        n = self.world_size
+        return 2 * (n - 1) * self.alpha_s + 2 * (n - 1) / n * size_bytes * self.beta_s_per_byte
+
+    @property
+    def bus_bandwidth_GBps(self) -> float:
+        return 1 / self.beta_s_per_byte / 1e9
+
+
+def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
+    n = int(bench["world_size"].iloc[0])
+    size, seconds = bench["size_bytes"].to_numpy(float), bench["time_s"].to_numpy(float)
+    design = np.column_stack([np.full_like(size, 2 * (n - 1)), 2 * (n - 1) / n * size])
+    weights = 1 / seconds
+    (alpha, beta), *_ = np.linalg.lstsq(design * weights[:, None], seconds * weights, rcond=None)
+    predicted = design @ [alpha, beta]
+    r2 = 1 - np.sum((seconds - predicted) ** 2) / np.sum((seconds - seconds.mean()) ** 2)
+    return AlphaBeta(n, float(alpha), float(beta), float(r2), float(np.max(np.abs(predicted / seconds - 1))))
+
+
+def read_allreduce(folder: Path) -> dict[int, pd.DataFrame]:
+    """Benchmarks by world size, from `allreduce-n*/allreduce.csv` under an experiment folder."""
+    found = {}
+    for path in sorted(folder.glob("allreduce-n*/allreduce.csv")):
+        bench = pd.read_csv(path)
+        if bench.empty or not {"size_bytes", "time_s", "world_size"} <= set(bench.columns):
+            raise ResultsError(f"{path}: not an all-reduce benchmark (columns or rows missing)")
+        found[int(bench["world_size"].iloc[0])] = bench
+    return found
+
+
+def bucket_sizes(model_config: dict) -> list[int]:
+    """Gradient bucket sizes in bytes (fp32), in the order DDP fills and all-reduces them."""
+    with torch.device("meta"):
+        model = TransformerClassifier(ModelConfig(**model_config))
+    buckets, current, cap = [], 0, FIRST_BUCKET_BYTES
+    for param in reversed(list(model.parameters())):
+        current += param.numel() * 4
+        if current >= cap:
+            buckets.append(current)
+            current, cap = 0, BUCKET_BYTES
+    return buckets + ([current] if current else [])
+
+
+def cores_per_rank(info: dict) -> float:
+    if info["device"].startswith("cuda"):
+        return 1.0
+    return min(info["threads_per_rank"], info["cpu_count"] / info["local_world_size"])
+
+
+def predict(folder: str | Path) -> tuple[pd.DataFrame, dict[int, AlphaBeta]]:
+    """Predicted against measured speedup for every world size with a run and a benchmark."""
+    folder = Path(folder)
+    metrics, infos = load_experiment(folder)
+    table = scaling_table(metrics)
+    fits = {n: fit_alpha_beta(bench) for n, bench in read_allreduce(folder).items()}
+    by_size = {info["world_size"]: info for info in infos.values()}
+    steady = steady_epochs(metrics)
+    step_s = (steady["epoch_time_s"] / steady["steps"]).groupby(steady["world_size"]).mean()
+    one = by_size[1]
+    rows = []
+    for n in sorted(fits):
+        if n not in by_size:
+            continue
+        info = by_size[n]
+        buckets = [fits[n].allreduce_s(size) for size in bucket_sizes(info["model"])]
+        comm = sum(buckets)
+        measured = table.loc[n]
+        exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]
+        compute = (step_s[1] * info["per_rank_batch_size"] / one["per_rank_batch_size"]
+                   * cores_per_rank(one) / cores_per_rank(info))
+        per_sample = lambda step, i: step / i["global_batch_size"]  # noqa: E731
+        speedup = lambda step: per_sample(step_s[1], one) / per_sample(step, info)  # noqa: E731
+        predicted = speedup(compute + exposed_fraction * comm)
+        rows.append(dict(world_size=n, buckets=len(buckets), predicted_comm_s=comm, measured_comm_s=measured["comm_total_per_step_s"],
+                         predicted_step_s=compute + exposed_fraction * comm, measured_step_s=step_s[n],
+                         predicted_speedup=predicted, speedup_no_overlap=speedup(compute + comm),
+                         speedup_last_bucket_only=speedup(compute + buckets[-1]), measured_speedup=measured["speedup"],
+                         error=predicted / measured["speedup"] - 1))
+    return pd.DataFrame(rows).set_index("world_size"), fits
+
+
+def print_prediction(folder: str) -> None:
+    prediction, fits = predict(folder)
+    for n, fit in fits.items():
+        print(f"N={n}: alpha {fit.alpha_s * 1e6:.1f} us, beta {fit.beta_s_per_byte * 1e9:.4f} ns/B "
+              f"(busbw {fit.bus_bandwidth_GBps:.2f} GB/s), R^2 {fit.r2:.4f}, max relative error "
+              f"{fit.max_relative_error:.1%}")
+    print(prediction.to_string(float_format=lambda v: f"{v:.4g}"))
+    print(f"largest |predicted - measured| / measured speedup: {prediction['error'].abs().max():.1%}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_on_folder("ddp_core.cost_model", print_prediction))
