@@ -31,7 +31,7 @@ class Plan:
     nodes: int
     run_dir: Path
     train_args: list[str]
-    action: str  # "train", "resume" or "reuse"
+    action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
 
 
 def train_args(**options) -> list[str]:
@@ -79,9 +79,14 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, nod
         elif (run_dir / CHECKPOINT_NAME).exists():
             action = "resume"
         else:
-            raise ExperimentError(f"{run_dir} holds an interrupted run without a checkpoint; delete it or choose "
-                                  f"another experiment name")
+            action = "interrupted"
     return Plan(world_size, nodes, run_dir, args, action)
+
+
+def refuse_interrupted(plan: Plan) -> None:
+    if plan.action == "interrupted":
+        raise ExperimentError(f"{plan.run_dir} holds a run that stopped before its first checkpoint; delete it or "
+                              f"choose another experiment name")
 
 
 def launch_command(plan: Plan) -> list[str]:
@@ -96,6 +101,7 @@ def run_local(plan: Plan) -> bool:
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
+    refuse_interrupted(plan)
     check = subprocess.run([sys.executable, "-m", "ddp_core.train", *plan.train_args, "--check"],
                            capture_output=True, text=True)
     if check.returncode != 0:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddp_core.experiment import ExperimentError, Plan
+from ddp_core.experiment import ExperimentError, Plan, refuse_interrupted
 
 SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "ddp_train.sbatch"
 JOB_ID_FILE = "slurm_job_id"
@@ -93,6 +93,7 @@ def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sba
     if job_id and job_state(job_id)[0] in ACTIVE_STATES:
         print(f"job {job_id} for {plan.run_dir} is already in the queue: attaching to it")
     else:
+        refuse_interrupted(plan)
         command = sbatch_command(plan, gpus_per_rank=gpus_per_rank, cpus_per_rank=cpus_per_rank,
                                  extra_args=sbatch_args.split())
         env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes))

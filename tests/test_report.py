@@ -2,6 +2,7 @@
 shows is what the CSVs say."""
 
 import html
+import json
 import os
 import re
 import shutil
@@ -14,9 +15,11 @@ import papermill
 import pytest
 
 from conftest import REPO
-from ddp_core.experiment import ExperimentError, prepare
+from ddp_core.experiment import ExperimentError, prepare, run_local
 
 WORLD_SIZES = (1, 4)
+TINY_OPTIONS = ("dataset", "preset", "epochs", "global_batch_size", "seq_len", "vocab_size", "train_samples",
+                "eval_samples", "lr", "warmup_steps", "seed")
 
 
 def page_text(site: Path, page: str) -> str:
@@ -98,6 +101,19 @@ def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
     assert prepare(**common).action == "reuse"
     with pytest.raises(ExperimentError, match="holds a run with other settings \\(--lr\\)"):
         prepare(**common | {"lr": 0.01})
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_path):
+    run_dir = tmp_path / "results" / "report" / "n1"
+    run_dir.mkdir(parents=True)
+    info = json.loads((project / "results" / "report" / "n1" / "run.json").read_text()) | {"end_time": None}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    plan = prepare(world_size=1, launcher="local", results_dir=str(tmp_path / "results"), experiment="report",
+                   **{k: v for k, v in info["config"].items() if k in TINY_OPTIONS})
+    assert plan.action == "interrupted"
+    with pytest.raises(ExperimentError, match="stopped before its first checkpoint"):
+        run_local(plan)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
 
 
 @pytest.mark.parametrize("parameters,message", [
