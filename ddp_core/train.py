@@ -84,6 +84,31 @@ def batches(data_ids: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
         yield data_ids[idx].to(device, non_blocking=True).long(), labels[idx].to(device, non_blocking=True)
 
 
+def train_step(model, micro_batches, grad_accum: int, timer: EpochTimer, optimizer, scheduler, scaler,
+               autocast) -> torch.Tensor:
+    """One optimizer step over `grad_accum` micro-batches; DDP all-reduces the gradients on the last one only.
+    Returns the summed (not averaged) loss of the step's samples, left on the device."""
+    timer.begin_step()
+    loss_sum = 0.0
+    for k in range(grad_accum):
+        with timer.phase("data"):
+            ids, labels = next(micro_batches)
+        last_micro_step = k == grad_accum - 1
+        with contextlib.nullcontext() if last_micro_step or not isinstance(model, DistributedDataParallel) \
+                else model.no_sync():
+            with timer.phase("forward"), autocast():
+                loss = F.cross_entropy(model(ids).float(), labels)
+            with timer.phase("backward"):
+                scaler.scale(loss / grad_accum).backward()
+        loss_sum = loss_sum + loss.detach() * len(labels)
+    with timer.phase("optimizer"):
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+    return loss_sum
+
+
 def all_reduce(values: list[float], op, rt: Runtime) -> list[float]:
     if not rt.distributed:
         return values
@@ -227,22 +252,8 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
         timer.begin_epoch()
         epoch_start = time.perf_counter()
         for _ in tqdm(range(steps), desc=f"epoch {epoch}", disable=not (leader and cfg.progress), file=sys.stderr):
-            timer.begin_step()
-            for k in range(cfg.grad_accum):
-                with timer.phase("data"):
-                    ids, labels = next(micro_batches)
-                last_micro_step = k == cfg.grad_accum - 1
-                with contextlib.nullcontext() if last_micro_step or not rt.distributed else ddp_model.no_sync():
-                    with timer.phase("forward"), autocast():
-                        loss = F.cross_entropy(ddp_model(ids).float(), labels)
-                    with timer.phase("backward"):
-                        scaler.scale(loss / cfg.grad_accum).backward()
-                loss_sum += loss.detach() * len(labels)
-            with timer.phase("optimizer"):
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
+            loss_sum += train_step(ddp_model, micro_batches, cfg.grad_accum, timer, optimizer, scheduler, scaler,
+                                   autocast)
         if rt.device.type == "cuda":
             torch.cuda.synchronize(rt.device)
         epoch_time = time.perf_counter() - epoch_start
