@@ -113,14 +113,16 @@ def predict(folder: str | Path) -> tuple[pd.DataFrame, dict[int, AlphaBeta]]:
         exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]
         compute = (step_s[1] * info["per_rank_batch_size"] / one["per_rank_batch_size"]
                    * cores_per_rank(one) / cores_per_rank(info))
-        per_sample = lambda step, i: step / i["global_batch_size"]  # noqa: E731
-        speedup = lambda step: per_sample(step_s[1], one) / per_sample(step, info)  # noqa: E731
-        predicted = speedup(compute + exposed_fraction * comm)
-        rows.append(dict(world_size=n, buckets=len(buckets), predicted_comm_s=comm, measured_comm_s=measured["comm_total_per_step_s"],
+        step_1_per_sample = step_s[1] / one["global_batch_size"]
+        speedup = {name: step_1_per_sample / (step / info["global_batch_size"]) for name, step in [
+            ("predicted", compute + exposed_fraction * comm), ("no_overlap", compute + comm),
+            ("last_bucket_only", compute + buckets[-1])]}
+        rows.append(dict(world_size=n, buckets=len(buckets), predicted_comm_s=comm,
+                         measured_comm_s=measured["comm_total_per_step_s"],
                          predicted_step_s=compute + exposed_fraction * comm, measured_step_s=step_s[n],
-                         predicted_speedup=predicted, speedup_no_overlap=speedup(compute + comm),
-                         speedup_last_bucket_only=speedup(compute + buckets[-1]), measured_speedup=measured["speedup"],
-                         error=predicted / measured["speedup"] - 1))
+                         predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],
+                         speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
+                         error=speedup["predicted"] / measured["speedup"] - 1))
     return pd.DataFrame(rows).set_index("world_size"), fits
 
 
