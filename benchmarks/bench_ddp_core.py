@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ddp_core.config import TrainConfig
 from ddp_core.data import load_data
+from ddp_core.experiment import launch_command
 from ddp_core.model import ModelConfig, TransformerClassifier
 
 EPOCHS = 3
@@ -45,9 +46,7 @@ def steady_samples_per_s(epoch_rates: list[float]) -> float:
 
 def ddp_core_rate(args: list[str], nproc: int, scratch: Path) -> float:
     out = scratch / f"run{time.monotonic_ns()}"
-    launcher = [sys.executable, "-m", "ddp_core.train"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ddp_core.train"]
-    subprocess.run(launcher + args + ["--out", str(out)], check=True, capture_output=True)
+    subprocess.run(launch_command(nproc) + args + ["--out", str(out)], check=True, capture_output=True)
     with open(out / "metrics.csv") as f:
         return steady_samples_per_s([float(row["samples_per_s"]) for row in csv.DictReader(f)])
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_core.model import ModelConfig, TransformerClassifier
 from ddp_core.timers import EpochTimer
-from ddp_core.train import lr_factor, train_step
+from ddp_core.train import lr_factor, train_step, usable_cores
 
 BLOCKS, STEPS_PER_BLOCK, GLOBAL_BATCH, SEQ_LEN = 16, 6, 32, 128
 
@@ -30,8 +30,7 @@ def main() -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         dist.init_process_group("gloo")
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    torch.set_num_threads(max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     config = ModelConfig.from_preset("small", vocab_size=20000, max_len=SEQ_LEN, num_classes=2)
     batch = GLOBAL_BATCH // world_size
     generator = torch.Generator().manual_seed(0)

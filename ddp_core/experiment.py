@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_core.config import CHECKPOINT_NAME, UsageError, differing_settings, parse_args
+from ddp_core.train import usable_cores
 
 LAUNCHERS = ("local", "slurm")
 
@@ -89,10 +90,11 @@ def refuse_interrupted(plan: Plan) -> None:
                               f"choose another experiment name")
 
 
-def launch_command(plan: Plan) -> list[str]:
-    if plan.world_size == 1:
+def launch_command(world_size: int) -> list[str]:
+    """`ddp_core.train` on this machine: plain python for 1 rank, torchrun for more."""
+    if world_size == 1:
         return [sys.executable, "-m", "ddp_core.train"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
             "-m", "ddp_core.train"]
 
 
@@ -107,9 +109,8 @@ def run_local(plan: Plan) -> bool:
     if check.returncode != 0:
         raise ExperimentError((check.stderr.strip().splitlines() or ["data check failed"])[-1])
     print(check.stdout.strip())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // plan.world_size)))
-    command = [*launch_command(plan), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, usable_cores() // plan.world_size)))
+    command = [*launch_command(plan.world_size), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
     if plan.action == "resume":
         command.append("--resume")
     print("$", " ".join(command), flush=True)

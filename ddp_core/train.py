@@ -52,6 +52,11 @@ class Runtime:
         return self.world_size > 1
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: a SLURM or taskset allocation, not the whole machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def resolve_runtime(cfg: TrainConfig) -> Runtime:
     env = os.environ
     world_size, local_world_size = int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_WORLD_SIZE", 1))
@@ -65,8 +70,7 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
         raise UsageError(f"--backend nccl needs a CUDA GPU per local rank; found {gpus} GPU(s) for "
                          f"{local_world_size} local rank(s) (use --backend gloo on CPU)")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = cfg.threads_per_rank or max(1, cores // local_world_size)
+    threads = cfg.threads_per_rank or max(1, usable_cores() // local_world_size)
     return Runtime(rank, local_rank, world_size, local_world_size, device, backend, threads)
 
 

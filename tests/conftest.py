@@ -3,10 +3,11 @@
 import csv
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from ddp_core.experiment import launch_command
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_SYNTHETIC = ["--dataset", "synthetic", "--preset", "tiny", "--vocab-size", "128", "--seq-len", "32",
@@ -14,10 +15,7 @@ TINY_SYNTHETIC = ["--dataset", "synthetic", "--preset", "tiny", "--vocab-size", 
 
 
 def train_command(nproc: int) -> list[str]:
-    if nproc == 1:
-        return [sys.executable, "-m", "ddp_core.train"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "ddp_core.train"]
+    return launch_command(nproc)
 
 
 def local_data_dir() -> Path | None:
