@@ -51,6 +51,7 @@ report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experi
 		$(foreach n,$(filter-out 1,$(WORLD_SIZES)),$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n$(n)/allreduce.csv)
 	$(BIN)/python -m ddp_core.analysis $(RESULTS_DIR)/$(EXPERIMENT)
 	$(BIN)/python -m ddp_core.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
+	$(BIN)/python -m ddp_core.nvlink_forecast $(RESULTS_DIR)/$(EXPERIMENT)
 	$(MAKE) book RESULTS=$(RESULTS_DIR)/$(EXPERIMENT)
 
 book: $(VENV)/.installed $(MATHJAX)

@@ -86,6 +86,27 @@ def bucket_sizes(model_config: dict) -> list[int]:
     return buckets + ([current] if current else [])
 
 
+def training_flops(model_config: dict, tokens: int) -> float:
+    """FLOPs of forward and backward over `tokens` tokens (padding included: it is computed too).
+
+    Forward: 2 per weight of every Linear per token, and 4 T d per layer per token for the attention
+    scores and the weighted values; backward twice the forward. Embedding lookups cost no FLOPs, but
+    their gradient is all-reduced like any other, which is why embedding-heavy models communicate
+    much for little compute.
+    """
+    with torch.device("meta"):
+        model = TransformerClassifier(ModelConfig(**model_config))
+    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    attention = 4 * model_config["n_layers"] * model_config["max_len"] * model_config["d_model"]
+    return 3 * tokens * (2 * linear_weights + attention)
+
+
+def compute_to_comm_ratio(model_config: dict, tokens_per_rank: int, flops_per_s: float, fit: AlphaBeta) -> float:
+    """R_N of the theory chapter: a rank's compute per step over the all-reduce of all its gradient buckets."""
+    communication = sum(fit.allreduce_s(size) for size in bucket_sizes(model_config))
+    return training_flops(model_config, tokens_per_rank) / flops_per_s / communication
+
+
 def cores_per_rank(info: dict) -> float:
     if info["device"].startswith("cuda"):
         return 1.0
@@ -117,7 +138,8 @@ def predict(folder: str | Path) -> tuple[pd.DataFrame, dict[int, AlphaBeta]]:
         speedup = {name: step_1_per_sample / (step / info["global_batch_size"]) for name, step in [
             ("predicted", compute + exposed_fraction * comm), ("no_overlap", compute + comm),
             ("last_bucket_only", compute + buckets[-1])]}
-        rows.append(dict(world_size=n, buckets=len(buckets), predicted_comm_s=comm,
+        rows.append(dict(world_size=n, buckets=len(buckets), predicted_compute_s=compute,
+                         measured_compute_s=measured["compute_per_step_s"], predicted_comm_s=comm,
                          measured_comm_s=measured["comm_total_per_step_s"],
                          predicted_step_s=compute + exposed_fraction * comm, measured_step_s=step_s[n],
                          predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],

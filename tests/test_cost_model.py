@@ -7,8 +7,13 @@ import pandas as pd
 import pytest
 
 from conftest import train_command
-from ddp_core.cost_model import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, fit_alpha_beta
-from ddp_core.model import ModelConfig, TransformerClassifier, count_parameters
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from ddp_core.cost_model import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, fit_alpha_beta, training_flops
+from ddp_core.model import PRESETS, ModelConfig, TransformerClassifier, count_parameters
+from ddp_core.nvlink_forecast import ALLREDUCE_FILE, forecast, nvlink_fit
 
 
 def test_benchmark_reports_time_and_the_nccl_tests_bandwidths(tmp_path, isolated_env):
@@ -43,3 +48,28 @@ def test_buckets_hold_every_gradient_byte_the_first_small_the_rest_up_to_the_cap
     assert buckets[0] >= FIRST_BUCKET_BYTES and len(buckets) >= 2
     largest_parameter = 4 * max(p.numel() for p in model.parameters())
     assert all(size < BUCKET_BYTES + largest_parameter for size in buckets[1:-1])
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_training_flops_agree_with_pytorchs_flop_counter(preset):
+    config = ModelConfig.from_preset(preset, vocab_size=1000, max_len=64, num_classes=2, dropout=0.0)
+    model = TransformerClassifier(config)
+    # The math attention path runs as matrix products, which the counter sees; the fused CPU kernel it does not.
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(torch.randint(1, 1000, (4, 64))).sum().backward()
+    assert training_flops(vars(config), 4 * 64) == pytest.approx(counter.get_total_flops(), rel=0.02)
+
+
+def test_nvlink_forecast_is_sourced_and_brackets_the_speedup_between_its_two_overlap_scenarios():
+    published = pd.read_csv(ALLREDUCE_FILE, comment="#")
+    assert "https://github.com/Azure/AI-benchmarking-guide" in ALLREDUCE_FILE.read_text().splitlines()[1]
+    fit = nvlink_fit(4)
+    assert published["busbw_GBps"].iloc[-8] < fit.bus_bandwidth_GBps <= published["busbw_GBps"].max()
+    workload = {"global_batch_size": 32, "model": {"vocab_size": 20000, "max_len": 128, "num_classes": 2}}
+    ahead = forecast(workload, 4)
+    assert list(ahead.index) == list(PRESETS)
+    assert (ahead["speedup_no_overlap"] <= ahead["speedup_last_bucket_only"]).all()
+    assert (ahead["break_even_compute_ms"] < ahead["efficiency_90_compute_ms"]).all()
+    # A step slower than the break-even compute pays off with no overlap at all, by the model's own terms.
+    pays = ahead["compute_bound_ms"] > ahead["break_even_compute_ms"]
+    assert (pays == (ahead["speedup_no_overlap"] > 1)).all()

@@ -1,0 +1,92 @@
+"""What the cost model predicts for one node of GPUs on NVLink, from published figures: a prediction, not a run.
+
+    python -m ddp_core.nvlink_forecast results/report     # prints the forecast for every preset
+
+The runs shown in the book fix the workload (sequence length, global batch, vocabulary); each preset
+is then placed on a node of A100 GPUs joined by NVLink, described by Azure's published ND A100 v4
+benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_core/literature/`:
+- the NCCL all-reduce bus bandwidth from 1 KiB to 8 GiB on 8 GPUs, fitted with the same alpha-beta
+  model as our own benchmark. busbw does not depend on N by its definition, so beta carries over to
+  any N; the latency term follows the ring model, 2(N-1) alpha.
+- the fastest cuBLASLt FP16 GEMM rate of the same benchmark. No matrix product of these models runs
+  faster, so compute times from it are lower bounds and the speedups derived from them are the
+  pessimistic end: a slower real GPU step only makes DDP look better.
+
+Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
+bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
+by the two scenarios of `ddp_core.cost_model`: none, or all but the last bucket hidden.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ddp_core.analysis import load_experiment, run_on_folder
+from ddp_core.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, training_flops
+from ddp_core.model import PRESETS, ModelConfig
+
+LITERATURE = Path(__file__).with_name("literature")
+ALLREDUCE_FILE = LITERATURE / "nd_a100_v4_allreduce.csv"
+GEMM_FILE = LITERATURE / "nd_a100_v4_gemm_fp16.csv"
+
+
+def nvlink_fit(world_size: int) -> AlphaBeta:
+    """The alpha-beta fit of the published all-reduce curve, carried to `world_size` GPUs."""
+    bench = pd.read_csv(ALLREDUCE_FILE, comment="#")
+    measured_n = bench["world_size"].to_numpy(float)
+    bench["time_s"] = bench["size_bytes"] * 2 * (measured_n - 1) / measured_n / (bench["busbw_GBps"] * 1e9)
+    fit = fit_alpha_beta(bench)
+    return AlphaBeta(world_size, fit.alpha_s, fit.beta_s_per_byte, fit.r2, fit.max_relative_error)
+
+
+def peak_gemm_flops_per_s() -> float:
+    return float(pd.read_csv(GEMM_FILE, comment="#")["tflops"].max() * 1e12)
+
+
+def forecast(workload: dict, world_size: int = 4) -> pd.DataFrame:
+    """Per preset: the all-reduce per step, the compute that breaks even, and the speedup bounds.
+
+    `workload`: a run's run.json (its model's vocabulary and length, its global batch).
+    """
+    fit = nvlink_fit(world_size)
+    flops_per_s = peak_gemm_flops_per_s()
+    n = world_size
+    tokens_per_step = workload["global_batch_size"] * workload["model"]["max_len"]
+    rows = []
+    for preset in PRESETS:
+        model = vars(ModelConfig.from_preset(preset, vocab_size=workload["model"]["vocab_size"],
+                                             max_len=workload["model"]["max_len"],
+                                             num_classes=workload["model"]["num_classes"]))
+        buckets = [fit.allreduce_s(size) for size in bucket_sizes(model)]
+        comm = sum(buckets)
+        compute_1 = training_flops(model, tokens_per_step) / flops_per_s
+        rows.append(dict(
+            preset=preset, parameters=sum(bucket_sizes(model)) // 4, buckets=len(buckets),
+            comm_ms=comm * 1e3, last_bucket_ms=buckets[-1] * 1e3,
+            compute_bound_ms=compute_1 * 1e3,
+            speedup_no_overlap=compute_1 / (compute_1 / n + comm),
+            speedup_last_bucket_only=compute_1 / (compute_1 / n + buckets[-1]),
+            # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
+            break_even_compute_ms=comm * n / (n - 1) * 1e3,
+            efficiency_90_compute_ms=9 * n * comm * 1e3,
+        ))
+    return pd.DataFrame(rows).set_index("preset")
+
+
+def print_forecast(folder: str, world_size: int = 4) -> None:
+    _, infos = load_experiment(Path(folder))
+    workload = min(infos.values(), key=lambda info: info["world_size"])
+    fit = nvlink_fit(world_size)
+    print(f"A100 NVLink (published): alpha {fit.alpha_s * 1e6:.2f} us, busbw {fit.bus_bandwidth_GBps:.1f} GB/s, "
+          f"R^2 {fit.r2:.4f}, max relative error {fit.max_relative_error:.1%}; "
+          f"peak FP16 GEMM {peak_gemm_flops_per_s() / 1e12:.1f} TFLOPS")
+    print(f"workload: global batch {workload['global_batch_size']}, sequence {workload['model']['max_len']}, "
+          f"{world_size} GPUs")
+    print(forecast(workload, world_size).to_string(float_format=lambda v: f"{v:.4g}"))
+
+
+if __name__ == "__main__":
+    sys.exit(run_on_folder("ddp_core.nvlink_forecast", print_forecast))
