@@ -144,6 +144,7 @@ def predict(folder: str | Path) -> tuple[pd.DataFrame, dict[int, AlphaBeta]]:
                          predicted_step_s=compute + exposed_fraction * comm, measured_step_s=step_s[n],
                          predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],
                          speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
+                         predicted_efficiency=speedup["predicted"] / n, measured_efficiency=measured["efficiency"],
                          error=speedup["predicted"] / measured["speedup"] - 1))
     return pd.DataFrame(rows).set_index("world_size"), fits
 
