@@ -60,11 +60,12 @@ def forecast(workload: dict, world_size: int = 4) -> pd.DataFrame:
         model = vars(ModelConfig.from_preset(preset, vocab_size=workload["model"]["vocab_size"],
                                              max_len=workload["model"]["max_len"],
                                              num_classes=workload["model"]["num_classes"]))
-        buckets = [fit.allreduce_s(size) for size in bucket_sizes(model)]
+        sizes = bucket_sizes(model)
+        buckets = [fit.allreduce_s(size) for size in sizes]
         comm = sum(buckets)
         compute_1 = training_flops(model, tokens_per_step) / flops_per_s
         rows.append(dict(
-            preset=preset, parameters=sum(bucket_sizes(model)) // 4, buckets=len(buckets),
+            preset=preset, parameters=sum(sizes) // 4, buckets=len(buckets),
             comm_ms=comm * 1e3, last_bucket_ms=buckets[-1] * 1e3,
             compute_bound_ms=compute_1 * 1e3,
             speedup_no_overlap=compute_1 / (compute_1 / n + comm),
