@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from ddp_core.analysis import ResultsError, load_experiment, run_on_folder, scaling_table, steady_epochs
-from ddp_core.model import ModelConfig, TransformerClassifier
+from ddp_core.model import PRESETS, ModelConfig, TransformerClassifier
 
 FIRST_BUCKET_BYTES = 2**20
 BUCKET_BYTES = 25 * 2**20
@@ -73,12 +73,24 @@ def read_allreduce(folder: Path) -> dict[int, pd.DataFrame]:
     return found
 
 
+def meta_model(model_config: dict) -> TransformerClassifier:
+    """The model's shapes without its memory: enough to count parameters and FLOPs of any preset."""
+    with torch.device("meta"):
+        return TransformerClassifier(ModelConfig(**model_config))
+
+
+def preset_configs(model_config: dict) -> dict[str, dict]:
+    """Every preset's shape at the vocabulary, length and classes of `model_config` (a run's workload)."""
+    return {preset: vars(ModelConfig.from_preset(preset, vocab_size=model_config["vocab_size"],
+                                                 max_len=model_config["max_len"],
+                                                 num_classes=model_config["num_classes"]))
+            for preset in PRESETS}
+
+
 def bucket_sizes(model_config: dict) -> list[int]:
     """Gradient bucket sizes in bytes (fp32), in the order DDP fills and all-reduces them."""
-    with torch.device("meta"):
-        model = TransformerClassifier(ModelConfig(**model_config))
     buckets, current, cap = [], 0, FIRST_BUCKET_BYTES
-    for param in reversed(list(model.parameters())):
+    for param in reversed(list(meta_model(model_config).parameters())):
         current += param.numel() * 4
         if current >= cap:
             buckets.append(current)
@@ -94,9 +106,7 @@ def training_flops(model_config: dict, tokens: int) -> float:
     their gradient is all-reduced like any other, which is why embedding-heavy models communicate
     much for little compute.
     """
-    with torch.device("meta"):
-        model = TransformerClassifier(ModelConfig(**model_config))
-    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    linear_weights = sum(m.weight.numel() for m in meta_model(model_config).modules() if isinstance(m, torch.nn.Linear))
     attention = 4 * model_config["n_layers"] * model_config["max_len"] * model_config["d_model"]
     return 3 * tokens * (2 * linear_weights + attention)
 

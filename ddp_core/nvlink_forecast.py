@@ -20,13 +20,13 @@ by the two scenarios of `ddp_core.cost_model`: none, or all but the last bucket 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from ddp_core.analysis import load_experiment, run_on_folder
-from ddp_core.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, training_flops
-from ddp_core.model import PRESETS, ModelConfig
+from ddp_core.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, preset_configs, training_flops
 
 LITERATURE = Path(__file__).with_name("literature")
 ALLREDUCE_FILE = LITERATURE / "nd_a100_v4_allreduce.csv"
@@ -38,8 +38,7 @@ def nvlink_fit(world_size: int) -> AlphaBeta:
     bench = pd.read_csv(ALLREDUCE_FILE, comment="#")
     measured_n = bench["world_size"].to_numpy(float)
     bench["time_s"] = bench["size_bytes"] * 2 * (measured_n - 1) / measured_n / (bench["busbw_GBps"] * 1e9)
-    fit = fit_alpha_beta(bench)
-    return AlphaBeta(world_size, fit.alpha_s, fit.beta_s_per_byte, fit.r2, fit.max_relative_error)
+    return replace(fit_alpha_beta(bench), world_size=world_size)
 
 
 def peak_gemm_flops_per_s() -> float:
@@ -56,10 +55,7 @@ def forecast(workload: dict, world_size: int = 4) -> pd.DataFrame:
     n = world_size
     tokens_per_step = workload["global_batch_size"] * workload["model"]["max_len"]
     rows = []
-    for preset in PRESETS:
-        model = vars(ModelConfig.from_preset(preset, vocab_size=workload["model"]["vocab_size"],
-                                             max_len=workload["model"]["max_len"],
-                                             num_classes=workload["model"]["num_classes"]))
+    for preset, model in preset_configs(workload["model"]).items():
         sizes = bucket_sizes(model)
         buckets = [fit.allreduce_s(size) for size in sizes]
         comm = sum(buckets)

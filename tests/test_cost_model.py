@@ -5,12 +5,11 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-
-from conftest import train_command
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from conftest import train_command
 from ddp_core.cost_model import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, fit_alpha_beta, training_flops
 from ddp_core.model import PRESETS, ModelConfig, TransformerClassifier, count_parameters
 from ddp_core.nvlink_forecast import ALLREDUCE_FILE, forecast, nvlink_fit
