@@ -41,17 +41,17 @@ test: $(VENV)/.installed $(MATHJAX)
 $(RESULTS_DIR)/$(EXPERIMENT)/n%/run_experiment.ipynb: notebooks/run_experiment.md notebooks/profiles/$(PROFILE).yml | $(VENV)/.installed
 	mkdir -p $(@D)
 	$(BIN)/jupytext --to ipynb -o - $< | $(BIN)/papermill --no-progress-bar - $(@D)/run_experiment.failed.ipynb \
-		-f notebooks/profiles/$(PROFILE).yml -p world_size $* -p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
+		-p profile $(PROFILE) -p world_size $* -p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
 	mv $(@D)/run_experiment.failed.ipynb $@
 
 $(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n%/allreduce.csv: | $(VENV)/.installed
-	$(BIN)/torchrun --standalone --nproc-per-node $* -m ddp_core.bench_allreduce --out $(@D) $(ALLREDUCE_ARGS)
+	$(BIN)/torchrun --standalone --nproc-per-node $* -m ddp_core.bench.allreduce --out $(@D) $(ALLREDUCE_ARGS)
 
 report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb) \
 		$(foreach n,$(filter-out 1,$(WORLD_SIZES)),$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n$(n)/allreduce.csv)
-	$(BIN)/python -m ddp_core.analysis $(RESULTS_DIR)/$(EXPERIMENT)
-	$(BIN)/python -m ddp_core.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
-	$(BIN)/python -m ddp_core.nvlink_forecast $(RESULTS_DIR)/$(EXPERIMENT)
+	$(BIN)/python -m ddp_core.report.scaling $(RESULTS_DIR)/$(EXPERIMENT)
+	$(BIN)/python -m ddp_core.report.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
+	$(BIN)/python -m ddp_core.report.nvlink_forecast $(RESULTS_DIR)/$(EXPERIMENT)
 	$(MAKE) book RESULTS=$(RESULTS_DIR)/$(EXPERIMENT)
 
 book: $(VENV)/.installed $(MATHJAX)

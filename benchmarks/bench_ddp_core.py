@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ddp_core.config import TrainConfig
-from ddp_core.data import load_data
-from ddp_core.experiment import launch_command
-from ddp_core.model import ModelConfig, TransformerClassifier
+from ddp_core.engine.config import TrainConfig
+from ddp_core.engine.data import load_data
+from ddp_core.launch.local import launch_command
+from ddp_core.engine.model import ModelConfig, TransformerClassifier
 
 EPOCHS = 3
 
@@ -60,7 +60,7 @@ def plain_loop_rate(args: list[str], scratch: Path) -> float:
 
 
 def plain_loop() -> None:
-    from ddp_core.config import parse_args
+    from ddp_core.engine.config import parse_args
 
     cfg: TrainConfig = parse_args(sys.argv[1:])
     data = load_data(cfg)

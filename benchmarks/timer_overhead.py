@@ -19,9 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_core.model import ModelConfig, TransformerClassifier
-from ddp_core.timers import EpochTimer
-from ddp_core.train import lr_factor, train_step, usable_cores
+from ddp_core.engine.model import ModelConfig, TransformerClassifier
+from ddp_core.engine.timers import EpochTimer
+from ddp_core.engine.runtime import threads_per_rank
+from ddp_core.train import lr_factor, train_step
 
 BLOCKS, STEPS_PER_BLOCK, GLOBAL_BATCH, SEQ_LEN = 16, 6, 32, 128
 
@@ -30,7 +31,7 @@ def main() -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         dist.init_process_group("gloo")
-    torch.set_num_threads(max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    torch.set_num_threads(threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     config = ModelConfig.from_preset("small", vocab_size=20000, max_len=SEQ_LEN, num_classes=2)
     batch = GLOBAL_BATCH // world_size
     generator = torch.Generator().manual_seed(0)

@@ -2,15 +2,19 @@
 
 import csv
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from ddp_core.experiment import launch_command
+from ddp_core.engine.config import load_profile, to_args
+from ddp_core.launch.local import launch_command
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_SYNTHETIC = ["--dataset", "synthetic", "--preset", "tiny", "--vocab-size", "128", "--seq-len", "32",
+WORLD_SIZES = (1, 4)  # of the tiny report that `project` makes
+# The tiny profile's data and model, to which each test adds its batch, samples and epochs.
+TINY_SYNTHETIC = [*to_args({key: load_profile("tiny")[key] for key in ("dataset", "preset", "vocab_size", "seq_len")}),
                   "--no-progress"]
 
 
@@ -60,3 +64,25 @@ def train(tmp_path, isolated_env):
 def read_metrics(run_dir: Path) -> list[dict]:
     with open(run_dir / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory, isolated_env):
+    """A copy of the project in which `make report` ran on the tiny profile, as CI and a user run it."""
+    project = tmp_path_factory.mktemp("project")
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        source = REPO / name
+        if source.is_symlink():
+            (project / name).symlink_to(source.readlink())
+        else:
+            shutil.copy2(source, project / name)
+    shutil.copytree(REPO / "book" / "_static" / "mathjax", project / "book" / "_static" / "mathjax")
+    (project / ".venv").symlink_to(REPO / ".venv")
+    sizes = " ".join(map(str, WORLD_SIZES))
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}",
+                           "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
+                          cwd=project, env=isolated_env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return project

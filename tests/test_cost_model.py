@@ -10,13 +10,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import train_command
-from ddp_core.cost_model import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, fit_alpha_beta, training_flops
-from ddp_core.model import PRESETS, ModelConfig, TransformerClassifier, count_parameters
-from ddp_core.nvlink_forecast import ALLREDUCE_FILE, forecast, nvlink_fit
+from ddp_core.report.cost_model import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, fit_alpha_beta, training_flops
+from ddp_core.engine.model import PRESETS, ModelConfig, TransformerClassifier, count_parameters
+from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, forecast, nvlink_fit
 
 
 def test_benchmark_reports_time_and_the_nccl_tests_bandwidths(tmp_path, isolated_env):
-    launch = train_command(2)[:-1] + ["ddp_core.bench_allreduce", "--out", str(tmp_path / "ar"),
+    launch = train_command(2)[:-1] + ["ddp_core.bench.allreduce", "--out", str(tmp_path / "ar"),
                                       "--max-bytes", str(2**16), "--seconds-per-size", "0.02"]
     subprocess.run(launch, cwd=tmp_path, env=isolated_env, check=True, capture_output=True, timeout=300)
     bench = pd.read_csv(tmp_path / "ar" / "allreduce.csv")
@@ -65,7 +65,7 @@ def test_nvlink_forecast_is_sourced_and_brackets_the_speedup_between_its_two_ove
     fit = nvlink_fit(4)
     assert published["busbw_GBps"].iloc[-8] < fit.bus_bandwidth_GBps <= published["busbw_GBps"].max()
     workload = {"global_batch_size": 32, "model": {"vocab_size": 20000, "max_len": 128, "num_classes": 2}}
-    ahead = forecast(workload, 4)
+    ahead = forecast(workload["model"], workload["global_batch_size"], 4)
     assert list(ahead.index) == list(PRESETS)
     assert (ahead["speedup_no_overlap"] <= ahead["speedup_last_bucket_only"]).all()
     assert (ahead["break_even_compute_ms"] < ahead["efficiency_90_compute_ms"]).all()

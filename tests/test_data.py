@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from ddp_core.config import TrainConfig
-from ddp_core.data import load_data
+from ddp_core.engine.config import TrainConfig
+from ddp_core.engine.data import load_data
 
 
 @pytest.fixture

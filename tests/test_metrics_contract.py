@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import TINY_SYNTHETIC, read_metrics, run_training, train_command
-from ddp_core.run_files import METRICS_COLUMNS
+from ddp_core.engine.run_files import METRICS_COLUMNS
 
 REQUIRED = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "train_samples", "epoch_time_s",
             "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s", "comm_total_s", "comm_exposed_s",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddp_core.model import PAD_ID, ModelConfig, TransformerClassifier, count_parameters
+from ddp_core.engine.model import PAD_ID, ModelConfig, TransformerClassifier, count_parameters
 
 
 def test_padding_does_not_change_the_prediction():

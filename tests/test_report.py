@@ -14,12 +14,9 @@ import pandas as pd
 import papermill
 import pytest
 
-from conftest import REPO
-from ddp_core.experiment import ExperimentError, prepare, run_local
+from conftest import REPO, WORLD_SIZES
+from ddp_core.launch.local import ExperimentError, prepare, run_local
 
-WORLD_SIZES = (1, 4)
-TINY_OPTIONS = ("dataset", "preset", "epochs", "global_batch_size", "seq_len", "vocab_size", "train_samples",
-                "eval_samples", "lr", "warmup_steps", "seed")
 
 
 def page_text(site: Path, page: str) -> str:
@@ -31,28 +28,6 @@ def as_ipynb(md: Path, folder: Path) -> Path:
     path = folder / (md.stem + ".ipynb")
     jupytext.write(jupytext.read(md), path)
     return path
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory, isolated_env):
-    """A copy of the project in which `make report` ran on the tiny profile, as CI and a user run it."""
-    project = tmp_path_factory.mktemp("project")
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for name in tracked:
-        (project / name).parent.mkdir(parents=True, exist_ok=True)
-        source = REPO / name
-        if source.is_symlink():
-            (project / name).symlink_to(source.readlink())
-        else:
-            shutil.copy2(source, project / name)
-    shutil.copytree(REPO / "book" / "_static" / "mathjax", project / "book" / "_static" / "mathjax")
-    (project / ".venv").symlink_to(REPO / ".venv")
-    sizes = " ".join(map(str, WORLD_SIZES))
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}",
-                           "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
-                          cwd=project, env=isolated_env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    return project
 
 
 def test_each_run_keeps_its_executed_notebook_next_to_its_csvs(project):
@@ -96,11 +71,10 @@ def test_numbers_in_the_prose_are_those_of_the_csvs(project):
 
 def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
     common = dict(world_size=1, launcher="local", results_dir=str(project / "results"), experiment="report",
-                  dataset="synthetic", preset="tiny", epochs=2, global_batch_size=16, seq_len=32, vocab_size=128,
-                  train_samples=256, eval_samples=64, lr=0.003, warmup_steps=5, seed=0)
+                  profile="tiny")
     assert prepare(**common).action == "reuse"
     with pytest.raises(ExperimentError, match="holds a run with other settings \\(--lr\\)"):
-        prepare(**common | {"lr": 0.01})
+        prepare(**common, overrides={"lr": 0.01})
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_path):
@@ -109,7 +83,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_pa
     info = json.loads((project / "results" / "report" / "n1" / "run.json").read_text()) | {"end_time": None}
     (run_dir / "run.json").write_text(json.dumps(info))
     plan = prepare(world_size=1, launcher="local", results_dir=str(tmp_path / "results"), experiment="report",
-                   **{k: v for k, v in info["config"].items() if k in TINY_OPTIONS})
+                   profile="tiny")
     assert plan.action == "interrupted"
     with pytest.raises(ExperimentError, match="stopped before its first checkpoint"):
         run_local(plan)
@@ -119,7 +93,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_pa
 @pytest.mark.parametrize("parameters,message", [
     ({"world_size": 0}, "world_size must be a positive integer, got 0"),
     ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local, slurm"),
-    ({"dataset": "mnist"}, "invalid choice: 'mnist'"),
+    ({"overrides": {"dataset": "mnist"}}, "invalid choice: 'mnist'"),
 ], ids=["world_size 0", "unknown launcher", "unknown dataset"])
 def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, message):
     notebook = as_ipynb(REPO / "notebooks" / "run_experiment.md", tmp_path)

@@ -14,8 +14,6 @@ import torch
 from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
 
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
-TINY_PROFILE = {"dataset": "synthetic", "preset": "tiny", "epochs": 2, "global_batch_size": 16, "seq_len": 32,
-                "vocab_size": 128, "train_samples": 256, "eval_samples": 64, "lr": 0.003, "warmup_steps": 5}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,7 @@ def run_notebook(tmp_path, **parameters):
     jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
     output = tmp_path / f"executed-{len(list(tmp_path.glob('executed-*')))}.ipynb"
     papermill.execute_notebook(notebook, output, cwd=tmp_path, progress_bar=False, execution_timeout=300,
-                               parameters={**TINY_PROFILE, "results_dir": str(tmp_path / "results"),
+                               parameters={"profile": "tiny", "results_dir": str(tmp_path / "results"),
                                            "poll_seconds": 0.5, **parameters})
     return "\n".join(out.get("text", "") for cell in jupytext.read(output).cells for out in cell.get("outputs", []))
 
@@ -63,8 +61,8 @@ def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_pat
 
 def test_a_job_that_fails_inside_stops_with_the_cause(slurm_cluster, tmp_path):
     with pytest.raises(papermill.PapermillExecutionError) as failure:
-        run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="bad", dataset="imdb",
-                     data_dir=str(tmp_path / "no-such-data"))
+        run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="bad",
+                     overrides={"dataset": "imdb", "data_dir": str(tmp_path / "no-such-data")})
     assert failure.value.ename == "ExperimentError"
     assert "ended FAILED" in failure.value.evalue
     assert f"data dir {tmp_path / 'no-such-data'} does not exist" in failure.value.evalue

@@ -1,6 +1,6 @@
 """All-reduce time over message sizes, measured as nccl-tests does, on gloo or NCCL.
 
-    torchrun --nproc-per-node N -m ddp_core.bench_allreduce --out results/report/allreduce-n2
+    torchrun --nproc-per-node N -m ddp_core.bench.allreduce --out results/report/allreduce-n2
 
 For each size S (bytes of float32 gradient), after warm-up iterations, the mean time t of one
 `all_reduce` over timed iterations (the slowest rank's), and nccl-tests' bandwidths
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_core.run_files import environment, now_iso, save_atomic
+from ddp_core.engine.config import TrainConfig, world_size_from_env
+from ddp_core.engine.run_files import environment, now_iso, save_atomic
+from ddp_core.engine.runtime import place_process, resolve_runtime
 
 COLUMNS = ["size_bytes", "iterations", "time_s", "algbw_GBps", "busbw_GBps", "world_size"]
 
@@ -51,7 +52,7 @@ def time_allreduce(tensor: torch.Tensor, iterations: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m ddp_core.bench_allreduce", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="torchrun ... -m ddp_core.bench.allreduce", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for allreduce.csv and allreduce.json")
     parser.add_argument("--min-bytes", type=int, default=4)
     parser.add_argument("--max-bytes", type=int, default=256 * 2**20)
@@ -59,19 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds-per-size", type=float, default=0.3, help="time budget that sets the iterations")
     opts = parser.parse_args(argv)
     out = Path(opts.out)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = world_size_from_env()
     if world_size < 2:
         print("bench_allreduce: error: run it under torchrun with at least 2 processes", file=sys.stderr)
         return 2
     if (out / "allreduce.csv").exists():
         print(f"bench_allreduce: error: {out / 'allreduce.csv'} exists; choose another --out", file=sys.stderr)
         return 2
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    rt = resolve_runtime(TrainConfig())  # the trainer's own choice of device, backend and threads
+    place_process(rt)
+    device = rt.device
+    dist.init_process_group(rt.backend)
     leader = dist.get_rank() == 0
     rows = []
     try:
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        save_atomic({"world_size": world_size, "backend": "nccl" if use_cuda else "gloo", "device": str(device),
+        save_atomic({"world_size": world_size, "backend": rt.backend, "device": str(device),
                      "end_time": now_iso(), **environment(device)}, out / "allreduce.json")
     return 0
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddp_core.config import TrainConfig, UsageError
-from ddp_core.model import PAD_ID
+from ddp_core.engine.config import TrainConfig, UsageError
+from ddp_core.engine.model import PAD_ID
 
 UNK_ID = 1
 TOKENIZER_VERSION = 1

@@ -1,10 +1,10 @@
 """What the cost model predicts for one node of GPUs on NVLink, from published figures: a prediction, not a run.
 
-    python -m ddp_core.nvlink_forecast results/report     # prints the forecast for every preset
+    python -m ddp_core.report.nvlink_forecast results/report     # prints the forecast for every preset
 
 The runs shown in the book fix the workload (sequence length, global batch, vocabulary); each preset
 is then placed on a node of A100 GPUs joined by NVLink, described by Azure's published ND A100 v4
-benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_core/literature/`:
+benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_core/report/literature/`:
 - the NCCL all-reduce bus bandwidth from 1 KiB to 8 GiB on 8 GPUs, fitted with the same alpha-beta
   model as our own benchmark. busbw does not depend on N by its definition, so beta carries over to
   any N; the latency term follows the ring model, 2(N-1) alpha.
@@ -14,7 +14,7 @@ benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_cor
 
 Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
 bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
-by the two scenarios of `ddp_core.cost_model`: none, or all but the last bucket hidden.
+by the two scenarios of `ddp_core.report.cost_model`: none, or all but the last bucket hidden.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.analysis import load_experiment, run_on_folder
-from ddp_core.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, preset_configs, training_flops
+from ddp_core.report.results import Experiment, run_on_folder
+from ddp_core.report.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, preset_configs, training_flops
 
 LITERATURE = Path(__file__).with_name("literature")
 ALLREDUCE_FILE = LITERATURE / "nd_a100_v4_allreduce.csv"
@@ -45,17 +45,17 @@ def peak_gemm_flops_per_s() -> float:
     return float(pd.read_csv(GEMM_FILE, comment="#")["tflops"].max() * 1e12)
 
 
-def forecast(workload: dict, world_size: int = 4) -> pd.DataFrame:
+def forecast(model_config: dict, global_batch_size: int, world_size: int = 4) -> pd.DataFrame:
     """Per preset: the all-reduce per step, the compute that breaks even, and the speedup bounds.
 
-    `workload`: a run's run.json (its model's vocabulary and length, its global batch).
+    The workload is a run's: its model's vocabulary, length and classes, and its global batch.
     """
     fit = nvlink_fit(world_size)
     flops_per_s = peak_gemm_flops_per_s()
     n = world_size
-    tokens_per_step = workload["global_batch_size"] * workload["model"]["max_len"]
+    tokens_per_step = global_batch_size * model_config["max_len"]
     rows = []
-    for preset, model in preset_configs(workload["model"]).items():
+    for preset, model in preset_configs(model_config).items():
         sizes = bucket_sizes(model)
         buckets = [fit.allreduce_s(size) for size in sizes]
         comm = sum(buckets)
@@ -73,17 +73,16 @@ def forecast(workload: dict, world_size: int = 4) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("preset")
 
 
-def print_forecast(folder: str, world_size: int = 4) -> None:
-    _, infos = load_experiment(Path(folder))
-    workload = min(infos.values(), key=lambda info: info["world_size"])
+def print_forecast(experiment: Experiment, world_size: int = 4) -> None:
+    workload = experiment.baseline
     fit = nvlink_fit(world_size)
     print(f"A100 NVLink (published): alpha {fit.alpha_s * 1e6:.2f} us, busbw {fit.bus_bandwidth_GBps:.1f} GB/s, "
           f"R^2 {fit.r2:.4f}, max relative error {fit.max_relative_error:.1%}; "
           f"peak FP16 GEMM {peak_gemm_flops_per_s() / 1e12:.1f} TFLOPS")
-    print(f"workload: global batch {workload['global_batch_size']}, sequence {workload['model']['max_len']}, "
+    print(f"workload: global batch {workload.global_batch_size}, sequence {workload.model['max_len']}, "
           f"{world_size} GPUs")
-    print(forecast(workload, world_size).to_string(float_format=lambda v: f"{v:.4g}"))
+    print(forecast(workload.model, workload.global_batch_size, world_size).to_string(float_format=lambda v: f"{v:.4g}"))
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.nvlink_forecast", print_forecast))
+    sys.exit(run_on_folder("ddp_core.report.nvlink_forecast", print_forecast))

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from ddp_core.experiment import ExperimentError, Plan, refuse_interrupted
+from ddp_core.launch.local import ExperimentError, Plan, refuse_interrupted
 
-SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "ddp_train.sbatch"
+SBATCH_SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "ddp_train.sbatch"
 JOB_ID_FILE = "slurm_job_id"
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}

@@ -1,6 +1,6 @@
 """The alpha-beta model of ring all-reduce, fitted to `bench_allreduce`, and the DDP speedup it predicts.
 
-    python -m ddp_core.cost_model results/report     # prints the fit and the prediction errors
+    python -m ddp_core.report.cost_model results/report     # prints the fit and the prediction errors
 
 Fit: T(S) = 2(N-1) alpha + 2 (N-1)/N S beta by least squares on relative error (each message size
 counts alike, from bytes to hundreds of MB).
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ddp_core.analysis import ResultsError, load_experiment, run_on_folder, scaling_table, steady_epochs
-from ddp_core.model import PRESETS, ModelConfig, TransformerClassifier
+from ddp_core.engine.model import PRESETS, ModelConfig, TransformerClassifier
+from ddp_core.report.results import Experiment, RunInfo, run_on_folder
+from ddp_core.report.scaling import scaling_table
 
 FIRST_BUCKET_BYTES = 2**20
 BUCKET_BYTES = 25 * 2**20
@@ -60,17 +60,6 @@ def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
     predicted = design @ [alpha, beta]
     r2 = 1 - np.sum((seconds - predicted) ** 2) / np.sum((seconds - seconds.mean()) ** 2)
     return AlphaBeta(n, float(alpha), float(beta), float(r2), float(np.max(np.abs(predicted / seconds - 1))))
-
-
-def read_allreduce(folder: Path) -> dict[int, pd.DataFrame]:
-    """Benchmarks by world size, from `allreduce-n*/allreduce.csv` under an experiment folder."""
-    found = {}
-    for path in sorted(folder.glob("allreduce-n*/allreduce.csv")):
-        bench = pd.read_csv(path)
-        if bench.empty or not {"size_bytes", "time_s", "world_size"} <= set(bench.columns):
-            raise ResultsError(f"{path}: not an all-reduce benchmark (columns or rows missing)")
-        found[int(bench["world_size"].iloc[0])] = bench
-    return found
 
 
 def meta_model(model_config: dict) -> TransformerClassifier:
@@ -117,35 +106,35 @@ def compute_to_comm_ratio(model_config: dict, tokens_per_rank: int, flops_per_s:
     return training_flops(model_config, tokens_per_rank) / flops_per_s / communication
 
 
-def cores_per_rank(info: dict) -> float:
-    if info["device"].startswith("cuda"):
+def cores_per_rank(run: RunInfo) -> float:
+    if run.on_gpu:
         return 1.0
-    return min(info["threads_per_rank"], info["cpu_count"] / info["local_world_size"])
+    return min(run.threads_per_rank, run.cpu_count / run.local_world_size)
 
 
-def predict(folder: str | Path) -> tuple[pd.DataFrame, dict[int, AlphaBeta]]:
+def allreduce_fits(experiment: Experiment) -> dict[int, AlphaBeta]:
+    return {n: fit_alpha_beta(bench) for n, bench in experiment.allreduce.items()}
+
+
+def predict(experiment: Experiment) -> pd.DataFrame:
     """Predicted against measured speedup for every world size with a run and a benchmark."""
-    folder = Path(folder)
-    metrics, infos = load_experiment(folder)
-    table = scaling_table(metrics)
-    fits = {n: fit_alpha_beta(bench) for n, bench in read_allreduce(folder).items()}
-    by_size = {info["world_size"]: info for info in infos.values()}
-    steady = steady_epochs(metrics)
-    step_s = (steady["epoch_time_s"] / steady["steps"]).groupby(steady["world_size"]).mean()
-    one = by_size[1]
+    table = scaling_table(experiment.metrics)
+    fits = allreduce_fits(experiment)
+    step_s = table["step_time_s"]
+    one = experiment.runs[1]
     rows = []
     for n in sorted(fits):
-        if n not in by_size:
+        if n not in experiment.runs:
             continue
-        info = by_size[n]
-        buckets = [fits[n].allreduce_s(size) for size in bucket_sizes(info["model"])]
+        info = experiment.runs[n]
+        buckets = [fits[n].allreduce_s(size) for size in bucket_sizes(info.model)]
         comm = sum(buckets)
         measured = table.loc[n]
         exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]
-        compute = (step_s[1] * info["per_rank_batch_size"] / one["per_rank_batch_size"]
+        compute = (step_s[1] * info.per_rank_batch_size / one.per_rank_batch_size
                    * cores_per_rank(one) / cores_per_rank(info))
-        step_1_per_sample = step_s[1] / one["global_batch_size"]
-        speedup = {name: step_1_per_sample / (step / info["global_batch_size"]) for name, step in [
+        step_1_per_sample = step_s[1] / one.global_batch_size
+        speedup = {name: step_1_per_sample / (step / info.global_batch_size) for name, step in [
             ("predicted", compute + exposed_fraction * comm), ("no_overlap", compute + comm),
             ("last_bucket_only", compute + buckets[-1])]}
         rows.append(dict(world_size=n, buckets=len(buckets), predicted_compute_s=compute,
@@ -156,12 +145,12 @@ def predict(folder: str | Path) -> tuple[pd.DataFrame, dict[int, AlphaBeta]]:
                          speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
                          predicted_efficiency=speedup["predicted"] / n, measured_efficiency=measured["efficiency"],
                          error=speedup["predicted"] / measured["speedup"] - 1))
-    return pd.DataFrame(rows).set_index("world_size"), fits
+    return pd.DataFrame(rows).set_index("world_size")
 
 
-def print_prediction(folder: str) -> None:
-    prediction, fits = predict(folder)
-    for n, fit in fits.items():
+def print_prediction(experiment: Experiment) -> None:
+    prediction = predict(experiment)
+    for n, fit in allreduce_fits(experiment).items():
         print(f"N={n}: alpha {fit.alpha_s * 1e6:.1f} us, beta {fit.beta_s_per_byte * 1e9:.4f} ns/B "
               f"(busbw {fit.bus_bandwidth_GBps:.2f} GB/s), R^2 {fit.r2:.4f}, max relative error "
               f"{fit.max_relative_error:.1%}")
@@ -170,4 +159,4 @@ def print_prediction(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.cost_model", print_prediction))
+    sys.exit(run_on_folder("ddp_core.report.cost_model", print_prediction))

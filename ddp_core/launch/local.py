@@ -1,6 +1,7 @@
 """One experiment configuration, run from the `run_experiment` notebook: check, launch, find results.
 
-Parameters are checked with the trainer's own parser before any process starts, so a bad value
+A run's settings are a profile (`notebooks/profiles/NAME.yml`, fields of `TrainConfig`) plus
+overrides. They are checked with the trainer's own parser before any process starts, so a bad value
 fails the notebook's first cell with one line. A run directory that already holds the same
 finished run is reused (papermill can re-execute the notebook without retraining), an
 interrupted one is resumed, and one with other settings is never touched.
@@ -9,15 +10,13 @@ interrupted one is resumed, and one with other settings is never touched.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_core.config import CHECKPOINT_NAME, UsageError, differing_settings, parse_args
-from ddp_core.train import usable_cores
+from ddp_core.engine.config import CHECKPOINT_NAME, UsageError, differing_settings, load_profile, parse_args, to_args
 
 LAUNCHERS = ("local", "slurm")
 
@@ -35,23 +34,12 @@ class Plan:
     action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
 
 
-def train_args(**options) -> list[str]:
-    """`--name value` for each option that is set; True flags become bare switches."""
-    args = []
-    for name, value in options.items():
-        if value is None or value is False:
-            continue
-        args.append("--" + name.replace("_", "-"))
-        if value is not True:
-            args.append(str(value))
-    return args
-
-
 def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, nodes=1, **options) -> Plan:
+def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
+            overrides: dict | None = None, nodes=1) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing."""
     if not _positive_int(world_size):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
@@ -62,8 +50,8 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, nod
     if launcher == "local" and nodes != 1:
         raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm'")
     run_dir = Path(results_dir) / experiment / f"n{world_size}"
-    args = train_args(**options)
     try:
+        args = to_args(load_profile(profile) | (overrides or {}))
         cfg = parse_args(args, world_size=world_size)
     except UsageError as exc:
         raise ExperimentError(str(exc)) from None
@@ -109,13 +97,12 @@ def run_local(plan: Plan) -> bool:
     if check.returncode != 0:
         raise ExperimentError((check.stderr.strip().splitlines() or ["data check failed"])[-1])
     print(check.stdout.strip())
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, usable_cores() // plan.world_size)))
     command = [*launch_command(plan.world_size), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
     if plan.action == "resume":
         command.append("--resume")
     print("$", " ".join(command), flush=True)
     tail = deque(maxlen=20)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
             tail.append(line.rstrip())
             if line.startswith("ddp_core:"):

@@ -1,0 +1,1 @@
+"""Benchmarks of communication, run under torchrun."""

@@ -1,0 +1,1 @@
+"""The training engine: configuration, runtime placement, model, data, timers and run files."""

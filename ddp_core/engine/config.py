@@ -1,0 +1,221 @@
+"""The settings of a training run: one typed, documented field each, from which everything else derives.
+
+`TrainConfig` is the single source of every setting's default, allowed values and meaning. The
+command line of `ddp_core.train` is generated from it (`build_parser`), the notebook's profiles
+(`notebooks/profiles/*.yml`) name its fields and are checked against them (`load_profile`), and
+the book's methods chapter prints what a run used.
+
+Every check that needs no data and no process group happens here, so that a bad command fails
+in a fraction of a second with one line, before torchrun has started anything expensive and
+before a run directory exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+CHECKPOINT_NAME = "checkpoint.pt"
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "profiles"
+
+
+class UsageError(Exception):
+    """A mistake in the user's input: reported as one line, never as a traceback."""
+
+
+def setting(default, help: str, *, resumable: bool = False, env: str | None = None, group: str | None = None):
+    """A field of `TrainConfig`.
+
+    resumable: may differ between a run and its `--resume` (it does not change what is trained).
+    env: environment variable that supplies the command line's default.
+    group: settings of one group are mutually exclusive and exactly one is required.
+    """
+    return field(default=default, metadata=dict(help=help, resumable=resumable, env=env, group=group))
+
+
+@dataclass
+class TrainConfig:
+    dataset: Literal["imdb", "ag_news", "synthetic"] = setting("imdb", "which data to classify")
+    data_dir: str | None = setting(
+        None, "local copies as DIR/<dataset>/{train,test}.{csv,csv.gz,parquet,jsonl}; none: the Hugging Face Hub",
+        resumable=True, env="DDP_CORE_DATA_DIR")
+    cache_dir: str | None = setting(None, "where encoded tensors are cached (default ~/.cache/ddp_core)",
+                                    resumable=True, env="DDP_CORE_CACHE_DIR")
+    preset: Literal["tiny", "small", "medium", "large"] = setting("small", "model size (ddp_core/engine/model.py)")
+    dropout: float | None = setting(None, "overrides the preset's dropout")
+    vocab_size: int = setting(20000, "words in the vocabulary, padding and unknown included")
+    seq_len: int = setting(256, "tokens per sample: longer texts are cut, shorter ones padded")
+    train_samples: int | None = setting(None, "seeded random subset of the training split (none: all of it)")
+    eval_samples: int | None = setting(None, "seeded random subset of the evaluation split (none: all of it)")
+    epochs: int = setting(1, "passes over the training samples", resumable=True)
+    global_batch_size: int | None = setting(
+        None, "strong scaling: samples per optimizer step over all ranks", group="batch")
+    per_rank_batch_size: int | None = setting(
+        None, "weak scaling: samples per forward pass on each rank", group="batch")
+    grad_accum: int = setting(1, "micro-batches per optimizer step (gradient accumulation)")
+    lr: float = setting(1e-3, "peak learning rate of AdamW")
+    warmup_steps: int = setting(50, "optimizer steps of linear warm-up before the 1/sqrt(step) decay")
+    weight_decay: float = setting(0.01, "AdamW's decoupled weight decay")
+    amp: Literal["off", "bf16", "fp16"] = setting("off", "autocast precision of forward and backward")
+    seed: int = setting(0, "seeds the subset, the shuffle, the initial weights and dropout")
+    backend: Literal["auto", "nccl", "gloo"] = setting("auto", "process-group backend (auto: nccl on GPUs, else gloo)")
+    device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto: a GPU per local rank when there are enough")
+    threads_per_rank: int | None = setting(None, "CPU threads per rank (none: usable cores / local ranks)",
+                                           resumable=True)
+    timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
+    out: str | None = setting(None, "run directory (none: a new one under results/)", resumable=True)
+    resume: bool = setting(False, "continue the run in --out from its last checkpoint", resumable=True)
+    progress: bool = setting(True, "a progress bar on rank 0 (--no-progress hides it)", resumable=True)
+    check: bool = setting(False, "check the arguments and the data (building the token cache), then exit "
+                                 "without training", resumable=True)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _value_type(annotation) -> tuple[type, tuple | None]:
+    """(type, choices) of a field: the type of `int | None` is int; a Literal's values are its choices."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return type(args[0]), tuple(args)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return _value_type(args[0])
+    return annotation, None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `ddp_core.train`, one option per field of `TrainConfig`."""
+    parser = _OneLineParser(prog="python -m ddp_core.train",
+                            description="Train a transformer text classifier with DDP.")
+    hints = typing.get_type_hints(TrainConfig)
+    groups = {}
+    for f in fields(TrainConfig):
+        meta, default = f.metadata, f.default
+        if meta["env"]:
+            default = os.environ.get(meta["env"]) or default
+        help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
+        if hints[f.name] is bool:
+            if default:
+                parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
+                                    help=help_text)
+            else:
+                parser.add_argument(_flag(f.name), action="store_true", help=help_text)
+            continue
+        value_type, choices = _value_type(hints[f.name])
+        target = parser
+        if meta["group"]:
+            if meta["group"] not in groups:
+                groups[meta["group"]] = parser.add_mutually_exclusive_group(required=True)
+            target = groups[meta["group"]]
+        target.add_argument(_flag(f.name), type=value_type, choices=choices, default=default, help=help_text)
+    return parser
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> TrainConfig:
+    """The checked config; `world_size` defaults to torchrun's WORLD_SIZE (a launcher may check ahead of it)."""
+    ns = build_parser().parse_args(argv)
+    cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in fields(TrainConfig)})
+    validate(cfg, world_size if world_size is not None else world_size_from_env())
+    return cfg
+
+
+def to_args(settings: dict) -> list[str]:
+    """The command line that sets `settings` (field name -> value); switches for the boolean fields."""
+    by_name = {f.name: f for f in fields(TrainConfig)}
+    args = []
+    for name, value in settings.items():
+        if name not in by_name:
+            raise UsageError(f"unknown setting {name!r}; the settings are the fields of TrainConfig: "
+                             f"{', '.join(by_name)}")
+        default = by_name[name].default
+        if isinstance(default, bool):
+            if value != default:
+                args.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
+        elif value is not None:
+            args += [_flag(name), str(value)]
+    return args
+
+
+def load_profile(profile: str | Path) -> dict:
+    """The settings of a profile: a name in notebooks/profiles/, or the path of a YAML file of TrainConfig fields."""
+    path = Path(profile)
+    if path.suffix not in (".yml", ".yaml"):
+        path = PROFILES_DIR / f"{profile}.yml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yml")))
+        raise UsageError(f"no profile {profile!r} (no file {path}); the profiles are: {known}")
+    settings = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(settings, dict):
+        raise UsageError(f"{path}: a profile is a mapping of setting: value")
+    to_args(settings)  # refuses unknown names
+    return settings
+
+
+def differing_settings(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The options that change what is trained and differ between a saved run's config and `cfg`."""
+    now = cfg.to_dict()
+    return [_flag(f.name) for f in fields(TrainConfig)
+            if not f.metadata["resumable"] and saved.get(f.name) != now[f.name]]
+
+
+def micro_batch_size(cfg: TrainConfig, world_size: int) -> int:
+    """Samples per forward pass on one rank."""
+    if cfg.per_rank_batch_size is not None:
+        return cfg.per_rank_batch_size
+    return cfg.global_batch_size // (world_size * cfg.grad_accum)
+
+
+def global_batch_size(cfg: TrainConfig, world_size: int) -> int:
+    """Samples per optimizer step over all ranks."""
+    return micro_batch_size(cfg, world_size) * world_size * cfg.grad_accum
+
+
+def validate(cfg: TrainConfig, world_size: int) -> None:
+    positive = ["vocab_size", "seq_len", "epochs", "grad_accum", "global_batch_size", "per_rank_batch_size",
+                "train_samples", "eval_samples", "threads_per_rank"]
+    for name in positive:
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"{_flag(name)} must be positive, got {value}")
+    if cfg.warmup_steps < 0:
+        raise UsageError(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
+        raise UsageError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.vocab_size < 3:
+        raise UsageError(f"--vocab-size must be at least 3 (padding, unknown and one word), got {cfg.vocab_size}")
+    if cfg.global_batch_size is not None and cfg.global_batch_size % (world_size * cfg.grad_accum):
+        raise UsageError(
+            f"--global-batch-size {cfg.global_batch_size} does not divide by world size {world_size} "
+            f"x --grad-accum {cfg.grad_accum}")
+    if cfg.backend == "nccl" and cfg.device == "cpu":
+        raise UsageError("--backend nccl needs --device cuda (or auto); use --backend gloo on CPU")
+    if cfg.amp == "fp16" and cfg.device == "cpu":
+        raise UsageError("--amp fp16 needs a CUDA device; use --amp bf16 on CPU")
+    if cfg.out is not None:
+        out = Path(cfg.out)
+        if cfg.resume and not (out / CHECKPOINT_NAME).is_file():
+            raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME}")
+        if not cfg.resume and (out / "run.json").exists():
+            raise UsageError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+    elif cfg.resume:
+        raise UsageError("--resume needs --out, the run directory to continue")

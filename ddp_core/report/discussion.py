@@ -1,0 +1,143 @@
+"""The discussion: where the time went, and when DDP pays off, from the runs and the cost model."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.engine.model import count_parameters
+from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, fit_alpha_beta, meta_model, \
+    preset_configs, training_flops
+from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.report.results import Experiment
+from ddp_core.report.scaling import scaling_table
+
+CPU, GPU = "this CPU", "A100 + NVLink"
+
+
+def _listing(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes))
+
+
+def measurement_findings(experiment: Experiment) -> dict:
+    """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went."""
+    table = scaling_table(experiment.metrics)
+    largest = experiment.largest
+    one, big = table.loc[1], table.loc[largest]
+    step_1 = one["compute_per_step_s"] + one["data_per_step_s"]
+    step_n = big["compute_per_step_s"] + big["comm_exposed_per_step_s"] + big["data_per_step_s"]
+    lost = step_n - step_1 / largest
+    lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
+    lost_comm = big["comm_exposed_per_step_s"]
+    paying = [int(n) for n in table.index if n > 1 and table.loc[n, "speedup"] > 1]
+    not_paying = [int(n) for n in table.index if n > 1 and table.loc[n, "speedup"] <= 1]
+    return {
+        "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
+        "paying_sentence": f"at {_listing(paying)} ranks" + (f", and not at {_listing(not_paying)}" if not_paying
+                                                             else "")
+        if paying else f"at none of the world sizes run ({_listing(not_paying)} ranks)",
+        "lost_phrase": f"loses {lost * 1e3:.1f} ms" if lost > 0 else f"is {-lost * 1e3:.1f} ms faster than that ideal",
+        "lost_compute_share": float(lost_compute / lost) if lost > 0 else 0.0,
+        "lost_comm_share": float(lost_comm / lost) if lost > 0 else 0.0,
+        "main_cause": "slower computation on each rank" if lost_compute > lost_comm else "exposed communication",
+        "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
+        "ratio_nmax": float(big["compute_to_comm_ratio"]),
+        "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
+        "accuracy_gap": float((table["final_val_accuracy"] - one["final_val_accuracy"]).abs().max()),
+        "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": experiment.runs[largest].threads_per_rank,
+        "threads_n1": experiment.runs[1].threads_per_rank,
+    }
+
+
+def _benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
+    """The largest world size with an all-reduce benchmark, and its fit."""
+    n = max(experiment.allreduce)
+    return n, fit_alpha_beta(experiment.allreduce[n])
+
+
+def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
+    """Compute rate and all-reduce fit of ranks like the 1-rank run here (each with its own cores, at its
+    measured rate), and of A100s on NVLink from published figures."""
+    n, cpu_fit = _benchmarked(experiment)
+    one = experiment.runs[1]
+    compute_1 = scaling_table(experiment.metrics).loc[1, "compute_per_step_s"]
+    cpu_rate = training_flops(one.model, one.global_batch_size * one.model["max_len"]) / compute_1
+    return {CPU: (cpu_rate, cpu_fit), GPU: (peak_gemm_flops_per_s(), nvlink_fit(n))}
+
+
+def _ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
+    """R_N at one token per rank, per kind of rank and preset: R_N grows linearly with the tokens per rank."""
+    models = preset_configs(experiment.baseline.model)
+    return {(name, preset): compute_to_comm_ratio(model, 1, rate, fit)
+            for name, (rate, fit) in _hardware(experiment).items() for preset, model in models.items()}
+
+
+def _targets(experiment: Experiment) -> dict[str, float]:
+    n, _ = _benchmarked(experiment)
+    return {"break even, no overlap": 1 / (n - 1), "90 % efficiency, no overlap": 9.0}
+
+
+def payoff_findings(experiment: Experiment) -> dict:
+    """The break-even ratio here, and how tokens, model size and hardware move it."""
+    table = scaling_table(experiment.metrics)
+    n, _ = _benchmarked(experiment)
+    one = experiment.baseline
+    exposed_fraction = float(table.loc[n, "comm_exposed_per_step_s"] / table.loc[n, "comm_total_per_step_s"])
+    break_even_ratio = exposed_fraction / (n - 1)
+    ideal_ratio = float(table.loc[1, "compute_per_step_s"] / n / table.loc[n, "comm_total_per_step_s"])
+    hardware, ratios = _hardware(experiment), _ratio_per_token(experiment)
+    models = preset_configs(one.model)
+    fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
+    embedding_share = {preset: model["vocab_size"] * model["d_model"] / count_parameters(meta_model(model))
+                       for preset, model in models.items()}
+    link_per_flop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate) for name, (rate, fit) in hardware.items()}
+    pays = ideal_ratio > break_even_ratio
+    return {
+        "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
+        "ideal_ratio": ideal_ratio,
+        "ideal_verdict": "above it: with the compute divided among the ranks" if pays
+        else "below it: even with the compute divided among the ranks",
+        "ideal_consequence": "DDP would have paid off" if pays else "DDP could not have paid off",
+        "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
+        "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
+        "tokens_here": experiment.runs[n].tokens_per_rank, "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
+        "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
+        "smallest_embedding_share": min(embedding_share.values()),
+        "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
+    }
+
+
+def findings(experiment: Experiment) -> dict:
+    return measurement_findings(experiment) | payoff_findings(experiment)
+
+
+def ratio_figure(experiment: Experiment):
+    """R_N against tokens per rank, per preset, on CPU ranks like these and on A100s, with the two targets."""
+    n, _ = _benchmarked(experiment)
+    ratios = _ratio_per_token(experiment)
+    presets = list(preset_configs(experiment.baseline.model))
+    tokens = np.logspace(np.log10(64), np.log10(2**20), 40)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, (name, title) in zip(axes, [(CPU, f"CPU ranks like this machine, N={n}"),
+                                       (GPU, f"A100 + NVLink, N={n} (prediction)")]):
+        for preset in presets:
+            ax.loglog(tokens, ratios[name, preset] * tokens, label=preset)
+        for (target, value), style in zip(_targets(experiment).items(), ["--", ":"]):
+            ax.axhline(value, color="k", linestyle=style, linewidth=1, label=target)
+        ax.axvline(experiment.runs[n].tokens_per_rank, color="gray", linewidth=1, label="these runs")
+        ax.set(xlabel="tokens per rank per step (b T)", title=title)
+    axes[0].set_ylabel("compute / all-reduce, $R_N$")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def tokens_needed_table(experiment: Experiment) -> str:
+    """Tokens per rank per step that each preset needs on each kind of rank to reach each target (Markdown)."""
+    ratios = _ratio_per_token(experiment)
+    presets = list(preset_configs(experiment.baseline.model))
+    needed = pd.DataFrame(
+        {f"{name}: {target}": {preset: value / ratios[name, preset] for preset in presets}
+         for name in (CPU, GPU) for target, value in _targets(experiment).items()})
+    return "Tokens per rank per step needed, by preset:\n\n" + needed.map(lambda v: f"{v:,.0f}").to_markdown()

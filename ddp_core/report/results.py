@@ -1,0 +1,152 @@
+"""An experiment as the report reads it: a folder of runs that differ in world size, and their benchmarks.
+
+    experiment = load_experiment("results/report")
+    experiment.runs[4].threads_per_rank, experiment.metrics, experiment.allreduce[4]
+
+Each run is a subfolder with metrics.csv and run.json; all-reduce benchmarks are subfolders
+`allreduce-n<N>/allreduce.csv`. Everything the book shows is computed from an `Experiment`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ddp_core.engine.run_files import METRICS_COLUMNS
+
+
+class ResultsError(Exception):
+    """A results folder that cannot be analysed; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run's run.json: the fields the analysis uses, and the whole file for provenance tables."""
+    name: str
+    world_size: int
+    local_world_size: int
+    backend: str
+    device: str
+    device_name: str
+    cpu_count: int
+    threads_per_rank: int
+    parameters: int
+    per_rank_batch_size: int
+    global_batch_size: int
+    model: dict
+    config: dict
+    raw: dict
+
+    @classmethod
+    def from_json(cls, name: str, info: dict) -> RunInfo:
+        return cls(name=name, raw=info, **{key: info[key] for key in (
+            "world_size", "local_world_size", "backend", "device", "device_name", "cpu_count", "threads_per_rank",
+            "parameters", "per_rank_batch_size", "global_batch_size", "model", "config")})
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens in one forward pass of one rank, padding included."""
+        return self.per_rank_batch_size * self.model["max_len"]
+
+
+@dataclass
+class Experiment:
+    folder: Path
+    metrics: pd.DataFrame  # every epoch of every run; column `run` names the run
+    runs: dict[int, RunInfo]  # by world size, ascending
+    allreduce: dict[int, pd.DataFrame]  # all-reduce benchmarks by world size
+
+    @property
+    def baseline(self) -> RunInfo:
+        return self.runs[min(self.runs)]
+
+    @property
+    def largest(self) -> int:
+        return max(self.runs)
+
+
+def book_results_folder(start: Path | None = None) -> Path:
+    """The results the book shows: `book/results` (a link that `make report` or the user points at a folder
+    of runs) in the project that holds the current directory."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_config.yml").is_file() and (folder / "book").is_dir():
+            return folder / "book" / "results"
+    raise ResultsError(f"{here}: not inside the report's project (no _config.yml with a book/ folder above it)")
+
+
+def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    metrics_path, info_path = run_dir / "metrics.csv", run_dir / "run.json"
+    for path in (metrics_path, info_path):
+        if not path.is_file():
+            raise ResultsError(f"{path}: missing")
+    try:
+        info = json.loads(info_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{info_path}: not valid JSON ({exc})") from None
+    try:
+        metrics = pd.read_csv(metrics_path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{metrics_path}: unreadable CSV ({str(exc).strip()})") from None
+    missing = [c for c in METRICS_COLUMNS if c not in metrics.columns]
+    if missing:
+        raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")
+    if metrics.empty:
+        raise ResultsError(f"{metrics_path}: no completed epoch")
+    if metrics[METRICS_COLUMNS].isna().any().any() and info.get("config", {}).get("timers", True):
+        raise ResultsError(f"{metrics_path}: empty or non-numeric values")
+    return metrics.assign(run=run_dir.name), info
+
+
+def read_allreduce(folder: Path) -> dict[int, pd.DataFrame]:
+    """Benchmarks by world size, from `allreduce-n*/allreduce.csv` under an experiment folder."""
+    found = {}
+    for path in sorted(folder.glob("allreduce-n*/allreduce.csv")):
+        bench = pd.read_csv(path)
+        if bench.empty or not {"size_bytes", "time_s", "world_size"} <= set(bench.columns):
+            raise ResultsError(f"{path}: not an all-reduce benchmark (columns or rows missing)")
+        found[int(bench["world_size"].iloc[0])] = bench
+    return found
+
+
+def load_experiment(folder: str | Path) -> Experiment:
+    """Every run under `folder`, keyed by world size, and the all-reduce benchmarks beside them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ResultsError(f"{folder}: no such results folder")
+    run_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "run.json").exists())
+    if not run_dirs:
+        raise ResultsError(f"{folder}: holds no run (no subfolder with run.json)")
+    frames, runs = [], {}
+    for run_dir in run_dirs:
+        metrics, info = read_run(run_dir)
+        run = RunInfo.from_json(run_dir.name, info)
+        if run.world_size in runs:
+            raise ResultsError(f"{folder}: runs {runs[run.world_size].name} and {run.name} both have world size "
+                               f"{run.world_size}; an experiment holds one run per world size")
+        frames.append(metrics)
+        runs[run.world_size] = run
+    return Experiment(folder, pd.concat(frames, ignore_index=True), dict(sorted(runs.items())),
+                      read_allreduce(folder))
+
+
+def run_on_folder(prog: str, report, argv: list[str] | None = None) -> int:
+    """`python -m PROG RESULTS_FOLDER`: `report(experiment)` prints its findings, a bad folder one error line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(f"usage: python -m {prog} RESULTS_FOLDER", file=sys.stderr)
+        return 2
+    try:
+        report(load_experiment(argv[0]))
+    except ResultsError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

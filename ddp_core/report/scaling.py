@@ -1,0 +1,163 @@
+"""The results chapter: speedup, efficiency and the compute/communication split, per world size.
+
+    python -m ddp_core.report.scaling results/report     # prints the summary table
+
+The first epoch of every run is left out of the averages: it pays for start-up (allocator warm-up,
+DDP's bucket rebuild, cold caches) that later epochs do not.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.report.results import Experiment, ResultsError, run_on_folder
+
+WARMUP_EPOCHS = 1
+RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
+                   "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
+
+
+def steady_epochs(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Epochs after the warm-up epoch; a run of a single epoch keeps it."""
+    later = metrics[metrics["epoch"] > WARMUP_EPOCHS]
+    keep_single = ~metrics["run"].isin(later["run"])
+    return pd.concat([later, metrics[keep_single]])
+
+
+def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per world size: time, throughput, speedup, efficiency, compute vs communication, accuracy.
+
+    Speedup is T1/TN with T the mean epoch time per trained sample, which is the epoch-time ratio when
+    every run trains the same number of samples per epoch and stays fair when `drop_last` makes them differ.
+    """
+    if 1 not in set(metrics["world_size"]):
+        raise ResultsError(f"no 1-rank run among world sizes {sorted(set(metrics['world_size']))}: "
+                           f"speedup is measured against one rank")
+    steady = steady_epochs(metrics)
+    per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
+    steady = steady.assign(
+        time_per_sample_s=steady["epoch_time_s"] / steady["train_samples"],
+        step_time_s=per_step("epoch_time_s"),
+        compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
+        + per_step("optimizer_time_s"),
+        comm_total_per_step_s=per_step("comm_total_s"),
+        comm_exposed_per_step_s=per_step("comm_exposed_s"),
+        data_per_step_s=per_step("data_time_s"),
+    )
+    table = steady.groupby("world_size").agg(
+        epochs_averaged=("epoch", "size"),
+        epoch_time_s=("epoch_time_s", "mean"),
+        time_per_sample_s=("time_per_sample_s", "mean"),
+        step_time_s=("step_time_s", "mean"),
+        samples_per_s=("samples_per_s", "mean"),
+        compute_per_step_s=("compute_per_step_s", "mean"),
+        comm_total_per_step_s=("comm_total_per_step_s", "mean"),
+        comm_exposed_per_step_s=("comm_exposed_per_step_s", "mean"),
+        data_per_step_s=("data_per_step_s", "mean"),
+    )
+    last = metrics.sort_values("epoch").groupby("world_size").last()
+    table["final_val_accuracy"] = last["val_accuracy"]
+    table["global_batch_size"] = last["global_batch_size"]
+    table["speedup"] = table.loc[1, "time_per_sample_s"] / table["time_per_sample_s"]
+    table["efficiency"] = table["speedup"] / table.index
+    comm = table["comm_total_per_step_s"]
+    table["compute_to_comm_ratio"] = (table["compute_per_step_s"] / comm).where(comm > 0)
+    return table
+
+
+def findings(experiment: Experiment) -> dict:
+    """The numbers and words the results chapter's prose quotes."""
+    table = scaling_table(experiment.metrics)
+    first, largest = experiment.baseline, experiment.largest
+    found = {
+        "dataset": first.config["dataset"], "preset": first.config["preset"], "parameters": f"{first.parameters:,}",
+        "world_sizes": ", ".join(map(str, table.index)), "global_batch": int(table["global_batch_size"].iloc[0]),
+        "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
+        "largest": largest, "warmup_epochs": WARMUP_EPOCHS,
+    }
+    for column in RESULTS_COLUMNS:
+        found[f"{column}_n1"] = float(table.loc[1, column])
+        found[f"{column}_nmax"] = float(table.loc[largest, column])
+    return found
+
+
+def results_table(experiment: Experiment) -> str:
+    """Per world size, averaged over the steady epochs (Markdown)."""
+    return scaling_table(experiment.metrics)[RESULTS_COLUMNS].to_markdown(floatfmt=".4g")
+
+
+def _rank_label(n: int) -> str:
+    return f"{n} rank{'s' if n > 1 else ''}"
+
+
+def epoch_time_figure(experiment: Experiment):
+    metrics, table = experiment.metrics, scaling_table(experiment.metrics)
+    fig, (per_epoch, mean_time) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for n, runs in metrics.groupby("world_size"):
+        per_epoch.plot(runs["epoch"], runs["epoch_time_s"], "o-", label=_rank_label(n))
+    per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch")
+    per_epoch.set_xticks(sorted(metrics["epoch"].unique()))
+    per_epoch.legend()
+    mean_time.bar([str(n) for n in table.index], table["epoch_time_s"], color="C0")
+    mean_time.set(xlabel="ranks", ylabel="seconds", title="Mean epoch time (after warm-up)")
+    fig.tight_layout()
+    return fig
+
+
+def speedup_figure(experiment: Experiment):
+    table = scaling_table(experiment.metrics)
+    sizes = list(table.index)
+    fig, (speed, eff) = plt.subplots(1, 2, figsize=(10, 3.6))
+    x = np.arange(len(sizes))
+    speed.bar(x - 0.2, table["speedup"], 0.4, label="measured")
+    speed.bar(x + 0.2, sizes, 0.4, color="lightgray", label="ideal (N)")
+    speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="T1 / TN", title="Speedup")
+    speed.legend()
+    eff.bar(x, table["efficiency"] * 100, color="C1")
+    eff.axhline(100, color="gray", linestyle="--", linewidth=1)
+    eff.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="%", title="Parallel efficiency")
+    fig.tight_layout()
+    return fig
+
+
+def time_split_figure(experiment: Experiment):
+    table = scaling_table(experiment.metrics)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    labels = [str(n) for n in table.index]
+    ax.bar(labels, table["compute_per_step_s"] * 1e3, label="compute")
+    ax.bar(labels, table["comm_exposed_per_step_s"] * 1e3, bottom=table["compute_per_step_s"] * 1e3,
+           label="exposed communication")
+    ax.bar(labels, (table["comm_total_per_step_s"] - table["comm_exposed_per_step_s"]) * 1e3,
+           bottom=(table["compute_per_step_s"] + table["comm_exposed_per_step_s"]) * 1e3,
+           color="none", edgecolor="C2", hatch="//", label="communication hidden behind backward")
+    ax.bar(labels, table["data_per_step_s"] * 1e3, bottom=0, width=0.2, color="C7", label="data (inside compute bar)")
+    ax.set(xlabel="ranks", ylabel="ms per step", title="Where a step's time goes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_figure(experiment: Experiment):
+    metrics = experiment.metrics
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for n, runs in metrics.groupby("world_size"):
+        ax.plot(runs["epoch"], runs["val_accuracy"], "o-", label=_rank_label(n))
+    ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy per epoch")
+    ax.set_xticks(sorted(metrics["epoch"].unique()))
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def print_scaling_table(experiment: Experiment) -> None:
+    columns = ["global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
+               "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
+    print(scaling_table(experiment.metrics)[columns].to_string(float_format=lambda v: f"{v:.4g}"))
+
+
+if __name__ == "__main__":
+    sys.exit(run_on_folder("ddp_core.report.scaling", print_scaling_table))

@@ -1,0 +1,91 @@
+"""The report's analysis, as functions of an experiment: the tiny report's runs, read back and checked
+against the CSVs by an independent computation."""
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from conftest import WORLD_SIZES
+from ddp_core.report import discussion, prediction, scaling
+from ddp_core.report.results import ResultsError, load_experiment
+
+
+@pytest.fixture
+def experiment(project):
+    return load_experiment(project / "results" / "report")
+
+
+def csv_of(project, n: int) -> pd.DataFrame:
+    return pd.read_csv(project / "results" / "report" / f"n{n}" / "metrics.csv")
+
+
+def test_an_experiment_holds_one_run_per_world_size_with_its_benchmarks(experiment):
+    assert list(experiment.runs) == list(WORLD_SIZES)
+    assert all(run.world_size == n and run.name == f"n{n}" for n, run in experiment.runs.items())
+    assert list(experiment.allreduce) == [n for n in WORLD_SIZES if n > 1]
+    assert sorted(experiment.metrics["world_size"].unique()) == list(WORLD_SIZES)
+
+
+def test_two_runs_of_one_world_size_are_refused_by_name(project, tmp_path):
+    folder = tmp_path / "experiment"
+    shutil.copytree(project / "results" / "report", folder)
+    shutil.copytree(folder / "n4", folder / "n4-again")
+    with pytest.raises(ResultsError, match="runs n4 and n4-again both have world size 4"):
+        load_experiment(folder)
+
+
+def test_speedup_and_efficiency_are_time_per_sample_of_one_rank_over_n_ranks(project, experiment):
+    steady = {n: csv_of(project, n).query("epoch > 1") for n in WORLD_SIZES}
+    per_sample = {n: (df["epoch_time_s"] / df["train_samples"]).mean() for n, df in steady.items()}
+    found = scaling.findings(experiment)
+    largest = max(WORLD_SIZES)
+    assert found["speedup_nmax"] == pytest.approx(per_sample[1] / per_sample[largest], rel=1e-12)
+    assert found["efficiency_nmax"] == pytest.approx(per_sample[1] / per_sample[largest] / largest, rel=1e-12)
+    assert found["epoch_time_s_n1"] == pytest.approx(steady[1]["epoch_time_s"].mean(), rel=1e-12)
+    assert found["final_val_accuracy_nmax"] == csv_of(project, largest)["val_accuracy"].iloc[-1]
+
+
+def test_compute_per_step_leaves_out_the_exposed_communication(project, experiment):
+    run = csv_of(project, max(WORLD_SIZES)).query("epoch > 1")
+    expected = ((run["forward_time_s"] + run["backward_time_s"] - run["comm_exposed_s"] + run["optimizer_time_s"])
+                / run["steps"]).mean()
+    assert scaling.findings(experiment)["compute_per_step_s_nmax"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("faster,sentence", [
+    (False, "at none of the world sizes run (4 ranks)"),
+    (True, "at 4 ranks"),
+], ids=["no world size pays", "4 ranks pay"])
+def test_the_verdict_sentence_reads_right_for_either_outcome(experiment, faster, sentence):
+    four, steady = experiment.metrics["world_size"] == 4, experiment.metrics["epoch"] > 1
+    one_epoch = experiment.metrics.loc[~four & steady, "epoch_time_s"].mean()
+    experiment.metrics.loc[four, "epoch_time_s"] = one_epoch / (1.25 if faster else 0.8)  # speedup 1.25 or 0.8
+    assert discussion.findings(experiment)["paying_sentence"] == sentence
+
+
+def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(experiment):
+    table = scaling.scaling_table(experiment.metrics)
+    found = prediction.findings(experiment)
+    predicted = prediction.predict(experiment)
+    assert list(predicted.index) == [n for n in WORLD_SIZES if n > 1]
+    assert (predicted["measured_speedup"] == table.loc[predicted.index, "speedup"]).all()
+    error = predicted["predicted_speedup"] / predicted["measured_speedup"] - 1
+    assert found["max_error"] == pytest.approx(error.abs().max())
+    assert found["target_verdict"] == ("meets" if error.abs().max() <= 0.10 else "misses")
+
+
+def test_figures_draw_each_world_size_from_its_csv(project, experiment):
+    accuracy = scaling.accuracy_figure(experiment)
+    lines = accuracy.axes[0].get_lines()
+    assert [list(line.get_ydata()) for line in lines] == [list(csv_of(project, n)["val_accuracy"]) for n in WORLD_SIZES]
+    speedup = scaling.speedup_figure(experiment)
+    measured = speedup.axes[0].containers[0]
+    table = scaling.scaling_table(experiment.metrics)
+    assert [bar.get_height() for bar in measured] == pytest.approx(list(table["speedup"]))
+
+
+def test_tables_have_a_row_per_world_size(experiment):
+    rows = scaling.results_table(experiment).splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in rows] == [str(n) for n in WORLD_SIZES]
+    assert len(prediction.prediction_table(experiment).splitlines()) == 2 + len(WORLD_SIZES) - 1
