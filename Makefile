@@ -16,14 +16,17 @@ PROFILE ?= default
 EXPERIMENT ?= report
 WORLD_SIZES ?= 1 2 4
 RESULTS_DIR ?= results
-# The runs the book shows (book/results links there).
-RESULTS ?= $(RESULTS_DIR)/$(EXPERIMENT)
+# The reference results shipped in the repository (`make reference` makes them anew).
+REFERENCE := reference/report
+# The runs the book shows (book/results links there): yours once `make report` has written them,
+# else the reference results, so that a fresh clone builds the book without training.
+RESULTS ?= $(if $(wildcard $(RESULTS_DIR)/$(EXPERIMENT)/*/run.json),$(RESULTS_DIR)/$(EXPERIMENT),$(REFERENCE))
 # The all-reduce benchmark behind the cost model (chapter "Predicting scaling"), one per world size > 1.
 ALLREDUCE_ARGS ?=
 MATHJAX := book/_static/mathjax/tex-chtml.js
 TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
 
-.PHONY: test report book pdf install
+.PHONY: test report reference book pdf install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +56,13 @@ report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experi
 	$(BIN)/python -m ddp_core.report.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
 	$(BIN)/python -m ddp_core.report.nvlink_forecast $(RESULTS_DIR)/$(EXPERIMENT)
 	$(MAKE) book RESULTS=$(RESULTS_DIR)/$(EXPERIMENT)
+
+# The reference results, made anew on this machine with the default profile: every run retrained, the
+# checkpoints left out (the book needs none). Commit them with the code they were made with.
+reference: | $(VENV)/.installed
+	rm -rf $(REFERENCE)
+	$(MAKE) report RESULTS_DIR=$(dir $(REFERENCE)) EXPERIMENT=$(notdir $(REFERENCE)) PROFILE=default WORLD_SIZES="1 2 4"
+	find $(REFERENCE) -name checkpoint.pt -delete
 
 book: $(VENV)/.installed $(MATHJAX)
 	ln -sfn $(abspath $(RESULTS)) book/results

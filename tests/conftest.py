@@ -66,20 +66,28 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def copy_project(dest: Path) -> Path:
+    """The project's files as a fresh clone has them (plus untracked, unignored ones), sharing .venv and MathJax."""
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        source = REPO / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the working tree, not yet in the index
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            (dest / name).symlink_to(source.readlink())
+        else:
+            shutil.copy2(source, dest / name)
+    shutil.copytree(REPO / "book" / "_static" / "mathjax", dest / "book" / "_static" / "mathjax")
+    (dest / ".venv").symlink_to(REPO / ".venv")
+    return dest
+
+
 @pytest.fixture(scope="session")
 def project(tmp_path_factory, isolated_env):
     """A copy of the project in which `make report` ran on the tiny profile, as CI and a user run it."""
-    project = tmp_path_factory.mktemp("project")
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for name in tracked:
-        (project / name).parent.mkdir(parents=True, exist_ok=True)
-        source = REPO / name
-        if source.is_symlink():
-            (project / name).symlink_to(source.readlink())
-        else:
-            shutil.copy2(source, project / name)
-    shutil.copytree(REPO / "book" / "_static" / "mathjax", project / "book" / "_static" / "mathjax")
-    (project / ".venv").symlink_to(REPO / ".venv")
+    project = copy_project(tmp_path_factory.mktemp("project"))
     sizes = " ".join(map(str, WORLD_SIZES))
     proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}",
                            "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],

@@ -65,11 +65,13 @@ def now_iso() -> str:
 
 
 def git_commit() -> str | None:
-    """The commit of the ddp_core checkout, with `-dirty` when it has uncommitted changes."""
+    """The commit of the ddp_core checkout, with `-dirty` when its tracked files have uncommitted changes.
+    Results kept in the repository (reference/) are output, not code: they do not count."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                                ":(top,exclude)reference"], cwd=here,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -18,6 +18,11 @@ import pandas as pd
 
 from ddp_core.engine.run_files import METRICS_COLUMNS
 
+# Settings that say where a run kept its files or how it was started, not what it trained.
+NOT_SETTINGS = ("out", "data_dir", "cache_dir", "check", "progress", "resume")
+# From run.json besides the settings: where and with what a run ran.
+RUN_COLUMNS = ("backend", "device_name", "threads_per_rank", "parameters", "torch", "git_commit")
+
 
 class ResultsError(Exception):
     """A results folder that cannot be analysed; the message names the file and the reason."""
@@ -136,6 +141,19 @@ def load_experiment(folder: str | Path) -> Experiment:
         runs[run.world_size] = run
     return Experiment(folder, pd.concat(frames, ignore_index=True), dict(sorted(runs.items())),
                       read_allreduce(folder))
+
+
+def tidy_runs(experiment: Experiment) -> pd.DataFrame:
+    """One row per run and epoch: the epoch's metrics, then the run's settings and where it ran. A setting
+    named like a metric (the subset `train_samples`, a weak-scaling run's empty `global_batch_size`) is
+    suffixed `_setting`; the metric holds what the epoch did."""
+    per_run = pd.DataFrame([
+        {"run": run.name}
+        | {key + ("_setting" if key in METRICS_COLUMNS else ""): value
+           for key, value in run.config.items() if key not in NOT_SETTINGS and key not in RUN_COLUMNS}
+        | {key: run.raw.get(key) for key in RUN_COLUMNS}
+        for run in experiment.runs.values()])
+    return experiment.metrics.merge(per_run, on="run")[["run", *METRICS_COLUMNS, *per_run.columns[1:]]]
 
 
 def run_on_folder(prog: str, report, argv: list[str] | None = None) -> int:
