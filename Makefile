@@ -61,7 +61,7 @@ report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experi
 # checkpoints left out (the book needs none). Commit them with the code they were made with.
 reference: | $(VENV)/.installed
 	rm -rf $(REFERENCE)
-	$(MAKE) report RESULTS_DIR=$(dir $(REFERENCE)) EXPERIMENT=$(notdir $(REFERENCE)) PROFILE=default WORLD_SIZES="1 2 4"
+	$(MAKE) report RESULTS_DIR=$(patsubst %/,%,$(dir $(REFERENCE))) EXPERIMENT=$(notdir $(REFERENCE)) PROFILE=default WORLD_SIZES="1 2 4"
 	find $(REFERENCE) -name checkpoint.pt -delete
 
 book: $(VENV)/.installed $(MATHJAX)

@@ -1,0 +1,44 @@
+"""The reference results shipped in the repository: they load, they carry their provenance, and a
+fresh clone builds the whole book from them without training."""
+
+import subprocess
+
+import pytest
+
+from conftest import REPO, copy_project
+from ddp_core.report import discussion, prediction, provenance, scaling
+from ddp_core.report.results import load_experiment, tidy_runs
+
+REFERENCE = REPO / "reference" / "report"
+
+
+def test_the_reference_results_load_and_every_chapter_computes_from_them():
+    experiment = load_experiment(REFERENCE)
+    assert list(experiment.runs) == [1, 2, 4] and list(experiment.allreduce) == [2, 4]
+    for chapter in (scaling.findings, prediction.findings, discussion.findings, provenance.setup_findings):
+        assert chapter(experiment)
+    assert len(tidy_runs(experiment)) == len(experiment.metrics)
+
+
+def test_every_reference_run_names_its_machine_and_the_clean_commit_that_made_it():
+    experiment = load_experiment(REFERENCE)
+    for run in experiment.runs.values():
+        for key in ("hostname", "device_name", "cpu_count", "torch", "start_time", "end_time"):
+            assert run.raw[key], f"{run.name}: {key} missing"
+        assert len(run.raw["git_commit"]) == 40, f"{run.name} was made from uncommitted code: {run.raw['git_commit']}"
+        assert (REFERENCE / run.name / "run_experiment.ipynb").is_file()
+    assert not list(REFERENCE.rglob("checkpoint.pt")), "the reference results ship no model weights"
+
+
+def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_training(tmp_path, isolated_env):
+    clone = copy_project(tmp_path / "clone")
+    assert not (clone / "book" / "results").exists()
+    build = subprocess.run([str(clone / ".venv" / "bin" / "jupyter-book"), "build", "book", "-W", "--keep-going"],
+                           cwd=clone, env=isolated_env, capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert (clone / "book" / "results").resolve() == (clone / "reference" / "report").resolve()
+    site = clone / "_build" / "html"
+    assert "reference results shipped with the report" in (site / "setup.html").read_text()
+    assert all((site / "results" / f"n{n}" / "run_experiment.html").is_file() for n in (1, 2, 4))
+    assert [p.name for p in site.glob("_downloads/*/all_runs.csv")] == ["all_runs.csv"]
+    assert not (clone / "results").exists(), "building the book must never train"
