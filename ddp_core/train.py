@@ -38,6 +38,7 @@ from ddp_core.engine.model import ModelConfig, TransformerClassifier, count_para
 from ddp_core.engine.run_files import append_metrics_row, drop_metrics_after, environment, now_iso, save_atomic
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.timers import EpochTimer
+from ddp_core.engine.tracking import NoTracker, tracker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +71,8 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
     if cfg.check:
         return report_check(state, data, rt)
     first_epoch = restore_checkpoint(state, cfg, rt) if cfg.resume else 1
-    out, run_info = open_run_dir(cfg, rt, state, first_epoch, batch) if rt.leader else (None, None)
+    out, run_info, track = (open_run_dir(cfg, rt, state, first_epoch, batch) if rt.leader
+                            else (None, None, NoTracker()))
     timer = EpochTimer(rt.device, enabled=cfg.timers)
     ddp_model = wrap_ddp(state.model, rt, timer)
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
@@ -83,11 +85,13 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
                           val_accuracy, state, batch, cfg, rt)
         if rt.leader:
             append_metrics_row(out / "metrics.csv", row)
+            track.log_epoch(row)
             save_atomic(state.checkpoint(epoch, cfg, rt), out / CHECKPOINT_NAME)
             print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
                   f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s", flush=True)
     if rt.leader:
         save_atomic(run_info | {"end_time": now_iso()}, out / "run.json")
+        track.finish()
 
 
 @dataclass
@@ -168,8 +172,9 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> i
 
 
 def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoch: int,
-                 batch: BatchPlan) -> tuple[Path, dict]:
-    """The run directory with its run.json (provenance) written; a resumed run forgets rows it will redo."""
+                 batch: BatchPlan):
+    """The run directory with its run.json (provenance) written, and the run's tracker; a resumed run
+    forgets the rows it will redo."""
     out = Path(cfg.out) if cfg.out else new_run_dir(cfg, rt.world_size)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.resume:
@@ -183,9 +188,10 @@ def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoc
                     parameters=count_parameters(state.model), model=vars(state.model_cfg),
                     per_rank_batch_size=batch.micro, global_batch_size=batch.global_batch, end_time=None,
                     **environment(rt.device))
+    track = tracker(cfg, out, run_info)
     save_atomic(run_info, out / "run.json")
     print(f"ddp_core: run directory {out}", flush=True)
-    return out, run_info
+    return out, run_info, track
 
 
 def new_run_dir(cfg: TrainConfig, world_size: int) -> Path:

@@ -13,6 +13,7 @@ before a run directory exists.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import types
 import typing
@@ -71,6 +72,8 @@ class TrainConfig:
                                            resumable=True)
     timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
     out: str | None = setting(None, "run directory (none: a new one under results/)", resumable=True)
+    mlflow_uri: str | None = setting(None, "also log the run to MLflow at this tracking URI, e.g. file:./mlruns "
+                                           "(needs pip install 'ddp_core[mlflow]'); none: no tracking", resumable=True)
     resume: bool = setting(False, "continue the run in --out from its last checkpoint", resumable=True)
     progress: bool = setting(True, "a progress bar on rank 0 (--no-progress hides it)", resumable=True)
     check: bool = setting(False, "check the arguments and the data (building the token cache), then exit "
@@ -211,6 +214,8 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         raise UsageError("--backend nccl needs --device cuda (or auto); use --backend gloo on CPU")
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise UsageError("--amp fp16 needs a CUDA device; use --amp bf16 on CPU")
+    if cfg.mlflow_uri and importlib.util.find_spec("mlflow") is None:
+        raise UsageError("--mlflow-uri needs MLflow: pip install 'ddp_core[mlflow]' (or leave tracking off)")
     if cfg.out is not None:
         out = Path(cfg.out)
         if cfg.resume and not (out / CHECKPOINT_NAME).is_file():
