@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import sys
 import time
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(parse_args(argv))
     except UsageError as exc:
-        print(f"ddp_core.train: error: {exc}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank meets the same error; one says it
+            print(f"ddp_core.train: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -78,7 +80,9 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     for epoch in range(first_epoch, cfg.epochs + 1):
-        loss_sum, epoch_time, phases = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, cfg, rt)
+        loss_sum, epoch_time, phases, first_bad_step = train_epoch(ddp_model, state, data, sampler, epoch, batch,
+                                                                   timer, cfg, rt)
+        stop_if_diverged(epoch, first_bad_step, batch, rt)
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(state.model, data, batch.micro, rt, state.autocast)
         row = metrics_row(epoch, loss_sum, epoch_time, time.perf_counter() - eval_start, phases, val_loss,
@@ -157,7 +161,12 @@ def report_check(state: TrainingState, data: EncodedData, rt: Runtime) -> None:
 
 def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> int:
     """Load the run's last checkpoint into `state`; returns the first epoch still to train."""
-    ckpt = torch.load(Path(cfg.out) / CHECKPOINT_NAME, map_location=rt.device, weights_only=False)
+    path = Path(cfg.out) / CHECKPOINT_NAME
+    try:
+        ckpt = torch.load(path, map_location=rt.device, weights_only=False)
+    except Exception:
+        raise UsageError(f"--resume: {path} is unreadable (truncated or corrupt); the run cannot continue from it: "
+                         f"start it again with another --out") from None
     changed = differing_settings(ckpt["config"], cfg)
     if changed:
         raise UsageError(f"--resume: {', '.join(changed)} differ(s) from the run being resumed; "
@@ -177,12 +186,14 @@ def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoc
     forgets the rows it will redo."""
     out = Path(cfg.out) if cfg.out else new_run_dir(cfg, rt.world_size)
     out.mkdir(parents=True, exist_ok=True)
+    drop_metrics_after(out / "metrics.csv", first_epoch - 1)  # rows of epochs after the checkpoint are redone
+    run_info = {"start_time": now_iso(), "resumed_at": [], "config": cfg.to_dict()}
     if cfg.resume:
-        run_info = json.loads((out / "run.json").read_text())
-        run_info["resumed_at"].append(now_iso())
-        drop_metrics_after(out / "metrics.csv", first_epoch - 1)
-    else:
-        run_info = {"start_time": now_iso(), "resumed_at": [], "config": cfg.to_dict()}
+        try:
+            run_info = json.loads((out / "run.json").read_text())
+        except (OSError, ValueError):
+            print(f"ddp_core: {out / 'run.json'} was missing or unreadable: written anew", flush=True)
+        run_info.setdefault("resumed_at", []).append(now_iso())
     run_info.update(config=cfg.to_dict(), world_size=rt.world_size, local_world_size=rt.local_world_size,
                     backend=rt.backend, device=str(rt.device), threads_per_rank=rt.threads_per_rank,
                     parameters=count_parameters(state.model), model=vars(state.model_cfg),
@@ -218,7 +229,8 @@ def wrap_ddp(model: TransformerClassifier, rt: Runtime, timer: EpochTimer):
 
 def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: DistributedSampler, epoch: int,
                 batch: BatchPlan, timer: EpochTimer, cfg: TrainConfig, rt: Runtime):
-    """One pass over this rank's shard: (summed training loss, wall time, seconds per phase)."""
+    """One pass over this rank's shard: (summed training loss, wall time, seconds per phase, first step whose
+    loss was not finite or `batch.steps` if none). The check stays on the device: it costs no synchronisation."""
     torch.manual_seed(cfg.seed + 1000 * epoch + rt.rank)  # dropout masks a resumed run repeats exactly
     sampler.set_epoch(epoch)
     micro_batches = batches(data.train_ids, data.train_labels, torch.tensor(list(sampler)), batch.micro,
@@ -226,14 +238,27 @@ def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: Dis
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+    first_bad_step = torch.full((), batch.steps, device=rt.device)
     timer.begin_epoch()
     start = time.perf_counter()
-    for _ in tqdm(range(batch.steps), desc=f"epoch {epoch}", disable=not (rt.leader and cfg.progress), file=sys.stderr):
-        loss_sum += train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,
+    for step in tqdm(range(batch.steps), desc=f"epoch {epoch}", disable=not (rt.leader and cfg.progress),
+                     file=sys.stderr):
+        step_loss = train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,
                                state.scaler, state.autocast)
+        loss_sum += step_loss
+        first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
     if rt.device.type == "cuda":
         torch.cuda.synchronize(rt.device)
-    return loss_sum.item(), time.perf_counter() - start, timer.end_epoch()
+    return loss_sum.item(), time.perf_counter() - start, timer.end_epoch(), int(first_bad_step.item())
+
+
+def stop_if_diverged(epoch: int, first_bad_step: int, batch: BatchPlan, rt: Runtime) -> None:
+    """A non-finite loss ends the run before its epoch is written: NaN rows are not results."""
+    first_bad_step = int(all_reduce([first_bad_step], dist.ReduceOp.MIN, rt)[0])
+    if first_bad_step < batch.steps:
+        raise UsageError(f"training diverged: the loss was not finite at epoch {epoch}, step {first_bad_step + 1} "
+                         f"of {batch.steps}; lower --lr or raise --warmup-steps and start again with another --out "
+                         f"(the epochs it completed stay in its metrics.csv)")
 
 
 def batches(data_ids: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, batch_size: int, device):

@@ -35,27 +35,68 @@ CASES = {
     "neither batch flag": (TINY_SYNTHETIC, "one of the arguments --global-batch-size --per-rank-batch-size is required"),
     "resume without a checkpoint": ([*TINY_SYNTHETIC, *BATCH, "--out", "empty", "--resume"], "no checkpoint"),
     "more samples than exist": ([*TINY_SYNTHETIC, *BATCH, "--train-samples", "4"], "make no full step"),
+    "learning rate not a number": ([*TINY_SYNTHETIC, *BATCH, "--lr", "nan"], "--lr must be a finite number above 0"),
+    "learning rate infinite": ([*TINY_SYNTHETIC, *BATCH, "--lr", "inf"], "--lr must be a finite number above 0"),
+    "learning rate zero": ([*TINY_SYNTHETIC, *BATCH, "--lr", "0"], "--lr must be a finite number above 0, got 0.0"),
+    "negative weight decay": ([*TINY_SYNTHETIC, *BATCH, "--weight-decay", "-0.1"], "--weight-decay must be a finite"),
+    "infinite weight decay": ([*TINY_SYNTHETIC, *BATCH, "--weight-decay", "inf"], "--weight-decay must be a finite"),
+    "negative warm-up": ([*TINY_SYNTHETIC, *BATCH, "--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
+    "dropout not a number": ([*TINY_SYNTHETIC, *BATCH, "--dropout", "nan"], "--dropout must be in [0, 1), got nan"),
+    "dropout of one": ([*TINY_SYNTHETIC, *BATCH, "--dropout", "1"], "--dropout must be in [0, 1)"),
+    "vocabulary too small": ([*TINY_SYNTHETIC[:-5], "--vocab-size", "2", *BATCH], "--vocab-size must be at least 3"),
+    "out is a file": ([*TINY_SYNTHETIC, *BATCH, "--out", "afile"], "--out afile is a file, not a directory"),
+    "cache dir is a file": (["--dataset", "imdb", "--data-dir", ".", "--cache-dir", "afile", *BATCH],
+                            "--cache-dir afile is a file"),
 }
 
 
 @pytest.mark.parametrize("args,fragment", CASES.values(), ids=CASES.keys())
 def test_bad_arguments_fail_in_one_line_and_write_nothing(train, tmp_path, args, fragment):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("mine\n")
     before = sorted(tmp_path.rglob("*"))
     assert_one_line_error(train(*args, expect_ok=False), fragment)
     assert sorted(tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("review,sentiment\ngood film,1\n", "missing column(s) label, text"),
-    ("text,label\ngood film,1\nbad film,5\n", "label 5 out of range; expected 0..1"),
-], ids=["no text/label columns", "label out of range"])
-def test_bad_data_files_fail_in_one_line_and_write_nothing(train, tmp_path, content, fragment):
-    write_csv(tmp_path / "data" / "imdb", "train.csv.gz", content)
+TWO_ROWS = "text,label\ngood film,1\nbad film,0\n"
+BAD_FILES = {
+    "no text/label columns": ("train.csv.gz", "review,sentiment\ngood film,1\n", "missing column(s) label, text"),
+    "label out of range": ("train.csv.gz", "text,label\ngood film,1\nbad film,5\n",
+                           "row 2: label 5 out of range; expected 0..1"),
+    "label is a word": ("train.csv.gz", "text,label\ngood film,1\nbad film,negative\n",
+                        "row 2: label 'negative' is not a class number (a whole number 0..1)"),
+    "label is a fraction": ("train.csv.gz", "text,label\ngood film,1\nbad film,0.5\n",
+                            "row 2: label 0.5 is not a class number"),
+    "label missing": ("train.csv.gz", "text,label\ngood film,1\nbad film,\n", "row 2: the label is missing"),
+    "text missing": ("train.csv.gz", "text,label\ngood film,1\n,0\n", "row 2: the text is missing"),
+    "text blank": ("train.csv.gz", "text,label\ngood film,1\n   ,0\n", "row 2: the text is empty"),
+    "no rows": ("train.csv.gz", "text,label\n", "no rows"),
+    "one class only": ("train.csv.gz", "text,label\n" + "good film,1\n" * 20,
+                       "have label 1: a classifier needs at least two of the 2 classes"),
+    "truncated gzip": ("train.csv.gz", None, "not a valid gzip file (truncated)"),
+    "not gzip at all": ("train.csv.gz", b"text,label\ngood film,1\n", "not a valid gzip file (corrupt or not gzip)"),
+    "not parquet": ("train.parquet", b"text,label\ngood film,1\n", "not a valid Parquet file"),
+}
+
+
+@pytest.mark.parametrize("name,content,fragment", BAD_FILES.values(), ids=BAD_FILES.keys())
+def test_bad_data_files_are_named_with_the_row_and_the_fault_in_one_line(train, tmp_path, name, content, fragment):
+    folder = tmp_path / "data" / "imdb"
+    if name.endswith(".gz") and not isinstance(content, bytes):
+        write_csv(folder, name, content if content is not None else TWO_ROWS * 2000)
+        if content is None:  # cut off halfway, as an interrupted download leaves it
+            whole = (folder / name).read_bytes()
+            (folder / name).write_bytes(whole[: len(whole) // 2])
+    else:
+        folder.mkdir(parents=True)
+        (folder / name).write_bytes(content)
     before = sorted(tmp_path.rglob("*"))
-    proc = train("--dataset", "imdb", "--data-dir", tmp_path / "data", *BATCH, "--out", tmp_path / "run",
-                 expect_ok=False)
+    proc = train("--dataset", "imdb", "--data-dir", tmp_path / "data", *BATCH, "--train-samples", 8,
+                 "--out", tmp_path / "run", expect_ok=False)
     assert_one_line_error(proc, fragment)
+    if "classes" not in fragment:
+        assert str(folder / name) in proc.stderr
     assert sorted(tmp_path.rglob("*")) == before
 
 
@@ -73,6 +114,12 @@ def test_existing_run_is_never_overwritten(train, tmp_path):
     assert_one_line_error(train(*TINY_SYNTHETIC, *BATCH, "--out", run_dir, expect_ok=False), "already holds a run")
     assert json.loads((run_dir / "run.json").read_text()) == {"mine": True}
     assert (run_dir / "metrics.csv").read_text() == "precious\n"
+
+
+def test_under_torchrun_a_bad_input_is_reported_once(train):
+    proc = train(*TINY_SYNTHETIC, *BATCH, "--lr", "-1", nproc=2, expect_ok=False)
+    assert proc.returncode != 0
+    assert proc.stderr.count("ddp_core.train: error:") == 1, proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

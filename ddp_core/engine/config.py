@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
 import os
 import types
 import typing
@@ -193,6 +195,15 @@ def global_batch_size(cfg: TrainConfig, world_size: int) -> int:
     return micro_batch_size(cfg, world_size) * world_size * cfg.grad_accum
 
 
+def check_writable_folder(folder: Path, option: str) -> None:
+    """`folder` is, or can be created as, a directory this process may write in."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{option} {folder} is a file, not a directory")
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {folder} cannot be written (no write permission in {existing})")
+
+
 def validate(cfg: TrainConfig, world_size: int) -> None:
     positive = ["vocab_size", "seq_len", "epochs", "grad_accum", "global_batch_size", "per_rank_batch_size",
                 "train_samples", "eval_samples", "threads_per_rank"]
@@ -202,6 +213,10 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
             raise UsageError(f"{_flag(name)} must be positive, got {value}")
     if cfg.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UsageError(f"--lr must be a finite number above 0, got {cfg.lr}")
+    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise UsageError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise UsageError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.vocab_size < 3:
@@ -216,11 +231,34 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         raise UsageError("--amp fp16 needs a CUDA device; use --amp bf16 on CPU")
     if cfg.mlflow_uri and importlib.util.find_spec("mlflow") is None:
         raise UsageError("--mlflow-uri needs MLflow: pip install 'ddp_core[mlflow]' (or leave tracking off)")
+    if cfg.cache_dir is not None and cfg.dataset != "synthetic":
+        check_writable_folder(Path(cfg.cache_dir), "--cache-dir")
     if cfg.out is not None:
-        out = Path(cfg.out)
-        if cfg.resume and not (out / CHECKPOINT_NAME).is_file():
-            raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME}")
-        if not cfg.resume and (out / "run.json").exists():
-            raise UsageError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+        check_run_dir(cfg, world_size)
     elif cfg.resume:
         raise UsageError("--resume needs --out, the run directory to continue")
+
+
+def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
+    """A new run needs a directory that holds no other run; a resumed one needs its checkpoint. A run that
+    stopped before its first checkpoint completed nothing: the same command starts it again."""
+    out = Path(cfg.out)
+    check_writable_folder(out, "--out")
+    has_checkpoint = (out / CHECKPOINT_NAME).is_file()
+    if cfg.resume and not has_checkpoint:
+        raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME} (the run completed no epoch); "
+                         f"run the command without --resume to start it again")
+    if cfg.resume or not ((out / "run.json").exists() or (out / "metrics.csv").exists()):
+        return
+    if has_checkpoint or not is_unfinished_start_of(out, cfg, world_size):
+        raise UsageError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def is_unfinished_start_of(out: Path, cfg: TrainConfig, world_size: int) -> bool:
+    """Whether `out` holds this very run (same settings and world size), stopped before its first checkpoint."""
+    try:
+        info = json.loads((out / "run.json").read_text())
+        return (info["world_size"] == world_size and not info["end_time"]
+                and not differing_settings(info["config"], cfg))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False

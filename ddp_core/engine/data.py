@@ -7,8 +7,10 @@ file. Epochs index tensors and never touch text again.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -96,13 +98,8 @@ def load_splits(cfg: TrainConfig):
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     if cfg.data_dir:
-        files = local_files(cfg.data_dir, cfg.dataset)
-        splits = {}
-        for split, path in files.items():
-            try:
-                splits[split] = load_dataset(_file_format(path), data_files={split: str(path)}, split=split)
-            except Exception as exc:
-                raise UsageError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        splits = {split: read_local_file(path, split) for split, path in local_files(cfg.data_dir, cfg.dataset).items()}
+        sources = {split: str(path) for split, path in local_files(cfg.data_dir, cfg.dataset).items()}
     else:
         hub_id = HUB_IDS[cfg.dataset]
         try:
@@ -112,8 +109,9 @@ def load_splits(cfg: TrainConfig):
                 f"cannot load {hub_id} from the Hugging Face Hub ({type(exc).__name__}); pass a local copy with "
                 f"--data-dir DIR or DDP_CORE_DATA_DIR=DIR (files DIR/{cfg.dataset}/train.csv.gz, test.csv.gz)") from None
         splits = {split: hub[split] for split in ("train", "test")}
+        sources = {split: f"{hub_id} {split}" for split in splits}
     for split, ds in splits.items():
-        check_schema(ds, NUM_CLASSES[cfg.dataset], f"{cfg.dataset} {split}")
+        check_rows(ds, NUM_CLASSES[cfg.dataset], sources[split])
     if "train" in splits and "test" in splits:
         return splits["train"], splits["test"]
     only = next(iter(splits.values()))
@@ -122,16 +120,79 @@ def load_splits(cfg: TrainConfig):
     return only.select(np.sort(order[n_eval:])), only.select(np.sort(order[:n_eval]))
 
 
-def check_schema(ds, num_classes: int, what: str) -> None:
+def read_local_file(path: Path, split: str):
+    """One split from a local file, or a one-line error saying which file is unreadable and why, in a user's words."""
+    from datasets import load_dataset
+
+    fmt = _file_format(path)
+    if path.name.endswith(".gz"):
+        try:
+            with gzip.open(path) as f:
+                while f.read(2**20):
+                    pass
+        except (OSError, EOFError) as exc:
+            reason = "truncated" if isinstance(exc, EOFError) else "corrupt or not gzip"
+            raise UsageError(f"{path}: not a valid gzip file ({reason})") from None
+    if fmt in ("csv", "json"):
+        with (gzip.open(path, "rt", errors="replace") if path.name.endswith(".gz") else open(path, errors="replace")) as f:
+            lines = [line for _, line in zip(range(2), f) if line.strip()]
+        if len(lines) < (2 if fmt == "csv" else 1):
+            raise UsageError(f"{path}: no rows")
+    expected = {"csv": "CSV file (a header line text,label, then one row per sample)", "parquet": "Parquet file",
+                "json": 'JSON Lines file (one {"text": ..., "label": ...} object per line)'}[fmt]
+    if fmt == "parquet":
+        import pyarrow.parquet
+
+        try:
+            pyarrow.parquet.ParquetFile(path)
+        except Exception:
+            raise UsageError(f"{path}: not a valid {expected}") from None
+    try:
+        return load_dataset(fmt, data_files={split: str(path)}, split=split)
+    except Exception:
+        raise UsageError(f"{path}: not a valid {expected}") from None
+
+
+def _class_number(value) -> int | None:
+    """The label as an int, or None when it is not a whole number (CSV labels may arrive as text or floats)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def check_rows(ds, num_classes: int, source: str) -> None:
+    """Every row has a non-empty text and a label that is a class number 0..C-1; `source` names the file."""
     missing = {"text", "label"} - set(ds.column_names)
     if missing:
-        raise UsageError(f"{what}: missing column(s) {', '.join(sorted(missing))}; need text,label (has {', '.join(ds.column_names)})")
-    labels = np.asarray(ds["label"])
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise UsageError(f"{what}: labels must be integers, got {labels.dtype}")
-    bad = labels[(labels < 0) | (labels >= num_classes)]
-    if bad.size:
-        raise UsageError(f"{what}: label {bad[0]} out of range; expected 0..{num_classes - 1}")
+        raise UsageError(f"{source}: missing column(s) {', '.join(sorted(missing))}; need text,label "
+                         f"(has {', '.join(ds.column_names)})")
+    if len(ds) == 0:
+        raise UsageError(f"{source}: no rows")
+    for row, text in enumerate(ds["text"], start=1):
+        if not isinstance(text, str) or not text.strip():
+            what = "missing" if text is None else "empty" if isinstance(text, str) else f"not text ({text!r})"
+            raise UsageError(f"{source}: row {row}: the text is {what}")
+    for row, label in enumerate(ds["label"], start=1):
+        if label is None or (isinstance(label, float) and math.isnan(label)):
+            raise UsageError(f"{source}: row {row}: the label is missing")
+        number = _class_number(label)
+        if number is None:
+            raise UsageError(f"{source}: row {row}: label {label!r} is not a class number (a whole number "
+                             f"0..{num_classes - 1})")
+        if not 0 <= number < num_classes:
+            raise UsageError(f"{source}: row {row}: label {number} out of range; expected 0..{num_classes - 1}")
+
+
+def check_classes(labels: torch.Tensor, num_classes: int) -> None:
+    """Refuse to train a constant classifier: the training samples must hold at least two classes."""
+    present = labels.unique()
+    if len(present) < 2:
+        raise UsageError(f"all {len(labels)} training samples have label {int(present[0])}: a classifier needs at "
+                         f"least two of the {num_classes} classes (draw more --train-samples, or check the file)")
 
 
 def encode_text_dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -139,6 +200,7 @@ def encode_text_dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     train = train.select(seeded_subset(len(train), cfg.train_samples, cfg.seed, "--train-samples"))
     evaluation = evaluation.select(seeded_subset(len(evaluation), cfg.eval_samples, cfg.seed + 1, "--eval-samples"))
     vocab = build_vocab(train["text"], cfg.vocab_size)
+    check_classes(torch.tensor(train["label"]), NUM_CLASSES[cfg.dataset])
     tensors = {
         "train_ids": encode(train["text"], vocab, cfg.seq_len),
         "train_labels": torch.tensor(train["label"], dtype=torch.long),
@@ -180,15 +242,24 @@ def cache_path(cfg: TrainConfig, sources: dict) -> Path:
 
 
 def _build_cache(cfg: TrainConfig) -> Path:
-    """Encode the data unless an identical cache file exists; returns its path."""
+    """Encode the data unless a readable cache file of it exists (an unreadable one is rebuilt); returns its path."""
     path = cache_path(cfg, source_fingerprint(cfg))
-    if not path.exists():
-        tensors = encode_text_dataset(cfg)
+    if path.exists():
+        try:
+            torch.load(path)
+            return path
+        except Exception:
+            print(f"ddp_core: token cache {path} is unreadable; encoding the data again", flush=True)
+    tensors = encode_text_dataset(cfg)
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         torch.save(tensors, tmp)
         os.replace(tmp, path)
-        print(f"ddp_core: encoded {cfg.dataset} into {path}", flush=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write the token cache in {path.parent} ({exc.strerror}); choose another "
+                         f"--cache-dir or DDP_CORE_CACHE_DIR") from None
+    print(f"ddp_core: encoded {cfg.dataset} into {path}", flush=True)
     return path
 
 
