@@ -50,12 +50,16 @@ $(RESULTS_DIR)/$(EXPERIMENT)/n%/run_experiment.ipynb: notebooks/run_experiment.m
 $(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n%/allreduce.csv: | $(VENV)/.installed
 	$(BIN)/torchrun --standalone --nproc-per-node $* -m ddp_core.bench.allreduce --out $(@D) $(ALLREDUCE_ARGS)
 
-report: $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb) \
+# Point book/results at a folder of runs and build the site from it.
+build_book = ln -sfn $(abspath $(1)) book/results && $(BIN)/jupyter-book build book -W --keep-going
+
+report: $(MATHJAX) $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb) \
 		$(foreach n,$(filter-out 1,$(WORLD_SIZES)),$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n$(n)/allreduce.csv)
 	$(BIN)/python -m ddp_core.report.scaling $(RESULTS_DIR)/$(EXPERIMENT)
 	$(BIN)/python -m ddp_core.report.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
 	$(BIN)/python -m ddp_core.report.nvlink_forecast $(RESULTS_DIR)/$(EXPERIMENT)
-	$(MAKE) book RESULTS=$(RESULTS_DIR)/$(EXPERIMENT)
+	$(call build_book,$(RESULTS_DIR)/$(EXPERIMENT))
+	@echo "HTML: _build/html/index.html"
 
 # The reference results, made anew on this machine with the default profile: every run retrained, the
 # checkpoints left out (the book needs none). Commit them with the code they were made with.
@@ -65,8 +69,7 @@ reference: | $(VENV)/.installed
 	find $(REFERENCE) -name checkpoint.pt -delete
 
 book: $(VENV)/.installed $(MATHJAX)
-	ln -sfn $(abspath $(RESULTS)) book/results
-	$(BIN)/jupyter-book build book -W --keep-going
+	$(call build_book,$(RESULTS))
 	@echo "HTML: _build/html/index.html"
 
 pdf: $(VENV)/.installed

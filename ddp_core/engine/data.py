@@ -259,7 +259,7 @@ def _build_cache(cfg: TrainConfig) -> Path:
     except OSError as exc:
         raise UsageError(f"cannot write the token cache in {path.parent} ({exc.strerror}); choose another "
                          f"--cache-dir or DDP_CORE_CACHE_DIR") from None
-    print(f"ddp_core: encoded {cfg.dataset} into {path}", flush=True)
+    print(f"ddp_core: encoded {cfg.dataset} into the token cache ({path.name})", flush=True)
     return path
 
 

@@ -100,7 +100,7 @@ def run_local(plan: Plan) -> bool:
     command = [*launch_command(plan.world_size), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
     if plan.action == "resume":
         command.append("--resume")
-    print("$", " ".join(command), flush=True)
+    print("$", " ".join(["python", *command[1:]]), flush=True)
     tail = deque(maxlen=20)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:

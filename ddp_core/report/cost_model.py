@@ -10,8 +10,11 @@ Prediction for N ranks, from the 1-rank run and the fit alone, except for one me
   of the machine a rank gets. On a GPU each rank has its own device (factor 1). On a CPU the ranks
   share the cores: a rank gets min(threads_per_rank, cores / ranks on the node) of them, against
   the 1-rank run's, and the compute is taken to scale inversely with that.
-- communication per step: the all-reduce time of each DDP gradient bucket, from the fit. Buckets
-  are formed as DDP forms them: parameters in reverse order, a first bucket of 1 MiB, then 25 MiB.
+- communication per step: the all-reduce time of each DDP gradient bucket, read off the measured
+  benchmark at the bucket's size (interpolated between the two nearest sizes on log-log axes; the
+  fit only outside the measured range). One straight alpha-beta line over bytes to hundreds of
+  MB errs most in the middle, where the buckets are; the measurement does not. Buckets are formed
+  as DDP forms them: parameters in reverse order, a first bucket of 1 MiB, then 25 MiB.
 - exposed communication: the predicted communication times the fraction the N-rank run left
   exposed (the one measured input). Two scenarios without it are given beside: every bucket
   exposed (no overlap at all), and only the last bucket exposed (DDP's best case).
@@ -49,6 +52,14 @@ class AlphaBeta:
     @property
     def bus_bandwidth_GBps(self) -> float:
         return 1 / self.beta_s_per_byte / 1e9
+
+
+def measured_allreduce_s(bench: pd.DataFrame, size_bytes: float, fit: AlphaBeta) -> float:
+    """The benchmark's all-reduce time at `size_bytes`, interpolated on log-log axes; the fit outside its range."""
+    sizes, seconds = bench["size_bytes"].to_numpy(float), bench["time_s"].to_numpy(float)
+    if not sizes.min() <= size_bytes <= sizes.max():
+        return fit.allreduce_s(size_bytes)
+    return float(np.exp(np.interp(np.log(size_bytes), np.log(sizes), np.log(seconds))))
 
 
 def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
@@ -127,7 +138,7 @@ def predict(experiment: Experiment) -> pd.DataFrame:
         if n not in experiment.runs:
             continue
         info = experiment.runs[n]
-        buckets = [fits[n].allreduce_s(size) for size in bucket_sizes(info.model)]
+        buckets = [measured_allreduce_s(experiment.allreduce[n], size, fits[n]) for size in bucket_sizes(info.model)]
         comm = sum(buckets)
         measured = table.loc[n]
         exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]

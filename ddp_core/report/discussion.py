@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model import count_parameters
-from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, fit_alpha_beta, meta_model, \
-    preset_configs, training_flops
+from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, cores_per_rank, fit_alpha_beta, \
+    meta_model, preset_configs, training_flops
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.scaling import scaling_table
@@ -30,13 +30,13 @@ def measurement_findings(experiment: Experiment) -> dict:
     lost = step_n - step_1 / largest
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
-    paying = [int(n) for n in table.index if n > 1 and table.loc[n, "speedup"] > 1]
-    not_paying = [int(n) for n in table.index if n > 1 and table.loc[n, "speedup"] <= 1]
+    more = table.index[table.index > 1]
+    base, biggest = experiment.runs[1], experiment.runs[largest]
+    divided = (one["compute_per_step_s"] * biggest.per_rank_batch_size / base.per_rank_batch_size
+               * cores_per_rank(base) / cores_per_rank(biggest))
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
-        "paying_sentence": f"at {_listing(paying)} ranks" + (f", and not at {_listing(not_paying)}" if not_paying
-                                                             else "")
-        if paying else f"at none of the world sizes run ({_listing(not_paying)} ranks)",
+        "verdict_sentence": verdict_sentence(table.loc[more]),
         "lost_phrase": f"loses {lost * 1e3:.1f} ms" if lost > 0 else f"is {-lost * 1e3:.1f} ms faster than that ideal",
         "lost_compute_share": float(lost_compute / lost) if lost > 0 else 0.0,
         "lost_comm_share": float(lost_comm / lost) if lost > 0 else 0.0,
@@ -47,7 +47,36 @@ def measurement_findings(experiment: Experiment) -> dict:
         "accuracy_gap": float((table["final_val_accuracy"] - one["final_val_accuracy"]).abs().max()),
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": experiment.runs[largest].threads_per_rank,
         "threads_n1": experiment.runs[1].threads_per_rank,
+        "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
+        "divided_verdict": _divided_verdict(big["compute_per_step_s"] / divided),
     }
+
+
+def _divided_verdict(measured_over_divided: float) -> str:
+    if measured_over_divided < 0.95:
+        return (f"{1 - measured_over_divided:.0%} less than that: the baseline did not turn its threads into "
+                f"proportional speed, and single-threaded ranks get more out of each core on matrices this small")
+    if measured_over_divided > 1.05:
+        return (f"{measured_over_divided - 1:.0%} more than that: the ranks slow each other down beyond sharing the "
+                f"cores (caches, memory bandwidth, and the all-reduce running on the same cores)")
+    return "as dividing the cores predicts"
+
+
+def verdict_sentence(table) -> str:
+    """Whether DDP was faster than one rank, per world size, with the epoch-to-epoch spread as the yardstick:
+    a speedup whose range over the steady epochs straddles 1 is not called a gain or a loss."""
+    faster = [int(n) for n in table.index if table.loc[n, "speedup_low"] > 1]
+    slower = [int(n) for n in table.index if table.loc[n, "speedup_high"] < 1]
+    unclear = [int(n) for n in table.index if int(n) not in faster + slower]
+    parts = [f"{word} at {_listing(sizes)} ranks" for word, sizes in (("faster", faster), ("slower", slower)) if sizes]
+    sentence = "Against one rank, DDP made training " + " and ".join(parts) + "." if parts else ""
+    if unclear:
+        ranges = "; ".join(f"{table.loc[n, 'speedup']:.2f} at {n} ranks, between {table.loc[n, 'speedup_low']:.2f} "
+                           f"and {table.loc[n, 'speedup_high']:.2f} over the epochs" for n in unclear)
+        sentence += (" " if sentence else "") + (
+            f"At {_listing(unclear)} ranks the speedup ({ranges}) is within the spread between epochs: "
+            f"no gain or loss can be told from it.")
+    return sentence
 
 
 def _benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
@@ -138,6 +167,27 @@ def tokens_needed_table(experiment: Experiment) -> str:
     ratios = _ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
     needed = pd.DataFrame(
-        {f"{name}: {target}": {preset: value / ratios[name, preset] for preset in presets}
-         for name in (CPU, GPU) for target, value in _targets(experiment).items()})
-    return "Tokens per rank per step needed, by preset:\n\n" + needed.map(lambda v: f"{v:,.0f}").to_markdown()
+        {preset: {f"{name}: {target}": value / ratios[name, preset]
+                  for name in (CPU, GPU) for target, value in _targets(experiment).items()} for preset in presets})
+    return ("Tokens per rank per step needed, by preset:\n\n"
+            + needed.map(lambda v: f"{v:,.0f}").to_markdown(disable_numparse=True, colalign=["left"] + ["right"] * len(presets)))
+
+
+def headline_findings(experiment: Experiment) -> dict:
+    """What the book's first page says: what was measured on what, the speedups, and when DDP pays."""
+    table = scaling_table(experiment.metrics)
+    one = experiment.baseline
+    payoff = payoff_findings(experiment)
+    return {
+        "headline_setup": f"the {one.config['preset']} model ({one.parameters:,} parameters) on {one.config['dataset']}, "
+                          f"global batch {one.global_batch_size}, on {one.device_name} with {one.cpu_count} cores "
+                          f"({one.backend})",
+        "headline_speedups": "; ".join(f"{n} ranks: speedup {table.loc[n, 'speedup']:.2f}, efficiency "
+                                       f"{table.loc[n, 'efficiency']:.0%}" for n in table.index if n > 1),
+        "headline_verdict": verdict_sentence(table.loc[table.index > 1]),
+        "headline_shared": "every rank ran on a GPU of its own" if one.on_gpu else
+        f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
+        "headline_payoff": f"with the compute divided among the ranks, as on GPUs, {payoff['ideal_consequence']} here "
+                           f"(compute-to-communication ratio {payoff['ideal_ratio']:.2f} against a break-even "
+                           f"{payoff['break_even_ratio']:.2f} at {payoff['n_model']} ranks)",
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ddp_core.report.cost_model import allreduce_fits, bucket_sizes, predict
+from ddp_core.report.cost_model import allreduce_fits, bucket_sizes, measured_allreduce_s, predict
 from ddp_core.report.nvlink_forecast import forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 
@@ -27,16 +27,26 @@ def findings(experiment: Experiment) -> dict:
     at_worst = prediction.loc[worst]
     step_gap = at_worst["predicted_step_s"] - at_worst["measured_step_s"]
     comm_gap = at_worst["predicted_comm_s"] - at_worst["measured_comm_s"]
+    compute_gap = at_worst["predicted_compute_s"] - at_worst["measured_compute_s"]
     return {
         "largest": max(fits), "alpha_us": fit.alpha_s * 1e6, "beta_ns": fit.beta_s_per_byte * 1e9,
         "busbw": fit.bus_bandwidth_GBps, "r2": fit.r2, "fit_error": fit.max_relative_error,
         "n_buckets": len(buckets), "gradient_mb": sum(buckets) / 2**20,
+        "bucket_fit_ratio": bucket_fit_error(experiment),
         "max_error": float(prediction["error"].abs().max()), "worst_n": worst,
         "target_verdict": "meets" if prediction["error"].abs().max() <= 0.10 else "misses",
-        "worst_step_gap_ms": float(step_gap * 1e3), "worst_comm_gap_ms": float(comm_gap * 1e3),
-        "worst_cause": "the communication estimate" if abs(comm_gap) > abs(step_gap - comm_gap)
-        else "the compute estimate",
+        "worst_step_gap": _gap_phrase(step_gap, "the measured step"),
+        "worst_comm_gap": _gap_phrase(comm_gap, "the all-reduce measured during training"),
+        "worst_compute_gap": _gap_phrase(compute_gap, "the measured compute"),
+        "worst_cause": "the communication estimate" if abs(comm_gap) > abs(compute_gap) else "the compute estimate",
+        "parts_verdict": "the two errors partly cancel, so the step looks better predicted than its parts"
+        if comm_gap * compute_gap < 0 else "the two errors add up",
     } | forecast_findings(experiment) | hardware_findings(experiment, worst)
+
+
+def _gap_phrase(seconds: float, against: str) -> str:
+    """'12.3 ms longer than X' or '4.5 ms shorter than X', so that the sentence reads right either way."""
+    return f"{abs(seconds) * 1e3:.1f} ms {'longer' if seconds > 0 else 'shorter'} than {against}"
 
 
 def forecast_findings(experiment: Experiment) -> dict:
@@ -59,7 +69,8 @@ def hardware_findings(experiment: Experiment, worst: int) -> dict:
     one = runs[1]
     return {
         "cores": one.cpu_count, "threads_1": one.threads_per_rank, "threads_worst": runs[worst].threads_per_rank,
-        "oversubscription": runs[worst].threads_per_rank * runs[worst].local_world_size / one.cpu_count,
+        "threads_vs_cores": _threads_phrase(runs[worst].threads_per_rank * runs[worst].local_world_size,
+                                            one.cpu_count),
         "compute_predicted_ms": float(at_worst["predicted_compute_s"] * 1e3),
         "compute_measured_ms": float(at_worst["measured_compute_s"] * 1e3),
         "comm_predicted_ms": float(at_worst["predicted_comm_s"] * 1e3),
@@ -70,24 +81,44 @@ def hardware_findings(experiment: Experiment, worst: int) -> dict:
     }
 
 
+def _threads_phrase(threads: int, cores: int) -> str:
+    if threads > cores:
+        return f"the ranks' {threads} threads outnumbered the {cores} cores"
+    if threads == cores:
+        return "one thread per core"
+    return f"{threads} threads for {cores} cores, some of which stayed idle"
+
+
 def allreduce_figure(experiment: Experiment):
-    """Measured all-reduce time with its fit, and bus bandwidth, against message size; DDP's buckets marked."""
+    """Measured all-reduce time with the alpha-beta fit, and the fit's residuals, against message size;
+    DDP's gradient buckets marked where the prediction reads the curve."""
     fits, buckets = allreduce_fits(experiment), bucket_sizes(experiment.baseline.model)
-    fig, (times, bandwidth) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for n, bench in experiment.allreduce.items():
+    fig, (times, residuals) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for (n, bench), color in zip(experiment.allreduce.items(), ["C0", "C1", "C2", "C3"]):
         sizes = bench["size_bytes"].to_numpy(float)
-        times.loglog(sizes, bench["time_s"], "o", label=f"measured, N={n}")
-        times.loglog(sizes, [fits[n].allreduce_s(s) for s in sizes], "-", label=f"fit, N={n}")
-        bandwidth.semilogx(sizes, bench["busbw_GBps"], "o-", label=f"N={n}")
-    for ax in (times, bandwidth):
+        fitted = np.array([fits[n].allreduce_s(size) for size in sizes])
+        times.loglog(sizes, bench["time_s"], "o", color=color, markersize=4, label=f"measured, {n} ranks")
+        times.loglog(sizes, fitted, "-", color=color, label=f"alpha-beta fit, {n} ranks")
+        residuals.semilogx(sizes, (bench["time_s"] / fitted - 1) * 100, "o-", color=color, markersize=4,
+                           label=f"{n} ranks")
+    for ax in (times, residuals):
         for size in buckets:
             ax.axvline(size, color="gray", linestyle=":", linewidth=1)
+    residuals.axhline(0, color="k", linewidth=1)
     times.set(xlabel="message size (bytes)", ylabel="seconds", title="All-reduce time (dotted: DDP buckets)")
-    bandwidth.set(xlabel="message size (bytes)", ylabel="GB/s", title="Bus bandwidth")
-    times.legend(fontsize=8)
-    bandwidth.legend(fontsize=8)
+    residuals.set(xlabel="message size (bytes)", ylabel="measured / fit - 1 (%)", title="Residuals of the fit")
+    times.legend(fontsize=7, loc="upper left")
+    residuals.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def bucket_fit_error(experiment: Experiment) -> float:
+    """How far the fit misses the measured all-reduce at the gradient buckets' sizes (largest world size)."""
+    n = max(experiment.allreduce)
+    fit, bench = allreduce_fits(experiment)[n], experiment.allreduce[n]
+    return max(measured_allreduce_s(bench, size, fit) / fit.allreduce_s(size)
+               for size in bucket_sizes(experiment.baseline.model))
 
 
 def fit_table(experiment: Experiment) -> str:
@@ -96,11 +127,34 @@ def fit_table(experiment: Experiment) -> str:
                         f"| {f.r2:.4f} | {f.max_relative_error:.1%} |" for n, f in allreduce_fits(experiment).items()))
 
 
+# The prediction table in the reader's words: (row label, column of `predict`, scale, format).
+PREDICTION_ROWS = [
+    ("DDP gradient buckets", "buckets", 1, "{:.0f}"),
+    ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
+    ("Compute per step, measured (ms)", "measured_compute_s", 1e3, "{:.1f}"),
+    ("All-reduce per step, predicted (ms)", "predicted_comm_s", 1e3, "{:.1f}"),
+    ("All-reduce per step, measured (ms)", "measured_comm_s", 1e3, "{:.1f}"),
+    ("Step, predicted (ms)", "predicted_step_s", 1e3, "{:.1f}"),
+    ("Step, measured (ms)", "measured_step_s", 1e3, "{:.1f}"),
+    ("Speedup, predicted", "predicted_speedup", 1, "{:.3f}"),
+    ("Speedup, measured", "measured_speedup", 1, "{:.3f}"),
+    ("Speedup, scenario without overlap", "speedup_no_overlap", 1, "{:.3f}"),
+    ("Speedup, scenario last bucket only", "speedup_last_bucket_only", 1, "{:.3f}"),
+    ("Error of the compute estimate (%)", "compute_error", 100, "{:+.0f}"),
+    ("Error of the all-reduce estimate (%)", "comm_error", 100, "{:+.0f}"),
+    ("Error of the predicted speedup (%)", "error", 100, "{:+.1f}"),
+]
+
+
 def prediction_table(experiment: Experiment) -> str:
-    return predict(experiment)[[
-        "buckets", "predicted_comm_s", "measured_comm_s", "predicted_step_s", "measured_step_s", "predicted_speedup",
-        "speedup_no_overlap", "speedup_last_bucket_only", "measured_speedup", "predicted_efficiency",
-        "measured_efficiency", "error"]].to_markdown(floatfmt=".4g")
+    """Predicted against measured, part by part, one column per world size (Markdown)."""
+    prediction = predict(experiment).assign(
+        compute_error=lambda t: t["predicted_compute_s"] / t["measured_compute_s"] - 1,
+        comm_error=lambda t: t["predicted_comm_s"] / t["measured_comm_s"] - 1)
+    header = "| | " + " | ".join(f"{n} ranks" for n in prediction.index) + " |\n|---|" + "---:|" * len(prediction)
+    return header + "\n" + "\n".join(
+        f"| {label} | " + " | ".join(fmt.format(value * scale) for value in prediction[column]) + " |"
+        for label, column, scale, fmt in PREDICTION_ROWS)
 
 
 def prediction_figure(experiment: Experiment):
@@ -109,12 +163,12 @@ def prediction_figure(experiment: Experiment):
     x = np.arange(len(prediction))
     ax.bar(x - 0.2, prediction["predicted_speedup"], 0.4, label="predicted")
     ax.bar(x + 0.2, prediction["measured_speedup"], 0.4, label="measured")
-    ax.plot(x - 0.2, prediction["speedup_no_overlap"], "v", color="k", label="scenario: no overlap")
-    ax.plot(x - 0.2, prediction["speedup_last_bucket_only"], "^", color="gray", label="scenario: last bucket only")
-    ax.set(xticks=x, xticklabels=prediction.index, xlabel="ranks", ylabel="speedup",
+    ax.vlines(x - 0.2, prediction["speedup_no_overlap"], prediction["speedup_last_bucket_only"], color="k",
+              linewidth=3, label="scenarios: no overlap to last bucket only")
+    ax.set(xticks=x, xticklabels=[f"{n} ranks" for n in prediction.index], ylabel="speedup",
            title="Predicted vs measured speedup")
-    ax.legend()
-    fig.tight_layout()
+    fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 

@@ -7,8 +7,11 @@ import pandas as pd
 
 from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder
 
-PROVENANCE = ["world_size", "backend", "device", "device_name", "cpu_count", "threads_per_rank", "hostname",
-              "platform", "python", "torch", "cuda", "nccl", "git_commit", "parameters", "start_time", "end_time"]
+# run.json's provenance in the reader's words; the platform string is left out (it would not fit a page).
+PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
+              "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
+              "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL", "git_commit": "Code commit",
+              "parameters": "Model parameters", "start_time": "Started (UTC)", "end_time": "Ended (UTC)"}
 
 
 def shown_folder(experiment: Experiment) -> tuple[str, str]:
@@ -37,8 +40,18 @@ def setup_findings(experiment: Experiment) -> dict:
 
 def provenance_table(experiment: Experiment) -> str:
     """Hardware and software of every run, from its run.json (Markdown)."""
-    return pd.DataFrame({run.name: {key: run.raw.get(key) for key in PROVENANCE}
-                         for run in experiment.runs.values()}).to_markdown()
+    def shown(key, value):
+        if value is None:
+            return "none"
+        if key == "git_commit":
+            return value[:10] + ("-dirty" if value.endswith("-dirty") else "")
+        if key.endswith("_time"):
+            return value[:19].replace("T", " ")
+        return f"{value:,}" if key == "parameters" else str(value)
+
+    table = pd.DataFrame({run.name: {label: shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
+                          for run in experiment.runs.values()})
+    return table.to_markdown(disable_numparse=True)
 
 
 def settings_table(experiment: Experiment) -> str:

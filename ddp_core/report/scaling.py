@@ -46,6 +46,7 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
         + per_step("optimizer_time_s"),
         comm_total_per_step_s=per_step("comm_total_s"),
         comm_exposed_per_step_s=per_step("comm_exposed_s"),
+        optimizer_per_step_s=per_step("optimizer_time_s"),
         data_per_step_s=per_step("data_time_s"),
     )
     table = steady.groupby("world_size").agg(
@@ -57,8 +58,13 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
         compute_per_step_s=("compute_per_step_s", "mean"),
         comm_total_per_step_s=("comm_total_per_step_s", "mean"),
         comm_exposed_per_step_s=("comm_exposed_per_step_s", "mean"),
+        optimizer_per_step_s=("optimizer_per_step_s", "mean"),
         data_per_step_s=("data_per_step_s", "mean"),
+        peak_memory_mb=("peak_memory_mb", "max"),
     )
+    spread = steady.groupby("world_size")["time_per_sample_s"].agg(["min", "max"])
+    table["speedup_low"] = spread.loc[1, "min"] / spread["max"]  # the slowest epoch here against the fastest at 1
+    table["speedup_high"] = spread.loc[1, "max"] / spread["min"]
     last = metrics.sort_values("epoch").groupby("world_size").last()
     table["final_val_accuracy"] = last["val_accuracy"]
     table["global_batch_size"] = last["global_batch_size"]
@@ -77,17 +83,40 @@ def findings(experiment: Experiment) -> dict:
         "dataset": first.config["dataset"], "preset": first.config["preset"], "parameters": f"{first.parameters:,}",
         "world_sizes": ", ".join(map(str, table.index)), "global_batch": int(table["global_batch_size"].iloc[0]),
         "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
-        "largest": largest, "warmup_epochs": WARMUP_EPOCHS,
+        "largest": largest,
+        "warmup_phrase": "the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
+        "threads_1": first.threads_per_rank, "threads_nmax": experiment.runs[largest].threads_per_rank,
+        "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
     }
-    for column in RESULTS_COLUMNS:
+    for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb", "step_time_s"]:
         found[f"{column}_n1"] = float(table.loc[1, column])
         found[f"{column}_nmax"] = float(table.loc[largest, column])
     return found
 
 
+# What the results table shows, in the reader's words: (row label, column, scale, format).
+RESULTS_ROWS = [
+    ("Epoch time (s)", "epoch_time_s", 1, "{:.2f}"),
+    ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
+    ("Speedup over one rank", "speedup", 1, "{:.2f}"),
+    ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
+    ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
+    ("of which optimizer step (ms)", "optimizer_per_step_s", 1e3, "{:.1f}"),
+    ("All-reduce in flight per step (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
+    ("of which exposed (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
+    ("Peak memory, largest rank (MB)", "peak_memory_mb", 1, "{:,.0f}"),
+    ("Final validation accuracy", "final_val_accuracy", 1, "{:.3f}"),
+]
+
+
 def results_table(experiment: Experiment) -> str:
-    """Per world size, averaged over the steady epochs (Markdown)."""
-    return scaling_table(experiment.metrics)[RESULTS_COLUMNS].to_markdown(floatfmt=".4g")
+    """Per world size (columns), averaged over the steady epochs (Markdown)."""
+    table = scaling_table(experiment.metrics)
+    header = "| | " + " | ".join(_rank_label(n) for n in table.index) + " |\n|---|" + "---:|" * len(table) + "\n"
+    return header + "\n".join(
+        f"| {label} | " + " | ".join(fmt.format(value * scale) for value in table[column]) + " |"
+        for label, column, scale, fmt in RESULTS_ROWS)
 
 
 def _rank_label(n: int) -> str:
@@ -101,9 +130,9 @@ def epoch_time_figure(experiment: Experiment):
         per_epoch.plot(runs["epoch"], runs["epoch_time_s"], "o-", label=_rank_label(n))
     per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch")
     per_epoch.set_xticks(sorted(metrics["epoch"].unique()))
-    per_epoch.legend()
-    mean_time.bar([str(n) for n in table.index], table["epoch_time_s"], color="C0")
-    mean_time.set(xlabel="ranks", ylabel="seconds", title="Mean epoch time (after warm-up)")
+    per_epoch.legend(fontsize=8)
+    mean_time.bar([_rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
+    mean_time.set(ylabel="seconds", title="Mean epoch time (after warm-up)")
     fig.tight_layout()
     return fig
 
@@ -116,7 +145,7 @@ def speedup_figure(experiment: Experiment):
     speed.bar(x - 0.2, table["speedup"], 0.4, label="measured")
     speed.bar(x + 0.2, sizes, 0.4, color="lightgray", label="ideal (N)")
     speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="T1 / TN", title="Speedup")
-    speed.legend()
+    speed.legend(loc="upper left", fontsize=8)
     eff.bar(x, table["efficiency"] * 100, color="C1")
     eff.axhline(100, color="gray", linestyle="--", linewidth=1)
     eff.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="%", title="Parallel efficiency")
@@ -125,19 +154,23 @@ def speedup_figure(experiment: Experiment):
 
 
 def time_split_figure(experiment: Experiment):
+    """Per world size, a step's time as it adds up (data, compute, exposed communication), and beside it
+    all the time an all-reduce was in flight, most of it hidden behind the compute it overlaps."""
     table = scaling_table(experiment.metrics)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels = [str(n) for n in table.index]
-    ax.bar(labels, table["compute_per_step_s"] * 1e3, label="compute")
-    ax.bar(labels, table["comm_exposed_per_step_s"] * 1e3, bottom=table["compute_per_step_s"] * 1e3,
-           label="exposed communication")
-    ax.bar(labels, (table["comm_total_per_step_s"] - table["comm_exposed_per_step_s"]) * 1e3,
-           bottom=(table["compute_per_step_s"] + table["comm_exposed_per_step_s"]) * 1e3,
-           color="none", edgecolor="C2", hatch="//", label="communication hidden behind backward")
-    ax.bar(labels, table["data_per_step_s"] * 1e3, bottom=0, width=0.2, color="C7", label="data (inside compute bar)")
-    ax.set(xlabel="ranks", ylabel="ms per step", title="Where a step's time goes")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    x = np.arange(len(table))
+    stack = {"data loading": table["data_per_step_s"], "compute": table["compute_per_step_s"],
+             "exposed communication": table["comm_exposed_per_step_s"]}
+    bottom = np.zeros(len(table))
+    for (label, seconds), color in zip(stack.items(), ["C7", "C0", "C3"]):
+        ax.bar(x - 0.2, seconds * 1e3, 0.38, bottom=bottom, label=label, color=color)
+        bottom += seconds.to_numpy() * 1e3
+    ax.bar(x + 0.2, table["comm_total_per_step_s"] * 1e3, 0.38, color="C2", alpha=0.6,
+           label="all-reduce in flight (overlaps compute)")
+    ax.set(xticks=x, xticklabels=[_rank_label(n) for n in table.index], ylabel="ms per step",
+           title="Where a step's time goes")
+    fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
 
@@ -148,7 +181,7 @@ def accuracy_figure(experiment: Experiment):
         ax.plot(runs["epoch"], runs["val_accuracy"], "o-", label=_rank_label(n))
     ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy per epoch")
     ax.set_xticks(sorted(metrics["epoch"].unique()))
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
