@@ -15,6 +15,9 @@ export DDP_CORE_DATA_DIR := $(or $(DDP_CORE_DATA_DIR),$(abspath $(wildcard ../sh
 PROFILE ?= default
 EXPERIMENT ?= report
 WORLD_SIZES ?= 1 2 4
+# Runs per world size, each with its own seed (repeat k: seed + k - 1, folder n<N>-r<k>): the spread between
+# them is the run-to-run noise that the report holds every difference against.
+REPEATS ?= 3
 RESULTS_DIR ?= results
 # The reference results shipped in the repository (`make reference` makes them anew).
 REFERENCE := reference/report
@@ -41,10 +44,12 @@ test: $(VENV)/.installed $(MATHJAX)
 
 # One papermill execution of the run notebook per world size, saved next to the run's CSVs. A run that
 # fails leaves its partial notebook as run_experiment.failed.ipynb for inspection.
+# n4/ is the first run at 4 ranks, n4-r2/ its second repeat.
 $(RESULTS_DIR)/$(EXPERIMENT)/n%/run_experiment.ipynb: notebooks/run_experiment.md notebooks/profiles/$(PROFILE).yml | $(VENV)/.installed
 	mkdir -p $(@D)
 	$(BIN)/jupytext --to ipynb -o - $< | $(BIN)/papermill --no-progress-bar - $(@D)/run_experiment.failed.ipynb \
-		-p profile $(PROFILE) -p world_size $* -p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
+		-p profile $(PROFILE) -p world_size $(firstword $(subst -r, ,$*)) -p repeat $(or $(word 2,$(subst -r, ,$*)),1) \
+		-p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
 	mv $(@D)/run_experiment.failed.ipynb $@
 
 $(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n%/allreduce.csv: | $(VENV)/.installed
@@ -53,7 +58,9 @@ $(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n%/allreduce.csv: | $(VENV)/.installed
 # Point book/results at a folder of runs and build the site from it.
 build_book = ln -sfn $(abspath $(1)) book/results && $(BIN)/jupyter-book build book -W --keep-going
 
-report: $(MATHJAX) $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)/run_experiment.ipynb) \
+run_dirs = $(foreach n,$(WORLD_SIZES),n$(n) $(foreach k,$(wordlist 2,$(REPEATS),$(shell seq $(REPEATS))),n$(n)-r$(k)))
+
+report: $(MATHJAX) $(foreach run,$(run_dirs),$(RESULTS_DIR)/$(EXPERIMENT)/$(run)/run_experiment.ipynb) \
 		$(foreach n,$(filter-out 1,$(WORLD_SIZES)),$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n$(n)/allreduce.csv)
 	$(BIN)/python -m ddp_core.report.scaling $(RESULTS_DIR)/$(EXPERIMENT)
 	$(BIN)/python -m ddp_core.report.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
@@ -65,7 +72,7 @@ report: $(MATHJAX) $(foreach n,$(WORLD_SIZES),$(RESULTS_DIR)/$(EXPERIMENT)/n$(n)
 # checkpoints left out (the book needs none). Commit them with the code they were made with.
 reference: | $(VENV)/.installed
 	rm -rf $(REFERENCE)
-	$(MAKE) report RESULTS_DIR=$(patsubst %/,%,$(dir $(REFERENCE))) EXPERIMENT=$(notdir $(REFERENCE)) PROFILE=default WORLD_SIZES="1 2 4"
+	$(MAKE) report RESULTS_DIR=$(patsubst %/,%,$(dir $(REFERENCE))) EXPERIMENT=$(notdir $(REFERENCE)) PROFILE=default WORLD_SIZES="1 2 4" REPEATS=3
 	find $(REFERENCE) -name checkpoint.pt -delete
 
 book: $(VENV)/.installed $(MATHJAX)

@@ -89,7 +89,7 @@ def project(tmp_path_factory, isolated_env):
     """A copy of the project in which `make report` ran on the tiny profile, as CI and a user run it."""
     project = copy_project(tmp_path_factory.mktemp("project"))
     sizes = " ".join(map(str, WORLD_SIZES))
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}",
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}", "REPEATS=1",
                            "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
                           cwd=project, env=isolated_env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]

@@ -1,10 +1,12 @@
 """The report's analysis, as functions of an experiment: the tiny report's runs, read back and checked
 against the CSVs by an independent computation."""
 
+import json
 import shutil
 
 import pandas as pd
 import pytest
+from matplotlib.container import BarContainer
 
 from conftest import WORLD_SIZES
 from ddp_core.report import discussion, prediction, scaling
@@ -84,7 +86,7 @@ def test_figures_draw_each_world_size_from_its_csv(project, experiment):
     lines = accuracy.axes[0].get_lines()
     assert [list(line.get_ydata()) for line in lines] == [list(csv_of(project, n)["val_accuracy"]) for n in WORLD_SIZES]
     speedup = scaling.speedup_figure(experiment)
-    measured = speedup.axes[0].containers[0]
+    measured = next(c for c in speedup.axes[0].containers if isinstance(c, BarContainer))
     table = scaling.scaling_table(experiment.metrics)
     assert [bar.get_height() for bar in measured] == pytest.approx(list(table["speedup"]))
 
@@ -96,3 +98,31 @@ def test_tables_have_a_column_per_world_size_and_words_with_units_as_headers(pro
     assert "Epoch time (s)" in labels and "Peak memory, largest rank (MB)" in labels
     epoch_time = rows[labels.index("Epoch time (s)")].split("|")[2].strip()
     assert epoch_time == f"{csv_of(project, 1).query('epoch > 1')['epoch_time_s'].mean():.2f}"
+
+
+def test_repeats_are_averaged_and_their_spread_is_the_yardstick(project, tmp_path):
+    folder = tmp_path / "experiment"
+    shutil.copytree(project / "results" / "report", folder)
+    for n in WORLD_SIZES:  # a second seed of every world size, 10 % slower and 0.05 less accurate
+        repeat = folder / f"n{n}-r2"
+        shutil.copytree(folder / f"n{n}", repeat)
+        info = json.loads((repeat / "run.json").read_text())
+        info["config"]["seed"] = 1
+        (repeat / "run.json").write_text(json.dumps(info))
+        rows = pd.read_csv(repeat / "metrics.csv")
+        rows.assign(epoch_time_s=rows["epoch_time_s"] * 1.1, val_accuracy=rows["val_accuracy"] - 0.05) \
+            .to_csv(repeat / "metrics.csv", index=False)
+    experiment = load_experiment(folder)
+    assert [run.name for run in experiment.repeats[4]] == ["n4", "n4-r2"]
+    table = scaling.scaling_table(experiment.metrics)
+    assert list(table["runs"]) == [2, 2] and set(table["spread_over"]) == {"repeats"}
+    per_sample = {(n, k): (csv_of(project, n).query("epoch > 1")["epoch_time_s"] / csv_of(project, n)
+                           .query("epoch > 1")["train_samples"]).mean() * k for n in WORLD_SIZES for k in (1, 1.1)}
+    assert table.loc[4, "speedup_low"] == pytest.approx(per_sample[1, 1] / per_sample[4, 1.1])
+    assert table.loc[4, "speedup_high"] == pytest.approx(per_sample[1, 1.1] / per_sample[4, 1])
+    final = {n: csv_of(project, n)["val_accuracy"].iloc[-1] for n in WORLD_SIZES}
+    assert table.loc[4, "final_val_accuracy"] == pytest.approx(final[4] - 0.025)
+    sentence = discussion.findings(experiment)["accuracy_sentence"]
+    assert "against up to 0.050 between the seeds of one world size" in sentence
+    gap = abs(final[4] - final[1])
+    assert sentence.endswith("so it is noise." if gap <= 0.05 + 1e-9 else "of one world size.")

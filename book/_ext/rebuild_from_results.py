@@ -44,8 +44,9 @@ def title_run_page(app, docname, source):
         return
     info = json.loads((Path(app.srcdir) / "results" / parts[1] / "run.json").read_text())
     n = info["world_size"]
-    title = (f"# Run on {n} rank{'s' if n > 1 else ''}: {info['config']['dataset']}, "
-             f"{info['config']['preset']} model")
+    repeat = f", repeat {parts[1].split('-r')[1]}" if "-r" in parts[1] else ""
+    title = (f"# Run on {n} rank{'s' if n > 1 else ''}{repeat}: {info['config']['dataset']}, "
+             f"{info['config']['preset']} model, seed {info['config']['seed']}")
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
 
 

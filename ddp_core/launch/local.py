@@ -38,20 +38,31 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def run_dir_name(world_size: int, repeat: int = 1) -> str:
+    """`n4` for the first run at 4 ranks, `n4-r2` for its second repeat."""
+    return f"n{world_size}" + (f"-r{repeat}" if repeat > 1 else "")
+
+
 def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
-            overrides: dict | None = None, nodes=1) -> Plan:
-    """Check every parameter and decide what to do with the run directory; starts nothing."""
+            overrides: dict | None = None, nodes=1, repeat=1) -> Plan:
+    """Check every parameter and decide what to do with the run directory; starts nothing.
+
+    Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
+    accuracy move from run to run, the yardstick the report holds every difference against."""
     if not _positive_int(world_size):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
+    if not _positive_int(repeat):
+        raise ExperimentError(f"repeat must be a positive integer, got {repeat!r}")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
     if not _positive_int(nodes) or world_size % nodes:
         raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
     if launcher == "local" and nodes != 1:
         raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm'")
-    run_dir = Path(results_dir) / experiment / f"n{world_size}"
+    run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
     try:
-        args = to_args(load_profile(profile) | (overrides or {}))
+        settings = load_profile(profile) | (overrides or {})
+        args = to_args(settings | {"seed": settings.get("seed", 0) + repeat - 1})
         cfg = parse_args(args, world_size=world_size)
     except UsageError as exc:
         raise ExperimentError(str(exc)) from None

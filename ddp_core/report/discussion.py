@@ -44,7 +44,7 @@ def measurement_findings(experiment: Experiment) -> dict:
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
         "ratio_nmax": float(big["compute_to_comm_ratio"]),
         "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
-        "accuracy_gap": float((table["final_val_accuracy"] - one["final_val_accuracy"]).abs().max()),
+        "accuracy_sentence": accuracy_sentence(table),
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": experiment.runs[largest].threads_per_rank,
         "threads_n1": experiment.runs[1].threads_per_rank,
         "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
@@ -62,6 +62,19 @@ def _divided_verdict(measured_over_divided: float) -> str:
     return "as dividing the cores predicts"
 
 
+def accuracy_sentence(table) -> str:
+    """The largest accuracy gap between world sizes, held against the spread between repeats where there are any."""
+    gap = float((table["final_val_accuracy"] - table.loc[1, "final_val_accuracy"]).abs().max())
+    sentence = f"their mean final validation accuracies differ by at most {gap:.3f}"
+    if (table["runs"] < 2).any():
+        return (sentence + ". With dropout on, the masks depend on the rank, so the runs do differ; one run per "
+                "world size cannot tell a gap of this size from run-to-run noise.")
+    noise = float((table["accuracy_high"] - table["accuracy_low"]).max())
+    verdict = ("within the spread between the repeats of one world size, so it is noise" if gap <= noise
+               else "beyond the spread between the repeats of one world size")
+    return sentence + f", against up to {noise:.3f} between the seeds of one world size: {verdict}."
+
+
 def verdict_sentence(table) -> str:
     """Whether DDP was faster than one rank, per world size, with the epoch-to-epoch spread as the yardstick:
     a speedup whose range over the steady epochs straddles 1 is not called a gain or a loss."""
@@ -72,9 +85,11 @@ def verdict_sentence(table) -> str:
     sentence = "Against one rank, DDP made training " + " and ".join(parts) + "." if parts else ""
     if unclear:
         ranges = "; ".join(f"{table.loc[n, 'speedup']:.2f} at {n} ranks, between {table.loc[n, 'speedup_low']:.2f} "
-                           f"and {table.loc[n, 'speedup_high']:.2f} over the epochs" for n in unclear)
+                           f"and {table.loc[n, 'speedup_high']:.2f} over the {table.loc[n, 'spread_over']}"
+                           for n in unclear)
+        over = " and ".join(sorted(set(table.loc[unclear, "spread_over"])))
         sentence += (" " if sentence else "") + (
-            f"At {_listing(unclear)} ranks the speedup ({ranges}) is within the spread between epochs: "
+            f"At {_listing(unclear)} ranks the speedup ({ranges}) is within the spread between {over}: "
             f"no gain or loss can be told from it.")
     return sentence
 
@@ -182,8 +197,10 @@ def headline_findings(experiment: Experiment) -> dict:
         "headline_setup": f"the {one.config['preset']} model ({one.parameters:,} parameters) on {one.config['dataset']}, "
                           f"global batch {one.global_batch_size}, on {one.device_name} with {one.cpu_count} cores "
                           f"({one.backend})",
-        "headline_speedups": "; ".join(f"{n} ranks: speedup {table.loc[n, 'speedup']:.2f}, efficiency "
-                                       f"{table.loc[n, 'efficiency']:.0%}" for n in table.index if n > 1),
+        "headline_speedups": "; ".join(
+            f"{n} ranks: speedup {table.loc[n, 'speedup']:.2f} ({table.loc[n, 'speedup_low']:.2f} to "
+            f"{table.loc[n, 'speedup_high']:.2f} over the {table.loc[n, 'spread_over']}), efficiency "
+            f"{table.loc[n, 'efficiency']:.0%}" for n in table.index if n > 1),
         "headline_verdict": verdict_sentence(table.loc[table.index > 1]),
         "headline_shared": "every rank ran on a GPU of its own" if one.on_gpu else
         f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",

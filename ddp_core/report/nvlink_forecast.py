@@ -29,6 +29,10 @@ from ddp_core.report.results import Experiment, run_on_folder
 from ddp_core.report.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, preset_configs, training_flops
 
 LITERATURE = Path(__file__).with_name("literature")
+# Shares of the peak rate a real step may reach. The peak is a bound no step reaches; 40 % is a little below the
+# model FLOP utilisation of the largest published training runs (PaLM 540B: 46.2 %, Chowdhery et al. 2022);
+# 10 % stands for small models, whose steps are dominated by kernel launches rather than by FLOPs.
+MFU_SCENARIOS = (1.0, 0.4, 0.1)
 ALLREDUCE_FILE = LITERATURE / "nd_a100_v4_allreduce.csv"
 GEMM_FILE = LITERATURE / "nd_a100_v4_gemm_fp16.csv"
 
@@ -60,7 +64,7 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int = 4) ->
         buckets = [fit.allreduce_s(size) for size in sizes]
         comm = sum(buckets)
         compute_1 = training_flops(model, tokens_per_step) / flops_per_s
-        rows.append(dict(
+        row = dict(
             preset=preset, parameters=sum(sizes) // 4, buckets=len(buckets),
             comm_ms=comm * 1e3, last_bucket_ms=buckets[-1] * 1e3,
             compute_bound_ms=compute_1 * 1e3,
@@ -69,7 +73,11 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int = 4) ->
             # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
             break_even_compute_ms=comm * n / (n - 1) * 1e3,
             efficiency_90_compute_ms=9 * n * comm * 1e3,
-        ))
+        )
+        for mfu in MFU_SCENARIOS[1:]:
+            real = compute_1 / mfu
+            row[f"speedup_no_overlap_mfu{mfu:.0%}"] = real / (real / n + comm)
+        rows.append(row)
     return pd.DataFrame(rows).set_index("preset")
 
 

@@ -7,15 +7,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ddp_core.report.cost_model import allreduce_fits, bucket_sizes, measured_allreduce_s, predict
-from ddp_core.report.nvlink_forecast import forecast, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.report.nvlink_forecast import MFU_SCENARIOS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
+from ddp_core.report.tables import quantities_by_column
 
 FORECAST_GPUS = 4
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
     "last_bucket_ms": "last bucket (ms)", "compute_bound_ms": "T1 at the peak rate (ms)",
     "speedup_no_overlap": "speedup, no overlap", "speedup_last_bucket_only": "speedup, last bucket only",
-    "break_even_compute_ms": "break-even T1 (ms)", "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)"}
+    "break_even_compute_ms": "break-even T1 (ms)", "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)",
+    **{f"speedup_no_overlap_mfu{mfu:.0%}": f"speedup, no overlap, at {mfu:.0%} of peak" for mfu in MFU_SCENARIOS[1:]}}
 
 
 def findings(experiment: Experiment) -> dict:
@@ -59,6 +61,9 @@ def forecast_findings(experiment: Experiment) -> dict:
         "nv_batch": workload.global_batch_size, "nv_seq": workload.model["max_len"],
         "nv_paying": ", ".join(ahead.index[ahead["speedup_no_overlap"] > 1]) or "none",
         "nv_paying_best_case": ", ".join(ahead.index[ahead["speedup_last_bucket_only"] > 1]) or "none",
+        "nv_paying_by_mfu": "; ".join(
+            f"at {mfu:.0%} of the peak rate: {', '.join(ahead.index[ahead[f'speedup_no_overlap_mfu{mfu:.0%}'] > 1]) or 'none'}"
+            for mfu in MFU_SCENARIOS[1:]),
     }
 
 
@@ -151,10 +156,7 @@ def prediction_table(experiment: Experiment) -> str:
     prediction = predict(experiment).assign(
         compute_error=lambda t: t["predicted_compute_s"] / t["measured_compute_s"] - 1,
         comm_error=lambda t: t["predicted_comm_s"] / t["measured_comm_s"] - 1)
-    header = "| | " + " | ".join(f"{n} ranks" for n in prediction.index) + " |\n|---|" + "---:|" * len(prediction)
-    return header + "\n" + "\n".join(
-        f"| {label} | " + " | ".join(fmt.format(value * scale) for value in prediction[column]) + " |"
-        for label, column, scale, fmt in PREDICTION_ROWS)
+    return quantities_by_column(prediction, PREDICTION_ROWS, [f"{n} ranks" for n in prediction.index])
 
 
 def prediction_figure(experiment: Experiment):

@@ -27,6 +27,13 @@ def shown_folder(experiment: Experiment) -> tuple[str, str]:
     return str(folder), "runs made in this project, by make report or by hand"
 
 
+def _repeats_phrase(experiment: Experiment) -> str:
+    counts = sorted({len(runs) for runs in experiment.repeats.values()})
+    if counts == [1]:
+        return "one run per world size"
+    return f"{' to '.join(map(str, counts))} runs per world size, each with its own seed"
+
+
 def setup_findings(experiment: Experiment) -> dict:
     first = experiment.baseline.raw
     folder, kind = shown_folder(experiment)
@@ -34,7 +41,8 @@ def setup_findings(experiment: Experiment) -> dict:
         "folder": folder, "results_kind": kind, "world_sizes": ", ".join(map(str, experiment.runs)),
         "device": first["device_name"], "backend": first["backend"], "hostname": first["hostname"],
         "cpu_count": first["cpu_count"], "torch_version": first["torch"], "dataset": first["config"]["dataset"],
-        "measured_on": min(run.raw["start_time"] for run in experiment.runs.values())[:10],
+        "measured_on": min(run.raw["start_time"] for run in experiment.all_runs)[:10],
+        "repeats": _repeats_phrase(experiment),
     }
 
 
@@ -50,13 +58,13 @@ def provenance_table(experiment: Experiment) -> str:
         return f"{value:,}" if key == "parameters" else str(value)
 
     table = pd.DataFrame({run.name: {label: shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
-                          for run in experiment.runs.values()})
+                          for run in experiment.all_runs})
     return table.to_markdown(disable_numparse=True)
 
 
 def settings_table(experiment: Experiment) -> str:
     """The training settings of every run (Markdown); paths and switches that do not change training left out."""
-    settings = pd.DataFrame({run.name: run.config for run in experiment.runs.values()})
+    settings = pd.DataFrame({run.name: run.config for run in experiment.all_runs})
     return settings.drop(index=list(NOT_SETTINGS)).to_markdown()
 
 

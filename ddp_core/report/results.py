@@ -1,7 +1,8 @@
-"""An experiment as the report reads it: a folder of runs that differ in world size, and their benchmarks.
+"""An experiment as the report reads it: a folder of runs that differ in world size (and repeats of each,
+with other seeds), and their all-reduce benchmarks.
 
     experiment = load_experiment("results/report")
-    experiment.runs[4].threads_per_rank, experiment.metrics, experiment.allreduce[4]
+    experiment.runs[4].threads_per_rank, experiment.repeats[4], experiment.metrics, experiment.allreduce[4]
 
 Each run is a subfolder with metrics.csv and run.json; all-reduce benchmarks are subfolders
 `allreduce-n<N>/allreduce.csv`. Everything the book shows is computed from an `Experiment`.
@@ -66,8 +67,17 @@ class RunInfo:
 class Experiment:
     folder: Path
     metrics: pd.DataFrame  # every epoch of every run; column `run` names the run
-    runs: dict[int, RunInfo]  # by world size, ascending
+    repeats: dict[int, list[RunInfo]]  # every run by world size, ascending, each list by seed
     allreduce: dict[int, pd.DataFrame]  # all-reduce benchmarks by world size
+
+    @property
+    def runs(self) -> dict[int, RunInfo]:
+        """The first run (lowest seed) of each world size: what the settings and provenance are read from."""
+        return {n: runs[0] for n, runs in self.repeats.items()}
+
+    @property
+    def all_runs(self) -> list[RunInfo]:
+        return [run for runs in self.repeats.values() for run in runs]
 
     @property
     def baseline(self) -> RunInfo:
@@ -123,23 +133,25 @@ def read_allreduce(folder: Path) -> dict[int, pd.DataFrame]:
 
 
 def load_experiment(folder: str | Path) -> Experiment:
-    """Every run under `folder`, keyed by world size, and the all-reduce benchmarks beside them."""
+    """Every run under `folder`, by world size (repeats differ in seed), and the all-reduce benchmarks beside them."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ResultsError(f"{folder}: no such results folder")
     run_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "run.json").exists())
     if not run_dirs:
         raise ResultsError(f"{folder}: holds no run (no subfolder with run.json)")
-    frames, runs = [], {}
+    frames, repeats = [], {}
     for run_dir in run_dirs:
         metrics, info = read_run(run_dir)
         run = RunInfo.from_json(run_dir.name, info)
-        if run.world_size in runs:
-            raise ResultsError(f"{folder}: runs {runs[run.world_size].name} and {run.name} both have world size "
-                               f"{run.world_size}; an experiment holds one run per world size")
+        same = [other for other in repeats.get(run.world_size, []) if other.config["seed"] == run.config["seed"]]
+        if same:
+            raise ResultsError(f"{folder}: runs {same[0].name} and {run.name} both have world size {run.world_size} "
+                               f"and seed {run.config['seed']}; repeats of a world size differ in seed")
         frames.append(metrics)
-        runs[run.world_size] = run
-    return Experiment(folder, pd.concat(frames, ignore_index=True), dict(sorted(runs.items())),
+        repeats.setdefault(run.world_size, []).append(run)
+    return Experiment(folder, pd.concat(frames, ignore_index=True),
+                      {n: sorted(runs, key=lambda r: r.config["seed"]) for n, runs in sorted(repeats.items())},
                       read_allreduce(folder))
 
 
@@ -152,7 +164,7 @@ def tidy_runs(experiment: Experiment) -> pd.DataFrame:
         | {key + ("_setting" if key in METRICS_COLUMNS else ""): value
            for key, value in run.config.items() if key not in NOT_SETTINGS and key not in RUN_COLUMNS}
         | {key: run.raw.get(key) for key in RUN_COLUMNS}
-        for run in experiment.runs.values()])
+        for run in experiment.all_runs])
     return experiment.metrics.merge(per_run, on="run")[["run", *METRICS_COLUMNS, *per_run.columns[1:]]]
 
 

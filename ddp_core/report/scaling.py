@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError, run_on_folder
+from ddp_core.report.tables import quantities_by_column
 
 WARMUP_EPOCHS = 1
 RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
@@ -33,6 +34,7 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
 
     Speedup is T1/TN with T the mean epoch time per trained sample, which is the epoch-time ratio when
     every run trains the same number of samples per epoch and stays fair when `drop_last` makes them differ.
+    Times are means over the steady epochs of all repeats; accuracy is the mean of the repeats' last epochs.
     """
     if 1 not in set(metrics["world_size"]):
         raise ResultsError(f"no 1-rank run among world sizes {sorted(set(metrics['world_size']))}: "
@@ -62,12 +64,21 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
         data_per_step_s=("data_per_step_s", "mean"),
         peak_memory_mb=("peak_memory_mb", "max"),
     )
-    spread = steady.groupby("world_size")["time_per_sample_s"].agg(["min", "max"])
-    table["speedup_low"] = spread.loc[1, "min"] / spread["max"]  # the slowest epoch here against the fastest at 1
+    final = metrics.sort_values("epoch").groupby("run").last()  # each run's last epoch
+    table["runs"] = final.groupby("world_size").size()
+    table["final_val_accuracy"] = final.groupby("world_size")["val_accuracy"].mean()
+    table["accuracy_low"] = final.groupby("world_size")["val_accuracy"].min()
+    table["accuracy_high"] = final.groupby("world_size")["val_accuracy"].max()
+    table["global_batch_size"] = final.groupby("world_size")["global_batch_size"].first()
+    # Run-to-run noise: the spread of the time per sample over the repeats of a world size, or, where it
+    # was run once, over its steady epochs.
+    per_run = steady.groupby(["world_size", "run"])["time_per_sample_s"].mean()
+    spread = pd.DataFrame({n: (per_run.loc[n] if table.loc[n, "runs"] > 1 else
+                               steady.loc[steady["world_size"] == n, "time_per_sample_s"]).agg(["min", "max"])
+                           for n in table.index}).T
+    table["spread_over"] = ["repeats" if runs > 1 else "epochs" for runs in table["runs"]]
+    table["speedup_low"] = spread.loc[1, "min"] / spread["max"]  # the slowest here against the fastest at 1
     table["speedup_high"] = spread.loc[1, "max"] / spread["min"]
-    last = metrics.sort_values("epoch").groupby("world_size").last()
-    table["final_val_accuracy"] = last["val_accuracy"]
-    table["global_batch_size"] = last["global_batch_size"]
     table["speedup"] = table.loc[1, "time_per_sample_s"] / table["time_per_sample_s"]
     table["efficiency"] = table["speedup"] / table.index
     comm = table["comm_total_per_step_s"]
@@ -96,9 +107,12 @@ def findings(experiment: Experiment) -> dict:
 
 # What the results table shows, in the reader's words: (row label, column, scale, format).
 RESULTS_ROWS = [
+    ("Runs (seeds)", "runs", 1, "{:.0f}"),
     ("Epoch time (s)", "epoch_time_s", 1, "{:.2f}"),
     ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
     ("Speedup over one rank", "speedup", 1, "{:.2f}"),
+    ("lowest, over repeats or epochs", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats or epochs", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
     ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
     ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
@@ -107,28 +121,36 @@ RESULTS_ROWS = [
     ("of which exposed (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
     ("Peak memory, largest rank (MB)", "peak_memory_mb", 1, "{:,.0f}"),
     ("Final validation accuracy", "final_val_accuracy", 1, "{:.3f}"),
+    ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
+    ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
 ]
 
 
 def results_table(experiment: Experiment) -> str:
     """Per world size (columns), averaged over the steady epochs (Markdown)."""
     table = scaling_table(experiment.metrics)
-    header = "| | " + " | ".join(_rank_label(n) for n in table.index) + " |\n|---|" + "---:|" * len(table) + "\n"
-    return header + "\n".join(
-        f"| {label} | " + " | ".join(fmt.format(value * scale) for value in table[column]) + " |"
-        for label, column, scale, fmt in RESULTS_ROWS)
+    return quantities_by_column(table, RESULTS_ROWS, [_rank_label(n) for n in table.index])
 
 
 def _rank_label(n: int) -> str:
     return f"{n} rank{'s' if n > 1 else ''}"
 
 
+def _each_run(metrics: pd.DataFrame):
+    """(world size, run's rows, label): the label once per world size, so that repeats share a legend entry."""
+    labelled = set()
+    for (n, _), rows in metrics.sort_values("epoch").groupby(["world_size", "run"]):
+        yield n, rows, None if n in labelled else _rank_label(n)
+        labelled.add(n)
+
+
 def epoch_time_figure(experiment: Experiment):
     metrics, table = experiment.metrics, scaling_table(experiment.metrics)
     fig, (per_epoch, mean_time) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for n, runs in metrics.groupby("world_size"):
-        per_epoch.plot(runs["epoch"], runs["epoch_time_s"], "o-", label=_rank_label(n))
-    per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch")
+    colors = {n: f"C{i}" for i, n in enumerate(table.index)}
+    for n, rows, label in _each_run(metrics):
+        per_epoch.plot(rows["epoch"], rows["epoch_time_s"], "o-", color=colors[n], label=label, alpha=0.8)
+    per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch (each repeat)")
     per_epoch.set_xticks(sorted(metrics["epoch"].unique()))
     per_epoch.legend(fontsize=8)
     mean_time.bar([_rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
@@ -138,11 +160,13 @@ def epoch_time_figure(experiment: Experiment):
 
 
 def speedup_figure(experiment: Experiment):
+    """Measured speedup with its range over the repeats (or epochs), beside the ideal; and the efficiency."""
     table = scaling_table(experiment.metrics)
     sizes = list(table.index)
     fig, (speed, eff) = plt.subplots(1, 2, figsize=(10, 3.6))
     x = np.arange(len(sizes))
-    speed.bar(x - 0.2, table["speedup"], 0.4, label="measured")
+    error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
+    speed.bar(x - 0.2, table["speedup"], 0.4, yerr=error, capsize=4, label="measured (bar: range)")
     speed.bar(x + 0.2, sizes, 0.4, color="lightgray", label="ideal (N)")
     speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="T1 / TN", title="Speedup")
     speed.legend(loc="upper left", fontsize=8)
@@ -175,11 +199,12 @@ def time_split_figure(experiment: Experiment):
 
 
 def accuracy_figure(experiment: Experiment):
-    metrics = experiment.metrics
+    metrics, table = experiment.metrics, scaling_table(experiment.metrics)
+    colors = {n: f"C{i}" for i, n in enumerate(table.index)}
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for n, runs in metrics.groupby("world_size"):
-        ax.plot(runs["epoch"], runs["val_accuracy"], "o-", label=_rank_label(n))
-    ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy per epoch")
+    for n, rows, label in _each_run(metrics):
+        ax.plot(rows["epoch"], rows["val_accuracy"], "o-", color=colors[n], label=label, alpha=0.8)
+    ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy per epoch (each repeat)")
     ax.set_xticks(sorted(metrics["epoch"].unique()))
     ax.legend(fontsize=8)
     fig.tight_layout()

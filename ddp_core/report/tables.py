@@ -1,0 +1,14 @@
+"""Tables as a reader sees them: one column per configuration, one row per quantity named in words with its unit."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, str]], column_names: list[str]) -> str:
+    """Markdown with a column per row of `table` (named by `column_names`) and a row per (label, column of
+    `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""
+    header = "| | " + " | ".join(column_names) + " |\n|---|" + "---:|" * len(column_names)
+    return header + "\n" + "\n".join(
+        f"| {label} | " + " | ".join(fmt.format(value * scale) for value in table[column]) + " |"
+        for label, column, scale, fmt in rows)
