@@ -7,7 +7,8 @@ import pandas as pd
 
 from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder
 
-# run.json's provenance in the reader's words; the platform string is left out (it would not fit a page).
+# run.json's provenance in the reader's words (settings keep their command-line names); the platform string
+# is left out, it would not fit a page.
 PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
               "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
               "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL", "git_commit": "Code commit",
@@ -46,26 +47,37 @@ def setup_findings(experiment: Experiment) -> dict:
     }
 
 
-def provenance_table(experiment: Experiment) -> str:
-    """Hardware and software of every run, from its run.json (Markdown)."""
-    def shown(key, value):
-        if value is None:
-            return "none"
-        if key == "git_commit":
-            return value[:10] + ("-dirty" if value.endswith("-dirty") else "")
-        if key.endswith("_time"):
-            return value[:19].replace("T", " ")
-        return f"{value:,}" if key == "parameters" else str(value)
-
-    table = pd.DataFrame({run.name: {label: shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
-                          for run in experiment.all_runs})
-    return table.to_markdown(disable_numparse=True)
+def _shown(key: str, value) -> str:
+    if value is None:
+        return "none"
+    if key == "git_commit":
+        return value[:10] + ("-dirty" if value.endswith("-dirty") else "")
+    if key.endswith("_time"):
+        return value[:19].replace("T", " ")
+    return f"{value:,}" if key == "parameters" else str(value)
 
 
-def settings_table(experiment: Experiment) -> str:
-    """The training settings of every run (Markdown); paths and switches that do not change training left out."""
-    settings = pd.DataFrame({run.name: run.config for run in experiment.all_runs})
-    return settings.drop(index=list(NOT_SETTINGS)).to_markdown()
+def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
+    """Every run's provenance and settings, in words: run name -> {label: value}."""
+    return {run.name: {label: _shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
+            | {key: _shown(key, value) for key, value in run.config.items() if key not in NOT_SETTINGS}
+            for run in experiment.all_runs}
+
+
+def shared_table(experiment: Experiment) -> str:
+    """What every run had in common, hardware, software and settings alike (Markdown, one row each)."""
+    records = _by_run(experiment)
+    first = next(iter(records.values()))
+    shared = {label: value for label, value in first.items()
+              if all(record[label] == value for record in records.values())}
+    return pd.Series(shared, name="every run").rename_axis("").to_frame().to_markdown(disable_numparse=True)
+
+
+def per_run_table(experiment: Experiment) -> str:
+    """What differed between the runs, one row per run (Markdown): a table that fits however many runs."""
+    records = pd.DataFrame(_by_run(experiment)).T
+    differing = [label for label in records.columns if records[label].nunique() > 1]
+    return records[differing].rename_axis("run").to_markdown(disable_numparse=True)
 
 
 def run_summary(info: dict) -> str:
