@@ -61,6 +61,15 @@ def train(tmp_path, isolated_env):
     return lambda *args, **kw: run_training(args, cwd=tmp_path, env=isolated_env, **kw)
 
 
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The trainer's error line: a failed run says what went wrong in one stderr line, never a traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("ddp_core.train: error:"), proc.stderr
+    return lines[0]
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     with open(run_dir / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_SYNTHETIC
+from conftest import TINY_SYNTHETIC, one_line_error
 
 BATCH = ["--global-batch-size", "8"]
 
@@ -18,11 +18,7 @@ def write_csv(folder, name, text):
 
 
 def assert_one_line_error(proc, fragment):
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("ddp_core.train: error:"), proc.stderr
-    assert fragment in lines[0]
+    assert fragment in one_line_error(proc)
 
 
 CASES = {

@@ -5,16 +5,9 @@ import gzip
 import json
 import math
 
-from conftest import TINY_SYNTHETIC, read_metrics
+from conftest import TINY_SYNTHETIC, one_line_error, read_metrics
 
 RUN = [*TINY_SYNTHETIC, "--global-batch-size", 16, "--train-samples", 128, "--eval-samples", 32]
-
-
-def one_line_error(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("ddp_core.train: error:"), proc.stderr
-    return lines[0]
 
 
 def stopped_before_first_checkpoint(train, run_dir):

@@ -98,8 +98,9 @@ def load_splits(cfg: TrainConfig):
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     if cfg.data_dir:
-        splits = {split: read_local_file(path, split) for split, path in local_files(cfg.data_dir, cfg.dataset).items()}
-        sources = {split: str(path) for split, path in local_files(cfg.data_dir, cfg.dataset).items()}
+        files = local_files(cfg.data_dir, cfg.dataset)
+        splits = {split: read_local_file(path, split) for split, path in files.items()}
+        sources = {split: str(path) for split, path in files.items()}
     else:
         hub_id = HUB_IDS[cfg.dataset]
         try:
@@ -241,13 +242,12 @@ def cache_path(cfg: TrainConfig, sources: dict) -> Path:
     return root / f"{cfg.dataset}-{digest}.pt"
 
 
-def _build_cache(cfg: TrainConfig) -> Path:
-    """Encode the data unless a readable cache file of it exists (an unreadable one is rebuilt); returns its path."""
+def _cached_tensors(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The encoded tensors from the token cache; encoded and cached first when the cache is missing or unreadable."""
     path = cache_path(cfg, source_fingerprint(cfg))
     if path.exists():
         try:
-            torch.load(path)
-            return path
+            return torch.load(path)
         except Exception:
             print(f"ddp_core: token cache {path} is unreadable; encoding the data again", flush=True)
     tensors = encode_text_dataset(cfg)
@@ -260,7 +260,7 @@ def _build_cache(cfg: TrainConfig) -> Path:
         raise UsageError(f"cannot write the token cache in {path.parent} ({exc.strerror}); choose another "
                          f"--cache-dir or DDP_CORE_CACHE_DIR") from None
     print(f"ddp_core: encoded {cfg.dataset} into the token cache ({path.name})", flush=True)
-    return path
+    return tensors
 
 
 def source_fingerprint(cfg: TrainConfig) -> dict:
@@ -276,19 +276,18 @@ def load_data(cfg: TrainConfig, local_rank: int = 0) -> EncodedData:
     if cfg.dataset == "synthetic":
         return synthetic_task(cfg)
     distributed = dist.is_available() and dist.is_initialized()
-    error, path = None, None
+    error, tensors = None, None
     if local_rank == 0:
         try:
-            path = _build_cache(cfg)
+            tensors = _cached_tensors(cfg)
         except UsageError as exc:
             error = str(exc)
-    if distributed:
+    if distributed:  # doubles as the barrier after which the cache file is there for the other local ranks
         errors = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)
         error = next((e for e in errors if e), None)
     if error:
         raise UsageError(error)
-    if path is None:
-        path = cache_path(cfg, source_fingerprint(cfg))
-    tensors = torch.load(path)
+    if tensors is None:
+        tensors = torch.load(cache_path(cfg, source_fingerprint(cfg)))
     return EncodedData(num_classes=NUM_CLASSES[cfg.dataset], **tensors)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp_core.engine.config import TrainConfig, UsageError
+from ddp_core.engine.config import TrainConfig, UsageError, world_size_from_env
 
 
 @dataclass
@@ -47,7 +47,7 @@ def threads_per_rank(local_world_size: int, requested: int | None = None) -> int
 
 def resolve_runtime(cfg: TrainConfig) -> Runtime:
     env = os.environ
-    world_size, local_world_size = int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_WORLD_SIZE", 1))
+    world_size, local_world_size = world_size_from_env(), int(env.get("LOCAL_WORLD_SIZE", 1))
     rank, local_rank = int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= local_world_size and cfg.backend != "gloo")

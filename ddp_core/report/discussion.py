@@ -145,7 +145,7 @@ def payoff_findings(experiment: Experiment) -> dict:
         "ideal_consequence": "DDP would have paid off" if pays else "DDP could not have paid off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
         "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
-        "tokens_here": experiment.runs[n].tokens_per_rank, "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
+        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
         "smallest_embedding_share": min(embedding_share.values()),
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),

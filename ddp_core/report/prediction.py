@@ -31,7 +31,7 @@ def findings(experiment: Experiment) -> dict:
     comm_gap = at_worst["predicted_comm_s"] - at_worst["measured_comm_s"]
     compute_gap = at_worst["predicted_compute_s"] - at_worst["measured_compute_s"]
     return {
-        "largest": max(fits), "alpha_us": fit.alpha_s * 1e6, "beta_ns": fit.beta_s_per_byte * 1e9,
+        "largest": max(fits), "alpha_us": fit.alpha_s * 1e6,
         "busbw": fit.bus_bandwidth_GBps, "r2": fit.r2, "fit_error": fit.max_relative_error,
         "n_buckets": len(buckets), "gradient_mb": sum(buckets) / 2**20,
         "bucket_fit_ratio": bucket_fit_error(experiment),
@@ -43,7 +43,7 @@ def findings(experiment: Experiment) -> dict:
         "worst_cause": "the communication estimate" if abs(comm_gap) > abs(compute_gap) else "the compute estimate",
         "parts_verdict": "the two errors partly cancel, so the step looks better predicted than its parts"
         if comm_gap * compute_gap < 0 else "the two errors add up",
-    } | forecast_findings(experiment) | hardware_findings(experiment, worst)
+    } | forecast_findings(experiment) | hardware_findings(experiment, prediction, worst)
 
 
 def _gap_phrase(seconds: float, against: str) -> str:
@@ -67,9 +67,10 @@ def forecast_findings(experiment: Experiment) -> dict:
     }
 
 
-def hardware_findings(experiment: Experiment, worst: int) -> dict:
-    """How the CPU the runs shared bends the model, at the world size it missed most."""
-    prediction, runs = predict(experiment), experiment.runs
+def hardware_findings(experiment: Experiment, prediction, worst: int) -> dict:
+    """How the CPU the runs shared bends the model (`prediction`: `predict(experiment)`), at the world size it
+    missed most."""
+    runs = experiment.runs
     at_worst = prediction.loc[worst]
     one = runs[1]
     return {

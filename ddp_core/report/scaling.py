@@ -99,7 +99,7 @@ def findings(experiment: Experiment) -> dict:
         "threads_1": first.threads_per_rank, "threads_nmax": experiment.runs[largest].threads_per_rank,
         "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
     }
-    for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb", "step_time_s"]:
+    for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb"]:
         found[f"{column}_n1"] = float(table.loc[1, column])
         found[f"{column}_nmax"] = float(table.loc[largest, column])
     return found
