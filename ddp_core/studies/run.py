@@ -1,0 +1,117 @@
+"""Train the studies of the study list: every run through the run notebook, then the benchmarks beside them.
+
+    python -m ddp_core.studies.run                       # every study of notebooks/studies.yml
+    python -m ddp_core.studies.run weak_scaling precision --results-dir results
+
+Every run of the chosen studies is planned and checked first (its settings by the trainer's own
+parser, its folder for a different run already there), so a bad entry fails in one line before
+anything trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed
+notebook saved in the run's folder: a finished run with its notebook is skipped, a finished one
+without is reused by the notebook, an interrupted one resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddp_core.launch.local import ExperimentError, Plan, prepare
+from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, load_study_list, select
+
+RUN_NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "run_experiment.md"
+NOTEBOOK_NAME = "run_experiment.ipynb"
+
+
+def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
+    planned = []
+    for study in studies:
+        for run in study.runs():
+            try:
+                plan = prepare(world_size=run.world_size, launcher="local", results_dir=results_dir,
+                               experiment=run.experiment, profile=run.profile, overrides=run.settings,
+                               repeat=run.repeat)
+            except ExperimentError as exc:
+                raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
+            planned.append((run, plan))
+    return planned
+
+
+def execute_run_notebook(run: Run, results_dir: str) -> None:
+    """The run notebook, executed by papermill into the run's folder; a failure leaves it as *.failed.ipynb."""
+    import jupytext
+    import papermill
+
+    run_dir = Path(results_dir) / run.folder
+    run_dir.mkdir(parents=True, exist_ok=True)
+    failed = run_dir / NOTEBOOK_NAME.replace(".ipynb", ".failed.ipynb")
+    parameters = dict(world_size=run.world_size, profile=run.profile, overrides=run.settings, repeat=run.repeat,
+                      experiment=run.experiment, results_dir=results_dir)
+    try:
+        papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
+                                   progress_bar=False)
+    except papermill.PapermillExecutionError as exc:
+        raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
+                         f" (the notebook: {failed})") from None
+    failed.rename(run_dir / NOTEBOOK_NAME)
+
+
+def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:
+    for n in study.allreduce_world_sizes:
+        out = Path(results_dir) / study.name / f"allreduce-n{n}"
+        if (out / "allreduce.csv").exists():
+            continue
+        print(f"{study.name}: all-reduce benchmark on {n} ranks", flush=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+                   "-m", "ddp_core.bench.allreduce", "--out", str(out), *shlex.split(extra_args)]
+        if subprocess.run(command).returncode != 0:
+            raise StudyError(f"the all-reduce benchmark on {n} ranks failed (command: {shlex.join(command)})")
+
+
+def quantize_runs(study: Study, planned: list[tuple[Run, Plan]]) -> None:
+    for run, plan in planned:
+        if run.study != study.name or run.world_size != 1 or (plan.run_dir / "quantization.csv").exists():
+            continue
+        print(f"{run.folder}: int8 quantization", flush=True)
+        command = [sys.executable, "-m", "ddp_core.bench.quantize", str(plan.run_dir)]
+        if subprocess.run(command).returncode != 0:
+            raise StudyError(f"quantizing {plan.run_dir} failed (command: {shlex.join(command)})")
+
+
+def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
+    planned = plan_runs(studies, results_dir)
+    for i, (run, plan) in enumerate(planned, 1):
+        label = f"[{i}/{len(planned)}] {run.folder}"
+        if plan.action == "reuse" and (plan.run_dir / NOTEBOOK_NAME).exists():
+            print(f"{label}: done before, reused", flush=True)
+            continue
+        start = time.perf_counter()
+        execute_run_notebook(run, results_dir)
+        print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)
+    for study in studies:
+        benchmark_allreduce(study, results_dir, allreduce_args)
+        if study.quantize:
+            quantize_runs(study, planned)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_core.studies.run", description=__doc__.splitlines()[0])
+    parser.add_argument("studies", nargs="*", help="names of studies to run (default: all of them)")
+    parser.add_argument("--study-list", default=str(STUDY_LIST), help="the study list (default %(default)s)")
+    parser.add_argument("--results-dir", default="results", help="where the studies' folders go")
+    parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
+    args = parser.parse_args(argv)
+    try:
+        studies = select(load_study_list(args.study_list), args.studies)
+        run_studies(studies, args.results_dir, args.allreduce_args)
+    except StudyError as exc:
+        print(f"ddp_core.studies.run: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The study list, `notebooks/studies.yml`, read into typed entries and expanded into runs.
+
+One list drives both sides of the report: `ddp_core.studies.run` trains each study's runs into
+results/<study>/..., and the book's study pages load the same folders by the same names. A study
+is a base profile, the settings it changes, and either one set of runs over world sizes (folder
+results/<study>) or several named variants (results/<study>/<variant>), each repeated with other
+seeds. Everything is checked when the list is read, so a bad entry fails in one line before any
+run starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ddp_core.launch.local import run_dir_name
+
+STUDY_LIST = Path(__file__).resolve().parents[2] / "notebooks" / "studies.yml"
+STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce", "quantize"}
+VARIANT_KEYS = {"settings", "world_sizes"}
+
+
+class StudyError(Exception):
+    """A bad entry of the study list, or an unknown study name, in one line."""
+
+
+@dataclass(frozen=True)
+class Run:
+    study: str
+    experiment: str  # folder under the results: <study> or <study>/<variant>
+    profile: str
+    settings: dict
+    world_size: int
+    repeat: int
+
+    @property
+    def folder(self) -> str:
+        return f"{self.experiment}/{run_dir_name(self.world_size, self.repeat)}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "" for a study without variants
+    settings: dict
+    world_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    title: str
+    profile: str
+    repeats: int
+    variants: tuple[Variant, ...]
+    allreduce: bool
+    quantize: bool
+
+    def experiment(self, variant: Variant) -> str:
+        return f"{self.name}/{variant.name}" if variant.name else self.name
+
+    def runs(self) -> list[Run]:
+        return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat)
+                for variant in self.variants for n in variant.world_sizes for repeat in range(1, self.repeats + 1)]
+
+    @property
+    def allreduce_world_sizes(self) -> list[int]:
+        return sorted({n for v in self.variants for n in v.world_sizes if n > 1}) if self.allreduce else []
+
+
+def _world_sizes(value, where: str) -> tuple[int, ...]:
+    if not (isinstance(value, list) and value and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                      for n in value)):
+        raise StudyError(f"{where}: world_sizes must be a non-empty list of positive integers, got {value!r}")
+    return tuple(value)
+
+
+def _mapping(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise StudyError(f"{where} must be a mapping, got {value!r}")
+    return value
+
+
+def parse_study(name: str, entry) -> Study:
+    where = f"study {name!r}"
+    entry = _mapping(entry, where)
+    unknown = set(entry) - STUDY_KEYS
+    if unknown:
+        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a study has {', '.join(sorted(STUDY_KEYS))}")
+    if "profile" not in entry or "title" not in entry:
+        raise StudyError(f"{where}: needs a title and a profile")
+    repeats = entry.get("repeats", 1)
+    if not (isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1):
+        raise StudyError(f"{where}: repeats must be a positive integer, got {repeats!r}")
+    common = _mapping(entry.get("settings", {}), f"{where}: settings")
+    study_sizes = entry.get("world_sizes")
+    variants = []
+    for variant_name, variant in _mapping(entry.get("variants", {"": {}}), f"{where}: variants").items():
+        vwhere = f"{where}, variant {variant_name!r}" if variant_name else where
+        variant = _mapping(variant or {}, vwhere)
+        if set(variant) - VARIANT_KEYS:
+            raise StudyError(f"{vwhere}: unknown key(s) {', '.join(sorted(set(variant) - VARIANT_KEYS))}; "
+                             f"a variant has settings and world_sizes")
+        sizes = variant.get("world_sizes", study_sizes)
+        if sizes is None:
+            raise StudyError(f"{vwhere}: no world_sizes (give them to the study or to each variant)")
+        settings = common | _mapping(variant.get("settings", {}), f"{vwhere}: settings")
+        variants.append(Variant(str(variant_name), settings, _world_sizes(sizes, vwhere)))
+    return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
+                 bool(entry.get("allreduce", False)), bool(entry.get("quantize", False)))
+
+
+def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:
+    path = Path(path)
+    try:
+        entries = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise StudyError(f"cannot read the study list {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise StudyError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(entries, dict) or not entries:
+        raise StudyError(f"{path}: the study list is a mapping of study name to study")
+    return {name: parse_study(name, entry) for name, entry in entries.items()}
+
+
+def select(studies: dict[str, Study], names: list[str]) -> list[Study]:
+    """The named studies in list order; no names: all of them."""
+    unknown = [n for n in names if n not in studies]
+    if unknown:
+        raise StudyError(f"no study {', '.join(map(repr, unknown))}; the studies are: {', '.join(studies)}")
+    return [study for name, study in studies.items() if not names or name in names]
