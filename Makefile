@@ -11,21 +11,18 @@ TORCH_SPEC ?= torch==2.13.0
 # exists, else the Hugging Face Hub.
 export DDP_CORE_DATA_DIR := $(or $(DDP_CORE_DATA_DIR),$(abspath $(wildcard ../shared/data)))
 
-# The experiment: notebooks/profiles/$(PROFILE).yml, once per world size, into results/$(EXPERIMENT).
-PROFILE ?= default
-EXPERIMENT ?= report
-WORLD_SIZES ?= 1 2 4
-# Runs per world size, each with its own seed (repeat k: seed + k - 1, folder n<N>-r<k>): the spread between
-# them is the run-to-run noise that the report holds every difference against.
-REPEATS ?= 3
+# The studies: notebooks/studies.yml (what each varies, from which profile); STUDIES="a b" runs some of them.
+# Each study's runs land in $(RESULTS_DIR)/<study>; a finished run is reused, an interrupted one resumed.
+STUDY_LIST ?= notebooks/studies.yml
+STUDIES ?=
 RESULTS_DIR ?= results
-# The reference results shipped in the repository (`make reference` makes them anew).
-REFERENCE := reference/report
-# The runs the book shows (book/results links there): yours once `make report` has written them,
-# else the reference results, so that a fresh clone builds the book without training.
-RESULTS ?= $(if $(wildcard $(RESULTS_DIR)/$(EXPERIMENT)/*/run.json),$(RESULTS_DIR)/$(EXPERIMENT),$(REFERENCE))
-# The all-reduce benchmark behind the cost model (chapter "Predicting scaling"), one per world size > 1.
+# Options for the all-reduce benchmark behind the cost model (ddp_core/bench/allreduce.py).
 ALLREDUCE_ARGS ?=
+# The reference results shipped in the repository (`make reference` makes them anew). The book shows, for
+# each study, the runs in $(RESULTS_DIR) when there are any and else these, so a fresh clone builds it
+# without training.
+REFERENCE := reference
+export DDP_CORE_RESULTS_DIR := $(abspath $(RESULTS_DIR))
 MATHJAX := book/_static/mathjax/tex-chtml.js
 TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
 
@@ -42,47 +39,29 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed $(MATHJAX)
 	$(BIN)/python -m pytest
 
-# One papermill execution of the run notebook per world size, saved next to the run's CSVs. A run that
-# fails leaves its partial notebook as run_experiment.failed.ipynb for inspection.
-# n4/ is the first run at 4 ranks, n4-r2/ its second repeat.
-$(RESULTS_DIR)/$(EXPERIMENT)/n%/run_experiment.ipynb: notebooks/run_experiment.md notebooks/profiles/$(PROFILE).yml | $(VENV)/.installed
-	mkdir -p $(@D)
-	$(BIN)/jupytext --to ipynb -o - $< | $(BIN)/papermill --no-progress-bar - $(@D)/run_experiment.failed.ipynb \
-		-p profile $(PROFILE) -p world_size $(firstword $(subst -r, ,$*)) -p repeat $(or $(word 2,$(subst -r, ,$*)),1) \
-		-p experiment $(EXPERIMENT) -p results_dir $(RESULTS_DIR)
-	mv $(@D)/run_experiment.failed.ipynb $@
+build_book = $(BIN)/jupyter-book build book -W --keep-going
 
-$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n%/allreduce.csv: | $(VENV)/.installed
-	$(BIN)/torchrun --standalone --nproc-per-node $* -m ddp_core.bench.allreduce --out $(@D) $(ALLREDUCE_ARGS)
-
-# Point book/results at a folder of runs and build the site from it.
-build_book = ln -sfn $(abspath $(1)) book/results && $(BIN)/jupyter-book build book -W --keep-going
-
-run_dirs = $(foreach n,$(WORLD_SIZES),n$(n) $(foreach k,$(wordlist 2,$(REPEATS),$(shell seq $(REPEATS))),n$(n)-r$(k)))
-
-report: $(MATHJAX) $(foreach run,$(run_dirs),$(RESULTS_DIR)/$(EXPERIMENT)/$(run)/run_experiment.ipynb) \
-		$(foreach n,$(filter-out 1,$(WORLD_SIZES)),$(RESULTS_DIR)/$(EXPERIMENT)/allreduce-n$(n)/allreduce.csv)
-	$(BIN)/python -m ddp_core.report.scaling $(RESULTS_DIR)/$(EXPERIMENT)
-	$(BIN)/python -m ddp_core.report.cost_model $(RESULTS_DIR)/$(EXPERIMENT)
-	$(BIN)/python -m ddp_core.report.nvlink_forecast $(RESULTS_DIR)/$(EXPERIMENT)
-	$(call build_book,$(RESULTS_DIR)/$(EXPERIMENT))
+# Train the studies (each run an executed run notebook in its folder), then build the book from them.
+report: $(MATHJAX) | $(VENV)/.installed
+	$(BIN)/python -m ddp_core.studies.run --study-list $(STUDY_LIST) --results-dir $(RESULTS_DIR) \
+		--allreduce-args "$(ALLREDUCE_ARGS)" $(STUDIES)
+	$(build_book)
 	@echo "HTML: _build/html/index.html"
 
-# The reference results, made anew on this machine with the default profile: every run retrained, the
-# checkpoints left out (the book needs none). Commit them with the code they were made with.
+# The reference results, made anew on this machine: every study retrained, the checkpoints left out (the
+# book needs none). Commit them with the code they were made with.
 reference: | $(VENV)/.installed
 	rm -rf $(REFERENCE)
-	$(MAKE) report RESULTS_DIR=$(patsubst %/,%,$(dir $(REFERENCE))) EXPERIMENT=$(notdir $(REFERENCE)) PROFILE=default WORLD_SIZES="1 2 4" REPEATS=3
+	$(MAKE) report RESULTS_DIR=$(REFERENCE) STUDIES=
 	find $(REFERENCE) -name checkpoint.pt -delete
 
 book: $(VENV)/.installed $(MATHJAX)
-	$(call build_book,$(RESULTS))
+	$(build_book)
 	@echo "HTML: _build/html/index.html"
 
 pdf: $(VENV)/.installed
 	command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends $(TEX_PACKAGES))
-	ln -sfn $(abspath $(RESULTS)) book/results
 	$(BIN)/jupyter-book build book --builder pdflatex
 	@echo "PDF: _build/latex/book.pdf"
 

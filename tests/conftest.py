@@ -12,7 +12,8 @@ from ddp_core.engine.config import load_profile, to_args
 from ddp_core.launch.local import launch_command
 
 REPO = Path(__file__).resolve().parents[1]
-WORLD_SIZES = (1, 4)  # of the tiny report that `project` makes
+TINY_STUDIES = REPO / "tests" / "studies-tiny.yml"
+WORLD_SIZES = (1, 4)  # of the scaling study in TINY_STUDIES
 # The tiny profile's data and model, to which each test adds its batch, samples and epochs.
 TINY_SYNTHETIC = [*to_args({key: load_profile("tiny")[key] for key in ("dataset", "preset", "vocab_size", "seq_len")}),
                   "--no-progress"]
@@ -95,11 +96,11 @@ def copy_project(dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def project(tmp_path_factory, isolated_env):
-    """A copy of the project in which `make report` ran on the tiny profile, as CI and a user run it."""
+    """A copy of the project in which `make report` ran every study at the tests' scale (tests/studies-tiny.yml:
+    the tiny profile), as CI and a user run it."""
     project = copy_project(tmp_path_factory.mktemp("project"))
-    sizes = " ".join(map(str, WORLD_SIZES))
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", "PROFILE=tiny", f"WORLD_SIZES={sizes}", "REPEATS=1",
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", f"STUDY_LIST={TINY_STUDIES}",
                            "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
-                          cwd=project, env=isolated_env, capture_output=True, text=True, timeout=900)
+                          cwd=project, env=isolated_env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return project

@@ -15,11 +15,11 @@ from ddp_core.report.results import ResultsError, load_experiment
 
 @pytest.fixture
 def experiment(project):
-    return load_experiment(project / "results" / "report")
+    return load_experiment(project / "results" / "scaling")
 
 
 def csv_of(project, n: int) -> pd.DataFrame:
-    return pd.read_csv(project / "results" / "report" / f"n{n}" / "metrics.csv")
+    return pd.read_csv(project / "results" / "scaling" / f"n{n}" / "metrics.csv")
 
 
 def test_an_experiment_holds_one_run_per_world_size_with_its_benchmarks(experiment):
@@ -31,7 +31,7 @@ def test_an_experiment_holds_one_run_per_world_size_with_its_benchmarks(experime
 
 def test_two_runs_of_one_world_size_are_refused_by_name(project, tmp_path):
     folder = tmp_path / "experiment"
-    shutil.copytree(project / "results" / "report", folder)
+    shutil.copytree(project / "results" / "scaling", folder)
     shutil.copytree(folder / "n4", folder / "n4-again")
     with pytest.raises(ResultsError, match="runs n4 and n4-again both have world size 4"):
         load_experiment(folder)
@@ -102,7 +102,7 @@ def test_tables_have_a_column_per_world_size_and_words_with_units_as_headers(pro
 
 def test_repeats_are_averaged_and_their_spread_is_the_yardstick(project, tmp_path):
     folder = tmp_path / "experiment"
-    shutil.copytree(project / "results" / "report", folder)
+    shutil.copytree(project / "results" / "scaling", folder)
     for n in WORLD_SIZES:  # a second seed of every world size, 10 % slower and 0.05 less accurate
         repeat = folder / f"n{n}-r2"
         shutil.copytree(folder / f"n{n}", repeat)

@@ -7,9 +7,10 @@ import pytest
 
 from conftest import REPO, copy_project
 from ddp_core.report import discussion, prediction, provenance, scaling
-from ddp_core.report.results import load_experiment, tidy_runs
+from ddp_core.report.results import load_experiment, load_study, tidy_runs
+from ddp_core.studies.study_list import load_study_list
 
-REFERENCE = REPO / "reference" / "report"
+REFERENCE = REPO / "reference" / "scaling"
 
 
 def test_the_reference_results_load_and_every_chapter_computes_from_them():
@@ -20,14 +21,15 @@ def test_the_reference_results_load_and_every_chapter_computes_from_them():
     assert len(tidy_runs(experiment)) == len(experiment.metrics)
 
 
-def test_every_reference_run_names_its_machine_and_the_clean_commit_that_made_it():
-    experiment = load_experiment(REFERENCE)
-    for run in experiment.runs.values():
-        for key in ("hostname", "device_name", "cpu_count", "torch", "start_time", "end_time"):
-            assert run.raw[key], f"{run.name}: {key} missing"
-        assert len(run.raw["git_commit"]) == 40, f"{run.name} was made from uncommitted code: {run.raw['git_commit']}"
-        assert (REFERENCE / run.name / "run_experiment.ipynb").is_file()
-    assert not list(REFERENCE.rglob("checkpoint.pt")), "the reference results ship no model weights"
+def test_every_study_ships_reference_runs_that_name_their_machine_and_the_clean_commit_that_made_them():
+    for name in load_study_list():
+        for experiment in load_study(REPO / "reference" / name).values():
+            for run in experiment.all_runs:
+                for key in ("hostname", "device_name", "cpu_count", "torch", "start_time", "end_time"):
+                    assert run.raw[key], f"{name}/{run.name}: {key} missing"
+                assert len(run.raw["git_commit"]) == 40, f"{name}/{run.name}: made from uncommitted code"
+                assert (experiment.folder / run.name / "run_experiment.ipynb").is_file()
+    assert not list((REPO / "reference").rglob("checkpoint.pt")), "the reference results ship no model weights"
 
 
 def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_training(tmp_path, isolated_env):
@@ -36,9 +38,9 @@ def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_traini
     build = subprocess.run([str(clone / ".venv" / "bin" / "jupyter-book"), "build", "book", "-W", "--keep-going"],
                            cwd=clone, env=isolated_env, capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    assert (clone / "book" / "results").resolve() == (clone / "reference" / "report").resolve()
+    assert (clone / "book" / "results" / "scaling").resolve() == (clone / "reference" / "scaling").resolve()
     site = clone / "_build" / "html"
     assert "reference results shipped with the report" in (site / "setup.html").read_text()
-    assert all((site / "results" / f"n{n}" / "run_experiment.html").is_file() for n in (1, 2, 4))
+    assert all((site / "results" / "scaling" / f"n{n}" / "run_experiment.html").is_file() for n in (1, 2, 4))
     assert [p.name for p in site.glob("_downloads/*/all_runs.csv")] == ["all_runs.csv"]
     assert not (clone / "results").exists(), "building the book must never train"

@@ -32,9 +32,9 @@ def as_ipynb(md: Path, folder: Path) -> Path:
 
 def test_each_run_keeps_its_executed_notebook_next_to_its_csvs(project):
     for n in WORLD_SIZES:
-        run_dir = project / "results" / "report" / f"n{n}"
+        run_dir = project / "results" / "scaling" / f"n{n}"
         assert {"metrics.csv", "run.json", "run_experiment.ipynb"} <= {p.name for p in run_dir.iterdir()}
-        assert (project / "_build" / "html" / "results" / f"n{n}" / "run_experiment.html").is_file()
+        assert (project / "_build" / "html" / "results" / "scaling" / f"n{n}" / "run_experiment.html").is_file()
 
 
 def test_theory_page_renders_its_equations_with_local_mathjax(project):
@@ -54,7 +54,7 @@ def test_results_page_has_its_figures(project):
 
 
 def test_numbers_in_the_prose_are_those_of_the_csvs(project):
-    runs = {n: pd.read_csv(project / "results" / "report" / f"n{n}" / "metrics.csv") for n in WORLD_SIZES}
+    runs = {n: pd.read_csv(project / "results" / "scaling" / f"n{n}" / "metrics.csv") for n in WORLD_SIZES}
     steady = {n: df[df["epoch"] > 1] for n, df in runs.items()}
     per_sample = {n: (df["epoch_time_s"] / df["train_samples"]).mean() for n, df in steady.items()}
     largest = max(WORLD_SIZES)
@@ -70,7 +70,7 @@ def test_numbers_in_the_prose_are_those_of_the_csvs(project):
 
 
 def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
-    common = dict(world_size=1, launcher="local", results_dir=str(project / "results"), experiment="report",
+    common = dict(world_size=1, launcher="local", results_dir=str(project / "results"), experiment="scaling",
                   profile="tiny")
     assert prepare(**common).action == "reuse"
     with pytest.raises(ExperimentError, match="holds a run with other settings \\(--lr\\)"):
@@ -78,11 +78,11 @@ def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_path):
-    run_dir = tmp_path / "results" / "report" / "n1"
+    run_dir = tmp_path / "results" / "scaling" / "n1"
     run_dir.mkdir(parents=True)
-    info = json.loads((project / "results" / "report" / "n1" / "run.json").read_text()) | {"end_time": None}
+    info = json.loads((project / "results" / "scaling" / "n1" / "run.json").read_text()) | {"end_time": None}
     (run_dir / "run.json").write_text(json.dumps(info))
-    plan = prepare(world_size=1, launcher="local", results_dir=str(tmp_path / "results"), experiment="report",
+    plan = prepare(world_size=1, launcher="local", results_dir=str(tmp_path / "results"), experiment="scaling",
                    profile="tiny")
     assert plan.action == "interrupted"
     with pytest.raises(ExperimentError, match="stopped before its first checkpoint"):
@@ -117,7 +117,7 @@ def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, 
 ], ids=["missing CSV", "CSV without its columns", "corrupt CSV"])
 def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, reason):
     results = tmp_path / "experiment"
-    shutil.copytree(project / "results" / "report", results)
+    shutil.copytree(project / "results" / "scaling", results)
     damage(results / "n4")
     notebook = as_ipynb(REPO / "notebooks" / "scaling_analysis.md", tmp_path)
     with pytest.raises(papermill.PapermillExecutionError) as failure:
@@ -144,19 +144,13 @@ def test_pdf_holds_the_equations_and_the_figures(project, isolated_env):
 
 def test_pointing_the_book_at_other_runs_changes_what_a_plain_rebuild_shows(project, tmp_path, isolated_env):
     other = tmp_path / "other"
-    shutil.copytree(project / "results" / "report", other)
-    killed = pd.read_csv(other / "n4" / "metrics.csv").iloc[:1]  # as if the 4-rank run had stopped after epoch 1
-    killed.to_csv(other / "n4" / "metrics.csv", index=False)
-    link = project / "book" / "results"
-    original = link.readlink()
-    link.unlink()
-    link.symlink_to(other)
-    try:
-        build = subprocess.run([str(project / ".venv" / "bin" / "jupyter-book"), "build", "book"], cwd=project,
-                               env=isolated_env, capture_output=True, text=True, timeout=600)
-        assert build.returncode == 0, build.stdout[-3000:]
-        text = page_text(project / "_build" / "html", "notebooks/scaling_analysis")
-        assert f"one epoch takes {killed['epoch_time_s'].iloc[0]:.2f} s" in text
-    finally:
-        link.unlink()
-        link.symlink_to(original)
+    shutil.copytree(project / "results", other, ignore=shutil.ignore_patterns("checkpoint.pt"))
+    killed = pd.read_csv(other / "scaling" / "n4" / "metrics.csv").iloc[:1]  # as if the 4-rank run had stopped
+    killed.to_csv(other / "scaling" / "n4" / "metrics.csv", index=False)  # after epoch 1
+    build = subprocess.run([str(project / ".venv" / "bin" / "jupyter-book"), "build", "book"], cwd=project,
+                           env=isolated_env | {"DDP_CORE_RESULTS_DIR": str(other)}, capture_output=True, text=True,
+                           timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:]
+    assert (project / "book" / "results" / "scaling").resolve() == other / "scaling"
+    text = page_text(project / "_build" / "html", "notebooks/scaling_analysis")
+    assert f"one epoch takes {killed['epoch_time_s'].iloc[0]:.2f} s" in text

@@ -1,38 +1,64 @@
-"""The book's pages are computed from the runs that `book/results` links to; this extension keeps that
-link and what hangs on it right at every build.
+"""The book's pages are computed from the runs under `book/results/<study>`; this extension makes those
+links, and what hangs on them, right at every build.
 
-- A fresh clone has no link yet: it is pointed at the reference results shipped in the repository
-  (`reference/report`), so that `jupyter-book build book` works before anything was trained.
+- For each study of the study list (notebooks/studies.yml), `book/results/<study>` links to the user's
+  runs of it ($DDP_CORE_RESULTS_DIR/<study>, default results/<study>) when there are any, and else to
+  the reference runs shipped in the repository (reference/<study>): a fresh clone builds the book
+  before anything was trained, and `make report STUDIES=...` replaces only the studies it ran.
 - The runs are written out as one tidy table, `_generated/all_runs.csv` (one row per run and epoch,
-  the run's settings as columns), which the results chapter offers for download.
+  the study, the run's settings and where it ran as columns), which the results chapter offers.
+- The book has a page per run of the strong-scaling study only (the other studies' runs are many, and
+  their executed notebooks stay in their folders): the others' folders are excluded from the sources.
 - The executed run notebooks all open with the notebook's own title; each page is titled by its run
   instead (world size, dataset, model), so the contents and the PDF can tell them apart.
-- Sphinx reads a page again only when its source changed, but a new run, or the link pointed at
+- Sphinx reads a page again only when its source changed, but a new run, or the links pointed at
   other runs, changes the pages with no source change. So every build reads every page again (a
   few seconds: the pages only analyse CSVs).
 """
 
 import json
+import os
 from pathlib import Path
 
 from sphinx.errors import ExtensionError
 
-REFERENCE = Path("..") / "reference" / "report"  # relative to book/, where the link lives
-
 
 def link_and_tabulate(app):
-    from ddp_core.report.results import ResultsError, load_experiment, tidy_runs
+    from ddp_core.report.results import ResultsError, study_tables
+    from ddp_core.studies.study_list import StudyError, load_study_list
 
-    source = Path(app.srcdir)
-    link = source / "results"
-    if not link.exists() and not link.is_symlink():
-        link.symlink_to(REFERENCE)
+    project = Path(app.srcdir).parent
+    results = Path(os.environ.get("DDP_CORE_RESULTS_DIR") or project / "results")
+    folder = Path(app.srcdir) / "results"
+    if folder.is_symlink():  # the layout before studies: one link to one experiment
+        folder.unlink()
+    folder.mkdir(exist_ok=True)
     try:
-        table = tidy_runs(load_experiment(link))
+        studies = load_study_list()
+    except StudyError as exc:
+        raise ExtensionError(f"study list: {exc}") from None
+    for name in studies:
+        mine = results / name
+        target = mine if any(mine.glob("**/run.json")) else project / "reference" / name
+        link = folder / name
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(target.resolve())
+    try:
+        table = study_tables(folder, list(studies))
     except ResultsError as exc:
         raise ExtensionError(f"book/results: {exc}") from None
-    (source / "_generated").mkdir(exist_ok=True)
-    table.to_csv(source / "_generated" / "all_runs.csv", index=False)
+    (Path(app.srcdir) / "_generated").mkdir(exist_ok=True)
+    table.to_csv(Path(app.srcdir) / "_generated" / "all_runs.csv", index=False)
+
+
+RUN_PAGES_OF = "scaling"
+
+
+def exclude_other_run_pages(app, config):
+    from ddp_core.studies.study_list import load_study_list
+
+    config.exclude_patterns += [f"results/{name}/**" for name in load_study_list() if name != RUN_PAGES_OF]
 
 
 RUN_TITLE = "# One training run"
@@ -40,11 +66,12 @@ RUN_TITLE = "# One training run"
 
 def title_run_page(app, docname, source):
     parts = docname.split("/")
-    if len(parts) != 3 or parts[0] != "results" or parts[2] != "run_experiment":
+    if parts[0] != "results" or parts[-1] != "run_experiment":
         return
-    info = json.loads((Path(app.srcdir) / "results" / parts[1] / "run.json").read_text())
+    run = parts[-2]
+    info = json.loads((Path(app.srcdir).joinpath(*parts[:-1]) / "run.json").read_text())
     n = info["world_size"]
-    repeat = f", repeat {parts[1].split('-r')[1]}" if "-r" in parts[1] else ""
+    repeat = f", repeat {run.split('-r')[1]}" if "-r" in run else ""
     title = (f"# Run on {n} rank{'s' if n > 1 else ''}{repeat}: {info['config']['dataset']}, "
              f"{info['config']['preset']} model, seed {info['config']['seed']}")
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
@@ -55,6 +82,7 @@ def every_page(app, env, added, changed, removed):
 
 
 def setup(app):
+    app.connect("config-inited", exclude_other_run_pages)
     app.connect("builder-inited", link_and_tabulate)
     app.connect("source-read", title_run_page)
     app.connect("env-get-outdated", every_page)

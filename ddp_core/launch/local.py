@@ -97,6 +97,16 @@ def launch_command(world_size: int) -> list[str]:
             "-m", "ddp_core.train"]
 
 
+def _stop_with_parent() -> None:
+    """Linux: SIGTERM to the trainer when the process that started it (the notebook's kernel) dies. A kernel runs
+    in a session of its own, so an interrupted `make report` (Ctrl-C, a killed job) would otherwise leave the
+    trainer running, still writing into the run directory that the next attempt resumes."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def run_local(plan: Plan) -> bool:
     """Check the data, then train with torchrun (plain python for 1 rank), echoing each epoch's line."""
     if plan.action == "reuse":
@@ -113,7 +123,8 @@ def run_local(plan: Plan) -> bool:
         command.append("--resume")
     print("$", " ".join(["python", *command[1:]]), flush=True)
     tail = deque(maxlen=20)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=_stop_with_parent if sys.platform == "linux" else None) as proc:
         for line in proc.stdout:
             tail.append(line.rstrip())
             if line.startswith("ddp_core:"):

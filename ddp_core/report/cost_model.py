@@ -127,10 +127,12 @@ def allreduce_fits(experiment: Experiment) -> dict[int, AlphaBeta]:
     return {n: fit_alpha_beta(bench) for n, bench in experiment.allreduce.items()}
 
 
-def predict(experiment: Experiment) -> pd.DataFrame:
-    """Predicted against measured speedup for every world size with a run and a benchmark."""
+def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """Predicted against measured speedup for every world size with a run and a benchmark: the experiment's
+    own benchmarks, or `allreduce` (those of another experiment on the same machine)."""
     table = scaling_table(experiment.metrics)
-    fits = allreduce_fits(experiment)
+    benchmarks = allreduce if allreduce is not None else experiment.allreduce
+    fits = {n: fit_alpha_beta(bench) for n, bench in benchmarks.items()}
     step_s = table["step_time_s"]
     one = experiment.runs[1]
     rows = []
@@ -138,7 +140,7 @@ def predict(experiment: Experiment) -> pd.DataFrame:
         if n not in experiment.runs:
             continue
         info = experiment.runs[n]
-        buckets = [measured_allreduce_s(experiment.allreduce[n], size, fits[n]) for size in bucket_sizes(info.model)]
+        buckets = [measured_allreduce_s(benchmarks[n], size, fits[n]) for size in bucket_sizes(info.model)]
         comm = sum(buckets)
         measured = table.loc[n]
         exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]

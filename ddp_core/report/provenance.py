@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -98,3 +100,30 @@ def learning_curves_figure(metrics: pd.DataFrame):
         ax.set_xticks(metrics["epoch"])
     fig.tight_layout()
     return fig
+
+
+def study_setup_findings(*experiments: Experiment) -> dict:
+    """Where a study's runs ran and what they are: the sentence with which every study page states its limits."""
+    runs = [run for experiment in experiments for run in experiment.all_runs]
+    first = runs[0].raw
+    kinds = sorted({shown_folder(experiment)[1] for experiment in experiments})
+    epochs = sorted({int(e.metrics.loc[e.metrics["run"] == run.name, "epoch"].max()) for e in experiments
+                     for run in e.all_runs})
+    return {"setup_sentence": (
+        f"{len(runs)} run{'s' if len(runs) > 1 else ''} of {' to '.join(map(str, epochs))} epoch(s) on "
+        f"{first['device_name']} ({first['cpu_count']} cores, {first['backend']}), PyTorch {first['torch']}; "
+        f"{' and '.join(kinds)}.")}
+
+
+def studies_overview_table(results: Path, studies: dict) -> str:
+    """One row per study of the list: what it varies, over which ranks, how many runs, and whose runs they are."""
+    rows = []
+    for name, study in studies.items():
+        folder = (results / name).resolve()
+        varies = ", ".join(v.name for v in study.variants) or ", ".join(
+            f"{k}={v}" for k, v in study.variants[0].settings.items() if v is not None) or "ranks only"
+        ranks = sorted({n for v in study.variants for n in v.world_sizes})
+        rows.append({"Study": study.title, "Variants or settings": varies, "Ranks": ", ".join(map(str, ranks)),
+                     "Runs": len(study.runs()),
+                     "Results": "reference" if "reference" in folder.parts else "this project's runs"})
+    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)

@@ -89,8 +89,8 @@ class Experiment:
 
 
 def book_results_folder(start: Path | None = None) -> Path:
-    """The results the book shows: `book/results` (a link that `make report` or the user points at a folder
-    of runs) in the project that holds the current directory."""
+    """The results the book shows: `book/results`, a link per study to its runs (made at each build by
+    book/_ext), in the project that holds the current directory."""
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         if (folder / "_config.yml").is_file() and (folder / "book").is_dir():
@@ -153,6 +153,32 @@ def load_experiment(folder: str | Path) -> Experiment:
     return Experiment(folder, pd.concat(frames, ignore_index=True),
                       {n: sorted(runs, key=lambda r: r.config["seed"]) for n, runs in sorted(repeats.items())},
                       read_allreduce(folder))
+
+
+def load_study(folder: str | Path, variant_order: list[str] | None = None) -> dict[str, Experiment]:
+    """A study's experiments by variant: the folder itself ("") when it holds runs, else each subfolder that
+    does, in `variant_order` (default: the order of the study list's entry named like the folder)."""
+    folder = Path(folder)
+    if folder.is_dir() and any((p / "run.json").exists() for p in folder.iterdir() if p.is_dir()):
+        return {"": load_experiment(folder)}
+    found = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    if not found:
+        raise ResultsError(f"{folder}: no runs of this study (run it: make report STUDIES={folder.name})")
+    if variant_order is None:
+        from ddp_core.studies.study_list import load_study_list
+
+        study = load_study_list().get(folder.name)
+        variant_order = [v.name for v in study.variants] if study else []
+    ordered = [name for name in variant_order if name in found] + sorted(found - set(variant_order))
+    return {name: load_experiment(folder / name) for name in ordered}
+
+
+def study_tables(folder: Path, studies: list[str]) -> pd.DataFrame:
+    """Every run of every study under `folder` as one tidy table, the study and variant first."""
+    return pd.concat([tidy_runs(experiment).assign(study=name, variant=variant)
+                      .pipe(lambda t: t[["study", "variant", *t.columns[:-2]]])
+                      for name in studies for variant, experiment in load_study(folder / name).items()],
+                     ignore_index=True)
 
 
 def tidy_runs(experiment: Experiment) -> pd.DataFrame:

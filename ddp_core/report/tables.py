@@ -12,3 +12,13 @@ def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, 
     return header + "\n" + "\n".join(
         f"| {label} | " + " | ".join(fmt.format(value * scale) for value in table[column]) + " |"
         for label, column, scale, fmt in rows)
+
+
+def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str | None = None) -> str:
+    """Markdown with a row per row of `table` and a column per (column of `table` -> (header in words with its
+    unit, format)): for tables with few quantities and one row per configuration. Empty values read "none"."""
+    shown = pd.DataFrame({label: [fmt.format(v) if pd.notna(v) else "none" for v in table[column]]
+                          for column, (label, fmt) in columns.items()}, index=table.index)
+    if index_name is None:
+        return shown.to_markdown(index=False, disable_numparse=True)
+    return shown.rename_axis(index_name).to_markdown(disable_numparse=True)

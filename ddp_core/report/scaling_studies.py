@@ -1,0 +1,290 @@
+"""The studies of how DDP scales: weak against strong scaling, ranks with their own cores, batch size,
+model size. Each function takes the `Experiment`s of its study (`load_study`) and returns the findings
+its book page quotes, a Markdown table or a figure; every number is computed from the runs' CSVs.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.report.cost_model import bucket_sizes, predict, training_flops
+from ddp_core.report.results import Experiment
+from ddp_core.report.scaling import scaling_table
+from ddp_core.report.tables import one_row_each, quantities_by_column
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank{'s' if n > 1 else ''}"
+
+
+def ranges_overlap(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two scaling-table rows' speedup ranges (over repeats or epochs) overlap: a difference within noise."""
+    return bool(a["speedup_low"] <= b["speedup_high"] and b["speedup_low"] <= a["speedup_high"])
+
+
+def _range(row: pd.Series) -> str:
+    return f"{row['speedup']:.2f} ({row['speedup_low']:.2f} to {row['speedup_high']:.2f} over the {row['spread_over']})"
+
+
+# Weak against strong scaling ---------------------------------------------------------------------------------
+
+def weak_scaling_findings(strong: Experiment, weak: Experiment) -> dict:
+    s, w = scaling_table(strong.metrics), scaling_table(weak.metrics)
+    n = max(set(s.index) & set(w.index))
+    if ranges_overlap(s.loc[n], w.loc[n]):
+        verdict = (f"At {n} ranks the two speedups, {_range(w.loc[n])} for weak and {_range(s.loc[n])} for strong "
+                   f"scaling, are within each other's run-to-run range: growing the batch with the ranks made no "
+                   f"difference that this machine can measure.")
+    else:
+        better = w.loc[n, "speedup"] > s.loc[n, "speedup"]
+        verdict = (f"At {n} ranks weak scaling reaches a speedup of {_range(w.loc[n])}, against {_range(s.loc[n])} "
+                   f"for strong scaling: " + (
+                       "with a per-rank batch that does not shrink, each rank's step does as much work as the 1-rank "
+                       "step, and the fixed costs of a step (launching kernels, the all-reduce) weigh less."
+                       if better else
+                       "the larger global batch did not help here; the ranks' shared cores, not the per-step "
+                       "overheads, set the pace."))
+    return {"weak_largest": n, "weak_per_rank_batch": weak.baseline.per_rank_batch_size,
+            "weak_global_batch_nmax": weak.runs[n].global_batch_size, "strong_global_batch": strong.baseline.global_batch_size,
+            "weak_speedup_nmax": float(w.loc[n, "speedup"]), "strong_speedup_nmax": float(s.loc[n, "speedup"]),
+            "weak_step_growth_nmax": float(w.loc[n, "step_time_s"] / w.loc[1, "step_time_s"]),
+            "weak_vs_strong_sentence": verdict}
+
+
+SCALING_ROWS = [
+    ("Global batch (samples)", "global_batch_size", 1, "{:.0f}"),
+    ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
+    ("Speedup", "speedup", 1, "{:.2f}"),
+    ("lowest, over repeats or epochs", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats or epochs", "speedup_high", 1, "{:.2f}"),
+    ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
+]
+
+
+def side_by_side_table(experiments: dict[str, Experiment], rows=SCALING_ROWS) -> str:
+    """A column per (setup, world size): the quantities of `rows` for several setups of one scaling study."""
+    tables = {label: scaling_table(e.metrics) for label, e in experiments.items()}
+    combined = pd.concat(tables.values(), ignore_index=True)
+    names = [f"{label}, {_ranks(n)}" for label, t in tables.items() for n in t.index]
+    return quantities_by_column(combined, rows, names)
+
+
+def speedups_figure(experiments: dict[str, Experiment], title: str, predicted: dict[str, pd.Series] | None = None):
+    """Measured speedup (bar: range over repeats or epochs) of several setups against ranks, the ideal beside;
+    predicted speedups, where given, as markers."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    sizes = sorted({n for e in experiments.values() for n in e.runs})
+    x = np.arange(len(sizes))
+    width = 0.8 / (len(experiments) + 1)
+    for i, (label, experiment) in enumerate(experiments.items()):
+        table = scaling_table(experiment.metrics).reindex(sizes)
+        error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
+        offset = (i - len(experiments) / 2) * width
+        ax.bar(x + offset, table["speedup"], width, yerr=error, capsize=3, label=f"{label}, measured", color=f"C{i}")
+        if predicted and label in predicted:
+            guess = predicted[label].reindex(sizes)
+            ax.plot(x + offset, guess, "k^", markersize=7, label="predicted by the cost model" if i == 0 else None)
+    ax.bar(x + (len(experiments) / 2) * width, sizes, width, color="lightgray", label="ideal (N)")
+    ax.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="speedup", title=title)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def weak_scaling_figure(strong: Experiment, weak: Experiment):
+    return speedups_figure({"strong (global batch fixed)": strong, "weak (per-rank batch fixed)": weak},
+                           "Speedup: strong T1/TN against weak N t1/tN")
+
+
+# Ranks with their own cores ----------------------------------------------------------------------------------
+
+def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
+    cores, threads = own.baseline.cpu_count, own.baseline.threads_per_rank
+    s, o = scaling_table(shared.metrics), scaling_table(own.metrics)
+    n = max(set(s.index) & set(o.index))
+    predicted_shared, predicted_own = predict(shared), predict(own, shared.allreduce)
+    enough = cores // threads
+    if ranges_overlap(s.loc[n], o.loc[n]):
+        verdict = (f"At {n} ranks the two setups, {_range(o.loc[n])} with own cores and {_range(s.loc[n])} with "
+                   f"shared ones, are within each other's run-to-run range.")
+    else:
+        verdict = (f"At {n} ranks the speedup is {_range(o.loc[n])} with a core per rank against "
+                   f"{_range(s.loc[n])} when the ranks divide the cores" + (
+                       f": the shared setup's 1-rank baseline uses all {shared.baseline.threads_per_rank} threads, "
+                       f"so it is the harder one to beat." if o.loc[n, "speedup"] > s.loc[n, "speedup"] else
+                       ": one thread per rank did not make the ranks' share of the machine any larger."))
+    return {"cores": cores, "own_threads": threads, "shared_threads_1": shared.baseline.threads_per_rank,
+            "ranks_with_own_core": enough, "own_largest": n,
+            "cores_run_out_sentence": (
+                f"With {threads} thread per rank and {cores} cores, up to {enough} ranks each have a core of their "
+                f"own; " + (f"at {n} ranks, {n * threads / cores:.0f} ranks share each core, and the setup is no "
+                            f"longer the GPU node's." if n * threads > cores else "every run here had its own.")),
+            "own_speedup_nmax": float(o.loc[n, "speedup"]), "shared_speedup_nmax": float(s.loc[n, "speedup"]),
+            "own_vs_shared_sentence": verdict,
+            "own_predicted_nmax": float(predicted_own.loc[n, "predicted_speedup"]),
+            "shared_predicted_nmax": float(predicted_shared.loc[n, "predicted_speedup"]),
+            "own_prediction_error_nmax": float(abs(predicted_own.loc[n, "error"])),
+            "shared_prediction_error_nmax": float(abs(predicted_shared.loc[n, "error"]))}
+
+
+OWN_CORES_ROWS = [
+    ("Threads per rank", "threads_per_rank", 1, "{:.0f}"),
+    ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Compute per step, measured (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
+    ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
+    ("Speedup, measured", "speedup", 1, "{:.2f}"),
+    ("lowest, over repeats or epochs", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats or epochs", "speedup_high", 1, "{:.2f}"),
+    ("Speedup, predicted", "predicted_speedup", 1, "{:.2f}"),
+]
+
+
+def _with_prediction(experiment: Experiment, allreduce) -> pd.DataFrame:
+    table = scaling_table(experiment.metrics)
+    prediction = predict(experiment, allreduce)
+    table["threads_per_rank"] = [experiment.runs[n].threads_per_rank for n in table.index]
+    table["predicted_compute_s"] = prediction["predicted_compute_s"].reindex(table.index)
+    table["predicted_speedup"] = prediction["predicted_speedup"].reindex(table.index)
+    table.loc[1, ["predicted_compute_s", "predicted_speedup"]] = [table.loc[1, "compute_per_step_s"], 1.0]
+    return table
+
+
+def own_cores_table(shared: Experiment, own: Experiment) -> str:
+    tables = {"shared": _with_prediction(shared, shared.allreduce), "own cores": _with_prediction(own, shared.allreduce)}
+    names = [f"{label}, {_ranks(n)}" for label, t in tables.items() for n in t.index]
+    return quantities_by_column(pd.concat(tables.values(), ignore_index=True), OWN_CORES_ROWS, names)
+
+
+def own_cores_figure(shared: Experiment, own: Experiment):
+    predicted = {"cores shared": predict(shared)["predicted_speedup"],
+                 "a core per rank": predict(own, shared.allreduce)["predicted_speedup"]}
+    return speedups_figure({"cores shared": shared, "a core per rank": own}, "Speedup, measured and predicted",
+                           predicted)
+
+
+# Batch size --------------------------------------------------------------------------------------------------
+
+def batch_sweep_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per (per-rank batch, world size): step time, throughput, compute, communication and R_N."""
+    rows = []
+    for experiment in study.values():
+        table = scaling_table(experiment.metrics)
+        for n in table.index:
+            rows.append(dict(per_rank_batch=experiment.runs[n].per_rank_batch_size, world_size=n,
+                             **table.loc[n, ["step_time_s", "samples_per_s", "compute_per_step_s",
+                                             "comm_total_per_step_s", "compute_to_comm_ratio"]]))
+    return pd.DataFrame(rows).sort_values(["world_size", "per_rank_batch"]).reset_index(drop=True)
+
+
+def batch_findings(study: dict[str, Experiment]) -> dict:
+    sweep = batch_sweep_table(study)
+    one = sweep[sweep["world_size"] == 1].set_index("per_rank_batch")
+    small, mid, large = one.index[0], one.index[-2], one.index[-1]
+    top = sweep["world_size"].max()
+    at_top = sweep[sweep["world_size"] == top].set_index("per_rank_batch")
+    last_gain = one.loc[large, "samples_per_s"] / one.loc[mid, "samples_per_s"]
+    return {"batch_smallest": int(small), "batch_middle": int(mid), "batch_largest": int(large),
+            "throughput_gain_1": float(one.loc[large, "samples_per_s"] / one.loc[small, "samples_per_s"]),
+            "throughput_last_gain_1": float(last_gain),
+            "saturation_sentence": (
+                f"From a batch of {mid} to {large} the throughput of one rank " + (
+                    f"still grows by {last_gain - 1:.0%}: compute has not saturated at {mid}." if last_gain > 1.1 else
+                    f"changes by {last_gain - 1:+.0%}: the cores are saturated by a batch of {mid}; larger "
+                    f"batches add work per step, not speed.")),
+            "batch_top_ranks": int(top),
+            "ratio_small_top": float(at_top.loc[small, "compute_to_comm_ratio"]),
+            "ratio_large_top": float(at_top.loc[large, "compute_to_comm_ratio"])}
+
+
+BATCH_COLUMNS = {"per_rank_batch": ("Per-rank batch (samples)", "{:.0f}"), "world_size": ("Ranks", "{:.0f}"),
+                 "step_time_s": ("Step time (ms)", "{:.1f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
+                 "compute_per_step_s": ("Compute per step (ms)", "{:.1f}"),
+                 "comm_total_per_step_s": ("All-reduce per step (ms)", "{:.1f}"),
+                 "compute_to_comm_ratio": ("Compute / all-reduce, R_N", "{:.2f}")}
+
+
+def batch_table(study: dict[str, Experiment]) -> str:
+    sweep = batch_sweep_table(study)
+    for column in ("step_time_s", "compute_per_step_s", "comm_total_per_step_s"):
+        sweep[column] *= 1e3
+    return one_row_each(sweep, BATCH_COLUMNS)
+
+
+def batch_figure(study: dict[str, Experiment]):
+    sweep = batch_sweep_table(study)
+    fig, (speed, ratio) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (n, rows) in enumerate(sweep.groupby("world_size")):
+        speed.plot(rows["per_rank_batch"], rows["samples_per_s"], "o-", color=f"C{i}", label=_ranks(n))
+        if n > 1:
+            ratio.plot(rows["per_rank_batch"], rows["compute_to_comm_ratio"], "o-", color=f"C{i}", label=_ranks(n))
+    for ax in (speed, ratio):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(sweep["per_rank_batch"].unique()), labels=sorted(sweep["per_rank_batch"].unique()))
+        ax.set_xlabel("per-rank batch (samples)")
+        ax.legend(fontsize=8)
+    speed.set(ylabel="samples/s", title="Throughput")
+    ratio.set(ylabel="compute / all-reduce time", title="Compute-to-communication ratio R_N")
+    fig.tight_layout()
+    return fig
+
+
+# Model size --------------------------------------------------------------------------------------------------
+
+def model_size_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per preset: size, FLOPs and gradient bytes per step, compute at one rank, speedup and R_N at the
+    largest world size."""
+    rows = {}
+    for preset, experiment in study.items():
+        table, first = scaling_table(experiment.metrics), experiment.baseline
+        n = experiment.largest
+        rows[preset] = dict(parameters=first.parameters, gradient_mb=sum(bucket_sizes(first.model)) / 1e6,
+                            gflops_per_step=training_flops(first.model, first.tokens_per_rank) / 1e9,
+                            compute_1_s=table.loc[1, "compute_per_step_s"], largest=n,
+                            speedup=table.loc[n, "speedup"], speedup_low=table.loc[n, "speedup_low"],
+                            speedup_high=table.loc[n, "speedup_high"], efficiency=table.loc[n, "efficiency"],
+                            comm_s=table.loc[n, "comm_total_per_step_s"], ratio=table.loc[n, "compute_to_comm_ratio"],
+                            spread_over=table.loc[n, "spread_over"])
+    return pd.DataFrame(rows).T.sort_values("parameters")
+
+
+MODEL_ROWS = [
+    ("Parameters", "parameters", 1, "{:,.0f}"),
+    ("Gradient all-reduced per step (MB)", "gradient_mb", 1, "{:.1f}"),
+    ("Training FLOPs per rank and step (GFLOP, 1 rank)", "gflops_per_step", 1, "{:.1f}"),
+    ("Compute per step on one rank (ms)", "compute_1_s", 1e3, "{:.0f}"),
+    ("Speedup at the most ranks", "speedup", 1, "{:.2f}"),
+    ("lowest, over epochs", "speedup_low", 1, "{:.2f}"),
+    ("highest, over epochs", "speedup_high", 1, "{:.2f}"),
+    ("All-reduce per step at the most ranks (ms)", "comm_s", 1e3, "{:.1f}"),
+    ("Compute / all-reduce at the most ranks, R_N", "ratio", 1, "{:.2f}"),
+]
+
+
+def model_table(study: dict[str, Experiment]) -> str:
+    table = model_size_table(study)
+    return quantities_by_column(table, MODEL_ROWS, list(table.index))
+
+
+def model_findings(study: dict[str, Experiment]) -> dict:
+    table = model_size_table(study)
+    small, large = table.index[0], table.index[-1]
+    a, b = table.loc[small], table.loc[large]
+    if a["speedup_low"] <= b["speedup_high"] and b["speedup_low"] <= a["speedup_high"]:
+        verdict = (f"the {large} model's speedup ({b['speedup']:.2f}) and the {small} model's ({a['speedup']:.2f}) "
+                   f"are within each other's range over the epochs: no difference can be told")
+    else:
+        winner = large if b["speedup"] > a["speedup"] else small
+        verdict = (f"the {winner} model scales better: a speedup of {table.loc[winner, 'speedup']:.2f} against "
+                   f"{table.loc[small if winner == large else large, 'speedup']:.2f}")
+    return {"model_small": small, "model_large": large, "model_largest_ranks": int(a["largest"]),
+            "model_flops_ratio": float(b["gflops_per_step"] / a["gflops_per_step"]),
+            "model_bytes_ratio": float(b["gradient_mb"] / a["gradient_mb"]),
+            "model_ratio_small": float(a["ratio"]), "model_ratio_large": float(b["ratio"]),
+            "model_verdict": verdict}
+
+
+def model_figure(study: dict[str, Experiment]):
+    return speedups_figure({f"{preset} model": e for preset, e in study.items()}, "Speedup by model size")

@@ -1,0 +1,222 @@
+"""The studies of what is trained and how fast: large batches and their learning rate, gradient accumulation
+against DDP, bf16 against fp32, and int8 inference after training. Each function takes the `Experiment`s
+of its study (`load_study`) and returns the findings its book page quotes, a Markdown table or a figure.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ddp_core.report.results import Experiment, ResultsError
+from ddp_core.report.scaling import scaling_table, steady_epochs
+from ddp_core.report.tables import one_row_each
+
+
+def final_epochs(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Each variant's last epoch (of its first run), indexed by variant."""
+    return pd.DataFrame({variant: e.metrics[e.metrics["run"] == e.baseline.name].sort_values("epoch").iloc[-1]
+                         for variant, e in study.items()}).T
+
+
+def seed_spread(strong: Experiment) -> float:
+    """The largest spread of final validation accuracy between seeds of one world size in the strong-scaling
+    study: the yardstick for an accuracy difference between single runs."""
+    table = scaling_table(strong.metrics)
+    return float((table["accuracy_high"] - table["accuracy_low"]).max())
+
+
+def _accuracy_verdict(gap: float, noise: float) -> str:
+    return ("within the seed-to-seed spread, so not a difference this study can resolve" if gap <= noise
+            else "larger than the seed-to-seed spread")
+
+
+# Large batch -------------------------------------------------------------------------------------------------
+
+def large_batch_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    rows = {}
+    for variant, e in study.items():
+        run, metrics = e.baseline, e.metrics[e.metrics["run"] == e.baseline.name].sort_values("epoch")
+        rows[variant] = dict(global_batch=run.global_batch_size, lr=run.config["lr"],
+                             warmup_steps=run.config["warmup_steps"], steps=int(metrics["steps"].sum()),
+                             final_train_loss=metrics["train_loss"].iloc[-1],
+                             final_val_accuracy=metrics["val_accuracy"].iloc[-1],
+                             best_val_accuracy=metrics["val_accuracy"].max())
+    return pd.DataFrame(rows).T
+
+
+LARGE_BATCH_COLUMNS = {"global_batch": ("Global batch (samples)", "{:.0f}"), "lr": ("Peak learning rate", "{:g}"),
+                       "warmup_steps": ("Warm-up (steps)", "{:.0f}"), "steps": ("Optimizer steps in all", "{:.0f}"),
+                       "final_train_loss": ("Final training loss", "{:.3f}"),
+                       "final_val_accuracy": ("Final validation accuracy", "{:.3f}")}
+
+
+def large_batch_markdown(study: dict[str, Experiment]) -> str:
+    table = large_batch_table(study)
+    return one_row_each(table, LARGE_BATCH_COLUMNS, "variant")
+
+
+def large_batch_findings(study: dict[str, Experiment], strong: Experiment) -> dict:
+    table = large_batch_table(study)
+    base = table.iloc[0]
+    noise = seed_spread(strong)
+    found = {"lb_noise": noise, "lb_factor": int(table["global_batch"].max() / base["global_batch"]),
+             "lb_epochs": int(study[table.index[0]].metrics["epoch"].max()),
+             "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min())}
+    for variant in table.index:
+        gap = table.loc[variant, "final_val_accuracy"] - base["final_val_accuracy"]
+        found[f"lb_{variant}_accuracy"] = float(table.loc[variant, "final_val_accuracy"])
+        found[f"lb_{variant}_gap"] = float(gap)
+        found[f"lb_{variant}_verdict"] = _accuracy_verdict(abs(gap), noise)
+    return found
+
+
+def large_batch_figure(study: dict[str, Experiment]):
+    fig, (loss, acc) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (variant, e) in enumerate(study.items()):
+        rows = e.metrics[e.metrics["run"] == e.baseline.name].sort_values("epoch")
+        loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", label=variant.replace("_", " "))
+        acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", label=variant.replace("_", " "))
+    loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss")
+    acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
+    for ax in (loss, acc):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# Gradient accumulation against DDP ---------------------------------------------------------------------------
+
+def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per variant: how the global batch was formed, the time per epoch, and how far its losses and accuracy
+    lie from the first variant's, epoch by epoch."""
+    reference = study[next(iter(study))]
+    ref_rows = reference.metrics[reference.metrics["run"] == reference.baseline.name].set_index("epoch")
+    rows = {}
+    for variant, e in study.items():
+        run = e.baseline
+        metrics = e.metrics[e.metrics["run"] == run.name].set_index("epoch")
+        steady = steady_epochs(e.metrics[e.metrics["run"] == run.name])
+        rows[variant] = dict(ranks=run.world_size, micro_batch=run.per_rank_batch_size,
+                             grad_accum=run.config["grad_accum"], global_batch=run.global_batch_size,
+                             epoch_time_s=steady["epoch_time_s"].mean(),
+                             final_val_accuracy=metrics["val_accuracy"].iloc[-1],
+                             max_train_loss_gap=(metrics["train_loss"] - ref_rows["train_loss"]).abs().max(),
+                             max_val_loss_gap=(metrics["val_loss"] - ref_rows["val_loss"]).abs().max(),
+                             max_accuracy_gap=(metrics["val_accuracy"] - ref_rows["val_accuracy"]).abs().max())
+    return pd.DataFrame(rows).T
+
+
+ACCUMULATION_COLUMNS = {"ranks": ("Ranks", "{:.0f}"), "micro_batch": ("Micro-batch (samples)", "{:.0f}"),
+                        "grad_accum": ("Micro-batches per step", "{:.0f}"),
+                        "global_batch": ("Global batch (samples)", "{:.0f}"),
+                        "epoch_time_s": ("Epoch time (s)", "{:.2f}"),
+                        "final_val_accuracy": ("Final validation accuracy", "{:.4f}"),
+                        "max_train_loss_gap": ("Largest training-loss gap to the first row", "{:.1e}")}
+
+
+def accumulation_markdown(study: dict[str, Experiment]) -> str:
+    table = accumulation_table(study)
+    return one_row_each(table, ACCUMULATION_COLUMNS, "variant")
+
+
+# A loss that agrees to this is the same computation up to the order of float32 sums.
+SAME_MODEL_TOLERANCE = 1e-3
+
+
+def accumulation_findings(study: dict[str, Experiment]) -> dict:
+    table = accumulation_table(study)
+    gap = float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
+    first, *others = table.index
+    times = table["epoch_time_s"]
+    return {"accum_variants": ", ".join(others), "accum_reference": first,
+            "accum_loss_gap": gap, "accum_accuracy_gap": float(table["max_accuracy_gap"].max()),
+            "accum_tolerance": SAME_MODEL_TOLERANCE,
+            "accum_same_sentence": (
+                f"Epoch by epoch, the training and validation losses of all three agree to within {gap:.1e}: "
+                + ("they train the same model, up to the order in which float32 sums are taken." if
+                   gap <= SAME_MODEL_TOLERANCE else
+                   f"more than the {SAME_MODEL_TOLERANCE:g} that rounding explains; they did not train the same "
+                   f"model, and the equivalence of the theory chapter does not hold here.")),
+            "accum_time_ratio": float(times.iloc[1] / times.iloc[0]),
+            "accum_ddp_time_ratio": float(times.iloc[-1] / times.iloc[0])}
+
+
+# Mixed precision ---------------------------------------------------------------------------------------------
+
+def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    rows = {}
+    for variant, e in study.items():
+        table = scaling_table(e.metrics).loc[1]
+        per_epoch = steady_epochs(e.metrics)["epoch_time_s"]
+        rows[variant] = dict(epoch_time_s=table["epoch_time_s"], epoch_time_low=per_epoch.min(),
+                             epoch_time_high=per_epoch.max(), samples_per_s=table["samples_per_s"],
+                             final_val_accuracy=table["final_val_accuracy"],
+                             final_train_loss=e.metrics.sort_values("epoch")["train_loss"].iloc[-1])
+    return pd.DataFrame(rows).T
+
+
+PRECISION_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"),
+                     "epoch_time_low": ("fastest epoch (s)", "{:.2f}"), "epoch_time_high": ("slowest epoch (s)", "{:.2f}"),
+                     "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
+                     "final_train_loss": ("Final training loss", "{:.3f}"),
+                     "final_val_accuracy": ("Final validation accuracy", "{:.3f}")}
+
+
+def precision_markdown(study: dict[str, Experiment]) -> str:
+    table = precision_table(study)
+    return one_row_each(table, PRECISION_COLUMNS, "precision")
+
+
+def precision_findings(study: dict[str, Experiment], strong: Experiment) -> dict:
+    table = precision_table(study)
+    fp32, bf16 = table.loc["fp32"], table.loc["bf16"]
+    ratio = bf16["epoch_time_s"] / fp32["epoch_time_s"]
+    separated = bf16["epoch_time_low"] > fp32["epoch_time_high"] or fp32["epoch_time_low"] > bf16["epoch_time_high"]
+    if not separated:
+        speed = (f"bf16 and fp32 take {bf16['epoch_time_s']:.2f} s and {fp32['epoch_time_s']:.2f} s per epoch, "
+                 f"within the spread of their epochs: no speed difference can be told")
+    elif ratio > 1:
+        speed = f"bf16 is slower on this CPU: {ratio:.2f} times the fp32 epoch time"
+    else:
+        speed = f"bf16 is faster on this CPU: {ratio:.2f} times the fp32 epoch time ({1 / ratio:.2f}x the speed)"
+    gap = abs(bf16["final_val_accuracy"] - fp32["final_val_accuracy"])
+    return {"precision_device": study["fp32"].baseline.device_name, "precision_speed_sentence": speed + ".",
+            "precision_time_ratio": float(ratio), "precision_accuracy_gap": float(gap),
+            "precision_accuracy_verdict": _accuracy_verdict(gap, seed_spread(strong))}
+
+
+# Int8 inference ----------------------------------------------------------------------------------------------
+
+def quantization_results(experiment: Experiment) -> pd.DataFrame:
+    path = experiment.folder / experiment.baseline.name / "quantization.csv"
+    if not path.is_file():
+        raise ResultsError(f"{path}: missing (the quantization study writes it after training)")
+    return pd.read_csv(path).set_index("model")
+
+
+QUANTIZATION_COLUMNS = {"size_mb": ("Size on disk (MB)", "{:.2f}"),
+                        "latency_ms_per_batch": ("Latency per batch (ms)", "{:.2f}"),
+                        "batch_size": ("Batch (samples)", "{:.0f}"),
+                        "accuracy": ("Validation accuracy", "{:.4f}")}
+
+
+def quantization_markdown(experiment: Experiment) -> str:
+    table = quantization_results(experiment)
+    return one_row_each(table, QUANTIZATION_COLUMNS, "model")
+
+
+def quantization_findings(experiment: Experiment) -> dict:
+    table = quantization_results(experiment)
+    fp32, int8 = table.loc["fp32"], table.loc["int8"]
+    speed = fp32["latency_ms_per_batch"] / int8["latency_ms_per_batch"]
+    gap = int8["accuracy"] - fp32["accuracy"]
+    n_eval = experiment.runs[1].config["eval_samples"]
+    return {"quant_size_ratio": float(int8["size_mb"] / fp32["size_mb"]), "quant_speedup": float(speed),
+            "quant_speed_sentence": (f"int8 answers {speed:.2f} times as fast as fp32" if speed > 1 else
+                                     f"int8 is slower than fp32 here: {1 / speed:.2f} times the latency"),
+            "quant_accuracy_gap": float(gap), "quant_eval_samples": n_eval,
+            "quant_accuracy_sentence": (
+                "the two models classify the evaluation set identically" if gap == 0 else
+                f"int8 {'loses' if gap < 0 else 'gains'} {abs(gap):.4f} of accuracy, "
+                f"{abs(gap) * n_eval:.0f} of {n_eval} samples")}

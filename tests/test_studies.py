@@ -1,0 +1,213 @@
+"""The studies: one list drives the runs and the book; the runner refuses a bad entry before anything
+runs, reuses a finished run and resumes an interrupted one; each study's findings are what its CSVs say."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, TINY_STUDIES
+from ddp_core.report import scaling_studies, training_studies
+from ddp_core.report.cost_model import cores_per_rank
+from ddp_core.report.results import load_experiment, load_study
+from ddp_core.studies.run import plan_runs
+from ddp_core.studies.study_list import load_study_list
+
+STUDIES = load_study_list()
+RUNNER = [sys.executable, "-m", "ddp_core.studies.run"]
+
+
+def run_studies(args, *, cwd, env) -> subprocess.CompletedProcess:
+    return subprocess.run(RUNNER + [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_every_study_of_the_list_passes_the_trainers_checks_and_has_a_book_page(tmp_path):
+    planned = plan_runs(list(STUDIES.values()), str(tmp_path / "results"))
+    assert {run.study for run, _ in planned} == set(STUDIES)
+    assert all(plan.action == "train" for _, plan in planned)
+    assert len({plan.run_dir for _, plan in planned}) == len(planned), "two runs would share a folder"
+    toc = (REPO / "_toc.yml").read_text()
+    for name in set(STUDIES) - {"scaling"}:  # the strong-scaling study has the results chapters
+        assert f"studies/{name}\n" in toc and (REPO / "book" / "studies" / f"{name}.md").is_file()
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_tests_study_list_has_every_study_of_the_report():
+    assert list(load_study_list(TINY_STUDIES)) == list(STUDIES)
+
+
+GOOD = {"title": "t", "profile": "tiny", "world_sizes": [1]}
+
+
+@pytest.mark.parametrize("entry,message", [
+    (GOOD | {"settings": {"lr": -1}}, "study 'bad', run bad/n1: --lr must be a finite number above 0, got -1.0"),
+    (GOOD | {"world_sizes": [0]}, "world_sizes must be a non-empty list of positive integers, got [0]"),
+    (GOOD | {"epoch": 2}, "study 'bad': unknown key(s) epoch"),
+    (GOOD | {"profile": "nope"}, "no profile 'nope'"),
+    (GOOD | {"settings": {"optimiser": "sgd"}}, "unknown setting 'optimiser'"),
+    (GOOD | {"world_sizes": [2], "variants": {"odd": {"settings": {"global_batch_size": 15}}}},
+     "run bad/odd/n2: --global-batch-size 15 does not divide by world size 2"),
+], ids=["bad value", "bad world size", "unknown key", "unknown profile", "unknown setting", "batch per rank"])
+def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path, isolated_env, entry, message):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"good": GOOD, "bad": entry}))
+    proc = run_studies(["--study-list", study_list, "--results-dir", "results"], cwd=tmp_path, env=isolated_env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddp_core.studies.run: error:") and message in lines[0], proc.stderr
+    assert not (tmp_path / "results").exists(), "the good study ran although the list had a bad entry"
+
+
+def test_an_unknown_study_name_is_refused_with_the_names_there_are(tmp_path, isolated_env):
+    proc = run_studies(["weak_scaling", "wek_scaling"], cwd=tmp_path, env=isolated_env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("ddp_core.studies.run: error: no study 'wek_scaling'; the studies are: "
+                                   + ", ".join(STUDIES))
+
+
+def test_running_the_studies_again_reuses_every_finished_run(project, isolated_env):
+    before = {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")}
+    proc = run_studies(["--study-list", TINY_STUDIES, "--results-dir", "results"], cwd=project, env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    runs = sum(len(study.runs()) for study in load_study_list(TINY_STUDIES).values())
+    assert proc.stdout.count("done before, reused") == runs
+    assert {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")} == before
+
+
+def processes_working_in(folder) -> list[int]:
+    """Processes whose working directory is `folder` (the runner, its notebook kernel and the trainer)."""
+    found = []
+    for proc in os.listdir("/proc"):
+        try:
+            if proc.isdigit() and os.readlink(f"/proc/{proc}/cwd") == str(folder):
+                found.append(int(proc))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_interrupted_study_leaves_no_process_behind_and_resumes_from_its_last_checkpoint(tmp_path, isolated_env):
+    study_list = tmp_path / "studies.yml"
+    # epochs of several seconds, so that a trainer outliving the runner would be caught at it
+    study_list.write_text(yaml.safe_dump({"long": GOOD | {"settings": {"preset": "small", "epochs": 4,
+                                                                      "train_samples": 4096}}}))
+    args = ["--study-list", study_list, "--results-dir", "results"]
+    run_dir = tmp_path / "results" / "long" / "n1"
+    first = subprocess.Popen(RUNNER + [str(a) for a in args], cwd=tmp_path, env=isolated_env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoint.pt").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # the runner, as a crash or a killed job stops it: no clean-up runs
+    first.wait()
+    deadline = time.monotonic() + 3
+    while processes_working_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_working_in(tmp_path), "training went on after the runner was killed"
+    done = len(pd.read_csv(run_dir / "metrics.csv"))
+    assert 1 <= done < 4, "the run was not interrupted mid-way"
+    proc = run_studies(args, cwd=tmp_path, env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "long/n1: resume" in proc.stdout
+    assert list(pd.read_csv(run_dir / "metrics.csv")["epoch"]) == [1, 2, 3, 4]
+    assert (run_dir / "run_experiment.ipynb").is_file()
+
+
+# What the study pages compute, checked against the CSVs -------------------------------------------------------
+
+def metrics_of(folder) -> pd.DataFrame:
+    return pd.read_csv(folder / "metrics.csv")
+
+
+def time_per_sample(folder) -> float:
+    steady = metrics_of(folder).query("epoch > 1")
+    return (steady["epoch_time_s"] / steady["train_samples"]).mean()
+
+
+def test_weak_scaling_speedup_is_throughput_over_the_one_rank_throughput(project):
+    results = project / "results"
+    found = scaling_studies.weak_scaling_findings(load_experiment(results / "scaling"),
+                                                  load_experiment(results / "weak_scaling"))
+    n = found["weak_largest"]
+    weak = results / "weak_scaling"
+    assert found["weak_speedup_nmax"] == pytest.approx(time_per_sample(weak / "n1") / time_per_sample(weak / f"n{n}"))
+    assert found["weak_global_batch_nmax"] == n * found["weak_per_rank_batch"]
+
+
+def test_the_cost_model_gives_a_rank_of_its_own_core_until_the_cores_run_out(project):
+    own = load_experiment(project / "results" / "own_cores")
+    cores = own.baseline.cpu_count
+    for n, run in own.runs.items():
+        assert run.threads_per_rank == 1
+        assert cores_per_rank(run) == min(1, cores / n)
+    found = scaling_studies.own_cores_findings(load_experiment(project / "results" / "scaling"), own)
+    assert found["ranks_with_own_core"] == cores
+
+
+def test_the_batch_sweep_ratio_is_compute_over_all_reduce_time_of_each_run(project):
+    sweep = scaling_studies.batch_sweep_table(load_study(project / "results" / "batch_size"))
+    for _, row in sweep[sweep["world_size"] > 1].iterrows():
+        run = metrics_of(project / "results" / "batch_size" / f"b{row['per_rank_batch']:.0f}" /
+                         f"n{row['world_size']:.0f}")
+        compute = run["forward_time_s"] + run["backward_time_s"] - run["comm_exposed_s"] + run["optimizer_time_s"]
+        assert row["compute_to_comm_ratio"] == pytest.approx((compute / run["comm_total_s"]).mean())
+
+
+def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project):
+    folder = project / "results" / "grad_accum"
+    runs = {"one_batch": "n1", "accumulated": "n1", "ddp": "n2"}
+    losses = {name: metrics_of(folder / name / run)[["train_loss", "val_loss"]] for name, run in runs.items()}
+    worst = max(float((losses[name] - losses["one_batch"]).abs().max().max()) for name in runs)
+    assert worst < 1e-4
+    found = training_studies.accumulation_findings(load_study(folder))
+    assert found["accum_loss_gap"] == pytest.approx(worst)
+    assert "they train the same model" in found["accum_same_sentence"]
+
+
+def test_large_batch_findings_are_each_variants_last_accuracy_against_the_baseline(project):
+    folder = project / "results" / "large_batch"
+    found = training_studies.large_batch_findings(load_study(folder), load_experiment(project / "results" / "scaling"))
+    base = metrics_of(folder / "baseline" / "n1")["val_accuracy"].iloc[-1]
+    for variant in ("same_lr", "linear_lr", "linear_lr_warmup"):
+        last = metrics_of(folder / variant / "n1")["val_accuracy"].iloc[-1]
+        assert found[f"lb_{variant}_gap"] == pytest.approx(last - base)
+    assert found["lb_steps_base"] == metrics_of(folder / "baseline" / "n1")["steps"].sum()
+
+
+def test_precision_ratio_is_bf16_over_fp32_steady_epoch_time(project):
+    folder = project / "results" / "precision"
+    found = training_studies.precision_findings(load_study(folder), load_experiment(project / "results" / "scaling"))
+    steady = {v: metrics_of(folder / v / "n1").query("epoch > 1")["epoch_time_s"].mean() for v in ("fp32", "bf16")}
+    assert found["precision_time_ratio"] == pytest.approx(steady["bf16"] / steady["fp32"])
+
+
+def test_int8_quantization_shrinks_the_model_and_fp32_scores_what_training_reported(project):
+    run_dir = project / "results" / "quantization" / "n1"
+    measured = pd.read_csv(run_dir / "quantization.csv").set_index("model")
+    assert measured.loc["fp32", "accuracy"] == metrics_of(run_dir)["val_accuracy"].iloc[-1]
+    assert measured.loc["int8", "size_mb"] < measured.loc["fp32", "size_mb"]
+    assert (measured["latency_ms_per_batch"] > 0).all()
+    found = training_studies.quantization_findings(load_experiment(run_dir.parent))
+    assert found["quant_size_ratio"] == pytest.approx(measured.loc["int8", "size_mb"] / measured.loc["fp32", "size_mb"])
+
+
+def test_quantization_never_overwrites_a_result(project, isolated_env):
+    run_dir = project / "results" / "quantization" / "n1"
+    before = (run_dir / "quantization.csv").read_text()
+    proc = subprocess.run([sys.executable, "-m", "ddp_core.bench.quantize", str(run_dir)], env=isolated_env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("exists; it is never overwritten")
+    assert (run_dir / "quantization.csv").read_text() == before
+
+
+@pytest.mark.parametrize("name", [name for name in STUDIES if name != "scaling"])
+def test_each_study_page_shows_its_figure_or_table(project, name):
+    page = (project / "_build" / "html" / "studies" / f"{name}.html").read_text()
+    assert "<table" in page
+    assert "Traceback" not in page
