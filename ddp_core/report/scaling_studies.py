@@ -193,7 +193,9 @@ def batch_findings(study: dict[str, Experiment]) -> dict:
                 f"From a batch of {mid} to {large} the throughput of one rank " + (
                     f"still grows by {last_gain - 1:.0%}: compute has not saturated at {mid}." if last_gain > 1.1 else
                     f"changes by {last_gain - 1:+.0%}: the cores are saturated by a batch of {mid}; larger "
-                    f"batches add work per step, not speed.")),
+                    f"batches add work per step, not speed." if last_gain >= 0.9 else
+                    f"falls by {1 - last_gain:.0%}: the cores are saturated by a batch of {mid}, and larger batches "
+                    f"are slower per sample.")),
             "batch_top_ranks": int(top),
             "ratio_small_top": float(at_top.loc[small, "compute_to_comm_ratio"]),
             "ratio_large_top": float(at_top.loc[large, "compute_to_comm_ratio"])}
