@@ -274,7 +274,7 @@ def model_findings(study: dict[str, Experiment]) -> dict:
     table = model_size_table(study)
     small, large = table.index[0], table.index[-1]
     a, b = table.loc[small], table.loc[large]
-    if a["speedup_low"] <= b["speedup_high"] and b["speedup_low"] <= a["speedup_high"]:
+    if ranges_overlap(a, b):
         verdict = (f"the {large} model's speedup ({b['speedup']:.2f}) and the {small} model's ({a['speedup']:.2f}) "
                    f"are within each other's range over the epochs: no difference can be told")
     else:

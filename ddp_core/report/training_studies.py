@@ -13,10 +13,9 @@ from ddp_core.report.scaling import scaling_table, steady_epochs
 from ddp_core.report.tables import one_row_each
 
 
-def final_epochs(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Each variant's last epoch (of its first run), indexed by variant."""
-    return pd.DataFrame({variant: e.metrics[e.metrics["run"] == e.baseline.name].sort_values("epoch").iloc[-1]
-                         for variant, e in study.items()}).T
+def first_run(experiment: Experiment) -> pd.DataFrame:
+    """The epochs of an experiment's first run (lowest seed), in order."""
+    return experiment.metrics[experiment.metrics["run"] == experiment.baseline.name].sort_values("epoch")
 
 
 def seed_spread(strong: Experiment) -> float:
@@ -36,7 +35,7 @@ def _accuracy_verdict(gap: float, noise: float) -> str:
 def large_batch_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = {}
     for variant, e in study.items():
-        run, metrics = e.baseline, e.metrics[e.metrics["run"] == e.baseline.name].sort_values("epoch")
+        run, metrics = e.baseline, first_run(e)
         rows[variant] = dict(global_batch=run.global_batch_size, lr=run.config["lr"],
                              warmup_steps=run.config["warmup_steps"], steps=int(metrics["steps"].sum()),
                              final_train_loss=metrics["train_loss"].iloc[-1],
@@ -74,7 +73,7 @@ def large_batch_findings(study: dict[str, Experiment], strong: Experiment) -> di
 def large_batch_figure(study: dict[str, Experiment]):
     fig, (loss, acc) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, (variant, e) in enumerate(study.items()):
-        rows = e.metrics[e.metrics["run"] == e.baseline.name].sort_values("epoch")
+        rows = first_run(e)
         loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", label=variant.replace("_", " "))
         acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", label=variant.replace("_", " "))
     loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss")
@@ -91,12 +90,12 @@ def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per variant: how the global batch was formed, the time per epoch, and how far its losses and accuracy
     lie from the first variant's, epoch by epoch."""
     reference = study[next(iter(study))]
-    ref_rows = reference.metrics[reference.metrics["run"] == reference.baseline.name].set_index("epoch")
+    ref_rows = first_run(reference).set_index("epoch")
     rows = {}
     for variant, e in study.items():
         run = e.baseline
-        metrics = e.metrics[e.metrics["run"] == run.name].set_index("epoch")
-        steady = steady_epochs(e.metrics[e.metrics["run"] == run.name])
+        metrics = first_run(e).set_index("epoch")
+        steady = steady_epochs(first_run(e))
         rows[variant] = dict(ranks=run.world_size, micro_batch=run.per_rank_batch_size,
                              grad_accum=run.config["grad_accum"], global_batch=run.global_batch_size,
                              epoch_time_s=steady["epoch_time_s"].mean(),
