@@ -26,7 +26,7 @@ export DDP_CORE_RESULTS_DIR := $(abspath $(RESULTS_DIR))
 MATHJAX := book/_static/mathjax/tex-chtml.js
 TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
 
-.PHONY: test report reference book pdf install
+.PHONY: test report reference single-device book pdf install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,11 +49,19 @@ report: $(MATHJAX) | $(VENV)/.installed
 	@echo "HTML: _build/html/index.html"
 
 # The reference results, made anew on this machine: every study retrained, the checkpoints left out (the
-# book needs none). Commit them with the code they were made with.
+# book needs none). Commit them with the code they were made with. The single-device measurements stay: they
+# come from other machines too (make single-device).
 reference: | $(VENV)/.installed
-	rm -rf $(REFERENCE)
+	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device -exec rm -rf {} +
 	$(MAKE) report RESULTS_DIR=$(REFERENCE) STUDIES=
 	find $(REFERENCE) -name checkpoint.pt -delete
+
+# Training throughput, MFU and the overheads of ddp_core and of DDP on this machine's device (a GPU if there
+# is one), into $(RESULTS_DIR)/single_device/<device>; `make single-device RESULTS_DIR=reference` adds it to the
+# reference results. SINGLE_DEVICE_ARGS: presets, batch sizes, precisions (benchmarks/single_device.py --help).
+SINGLE_DEVICE_ARGS ?= --presets small --batch-sizes 8 32 --amp off bf16
+single-device: | $(VENV)/.installed
+	$(BIN)/python benchmarks/single_device.py --results-dir $(RESULTS_DIR) $(SINGLE_DEVICE_ARGS)
 
 book: $(VENV)/.installed $(MATHJAX)
 	$(build_book)

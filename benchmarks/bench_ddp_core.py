@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from ddp_core.engine.config import TrainConfig
 from ddp_core.engine.data import load_data
 from ddp_core.launch.local import launch_command
-from ddp_core.engine.model import ModelConfig, TransformerClassifier
+from ddp_core.engine.model import TransformerClassifier
+from ddp_core.train import model_config
 
 EPOCHS = 3
 
@@ -65,8 +66,7 @@ def plain_loop() -> None:
     cfg: TrainConfig = parse_args(sys.argv[1:])
     data = load_data(cfg)
     torch.manual_seed(cfg.seed)
-    model = TransformerClassifier(ModelConfig.from_preset(cfg.preset, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
-                                                          num_classes=data.num_classes, dropout=cfg.dropout))
+    model = TransformerClassifier(model_config(cfg, data.num_classes))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     batch, rates = cfg.global_batch_size, []
     for _ in range(cfg.epochs):

@@ -127,8 +127,7 @@ class TrainingState:
     @classmethod
     def create(cls, cfg: TrainConfig, rt: Runtime, data: EncodedData) -> TrainingState:
         torch.manual_seed(cfg.seed)  # every rank starts from the same weights
-        model_cfg = ModelConfig.from_preset(cfg.preset, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
-                                            num_classes=data.num_classes, dropout=cfg.dropout)
+        model_cfg = model_config(cfg, data.num_classes)
         model = TransformerClassifier(model_cfg).to(rt.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg.warmup_steps))
@@ -143,6 +142,11 @@ class TrainingState:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "epoch": epoch,
                 "config": cfg.to_dict(), "world_size": rt.world_size}
+
+
+def model_config(cfg: TrainConfig, num_classes: int) -> ModelConfig:
+    return ModelConfig.from_preset(cfg.preset, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
+                                   num_classes=num_classes, dropout=cfg.dropout)
 
 
 def lr_factor(warmup_steps: int):

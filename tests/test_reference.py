@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO, copy_project
 from ddp_core.report import discussion, prediction, provenance, scaling
 from ddp_core.report.results import load_experiment, load_study, tidy_runs
+from ddp_core.report.single_device import LOOPS, load_measurements, throughput_table
 from ddp_core.studies.study_list import load_study_list
 
 REFERENCE = REPO / "reference" / "scaling"
@@ -30,6 +31,14 @@ def test_every_study_ships_reference_runs_that_name_their_machine_and_the_clean_
                 assert len(run.raw["git_commit"]) == 40, f"{name}/{run.name}: made from uncommitted code"
                 assert (experiment.folder / run.name / "run_experiment.ipynb").is_file()
     assert not list((REPO / "reference").rglob("checkpoint.pt")), "the reference results ship no model weights"
+
+
+def test_the_shipped_single_device_measurements_name_their_device_and_the_clean_commit():
+    measurements = load_measurements(REPO / "reference" / "single_device")
+    assert measurements, "no single-device measurement is shipped"
+    for m in measurements:
+        assert m.info["end_time"] and len(m.info["git_commit"]) == 40, f"{m.name}: unfinished or uncommitted code"
+        assert set(m.epochs["loop"]) == set(LOOPS) and throughput_table(m)["tflops"].gt(0).all()
 
 
 def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_training(tmp_path, isolated_env):

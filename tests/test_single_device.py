@@ -1,0 +1,95 @@
+"""The single-device benchmark: what it measures on this machine's device, and the figures the book derives."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import REPO
+from ddp_core.report.single_device import LOOPS, Measurement, ratio_sentence, ratio_table, throughput_table
+
+BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
+TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
+        "--rounds", "2", "--device", "cpu"]
+
+
+def run_benchmark(args, cwd, env) -> subprocess.CompletedProcess:
+    return subprocess.run([*BENCHMARK, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, isolated_env):
+    folder = tmp_path_factory.mktemp("bench")
+    proc = run_benchmark([*TINY, "--results-dir", "out"], folder, isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    return proc, folder / "out" / "single_device" / "cpu"
+
+
+def test_every_loop_is_timed_every_round_for_every_configuration(measured):
+    _, folder = measured
+    epochs = pd.read_csv(folder / "epochs.csv")
+    counts = epochs.groupby(["preset", "amp", "batch_size", "loop"]).size()
+    assert set(counts.index.get_level_values("loop")) == set(LOOPS)
+    assert len(counts) == 2 * len(LOOPS) and (counts == 2).all()
+    assert (epochs["seconds"] > 0).all()
+    assert set(epochs.groupby("batch_size")["samples"].first().items()) == {(4, 12), (8, 24)}
+
+
+def test_the_measurement_names_its_device_code_and_ceiling(measured):
+    proc, folder = measured
+    info = json.loads((folder / "device.json").read_text())
+    assert info["device"] == "cpu" and info["backend"] == "gloo" and info["end_time"] and info["git_commit"]
+    assert info["matmul_tflops"]["off"] > 0
+    assert "ddp_core / plain loop:" in proc.stdout and "timers on / off:" in proc.stdout
+
+
+def test_a_device_measured_before_is_never_overwritten(measured, isolated_env):
+    _, folder = measured
+    before = (folder / "epochs.csv").read_text()
+    proc = run_benchmark([*TINY, "--results-dir", "out"], folder.parents[2], isolated_env)
+    assert proc.returncode == 2 and "already holds a measurement" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert (folder / "epochs.csv").read_text() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_asking_for_a_gpu_where_there_is_none_is_refused_before_measuring(tmp_path, isolated_env):
+    proc = run_benchmark([*TINY[:-2], "--device", "cuda", "--results-dir", "out"], tmp_path, isolated_env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("single_device: error: --device cuda needs a GPU"), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def made_up(seconds: dict[str, list[float]], device_name: str = "NVIDIA H100 80GB HBM3") -> Measurement:
+    """A measurement with the given seconds per loop and round, 100 samples per epoch."""
+    rows = [dict(preset="large", amp="bf16", batch_size=64, seq_len=256, flops_per_sample=2e12, loop=loop,
+                 round=r, samples=100, seconds=s) for loop, per_round in seconds.items() for r, s in enumerate(per_round)]
+    info = {"device": "cuda:0", "device_name": device_name, "matmul_tflops": {"bf16": 800.0}}
+    return Measurement("made-up", info, pd.DataFrame(rows))
+
+
+def test_throughput_and_mfu_follow_from_samples_seconds_and_flops():
+    m = made_up({"plain": [1.0, 1.0], "ddp_core": [1.0, 1.0], "timed": [0.5, 1.0], "ddp_of_one": [1.0, 1.0]})
+    row = throughput_table(m).iloc[0]
+    assert row["samples_per_s_timed"] == pytest.approx(200 / 1.5)
+    tflops = 200 / 1.5 * 2e12 / 1e12
+    assert row["tflops"] == pytest.approx(tflops)
+    assert row["mfu"] == pytest.approx(tflops / 989.4)
+    assert row["share_of_matmul"] == pytest.approx(tflops / 800)
+    assert pd.isna(throughput_table(made_up({loop: [1.0] for loop in LOOPS}, "AMD EPYC")).iloc[0]["mfu"])
+
+
+def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_noise():
+    slower = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [1.25, 1.25, 1.0 / 0.9], "timed": [1.0, 1.0, 1.0],
+                      "ddp_of_one": [1.0, 1.0, 1.0]})
+    row = ratio_table(slower).iloc[0]
+    assert (row["trainer_median"], row["trainer_low"], row["trainer_high"]) == pytest.approx((0.8, 0.8, 0.9))
+    assert "missed beyond noise in 1 configuration" in ratio_sentence(slower, "trainer")
+    noisy = made_up({"plain": [1.0, 1.0], "ddp_core": [0.9, 1.1], "timed": [1.0, 1.0], "ddp_of_one": [1.0, 1.0]})
+    sentence = ratio_sentence(noisy, "trainer")
+    assert "in 1 of 1 configuration(s) the range over the rounds includes 1" in sentence
+    assert "no configuration is below it beyond noise" in sentence
+
