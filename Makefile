@@ -14,7 +14,10 @@ export DDP_CORE_DATA_DIR := $(or $(DDP_CORE_DATA_DIR),$(abspath $(wildcard ../sh
 # The studies: notebooks/studies.yml (what each varies, from which profile); STUDIES="a b" runs some of them.
 # Each study's runs land in $(RESULTS_DIR)/<study>; a finished run is reused, an interrupted one resumed.
 STUDY_LIST ?= notebooks/studies.yml
-STUDIES ?=
+# PROFILE=gpu: the studies on another base profile (notebooks/profiles/$(PROFILE).yml) instead of each one's own.
+# With a PROFILE only the strong-scaling study runs unless STUDIES names others: the rest are sized for a CPU.
+PROFILE ?=
+STUDIES ?= $(if $(PROFILE),scaling)
 RESULTS_DIR ?= results
 # Options for the all-reduce benchmark behind the cost model (ddp_core/bench/allreduce.py).
 ALLREDUCE_ARGS ?=
@@ -44,7 +47,7 @@ build_book = $(BIN)/jupyter-book build book -W --keep-going
 # Train the studies (each run an executed run notebook in its folder), then build the book from them.
 report: $(MATHJAX) | $(VENV)/.installed
 	$(BIN)/python -m ddp_core.studies.run --study-list $(STUDY_LIST) --results-dir $(RESULTS_DIR) \
-		--allreduce-args "$(ALLREDUCE_ARGS)" $(STUDIES)
+		--allreduce-args "$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) $(STUDIES)
 	$(build_book)
 	@echo "HTML: _build/html/index.html"
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_core.engine.config import UsageError, parse_args
+from ddp_core.engine.config import OneLineParser, UsageError, parse_args
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import PRESETS, TransformerClassifier
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
@@ -49,24 +49,26 @@ from ddp_core.report.single_device import LOOPS, print_summary
 from ddp_core.train import TrainingState, batch_plan, model_config, train_epoch
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError
+    return value
+
+
 def options(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="single_device", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--presets", nargs="+", choices=list(PRESETS), default=["small"])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32], help="samples per step, one rank")
+    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[32], help="samples per step")
     parser.add_argument("--amp", nargs="+", choices=["off", "bf16"], default=["off"])
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--seq-len", type=positive_int, default=128)
     parser.add_argument("--dataset", choices=["synthetic", "imdb"], default="synthetic")
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per timed epoch")
-    parser.add_argument("--rounds", type=int, default=6, help="timed epochs per loop")
+    parser.add_argument("--steps", type=positive_int, default=8, help="optimizer steps per timed epoch")
+    parser.add_argument("--rounds", type=positive_int, default=6, help="timed epochs per loop")
     parser.add_argument("--results-dir", type=Path, default=Path("results"),
                         help="the measurement goes to RESULTS_DIR/single_device/<device>")
-    opts = parser.parse_args(argv)
-    for name in ("batch_sizes", "steps", "rounds", "seq_len"):
-        values = getattr(opts, name) if isinstance(getattr(opts, name), list) else [getattr(opts, name)]
-        if min(values) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {min(values)}")
-    return opts
+    return parser.parse_args(argv)
 
 
 def train_config(opts: argparse.Namespace, preset: str, amp: str, batch: int):
@@ -159,8 +161,8 @@ def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = options(argv)
     try:
+        opts = options(argv)
         configs = [train_config(opts, preset, amp, batch)
                    for preset in opts.presets for amp in opts.amp for batch in opts.batch_sizes]
         rt = resolve_runtime(configs[0])

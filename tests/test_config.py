@@ -39,7 +39,7 @@ def test_a_profile_with_a_misspelt_setting_is_refused(tmp_path):
 
 
 def test_an_unknown_profile_names_the_ones_there_are():
-    with pytest.raises(UsageError, match="no profile 'huge'.*the profiles are: default, tiny"):
+    with pytest.raises(UsageError, match="no profile 'huge'.*the profiles are: default, gpu, tiny"):
         load_profile("huge")
 
 

@@ -59,7 +59,14 @@ def test_a_device_measured_before_is_never_overwritten(measured, isolated_env):
 def test_asking_for_a_gpu_where_there_is_none_is_refused_before_measuring(tmp_path, isolated_env):
     proc = run_benchmark([*TINY[:-2], "--device", "cuda", "--results-dir", "out"], tmp_path, isolated_env)
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("single_device: error: --device cuda needs a GPU"), proc.stderr
+    assert proc.stderr.strip().startswith("single_device: error: --device cuda needs a CUDA GPU per local rank"), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_option_is_refused_in_one_line_before_measuring(tmp_path, isolated_env):
+    proc = run_benchmark(["--batch-sizes", "32", "0", "--results-dir", "out"], tmp_path, isolated_env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "single_device: error: argument --batch-sizes: invalid positive_int value: '0'"
     assert not (tmp_path / "out").exists()
 
 

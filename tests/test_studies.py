@@ -1,6 +1,7 @@
 """The studies: one list drives the runs and the book; the runner refuses a bad entry before anything
 runs, reuses a finished run and resumes an interrupted one; each study's findings are what its CSVs say."""
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import time
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from conftest import REPO, TINY_STUDIES
@@ -69,6 +71,27 @@ def test_an_unknown_study_name_is_refused_with_the_names_there_are(tmp_path, iso
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("ddp_core.studies.run: error: no study 'wek_scaling'; the studies are: "
                                    + ", ".join(STUDIES))
+
+
+def test_a_profile_given_to_the_runner_replaces_each_studys_own_and_the_study_settings_still_apply(tmp_path,
+                                                                                                   isolated_env):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"mine": GOOD | {"profile": "default", "settings": {"epochs": 1}}}))
+    proc = run_studies(["--study-list", study_list, "--results-dir", "results", "--profile", "tiny"], cwd=tmp_path,
+                       env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((tmp_path / "results" / "mine" / "n1" / "run.json").read_text())["config"]
+    assert (config["dataset"], config["preset"], config["epochs"]) == ("synthetic", "tiny", 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_gpu_profile_on_a_machine_without_gpus_is_refused_in_one_line_before_any_run(tmp_path, isolated_env):
+    proc = run_studies(["scaling", "--profile", "gpu", "--results-dir", "results"], cwd=tmp_path, env=isolated_env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "ddp_core.studies.run: error: study 'scaling', run scaling/n1: --device cuda needs a CUDA GPU per local rank: "
+        "1 local rank(s), 0 GPU(s) (on a machine without, use --device cpu and --backend gloo, or auto)")
+    assert not (tmp_path / "results").exists()
 
 
 def test_running_the_studies_again_reuses_every_finished_run(project, isolated_env):

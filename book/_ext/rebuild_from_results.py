@@ -5,6 +5,8 @@ links, and what hangs on them, right at every build.
   runs of it ($DDP_CORE_RESULTS_DIR/<study>, default results/<study>) when there are any, and else to
   the reference runs shipped in the repository (reference/<study>): a fresh clone builds the book
   before anything was trained, and `make report STUDIES=...` replaces only the studies it ran.
+- `book/results/single_device/<device>` links to each device's single-device measurement
+  (benchmarks/single_device.py): the reference ones, each replaced by the user's own of the same device.
 - The runs are written out as one tidy table, `_generated/all_runs.csv` (one row per run and epoch,
   the study, the run's settings and where it ran as columns), which the results chapter offers.
 - The book has a page per run of the strong-scaling study only (the other studies' runs are many, and
@@ -44,12 +46,26 @@ def link_and_tabulate(app):
         if link.is_symlink():
             link.unlink()
         link.symlink_to(target.resolve())
+    link_measurements(folder / "single_device", [project / "reference" / "single_device", results / "single_device"])
     try:
         table = study_tables(folder, list(studies))
     except ResultsError as exc:
         raise ExtensionError(f"book/results: {exc}") from None
     (Path(app.srcdir) / "_generated").mkdir(exist_ok=True)
     table.to_csv(Path(app.srcdir) / "_generated" / "all_runs.csv", index=False)
+
+
+def link_measurements(folder: Path, sources: list[Path]) -> None:
+    """A link per measured device in `folder`; a later source's measurement of a device replaces an earlier one's."""
+    folder.mkdir(exist_ok=True)
+    for link in folder.iterdir():
+        link.unlink()
+    for source in sources:
+        for measured in sorted(source.glob("*/device.json")):
+            link = folder / measured.parent.name
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(measured.parent.resolve())
 
 
 RUN_PAGES_OF = "scaling"

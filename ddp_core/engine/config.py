@@ -85,7 +85,9 @@ class TrainConfig:
         return asdict(self)
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are a UsageError (one line), not usage text and an exit."""
+
     def error(self, message: str):
         raise UsageError(message)
 
@@ -106,7 +108,7 @@ def _value_type(annotation) -> tuple[type, tuple | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `ddp_core.train`, one option per field of `TrainConfig`."""
-    parser = _OneLineParser(prog="python -m ddp_core.train",
+    parser = OneLineParser(prog="python -m ddp_core.train",
                             description="Train a transformer text classifier with DDP.")
     hints = typing.get_type_hints(TrainConfig)
     groups = {}

@@ -88,6 +88,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Vector and matrix instructions that decide how fast a CPU trains, bf16 above all (AMX and AVX-512 BF16).
+CPU_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_extensions() -> list[str]:
+    """Which of CPU_EXTENSIONS this CPU has: the model name a virtual machine reports may hide them."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    present = set(flags.split(":", 1)[1].split())
+    return [name for name in CPU_EXTENSIONS if name in present]
+
+
 def environment(device: torch.device) -> dict:
     """Hardware and software provenance for run.json."""
     info = {
@@ -99,6 +113,7 @@ def environment(device: torch.device) -> dict:
         "nccl": None,
         "device_name": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_extensions": cpu_extensions(),
         "git_commit": git_commit(),
     }
     if device.type == "cuda":

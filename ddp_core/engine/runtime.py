@@ -45,18 +45,26 @@ def threads_per_rank(local_world_size: int, requested: int | None = None) -> int
     return requested or max(1, usable_cores() // local_world_size)
 
 
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_gpus(cfg: TrainConfig, local_world_size: int, gpus: int) -> None:
+    """--device cuda and --backend nccl need a GPU for each rank on the node."""
+    for wanted, option in ((cfg.device == "cuda", "--device cuda"), (cfg.backend == "nccl", "--backend nccl")):
+        if wanted and gpus < local_world_size:
+            raise UsageError(f"{option} needs a CUDA GPU per local rank: {local_world_size} local rank(s), {gpus} "
+                             f"GPU(s) (on a machine without, use --device cpu and --backend gloo, or auto)")
+
+
 def resolve_runtime(cfg: TrainConfig) -> Runtime:
     env = os.environ
     world_size, local_world_size = world_size_from_env(), int(env.get("LOCAL_WORLD_SIZE", 1))
     rank, local_rank = int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = visible_gpus()
+    check_gpus(cfg, local_world_size, gpus)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= local_world_size and cfg.backend != "gloo")
-    if use_cuda and gpus < local_world_size:
-        raise UsageError(f"--device cuda needs a GPU per local rank: {local_world_size} local rank(s), {gpus} GPU(s)")
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
-    if backend == "nccl" and not use_cuda:
-        raise UsageError(f"--backend nccl needs a CUDA GPU per local rank; found {gpus} GPU(s) for "
-                         f"{local_world_size} local rank(s) (use --backend gloo on CPU)")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return Runtime(rank, local_rank, world_size, local_world_size, device, backend,
                    threads_per_rank(local_world_size, cfg.threads_per_rank))

@@ -80,6 +80,13 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             action = "resume"
         else:
             action = "interrupted"
+    if launcher == "local" and action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
+        from ddp_core.engine.runtime import check_gpus, visible_gpus  # torch: imported only when GPUs are asked for
+
+        try:
+            check_gpus(cfg, world_size, visible_gpus())
+        except UsageError as exc:
+            raise ExperimentError(str(exc)) from None
     return Plan(world_size, nodes, run_dir, args, action)
 
 

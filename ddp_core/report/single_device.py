@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.report.tables import one_row_each
 
 LOOPS = ("plain", "ddp_core", "timed", "ddp_of_one")
@@ -114,13 +115,16 @@ def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def throughput_markdown(m: Measurement) -> str:
+    table = throughput_table(m)
+    on_gpu = m.info["device"] != "cpu"
+    table["compute"] = table["tflops"] * (1 if on_gpu else 1e3)
     columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:.1f}"),
                "samples_per_s_timed": ("ddp_core, timers on (samples/s)", "{:.1f}"),
-               "tflops": ("Model compute (TFLOP/s)", "{:.3g}"),
+               "compute": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}"),
                "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.0%}")}
     if m.peak_tflops:
         columns["mfu"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1%}")
-    return one_row_each(_configuration_index(throughput_table(m)), columns, "Model, precision, batch (samples)")
+    return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
 def ratio_markdown(m: Measurement) -> str:
@@ -137,7 +141,45 @@ def ceiling_sentence(m: Measurement) -> str:
                          for amp, tflops in m.info["matmul_tflops"].items())
     peak = (f"; the datasheet's dense bf16 peak is {m.peak_tflops:g} TFLOP/s" if m.peak_tflops
             else "; MFU against a datasheet peak is not given for a device without one")
-    return f"One large matrix product ran at {rates} on this device{peak}."
+    sentence = f"One large matrix product ran at {rates} on this device{peak}."
+    if (throughput_table(m)["share_of_matmul"] > 1).any():
+        sentence += (" A share above 100 % means that the model's own, smaller products ran faster than the large "
+                     "one: the library picks its kernels by shape, and at that precision the large product is not "
+                     "this device's ceiling.")
+    return sentence
+
+
+def provenance_sentence(m: Measurement) -> str:
+    commit = m.info["git_commit"] or "unknown"
+    extensions = m.info.get("cpu_extensions")
+    cpu = ("" if m.info["device"] != "cpu" or extensions is None else
+           f", {m.info['cpu_count']} cores with {', '.join(extensions) or 'none'} of "
+           f"{', '.join(CPU_EXTENSIONS)}")
+    return (f"{m.info['device']}{cpu}, {m.info['backend']}, PyTorch {m.info['torch']}"
+            f"{', CUDA ' + m.info['cuda'] if m.info.get('cuda') and m.info['device'] != 'cpu' else ''}; "
+            f"measured on {m.info['start_time'][:10]} by code commit {commit[:10]}, "
+            f"{m.epochs['round'].nunique()} timed epochs of each loop per configuration")
+
+
+def devices_markdown(measurements: list[Measurement]) -> str:
+    """A section per measured device: provenance, ceilings, the throughput table, the ratio table and what
+    the ratios say."""
+    parts = []
+    for m in measurements:
+        parts += [f"**{m.info['device_name']}** ({provenance_sentence(m)}). {ceiling_sentence(m)}",
+                  throughput_markdown(m), ratio_markdown(m),
+                  "\n".join(f"- {ratio_sentence(m, name)}" for name in RATIOS)]
+    return "\n\n".join(parts)
+
+
+def gpu_sentence(measurements: list[Measurement]) -> str:
+    gpus = [m.info["device_name"] for m in measurements if m.info["device"] != "cpu"]
+    if gpus:
+        return (f"The CUDA path (CUDA tensors, NCCL, CUDA-event timers) was measured on {', '.join(gpus)}: "
+                f"these are the figures a GPU user's runs start from.")
+    return ("No GPU measurement is among these results yet: every figure here is from a CPU, where MFU has no "
+            "datasheet peak to be measured against. `make single-device RESULTS_DIR=reference` on a machine with "
+            "a GPU adds one.")
 
 
 def print_summary(folder: str | Path) -> None:

@@ -2,6 +2,7 @@
 
     python -m ddp_core.studies.run                       # every study of notebooks/studies.yml
     python -m ddp_core.studies.run weak_scaling precision --results-dir results
+    python -m ddp_core.studies.run scaling --profile gpu     # the strong-scaling study on this node's GPUs
 
 Every run of the chosen studies is planned and checked first (its settings by the trainer's own
 parser, its folder for a different run already there), so a bad entry fails in one line before
@@ -17,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ddp_core.launch.local import ExperimentError, Plan, prepare
@@ -103,9 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study-list", default=str(STUDY_LIST), help="the study list (default %(default)s)")
     parser.add_argument("--results-dir", default="results", help="where the studies' folders go")
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
+    parser.add_argument("--profile", default=None,
+                        help="base profile of every chosen study instead of its own (e.g. gpu); its settings still apply")
     args = parser.parse_args(argv)
     try:
         studies = select(load_study_list(args.study_list), args.studies)
+        if args.profile:
+            studies = [replace(study, profile=args.profile) for study in studies]
         run_studies(studies, args.results_dir, args.allreduce_args)
     except StudyError as exc:
         print(f"ddp_core.studies.run: error: {exc}", file=sys.stderr)
