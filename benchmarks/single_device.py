@@ -66,8 +66,10 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset", choices=["synthetic", "imdb"], default="synthetic")
     parser.add_argument("--steps", type=positive_int, default=8, help="optimizer steps per timed epoch")
     parser.add_argument("--rounds", type=positive_int, default=6, help="timed epochs per loop")
+    parser.add_argument("--compile", action="store_true",
+                        help="the trainer's loops with --compile (torch.compile); the plain loop stays eager")
     parser.add_argument("--results-dir", type=Path, default=Path("results"),
-                        help="the measurement goes to RESULTS_DIR/single_device/<device>")
+                        help="the measurement goes to RESULTS_DIR/single_device/<device>[-compiled]")
     return parser.parse_args(argv)
 
 
@@ -76,13 +78,14 @@ def train_config(opts: argparse.Namespace, preset: str, amp: str, batch: int):
     return parse_args(["--dataset", opts.dataset, "--preset", preset, "--amp", amp, "--device", opts.device,
                        "--per-rank-batch-size", str(batch), "--seq-len", str(opts.seq_len),
                        "--train-samples", str(batch * opts.steps), "--eval-samples", str(batch),
-                       "--no-progress"], world_size=1)
+                       "--no-progress", *(["--compile"] if opts.compile else [])], world_size=1)
 
 
-def device_slug(rt: Runtime, info: dict) -> str:
-    if rt.device.type == "cpu":
-        return "cpu"
-    return "cuda-" + "".join(c if c.isalnum() else "-" for c in info["device_name"].lower()).strip("-")
+def measurement_name(rt: Runtime, info: dict, compiled: bool) -> str:
+    """`cpu`, or `cuda-` and the GPU's name; `-compiled` when the trainer's loops ran under torch.compile."""
+    device = "cpu" if rt.device.type == "cpu" else (
+        "cuda-" + "".join(c if c.isalnum() else "-" for c in info["device_name"].lower()).strip("-"))
+    return device + ("-compiled" if compiled else "")
 
 
 def synchronize(device: torch.device) -> None:
@@ -153,10 +156,11 @@ def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
             start = time.perf_counter()
             loops[loop]()
             synchronize(rt.device)
+            seconds = time.perf_counter() - start
             if round_ >= 0:
                 rows.append(dict(preset=cfg.preset, amp=cfg.amp, batch_size=cfg.per_rank_batch_size,
-                                 seq_len=cfg.seq_len, flops_per_sample=flops_per_sample, loop=loop, round=round_, samples=len(data.train_labels),
-                                 seconds=time.perf_counter() - start))
+                                 seq_len=cfg.seq_len, flops_per_sample=flops_per_sample, loop=loop, round=round_,
+                                 samples=len(data.train_labels), seconds=seconds))
     return rows
 
 
@@ -170,14 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"single_device: error: {exc}", file=sys.stderr)
         return 2
     info = environment(rt.device)
-    out = opts.results_dir / "single_device" / device_slug(rt, info)
+    out = opts.results_dir / "single_device" / measurement_name(rt, info, opts.compile)
     if out.exists() and any(out.iterdir()):
         print(f"single_device: error: {out} already holds a measurement of this device; remove it to measure "
               f"again, or choose another --results-dir", file=sys.stderr)
         return 2
     place_process(rt)
     out.mkdir(parents=True, exist_ok=True)
-    info |= dict(device=str(rt.device), backend=rt.backend, threads=torch.get_num_threads(), command=sys.argv,
+    info |= dict(device=str(rt.device), backend=rt.backend, threads=torch.get_num_threads(), compile=opts.compile,
+                 command=sys.argv,
                  start_time=now_iso(), end_time=None,
                  matmul_tflops={amp: matmul_tflops(rt.device, amp) for amp in opts.amp})
     save_atomic(info, out / "device.json")

@@ -40,6 +40,17 @@ def test_resume_after_one_epoch_reproduces_an_uninterrupted_run(train, tmp_path)
     assert len(run_info["resumed_at"]) == 1 and run_info["end_time"]
 
 
+def test_a_compiled_model_trains_as_the_eager_one_does(train, tmp_path):
+    common = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 64, "--eval-samples",
+              32, "--epochs", 2]
+    train(*common, "--out", tmp_path / "eager")
+    train(*common, "--compile", "--out", tmp_path / "compiled")
+    for eager, compiled in zip(read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled"), strict=True):
+        for key in ("train_loss", "val_loss"):
+            assert float(compiled[key]) == pytest.approx(float(eager[key]), rel=1e-4), key
+    assert set(final_parameters(tmp_path / "compiled")) == set(final_parameters(tmp_path / "eager"))
+
+
 def test_synthetic_task_is_learned(train, tmp_path):
     train(*TINY_SYNTHETIC, "--global-batch-size", 32, "--epochs", 4, "--lr", "3e-3", "--warmup-steps", 10,
           "--out", tmp_path / "run")

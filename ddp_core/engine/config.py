@@ -72,6 +72,8 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto: a GPU per local rank when there are enough")
     threads_per_rank: int | None = setting(None, "CPU threads per rank (none: usable cores / local ranks)",
                                            resumable=True)
+    compile: bool = setting(False, "compile the model with torch.compile: slower first steps, then fused kernels "
+                                   "and fewer launches (meant for GPUs)", resumable=True)
     timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
     out: str | None = setting(None, "run directory (none: a new one under results/)", resumable=True)
     mlflow_uri: str | None = setting(None, "also log the run to MLflow at this tracking URI, e.g. file:./mlruns "

@@ -149,14 +149,21 @@ def ceiling_sentence(m: Measurement) -> str:
     return sentence
 
 
+def _or(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def provenance_sentence(m: Measurement) -> str:
     commit = m.info["git_commit"] or "unknown"
     extensions = m.info.get("cpu_extensions")
-    cpu = ("" if m.info["device"] != "cpu" or extensions is None else
-           f", {m.info['cpu_count']} cores with {', '.join(extensions) or 'none'} of "
-           f"{', '.join(CPU_EXTENSIONS)}")
-    return (f"{m.info['device']}{cpu}, {m.info['backend']}, PyTorch {m.info['torch']}"
-            f"{', CUDA ' + m.info['cuda'] if m.info.get('cuda') and m.info['device'] != 'cpu' else ''}; "
+    cpu = ""
+    if m.info["device"] == "cpu" and extensions is not None:
+        missing = [name for name in CPU_EXTENSIONS if name not in extensions]
+        has = f"with {', '.join(extensions)}" if extensions else "with none of"
+        cpu = f": {m.info['cpu_count']} cores {has}" + (f"{' but no' if extensions else ''} {_or(missing)}"
+                                                       if missing else "")
+    return (f"{m.info['device']}{cpu}; {m.info['backend']}; PyTorch {m.info['torch']}"
+            f"{'; CUDA ' + m.info['cuda'] if m.info.get('cuda') and m.info['device'] != 'cpu' else ''}; "
             f"measured on {m.info['start_time'][:10]} by code commit {commit[:10]}, "
             f"{m.epochs['round'].nunique()} timed epochs of each loop per configuration")
 
@@ -166,10 +173,11 @@ def devices_markdown(measurements: list[Measurement]) -> str:
     the ratios say."""
     parts = []
     for m in measurements:
-        parts += [f"**{m.info['device_name']}** ({provenance_sentence(m)}). {ceiling_sentence(m)}",
+        compiled = ", the trainer under torch.compile" if m.info.get("compile") else ""
+        parts += [f"**{m.info['device_name']}{compiled}** ({provenance_sentence(m)}). {ceiling_sentence(m)}",
                   throughput_markdown(m), ratio_markdown(m),
                   "\n".join(f"- {ratio_sentence(m, name)}" for name in RATIOS)]
-    return "\n\n".join(parts)
+    return "\n\n".join(parts + [gpu_sentence(measurements)])
 
 
 def gpu_sentence(measurements: list[Measurement]) -> str:
