@@ -16,6 +16,7 @@ import yaml
 from conftest import REPO, TINY_STUDIES
 from ddp_core.report import scaling_studies, training_studies
 from ddp_core.report.cost_model import cores_per_rank
+from ddp_core.report.provenance import studies_overview_table
 from ddp_core.report.results import load_experiment, load_study
 from ddp_core.studies.run import plan_runs
 from ddp_core.studies.study_list import load_study_list
@@ -92,6 +93,23 @@ def test_the_gpu_profile_on_a_machine_without_gpus_is_refused_in_one_line_before
         "ddp_core.studies.run: error: study 'scaling', run scaling/n1: --device cuda needs a CUDA GPU per local rank: "
         "1 local rank(s), 0 GPU(s) (on a machine without, use --device cpu and --backend gloo, or auto)")
     assert not (tmp_path / "results").exists()
+
+
+def test_the_overview_says_which_studies_show_the_readers_runs_and_which_the_reference(tmp_path):
+    studies = {name: STUDIES[name] for name in ("scaling", "weak_scaling")}
+    (tmp_path / "reference" / "scaling").mkdir(parents=True)
+    (tmp_path / "mine" / "weak_scaling").mkdir(parents=True)
+    links = tmp_path / "book_results"
+    links.mkdir()
+    (links / "scaling").symlink_to(tmp_path / "reference" / "scaling")
+    (links / "weak_scaling").symlink_to(tmp_path / "mine" / "weak_scaling")
+    table = studies_overview_table(links, studies)
+    assert table.endswith("Shown from runs made in this project: Weak scaling; every other study from the "
+                          "reference results shipped with the report.")
+    (links / "weak_scaling").unlink()
+    (links / "weak_scaling").symlink_to(tmp_path / "reference" / "scaling")
+    assert studies_overview_table(links, studies).endswith("from the reference results shipped with the report "
+                                                           "(`reference/`).")
 
 
 def test_running_the_studies_again_reuses_every_finished_run(project, isolated_env):

@@ -116,14 +116,22 @@ def study_setup_findings(*experiments: Experiment) -> dict:
 
 
 def studies_overview_table(results: Path, studies: dict) -> str:
-    """One row per study of the list: what it varies, over which ranks, how many runs, and whose runs they are."""
-    rows = []
+    """One row per study of the list: what it varies, over which ranks and how many runs; then whose runs the
+    pages show (a sentence: a column of it would not fit a page)."""
+    rows, mine = [], []
     for name, study in studies.items():
-        folder = (results / name).resolve()
+        if "reference" not in (results / name).resolve().parts:
+            mine.append(study.title)
         varies = ", ".join(v.name for v in study.variants) or ", ".join(
             f"{k}={v}" for k, v in study.variants[0].settings.items() if v is not None) or "ranks only"
         ranks = sorted({n for v in study.variants for n in v.world_sizes})
         rows.append({"Study": study.title, "Variants or settings": varies, "Ranks": ", ".join(map(str, ranks)),
-                     "Runs": len(study.runs()),
-                     "Results": "reference" if "reference" in folder.parts else "this project's runs"})
-    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
+                     "Runs": len(study.runs())})
+    if not mine:
+        shown = "Every study is shown from the reference results shipped with the report (`reference/`)."
+    elif len(mine) == len(studies):
+        shown = "Every study is shown from runs made in this project (`results/`)."
+    else:
+        shown = (f"Shown from runs made in this project: {', '.join(mine)}; every other study from the reference "
+                 f"results shipped with the report.")
+    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True) + "\n\n" + shown
