@@ -25,13 +25,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ddp_core.engine.config import TrainConfig
 from ddp_core.engine.data import load_data
+from ddp_core.engine.runtime import resolve_runtime
 from ddp_core.launch.local import launch_command
-from ddp_core.engine.model import TransformerClassifier
-from ddp_core.train import model_config
 
 EPOCHS = 3
 
@@ -61,25 +59,20 @@ def plain_loop_rate(args: list[str], scratch: Path) -> float:
 
 
 def plain_loop() -> None:
-    from ddp_core.engine.config import parse_args
+    """The plain loop of `single_device.py`, on the device the trainer would pick, one epoch at a time."""
+    from benchmarks.single_device import plain_epoch, synchronize
+    from ddp_core.engine.config import micro_batch_size, parse_args
 
     cfg: TrainConfig = parse_args(sys.argv[1:])
     data = load_data(cfg)
-    torch.manual_seed(cfg.seed)
-    model = TransformerClassifier(model_config(cfg, data.num_classes))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    batch, rates = cfg.global_batch_size, []
+    rt = resolve_runtime(cfg)
+    epoch, batch, rates = plain_epoch(cfg, rt, data), micro_batch_size(cfg, 1), []
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(data.train_labels))
+        synchronize(rt.device)
         start = time.perf_counter()
-        steps = len(order) // batch
-        for step in range(steps):
-            idx = order[step * batch:(step + 1) * batch]
-            loss = F.cross_entropy(model(data.train_ids[idx].long()), data.train_labels[idx])
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        rates.append(steps * batch / (time.perf_counter() - start))
+        epoch()
+        synchronize(rt.device)
+        rates.append(len(data.train_labels) // batch * batch / (time.perf_counter() - start))
     print(steady_samples_per_s(rates))
 
 

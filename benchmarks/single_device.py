@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_core.engine.config import OneLineParser, UsageError, parse_args
+from ddp_core.engine.config import OneLineParser, UsageError, micro_batch_size, parse_args
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import PRESETS, TransformerClassifier
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
@@ -115,7 +115,7 @@ def plain_epoch(cfg, rt: Runtime, data: EncodedData):
     torch.manual_seed(cfg.seed)
     model = TransformerClassifier(model_config(cfg, data.num_classes)).to(rt.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    batch = cfg.per_rank_batch_size
+    batch = micro_batch_size(cfg, 1)
 
     def epoch():
         order = torch.randperm(len(data.train_labels))
