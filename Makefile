@@ -1,4 +1,5 @@
-# `make report` runs the default experiments and builds the book; `make test` runs the test suite.
+# `make report` runs the default experiments and builds the book; `make test` runs the test suite (`make test-fast`
+# the quick part of it).
 # Both create .venv and install what they need when it is missing.
 
 PYTHON ?= python3
@@ -27,9 +28,10 @@ ALLREDUCE_ARGS ?=
 REFERENCE := reference
 export DDP_CORE_RESULTS_DIR := $(abspath $(RESULTS_DIR))
 MATHJAX := book/_static/mathjax/tex-chtml.js
+QUIET_KERNELS := _build/ipython/profile_default/ipython_kernel_config.py
 TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
 
-.PHONY: test report reference single-device book pdf install
+.PHONY: test test-fast report reference single-device book pdf install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,14 +44,25 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed $(MATHJAX)
 	$(BIN)/python -m pytest
 
+# The inner loop: every test but those that train more than a few steps or build a book (a few minutes).
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "not slow"
+
 build_book = $(BIN)/jupyter-book build book -W --keep-going
 
-# Train the studies (each run an executed run notebook in its folder), then build the book from them.
-report: $(MATHJAX) | $(VENV)/.installed
+# Train the studies (each run an executed run notebook in its folder), then build the book from them: a line
+# per run or benchmark with its time, then the book's warnings only.
+report: $(MATHJAX) | $(VENV)/.installed $(QUIET_KERNELS)
 	$(BIN)/python -m ddp_core.studies.run --study-list $(STUDY_LIST) --results-dir $(RESULTS_DIR) \
 		--allreduce-args "$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) $(STUDIES)
-	$(build_book)
+	@echo "building the book (make book shows Sphinx's progress)"
+	@IPYTHONDIR=$(abspath $(dir $(QUIET_KERNELS))..) $(build_book) -q
 	@echo "HTML: _build/html/index.html"
+
+# The book's notebook kernels log only what is critical: the warning each one prints as it starts, once per page,
+# would bury the progress lines of make report. A kernel reads this from the IPython profile that IPYTHONDIR names.
+$(QUIET_KERNELS):
+	mkdir -p $(@D) && echo 'c.IPKernelApp.log_level = "CRITICAL"' > $@
 
 # The reference results, made anew on this machine: every study retrained, the checkpoints left out (the
 # book needs none). Commit them with the code they were made with. The single-device measurements stay: they

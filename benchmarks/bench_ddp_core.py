@@ -30,6 +30,7 @@ from ddp_core.engine.config import TrainConfig
 from ddp_core.engine.data import load_data
 from ddp_core.engine.runtime import resolve_runtime
 from ddp_core.launch.local import launch_command
+from ddp_core.paths import REPO_ROOT
 
 EPOCHS = 3
 
@@ -54,7 +55,7 @@ def plain_loop_rate(args: list[str], scratch: Path) -> float:
     """The same training in the simplest loop PyTorch allows, run in a fresh process like ddp_core."""
     code = f"import sys; sys.argv = ['x'] + {args!r}; from benchmarks.bench_ddp_core import plain_loop; plain_loop()"
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=REPO_ROOT)
     return float(result.stdout.strip().splitlines()[-1])
 
 
@@ -102,9 +103,8 @@ def main() -> None:
         alternate("1. ddp_core (1 rank) / plain loop", lambda: ddp_core_rate(small, 1, scratch),
                   lambda: plain_loop_rate(small, scratch), opts.repeats)
         overhead = Path(__file__).with_name("timer_overhead.py")
-        for launcher in ([sys.executable], [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                            "--nproc-per-node=2"]):
-            measured = subprocess.run([*launcher, str(overhead)], check=True, capture_output=True, text=True)
+        for ranks in (1, 2):
+            measured = subprocess.run(launch_command(ranks, str(overhead)), check=True, capture_output=True, text=True)
             print("2. " + measured.stdout.strip().splitlines()[-1], flush=True)
         for preset in ("small", "medium"):
             args = workload(opts.dataset, preset)

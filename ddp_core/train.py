@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from ddp_core.engine.config import (CHECKPOINT_NAME, TrainConfig, UsageError, differing_settings, global_batch_size,
-                                    micro_batch_size, parse_args)
+from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, differing_settings,
+                                    global_batch_size, micro_batch_size, parse_args)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import ModelConfig, TransformerClassifier, count_parameters
 from ddp_core.engine.run_files import append_metrics_row, drop_metrics_after, environment, now_iso, save_atomic
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         train(parse_args(argv))
     except UsageError as exc:
         if int(os.environ.get("RANK", "0")) == 0:  # every rank meets the same error; one says it
-            print(f"ddp_core.train: error: {exc}", file=sys.stderr)
+            print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,4 +1,10 @@
-"""Launch real training processes (plain python for 1 rank, torchrun for more) in a scratch folder."""
+"""Launch real training processes (plain python for 1 rank, torchrun for more) in a scratch folder.
+
+The suite runs on every core (pytest-xdist), a file per worker at a time. The tests that read the tiny
+end-to-end report (`project`) are all in test_report.py, so that it is made once, on the worker that starts
+with it while the others run the rest. `-m "not slow"` (make test-fast) leaves out the tests that train more
+than a few steps or build a book.
+"""
 
 import csv
 import os
@@ -10,17 +16,14 @@ import pytest
 
 from ddp_core.engine.config import load_profile, to_args
 from ddp_core.launch.local import launch_command
+from ddp_core.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_STUDIES = REPO / "tests" / "studies-tiny.yml"
 WORLD_SIZES = (1, 4)  # of the scaling study in TINY_STUDIES
 # The tiny profile's data and model, to which each test adds its batch, samples and epochs.
-TINY_SYNTHETIC = [*to_args({key: load_profile("tiny")[key] for key in ("dataset", "preset", "vocab_size", "seq_len")}),
+TINY_SYNTHETIC = [*to_args({key: load_profile("tiny")[key]
+                            for key in ("threads_per_rank", "dataset", "preset", "vocab_size", "seq_len")}),
                   "--no-progress"]
-
-
-def train_command(nproc: int) -> list[str]:
-    return launch_command(nproc)
 
 
 def local_data_dir() -> Path | None:
@@ -49,7 +52,7 @@ def isolated_env(tmp_path_factory) -> dict:
 
 def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
     """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not."""
-    proc = subprocess.run(train_command(nproc) + [str(a) for a in args], cwd=cwd, env=env,
+    proc = subprocess.run(launch_command(nproc) + [str(a) for a in args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
     if expect_ok and proc.returncode != 0:
         pytest.fail(f"training failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -60,6 +63,25 @@ def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True) -> s
 def train(tmp_path, isolated_env):
     """`run_training` in this test's own scratch folder."""
     return lambda *args, **kw: run_training(args, cwd=tmp_path, env=isolated_env, **kw)
+
+
+@pytest.fixture
+def refused(tmp_path, isolated_env, monkeypatch, capsys):
+    """The trainer's `main` called in this process, in this test's scratch folder with the tests' environment, as
+    a finished process: for input the trainer refuses before it trains, where an interpreter start per case would
+    cost more than the case."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in isolated_env.items():
+        monkeypatch.setenv(name, value)
+
+    def run(*args) -> subprocess.CompletedProcess:
+        from ddp_core.train import main
+
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+    return run
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -94,13 +116,32 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
+REPORT_TESTS = "test_report.py"  # the one file whose tests read the tiny report: one worker runs it, first
+BOOK_TESTS = (REPORT_TESTS, "test_reference.py")  # the files that build a book, the longest first
+
+
+def pytest_collection_modifyitems(items):
+    """The files that build a book first, the longest first, then the rest as collected: the longest chains start
+    while the other workers share everything else. A test elsewhere that asks for the tiny report would make it a
+    second time."""
+    for item in items:
+        if "project" in getattr(item, "fixturenames", ()):
+            if item.path.name != REPORT_TESTS:
+                raise pytest.UsageError(f"{item.nodeid} reads the tiny report: move it to tests/{REPORT_TESTS}")
+            item.add_marker(pytest.mark.slow)
+    order = {name: i for i, name in enumerate(BOOK_TESTS)}
+    items.sort(key=lambda item: order.get(item.path.name, len(BOOK_TESTS)))
+
+
 @pytest.fixture(scope="session")
 def project(tmp_path_factory, isolated_env):
     """A copy of the project in which `make report` ran every study at the tests' scale (tests/studies-tiny.yml:
-    the tiny profile), as CI and a user run it."""
+    the tiny profile), as CI and a user run it; what it printed is in make-report.log beside."""
     project = copy_project(tmp_path_factory.mktemp("project"))
     proc = subprocess.run(["make", "-o", ".venv/.installed", "report", f"STUDY_LIST={TINY_STUDIES}",
                            "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
-                          cwd=project, env=isolated_env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+                          cwd=project, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1800)
+    (project.parent / "make-report.log").write_text(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-5000:]
     return project

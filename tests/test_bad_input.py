@@ -1,4 +1,6 @@
-"""Bad input: one line on stderr, a non-zero exit, no traceback, and nothing written."""
+"""Bad input: one line on stderr, a non-zero exit, no traceback, and nothing written. The trainer's refusals are
+called in this process (`refused`); what needs a process of its own (torchrun, an offline Hub, the notebook's
+launch) starts one."""
 
 import gzip
 import json
@@ -7,6 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, one_line_error
+from ddp_core.launch.local import ExperimentError, prepare, run_local
 
 BATCH = ["--global-batch-size", "8"]
 
@@ -47,11 +50,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("args,fragment", CASES.values(), ids=CASES.keys())
-def test_bad_arguments_fail_in_one_line_and_write_nothing(train, tmp_path, args, fragment):
+def test_bad_arguments_fail_in_one_line_and_write_nothing(refused, tmp_path, args, fragment):
     (tmp_path / "empty").mkdir()
     (tmp_path / "afile").write_text("mine\n")
     before = sorted(tmp_path.rglob("*"))
-    assert_one_line_error(train(*args, expect_ok=False), fragment)
+    assert_one_line_error(refused(*args), fragment)
     assert sorted(tmp_path.rglob("*")) == before
 
 
@@ -77,7 +80,7 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("name,content,fragment", BAD_FILES.values(), ids=BAD_FILES.keys())
-def test_bad_data_files_are_named_with_the_row_and_the_fault_in_one_line(train, tmp_path, name, content, fragment):
+def test_bad_data_files_are_named_with_the_row_and_the_fault_in_one_line(refused, tmp_path, name, content, fragment):
     folder = tmp_path / "data" / "imdb"
     if name.endswith(".gz") and not isinstance(content, bytes):
         write_csv(folder, name, content if content is not None else TWO_ROWS * 2000)
@@ -88,8 +91,8 @@ def test_bad_data_files_are_named_with_the_row_and_the_fault_in_one_line(train, 
         folder.mkdir(parents=True)
         (folder / name).write_bytes(content)
     before = sorted(tmp_path.rglob("*"))
-    proc = train("--dataset", "imdb", "--data-dir", tmp_path / "data", *BATCH, "--train-samples", 8,
-                 "--out", tmp_path / "run", expect_ok=False)
+    proc = refused("--dataset", "imdb", "--data-dir", tmp_path / "data", *BATCH, "--train-samples", 8,
+                   "--out", tmp_path / "run")
     assert_one_line_error(proc, fragment)
     if "classes" not in fragment:
         assert str(folder / name) in proc.stderr
@@ -102,12 +105,12 @@ def test_unreachable_hub_without_local_copy_says_how_to_pass_one(train, tmp_path
     assert not (tmp_path / "results").exists()
 
 
-def test_existing_run_is_never_overwritten(train, tmp_path):
+def test_existing_run_is_never_overwritten(refused, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "run.json").write_text(json.dumps({"mine": True}))
     (run_dir / "metrics.csv").write_text("precious\n")
-    assert_one_line_error(train(*TINY_SYNTHETIC, *BATCH, "--out", run_dir, expect_ok=False), "already holds a run")
+    assert_one_line_error(refused(*TINY_SYNTHETIC, *BATCH, "--out", run_dir), "already holds a run")
     assert json.loads((run_dir / "run.json").read_text()) == {"mine": True}
     assert (run_dir / "metrics.csv").read_text() == "precious\n"
 
@@ -119,6 +122,21 @@ def test_under_torchrun_a_bad_input_is_reported_once(train):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-def test_nccl_without_gpus_is_refused(train):
-    assert_one_line_error(train(*TINY_SYNTHETIC, *BATCH, "--backend", "nccl", expect_ok=False),
+def test_nccl_without_gpus_is_refused(refused):
+    assert_one_line_error(refused(*TINY_SYNTHETIC, *BATCH, "--backend", "nccl"),
                           "--backend nccl needs a CUDA GPU")
+
+
+def test_a_run_the_trainer_refuses_fails_the_notebook_in_the_trainers_one_line(tmp_path, isolated_env, monkeypatch):
+    folder = tmp_path / "data" / "imdb"
+    write_csv(folder, "train.csv.gz", "text,label\ngood film,1\nbad film,5\n")
+    write_csv(folder, "test.csv.gz", TWO_ROWS)
+    for name, value in isolated_env.items():
+        monkeypatch.setenv(name, value)
+    plan = prepare(world_size=2, launcher="local", results_dir=str(tmp_path / "results"), experiment="bad",
+                   profile="tiny", overrides={"dataset": "imdb", "data_dir": str(tmp_path / "data")})
+    with pytest.raises(ExperimentError) as refused:
+        run_local(plan)
+    assert str(refused.value) == (f"ddp_core.train: error: {folder / 'train.csv.gz'}: row 2: label 5 out of range; "
+                                  f"expected 0..1")
+    assert not plan.run_dir.exists()

@@ -9,15 +9,17 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import train_command
-from ddp_core.report.cost_model import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, fit_alpha_beta, training_flops
 from ddp_core.engine.model import PRESETS, ModelConfig, TransformerClassifier, count_parameters
-from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, forecast, nvlink_fit
+from ddp_core.engine.model_cost import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, training_flops
+from ddp_core.launch.local import launch_command
+from ddp_core.report.cost_model import fit_alpha_beta
+from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, FORECAST_GPUS, forecast, nvlink_fit
 
 
+@pytest.mark.slow
 def test_benchmark_reports_time_and_the_nccl_tests_bandwidths(tmp_path, isolated_env):
-    launch = train_command(2)[:-1] + ["ddp_core.bench.allreduce", "--out", str(tmp_path / "ar"),
-                                      "--max-bytes", str(2**16), "--seconds-per-size", "0.02"]
+    launch = launch_command(2, "-m", "ddp_core.bench.allreduce") + ["--out", str(tmp_path / "ar"), "--max-bytes",
+                                                                    str(2**16), "--seconds-per-size", "0.02"]
     subprocess.run(launch, cwd=tmp_path, env=isolated_env, check=True, capture_output=True, timeout=300)
     bench = pd.read_csv(tmp_path / "ar" / "allreduce.csv")
     assert list(bench["size_bytes"]) == [4, 16, 64, 256, 1024, 4096, 16384, 65536]
@@ -62,10 +64,10 @@ def test_training_flops_agree_with_pytorchs_flop_counter(preset):
 def test_nvlink_forecast_is_sourced_and_brackets_the_speedup_between_its_two_overlap_scenarios():
     published = pd.read_csv(ALLREDUCE_FILE, comment="#")
     assert "https://github.com/Azure/AI-benchmarking-guide" in ALLREDUCE_FILE.read_text().splitlines()[1]
-    fit = nvlink_fit(4)
+    fit = nvlink_fit(FORECAST_GPUS)
     assert published["busbw_GBps"].iloc[-8] < fit.bus_bandwidth_GBps <= published["busbw_GBps"].max()
     workload = {"global_batch_size": 32, "model": {"vocab_size": 20000, "max_len": 128, "num_classes": 2}}
-    ahead = forecast(workload["model"], workload["global_batch_size"], 4)
+    ahead = forecast(workload["model"], workload["global_batch_size"], FORECAST_GPUS)
     assert list(ahead.index) == list(PRESETS)
     assert (ahead["speedup_no_overlap"] <= ahead["speedup_last_bucket_only"]).all()
     assert (ahead["break_even_compute_ms"] < ahead["efficiency_90_compute_ms"]).all()

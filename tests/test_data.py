@@ -38,6 +38,7 @@ def test_ag_news_test_only_copy_is_split_into_disjoint_train_and_eval(cfg):
     assert shared <= 5  # only texts that occur twice in the source may appear on both sides
 
 
+@pytest.mark.slow
 def test_a_two_rank_run_tokenizes_once_and_a_rerun_not_at_all(train, data_dir):
     args = ["--dataset", "imdb", "--data-dir", data_dir, "--preset", "tiny", "--train-samples", 256,
             "--eval-samples", 64, "--seq-len", 32, "--global-batch-size", 32, "--no-progress", "--check"]

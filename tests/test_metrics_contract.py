@@ -6,8 +6,11 @@ import time
 
 import pytest
 
-from conftest import TINY_SYNTHETIC, read_metrics, run_training, train_command
+from conftest import TINY_SYNTHETIC, read_metrics, run_training
 from ddp_core.engine.run_files import METRICS_COLUMNS
+from ddp_core.launch.local import launch_command
+
+pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
 REQUIRED = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "train_samples", "epoch_time_s",
             "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s", "comm_total_s", "comm_exposed_s",
@@ -64,7 +67,7 @@ def test_run_json_records_provenance(runs):
 def test_killed_run_keeps_a_valid_csv_of_completed_epochs_and_resumes(train, tmp_path, isolated_env):
     run_without_epochs = [*RUN[:-2], "--out", tmp_path / "run"]
     args = [*run_without_epochs, "--epochs", 50]
-    proc = subprocess.Popen(train_command(1) + [str(a) for a in args], cwd=tmp_path, env=isolated_env,
+    proc = subprocess.Popen(launch_command(1) + [str(a) for a in args], cwd=tmp_path, env=isolated_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:

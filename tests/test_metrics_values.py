@@ -13,6 +13,8 @@ from ddp_core.engine.config import parse_args
 from ddp_core.engine.data import load_data
 from ddp_core.engine.model import ModelConfig, TransformerClassifier
 
+pytestmark = pytest.mark.slow  # every test here trains more than a few steps
+
 # 96 training samples make whole steps at 1, 2 and 3 ranks; 37 evaluation samples leave a partial last batch.
 DATA = [*TINY_SYNTHETIC, "--train-samples", 96, "--eval-samples", 37, "--dropout", "0"]
 FROZEN = ["--lr", "1e-30", "--warmup-steps", 0, "--epochs", 1]  # an update far below float32 resolution

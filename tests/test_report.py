@@ -1,12 +1,13 @@
 """The report: notebooks run under papermill, the book builds with warnings as errors, and what it
-shows is what the CSVs say."""
+shows is what the CSVs say. Every test that reads the tiny end-to-end report (`project`) is in this file, which
+one worker runs (`--dist loadfile`), so that the report is made once."""
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jupytext
@@ -14,9 +15,11 @@ import pandas as pd
 import papermill
 import pytest
 
-from conftest import REPO, WORLD_SIZES
+from conftest import REPO, TINY_STUDIES, WORLD_SIZES
 from ddp_core.launch.local import ExperimentError, prepare, run_local
-
+from ddp_core.report import training_studies
+from ddp_core.report.results import load_experiment, load_study
+from ddp_core.studies.study_list import load_study_list
 
 
 def page_text(site: Path, page: str) -> str:
@@ -127,30 +130,67 @@ def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, r
     assert str(results / "n4" / reason.split(":")[0]) in failure.value.evalue and reason.split(": ")[1] in failure.value.evalue
 
 
-@pytest.mark.skipif(shutil.which("latexmk") is None and os.geteuid() != 0,
-                    reason="TeX is absent and installing it (make pdf runs apt-get) needs root")
-def test_pdf_holds_the_equations_and_the_figures(project, isolated_env):
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "pdf"], cwd=project, env=isolated_env,
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    latex = project / "_build" / "latex"
-    tex = (latex / "book.tex").read_text()
-    assert tex.count(r"\begin{equation*}") + tex.count(r"\[") >= 8
-    assert r"T_\text{ring}(S, N) = 2(N-1)\,\alpha" in tex
-    figures = re.findall(r"\\sphinxincludegraphics(?:\[[^\]]*\])?\{\{?([^}]+?)\}?\.png\}", tex)
-    assert len(figures) >= 4 and all((latex / f"{name}.png").is_file() for name in figures)
-    assert re.search(r"Output written on book\.pdf \(\d+ pages", (latex / "book.log").read_text())
+# The studies of the tiny report -------------------------------------------------------------------------------
+
+STUDIES = load_study_list()
 
 
-def test_pointing_the_book_at_other_runs_changes_what_a_plain_rebuild_shows(project, tmp_path, isolated_env):
-    other = tmp_path / "other"
-    shutil.copytree(project / "results", other, ignore=shutil.ignore_patterns("checkpoint.pt"))
-    killed = pd.read_csv(other / "scaling" / "n4" / "metrics.csv").iloc[:1]  # as if the 4-rank run had stopped
-    killed.to_csv(other / "scaling" / "n4" / "metrics.csv", index=False)  # after epoch 1
-    build = subprocess.run([str(project / ".venv" / "bin" / "jupyter-book"), "build", "book"], cwd=project,
-                           env=isolated_env | {"DDP_CORE_RESULTS_DIR": str(other)}, capture_output=True, text=True,
-                           timeout=600)
-    assert build.returncode == 0, build.stdout[-3000:]
-    assert (project / "book" / "results" / "scaling").resolve() == other / "scaling"
-    text = page_text(project / "_build" / "html", "notebooks/scaling_analysis")
-    assert f"one epoch takes {killed['epoch_time_s'].iloc[0]:.2f} s" in text
+def metrics_of(folder) -> pd.DataFrame:
+    return pd.read_csv(folder / "metrics.csv")
+
+
+def test_make_report_prints_a_line_per_run_with_its_time_and_no_kernel_chatter(project):
+    printed = (project.parent / "make-report.log").read_text()
+    runs = [run.folder for study in load_study_list(TINY_STUDIES).values() for run in study.runs()]
+    lines = re.findall(r"^\[(\d+)/(\d+)\] (\S+): train in \d+ s$", printed, re.MULTILINE)
+    assert [(int(i), int(n), folder) for i, n, folder in lines] == [(i, len(runs), f) for i, f in enumerate(runs, 1)]
+    assert re.search(r"^scaling: all-reduce benchmark on 4 ranks: done in \d+ s$", printed, re.MULTILINE), printed
+    assert "Kernel" not in printed and "IPKernelApp" not in printed, printed
+
+
+def test_running_the_studies_again_reuses_every_finished_run(project, isolated_env):
+    before = {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")}
+    proc = subprocess.run([sys.executable, "-m", "ddp_core.studies.run", "--study-list", str(TINY_STUDIES),
+                           "--results-dir", "results"], cwd=project, env=isolated_env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    runs = sum(len(study.runs()) for study in load_study_list(TINY_STUDIES).values())
+    assert proc.stdout.count("done before, reused") == runs
+    assert {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")} == before
+
+
+def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project):
+    folder = project / "results" / "grad_accum"
+    runs = {"one_batch": "n1", "accumulated": "n1", "ddp": "n2"}
+    losses = {name: metrics_of(folder / name / run)[["train_loss", "val_loss"]] for name, run in runs.items()}
+    worst = max(float((losses[name] - losses["one_batch"]).abs().max().max()) for name in runs)
+    assert worst < 1e-4
+    found = training_studies.accumulation_findings(load_study(folder))
+    assert found["accum_loss_gap"] == pytest.approx(worst)
+    assert "they train the same model" in found["accum_same_sentence"]
+
+
+def test_int8_quantization_shrinks_the_model_and_fp32_scores_what_training_reported(project):
+    run_dir = project / "results" / "quantization" / "n1"
+    measured = pd.read_csv(run_dir / "quantization.csv").set_index("model")
+    assert measured.loc["fp32", "accuracy"] == metrics_of(run_dir)["val_accuracy"].iloc[-1]
+    assert measured.loc["int8", "size_mb"] < measured.loc["fp32", "size_mb"]
+    assert (measured["latency_ms_per_batch"] > 0).all()
+    found = training_studies.quantization_findings(load_experiment(run_dir.parent))
+    assert found["quant_size_ratio"] == pytest.approx(measured.loc["int8", "size_mb"] / measured.loc["fp32", "size_mb"])
+
+
+def test_quantization_never_overwrites_a_result(project, isolated_env):
+    run_dir = project / "results" / "quantization" / "n1"
+    before = (run_dir / "quantization.csv").read_text()
+    proc = subprocess.run([sys.executable, "-m", "ddp_core.bench.quantize", str(run_dir)], env=isolated_env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("exists; it is never overwritten")
+    assert (run_dir / "quantization.csv").read_text() == before
+
+
+@pytest.mark.parametrize("name", [name for name in STUDIES if name != "scaling"])
+def test_each_study_page_shows_its_figure_or_table(project, name):
+    page = (project / "_build" / "html" / "studies" / f"{name}.html").read_text()
+    assert "<table" in page
+    assert "Traceback" not in page

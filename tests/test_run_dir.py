@@ -5,7 +5,11 @@ import gzip
 import json
 import math
 
+import pytest
+
 from conftest import TINY_SYNTHETIC, one_line_error, read_metrics
+
+pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
 RUN = [*TINY_SYNTHETIC, "--global-batch-size", 16, "--train-samples", 128, "--eval-samples", 32]
 

@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
+from benchmarks.single_device import LOOPS
 from conftest import REPO
-from ddp_core.report.single_device import LOOPS, Measurement, ratio_sentence, ratio_table, throughput_table
+from ddp_core.report.results import Measurement
+from ddp_core.report.single_device import ratio_sentence, ratio_table, throughput_table
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -43,7 +45,10 @@ def test_the_measurement_names_its_device_code_and_ceiling(measured):
     info = json.loads((folder / "device.json").read_text())
     assert info["device"] == "cpu" and info["backend"] == "gloo" and info["end_time"] and info["git_commit"]
     assert info["matmul_tflops"]["off"] > 0
-    assert "ddp_core / plain loop:" in proc.stdout and "timers on / off:" in proc.stdout
+    assert "measured into out/single_device/cpu" in proc.stdout
+    summary = subprocess.run([sys.executable, "-m", "ddp_core.report.single_device", str(folder)],
+                             capture_output=True, text=True, check=True)
+    assert "ddp_core / plain loop:" in summary.stdout and "timers on / off:" in summary.stdout
 
 
 def test_a_device_measured_before_is_never_overwritten(measured, isolated_env):

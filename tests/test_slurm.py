@@ -13,6 +13,8 @@ import torch
 
 from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
 
+pytestmark = pytest.mark.slow  # every test here trains more than a few steps
+
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 
 

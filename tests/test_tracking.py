@@ -10,6 +10,7 @@ from conftest import TINY_SYNTHETIC
 mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed: pip install 'ddp_core[mlflow]'")
 
 
+@pytest.mark.slow
 def test_a_run_tracked_in_mlflow_logs_its_settings_epochs_and_files(train, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"

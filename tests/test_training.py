@@ -7,6 +7,8 @@ import torch
 
 from conftest import TINY_SYNTHETIC, read_metrics
 
+pytestmark = pytest.mark.slow  # every test here trains more than a few steps
+
 
 def final_parameters(run_dir):
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
@@ -58,7 +60,7 @@ def test_synthetic_task_is_learned(train, tmp_path):
 
 
 def test_small_model_learns_imdb_well_above_chance(train, tmp_path, data_dir):
-    train("--dataset", "imdb", "--data-dir", data_dir, "--preset", "small", "--train-samples", 3000,
-          "--eval-samples", 1000, "--seq-len", 128, "--global-batch-size", 32, "--epochs", 2, "--lr", "3e-3",
-          "--warmup-steps", 30, "--no-progress", "--out", tmp_path / "imdb")
+    train("--dataset", "imdb", "--data-dir", data_dir, "--preset", "small", "--threads-per-rank", 1,
+          "--train-samples", 3000, "--eval-samples", 1000, "--seq-len", 128, "--global-batch-size", 32, "--epochs", 2,
+          "--lr", "3e-3", "--warmup-steps", 30, "--no-progress", "--out", tmp_path / "imdb")
     assert float(read_metrics(tmp_path / "imdb")[-1]["val_accuracy"]) >= 0.65

@@ -26,11 +26,12 @@ from sphinx.errors import ExtensionError
 
 
 def link_and_tabulate(app):
+    from ddp_core.paths import RESULTS_DIR
     from ddp_core.report.results import ResultsError, study_tables
     from ddp_core.studies.study_list import StudyError, load_study_list
 
     project = Path(app.srcdir).parent
-    results = Path(os.environ.get("DDP_CORE_RESULTS_DIR") or project / "results")
+    results = Path(os.environ.get("DDP_CORE_RESULTS_DIR") or project / RESULTS_DIR)
     folder = Path(app.srcdir) / "results"
     if folder.is_symlink():  # the layout before studies: one link to one experiment
         folder.unlink()
@@ -81,6 +82,8 @@ RUN_TITLE = "# One training run"
 
 
 def title_run_page(app, docname, source):
+    from ddp_core.report.tables import rank_label
+
     parts = docname.split("/")
     if parts[0] != "results" or parts[-1] != "run_experiment":
         return
@@ -88,7 +91,7 @@ def title_run_page(app, docname, source):
     info = json.loads((Path(app.srcdir).joinpath(*parts[:-1]) / "run.json").read_text())
     n = info["world_size"]
     repeat = f", repeat {run.split('-r')[1]}" if "-r" in run else ""
-    title = (f"# Run on {n} rank{'s' if n > 1 else ''}{repeat}: {info['config']['dataset']}, "
+    title = (f"# Run on {rank_label(n)}{repeat}: {info['config']['dataset']}, "
              f"{info['config']['preset']} model, seed {info['config']['seed']}")
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
 

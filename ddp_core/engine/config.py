@@ -25,12 +25,17 @@ from typing import Literal
 
 import yaml
 
+from ddp_core.paths import REPO_ROOT
+
 CHECKPOINT_NAME = "checkpoint.pt"
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "profiles"
+PROFILES_DIR = REPO_ROOT / "notebooks" / "profiles"
 
 
 class UsageError(Exception):
     """A mistake in the user's input: reported as one line, never as a traceback."""
+
+
+ERROR_PREFIX = "ddp_core.train: error:"  # starts the trainer's one line; the launchers look for it in the output
 
 
 def setting(default, help: str, *, resumable: bool = False, env: str | None = None, group: str | None = None):

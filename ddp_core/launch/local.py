@@ -16,7 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_core.engine.config import CHECKPOINT_NAME, UsageError, differing_settings, load_profile, parse_args, to_args
+from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, UsageError, differing_settings, load_profile,
+                                    parse_args, to_args)
 
 LAUNCHERS = ("local", "slurm")
 
@@ -96,12 +97,13 @@ def refuse_interrupted(plan: Plan) -> None:
                               f"choose another experiment name")
 
 
-def launch_command(world_size: int) -> list[str]:
-    """`ddp_core.train` on this machine: plain python for 1 rank, torchrun for more."""
+def launch_command(world_size: int, *program: str) -> list[str]:
+    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more.
+    PROGRAM is `-m MODULE` or a script; by default the trainer."""
+    program = program or ("-m", "ddp_core.train")
     if world_size == 1:
-        return [sys.executable, "-m", "ddp_core.train"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-            "-m", "ddp_core.train"]
+        return [sys.executable, *program]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}", *program]
 
 
 def _stop_with_parent() -> None:
@@ -115,27 +117,27 @@ def _stop_with_parent() -> None:
 
 
 def run_local(plan: Plan) -> bool:
-    """Check the data, then train with torchrun (plain python for 1 rank), echoing each epoch's line."""
+    """Train with torchrun (plain python for 1 rank), echoing each epoch's line. The trainer checks its settings
+    and data before it writes anything; a run it refuses fails here with its one error line."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
     refuse_interrupted(plan)
-    check = subprocess.run([sys.executable, "-m", "ddp_core.train", *plan.train_args, "--check"],
-                           capture_output=True, text=True)
-    if check.returncode != 0:
-        raise ExperimentError((check.stderr.strip().splitlines() or ["data check failed"])[-1])
-    print(check.stdout.strip())
     command = [*launch_command(plan.world_size), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
     if plan.action == "resume":
         command.append("--resume")
     print("$", " ".join(["python", *command[1:]]), flush=True)
-    tail = deque(maxlen=20)
+    tail, refusal = deque(maxlen=20), None
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=_stop_with_parent if sys.platform == "linux" else None) as proc:
         for line in proc.stdout:
             tail.append(line.rstrip())
             if line.startswith("ddp_core:"):
                 print(line.rstrip(), flush=True)
+            elif line.startswith(ERROR_PREFIX):
+                refusal = line.rstrip()
+    if refusal:
+        raise ExperimentError(refusal)
     if proc.returncode != 0:
         raise ExperimentError(f"training exited with code {proc.returncode}; its last lines:\n" + "\n".join(tail))
     return True

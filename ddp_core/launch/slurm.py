@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from ddp_core.engine.config import ERROR_PREFIX
 from ddp_core.launch.local import ExperimentError, Plan, refuse_interrupted
+from ddp_core.paths import REPO_ROOT
 
-SBATCH_SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "ddp_train.sbatch"
+SBATCH_SCRIPT = REPO_ROOT / "slurm" / "ddp_train.sbatch"
 JOB_ID_FILE = "slurm_job_id"
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}
@@ -77,7 +79,7 @@ def failure_report(run_dir: Path, job_id: str, lines: int = 15) -> str:
     if not log.is_file():
         return f"no log at {log}"
     text = log.read_text(errors="replace").splitlines()
-    causes = dict.fromkeys(line.strip() for line in text if "ddp_core.train: error:" in line)
+    causes = dict.fromkeys(line.strip() for line in text if ERROR_PREFIX in line)
     return "\n".join([*causes, f"--- end of {log}:", *text[-lines:]])
 
 

@@ -1,4 +1,6 @@
 """The alpha-beta model of ring all-reduce, fitted to `bench_allreduce`, and the DDP speedup it predicts.
+Reads an `Experiment` (`results.load_experiment`); offers the fit (`fit_alpha_beta`, `allreduce_fits`), the
+prediction (`predict`, a DataFrame per world size) and the per-rank compute both use (`rank_compute_s`).
 
     python -m ddp_core.report.cost_model results/report     # prints the fit and the prediction errors
 
@@ -14,7 +16,7 @@ Prediction for N ranks, from the 1-rank run and the fit alone, except for one me
   benchmark at the bucket's size (interpolated between the two nearest sizes on log-log axes; the
   fit only outside the measured range). One straight alpha-beta line over bytes to hundreds of
   MB errs most in the middle, where the buckets are; the measurement does not. Buckets are formed
-  as DDP forms them: parameters in reverse order, a first bucket of 1 MiB, then 25 MiB.
+  as DDP forms them (`ddp_core.engine.model_cost.bucket_sizes`).
 - exposed communication: the predicted communication times the fraction the N-rank run left
   exposed (the one measured input). Two scenarios without it are given beside: every bucket
   exposed (no overlap at all), and only the last bucket exposed (DDP's best case).
@@ -27,14 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
 
-from ddp_core.engine.model import PRESETS, ModelConfig, TransformerClassifier
+from ddp_core.engine.model_cost import bucket_sizes, training_flops
 from ddp_core.report.results import Experiment, RunInfo, run_on_folder
 from ddp_core.report.scaling import scaling_table
-
-FIRST_BUCKET_BYTES = 2**20
-BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass
@@ -73,44 +71,6 @@ def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
     return AlphaBeta(n, float(alpha), float(beta), float(r2), float(np.max(np.abs(predicted / seconds - 1))))
 
 
-def meta_model(model_config: dict) -> TransformerClassifier:
-    """The model's shapes without its memory: enough to count parameters and FLOPs of any preset."""
-    with torch.device("meta"):
-        return TransformerClassifier(ModelConfig(**model_config))
-
-
-def preset_configs(model_config: dict) -> dict[str, dict]:
-    """Every preset's shape at the vocabulary, length and classes of `model_config` (a run's workload)."""
-    return {preset: vars(ModelConfig.from_preset(preset, vocab_size=model_config["vocab_size"],
-                                                 max_len=model_config["max_len"],
-                                                 num_classes=model_config["num_classes"]))
-            for preset in PRESETS}
-
-
-def bucket_sizes(model_config: dict) -> list[int]:
-    """Gradient bucket sizes in bytes (fp32), in the order DDP fills and all-reduces them."""
-    buckets, current, cap = [], 0, FIRST_BUCKET_BYTES
-    for param in reversed(list(meta_model(model_config).parameters())):
-        current += param.numel() * 4
-        if current >= cap:
-            buckets.append(current)
-            current, cap = 0, BUCKET_BYTES
-    return buckets + ([current] if current else [])
-
-
-def training_flops(model_config: dict, tokens: int) -> float:
-    """FLOPs of forward and backward over `tokens` tokens (padding included: it is computed too).
-
-    Forward: 2 per weight of every Linear per token, and 4 T d per layer per token for the attention
-    scores and the weighted values; backward twice the forward. Embedding lookups cost no FLOPs, but
-    their gradient is all-reduced like any other, which is why embedding-heavy models communicate
-    much for little compute.
-    """
-    linear_weights = sum(m.weight.numel() for m in meta_model(model_config).modules() if isinstance(m, torch.nn.Linear))
-    attention = 4 * model_config["n_layers"] * model_config["max_len"] * model_config["d_model"]
-    return 3 * tokens * (2 * linear_weights + attention)
-
-
 def compute_to_comm_ratio(model_config: dict, tokens_per_rank: int, flops_per_s: float, fit: AlphaBeta) -> float:
     """R_N of the theory chapter: a rank's compute per step over the all-reduce of all its gradient buckets."""
     communication = sum(fit.allreduce_s(size) for size in bucket_sizes(model_config))
@@ -121,6 +81,12 @@ def cores_per_rank(run: RunInfo) -> float:
     if run.on_gpu:
         return 1.0
     return min(run.threads_per_rank, run.cpu_count / run.local_world_size)
+
+
+def rank_compute_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
+    """A rank's compute per step in `run`, from `one_rank_s` of the 1-rank run `one`: scaled by the per-rank
+    batch and inversely by the share of the machine the rank gets (`cores_per_rank`)."""
+    return one_rank_s * run.per_rank_batch_size / one.per_rank_batch_size * cores_per_rank(one) / cores_per_rank(run)
 
 
 def allreduce_fits(experiment: Experiment) -> dict[int, AlphaBeta]:
@@ -144,8 +110,7 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
         comm = sum(buckets)
         measured = table.loc[n]
         exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]
-        compute = (step_s[1] * info.per_rank_batch_size / one.per_rank_batch_size
-                   * cores_per_rank(one) / cores_per_rank(info))
+        compute = rank_compute_s(step_s[1], one, info)
         step_1_per_sample = step_s[1] / one.global_batch_size
         speedup = {name: step_1_per_sample / (step / info.global_batch_size) for name, step in [
             ("predicted", compute + exposed_fraction * comm), ("no_overlap", compute + comm),

@@ -1,4 +1,6 @@
-"""The discussion: where the time went, and when DDP pays off, from the runs and the cost model."""
+"""The discussion: where the time went, and when DDP pays off, from the runs and the cost model. Reads an
+`Experiment`; offers `findings` for the page's glue (`measurement_findings` and `payoff_findings`, which the
+introduction quotes too), `ratio_figure` and `tokens_needed_markdown`."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model import count_parameters
-from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, cores_per_rank, fit_alpha_beta, \
-    meta_model, preset_configs, training_flops
+from ddp_core.engine.model_cost import meta_model, preset_configs, training_flops
+from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, fit_alpha_beta, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.scaling import scaling_table
@@ -32,8 +34,7 @@ def measurement_findings(experiment: Experiment) -> dict:
     lost_comm = big["comm_exposed_per_step_s"]
     more = table.index[table.index > 1]
     base, biggest = experiment.runs[1], experiment.runs[largest]
-    divided = (one["compute_per_step_s"] * biggest.per_rank_batch_size / base.per_rank_batch_size
-               * cores_per_rank(base) / cores_per_rank(biggest))
+    divided = rank_compute_s(one["compute_per_step_s"], base, biggest)
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
         "verdict_sentence": verdict_sentence(table.loc[more]),
@@ -177,7 +178,7 @@ def ratio_figure(experiment: Experiment):
     return fig
 
 
-def tokens_needed_table(experiment: Experiment) -> str:
+def tokens_needed_markdown(experiment: Experiment) -> str:
     """Tokens per rank per step that each preset needs on each kind of rank to reach each target (Markdown)."""
     ratios = _ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
@@ -187,24 +188,3 @@ def tokens_needed_table(experiment: Experiment) -> str:
     return ("Tokens per rank per step needed, by preset:\n\n"
             + needed.map(lambda v: f"{v:,.0f}").to_markdown(disable_numparse=True, colalign=["left"] + ["right"] * len(presets)))
 
-
-def headline_findings(experiment: Experiment) -> dict:
-    """What the book's first page says: what was measured on what, the speedups, and when DDP pays."""
-    table = scaling_table(experiment.metrics)
-    one = experiment.baseline
-    payoff = payoff_findings(experiment)
-    return {
-        "headline_setup": f"the {one.config['preset']} model ({one.parameters:,} parameters) on {one.config['dataset']}, "
-                          f"global batch {one.global_batch_size}, on {one.device_name} with {one.cpu_count} cores "
-                          f"({one.backend})",
-        "headline_speedups": "; ".join(
-            f"{n} ranks: speedup {table.loc[n, 'speedup']:.2f} ({table.loc[n, 'speedup_low']:.2f} to "
-            f"{table.loc[n, 'speedup_high']:.2f} over the {table.loc[n, 'spread_over']}), efficiency "
-            f"{table.loc[n, 'efficiency']:.0%}" for n in table.index if n > 1),
-        "headline_verdict": verdict_sentence(table.loc[table.index > 1]),
-        "headline_shared": "every rank ran on a GPU of its own" if one.on_gpu else
-        f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
-        "headline_payoff": f"with the compute divided among the ranks, as on GPUs, {payoff['ideal_consequence']} here "
-                           f"(compute-to-communication ratio {payoff['ideal_ratio']:.2f} against a break-even "
-                           f"{payoff['break_even_ratio']:.2f} at {payoff['n_model']} ranks)",
-    }

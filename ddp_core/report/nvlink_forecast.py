@@ -1,4 +1,6 @@
 """What the cost model predicts for one node of GPUs on NVLink, from published figures: a prediction, not a run.
+Reads an `Experiment` for its workload and the published figures under `literature/`; offers the fit
+(`nvlink_fit`), the peak rate (`peak_gemm_flops_per_s`) and the forecast per preset (`forecast`, a DataFrame).
 
     python -m ddp_core.report.nvlink_forecast results/report     # prints the forecast for every preset
 
@@ -25,10 +27,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_flops
+from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta
 from ddp_core.report.results import Experiment, run_on_folder
-from ddp_core.report.cost_model import AlphaBeta, bucket_sizes, fit_alpha_beta, preset_configs, training_flops
 
 LITERATURE = Path(__file__).with_name("literature")
+# GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
+FORECAST_GPUS = 4
 # Shares of the peak rate a real step may reach. The peak is a bound no step reaches; 40 % is a little below the
 # model FLOP utilisation of the largest published training runs (PaLM 540B: 46.2 %, Chowdhery et al. 2022);
 # 10 % stands for small models, whose steps are dominated by kernel launches rather than by FLOPs.
@@ -49,7 +54,7 @@ def peak_gemm_flops_per_s() -> float:
     return float(pd.read_csv(GEMM_FILE, comment="#")["tflops"].max() * 1e12)
 
 
-def forecast(model_config: dict, global_batch_size: int, world_size: int = 4) -> pd.DataFrame:
+def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.DataFrame:
     """Per preset: the all-reduce per step, the compute that breaks even, and the speedup bounds.
 
     The workload is a run's: its model's vocabulary, length and classes, and its global batch.
@@ -81,15 +86,16 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int = 4) ->
     return pd.DataFrame(rows).set_index("preset")
 
 
-def print_forecast(experiment: Experiment, world_size: int = 4) -> None:
+def print_forecast(experiment: Experiment) -> None:
     workload = experiment.baseline
-    fit = nvlink_fit(world_size)
+    fit = nvlink_fit(FORECAST_GPUS)
     print(f"A100 NVLink (published): alpha {fit.alpha_s * 1e6:.2f} us, busbw {fit.bus_bandwidth_GBps:.1f} GB/s, "
           f"R^2 {fit.r2:.4f}, max relative error {fit.max_relative_error:.1%}; "
           f"peak FP16 GEMM {peak_gemm_flops_per_s() / 1e12:.1f} TFLOPS")
     print(f"workload: global batch {workload.global_batch_size}, sequence {workload.model['max_len']}, "
-          f"{world_size} GPUs")
-    print(forecast(workload.model, workload.global_batch_size, world_size).to_string(float_format=lambda v: f"{v:.4g}"))
+          f"{FORECAST_GPUS} GPUs")
+    ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
+    print(ahead.to_string(float_format=lambda v: f"{v:.4g}"))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """The chapter "Predicting scaling": the all-reduce fit, predicted against measured speedup, the NVLink
-forecast, and what the CPU these runs used does to the model."""
+forecast, and what the CPU these runs used does to the model. Reads an `Experiment`; offers `findings` for
+the page's glue, `*_markdown` tables and `*_figure`s."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ddp_core.report.cost_model import allreduce_fits, bucket_sizes, measured_allreduce_s, predict
-from ddp_core.report.nvlink_forecast import MFU_SCENARIOS, forecast, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.engine.model_cost import bucket_sizes
+from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, predict
+from ddp_core.report.nvlink_forecast import FORECAST_GPUS, MFU_SCENARIOS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.tables import quantities_by_column
 
-FORECAST_GPUS = 4
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
     "last_bucket_ms": "last bucket (ms)", "compute_bound_ms": "T1 at the peak rate (ms)",
@@ -127,7 +128,7 @@ def bucket_fit_error(experiment: Experiment) -> float:
                for size in bucket_sizes(experiment.baseline.model))
 
 
-def fit_table(experiment: Experiment) -> str:
+def fit_markdown(experiment: Experiment) -> str:
     return ("| ranks | alpha (µs) | beta (ns/B) | busbw (GB/s) | R² | max rel. error |\n|---|---|---|---|---|---|\n"
             + "\n".join(f"| {n} | {f.alpha_s * 1e6:.2f} | {f.beta_s_per_byte * 1e9:.4f} | {f.bus_bandwidth_GBps:.2f} "
                         f"| {f.r2:.4f} | {f.max_relative_error:.1%} |" for n, f in allreduce_fits(experiment).items()))
@@ -152,7 +153,7 @@ PREDICTION_ROWS = [
 ]
 
 
-def prediction_table(experiment: Experiment) -> str:
+def prediction_markdown(experiment: Experiment) -> str:
     """Predicted against measured, part by part, one column per world size (Markdown)."""
     prediction = predict(experiment).assign(
         compute_error=lambda t: t["predicted_compute_s"] / t["measured_compute_s"] - 1,
@@ -175,7 +176,7 @@ def prediction_figure(experiment: Experiment):
     return fig
 
 
-def forecast_table(experiment: Experiment) -> str:
+def forecast_markdown(experiment: Experiment) -> str:
     """The NVLink forecast per preset, presets as columns so that it fits the page."""
     workload = experiment.baseline
     ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)

@@ -1,4 +1,7 @@
-"""The set-up and methods chapters: where and how the runs were made, and the run pages' own summary."""
+"""The set-up and methods chapters: where and how the runs were made, and the run pages' own summary.
+Reads an `Experiment` (the studies overview: the study list and the book's results folder); offers
+`setup_findings` and `study_setup_findings` for the pages' glue, `*_markdown` tables, `run_summary` and
+`learning_curves_figure` for a run's own page."""
 
 from __future__ import annotations
 
@@ -66,8 +69,8 @@ def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
             for run in experiment.all_runs}
 
 
-def shared_table(experiment: Experiment) -> str:
-    """What every run had in common, hardware, software and settings alike (Markdown, one row each)."""
+def shared_markdown(experiment: Experiment) -> str:
+    """What every run had in common, hardware, software and settings alike, one row each."""
     records = _by_run(experiment)
     first = next(iter(records.values()))
     shared = {label: value for label, value in first.items()
@@ -75,8 +78,8 @@ def shared_table(experiment: Experiment) -> str:
     return pd.Series(shared, name="every run").rename_axis("").to_frame().to_markdown(disable_numparse=True)
 
 
-def per_run_table(experiment: Experiment) -> str:
-    """What differed between the runs, one row per run (Markdown): a table that fits however many runs."""
+def per_run_markdown(experiment: Experiment) -> str:
+    """What differed between the runs, one row per run: a table that fits however many runs."""
     records = pd.DataFrame(_by_run(experiment)).T
     differing = [label for label in records.columns if records[label].nunique() > 1]
     return records[differing].rename_axis("run").to_markdown(disable_numparse=True)
@@ -115,7 +118,7 @@ def study_setup_findings(*experiments: Experiment) -> dict:
         f"{' and '.join(kinds)}.")}
 
 
-def studies_overview_table(results: Path, studies: dict) -> str:
+def studies_overview_markdown(results: Path, studies: dict) -> str:
     """One row per study of the list: what it varies, over which ranks and how many runs; then whose runs the
     pages show (a sentence: a column of it would not fit a page)."""
     rows, mine = [], []

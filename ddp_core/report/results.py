@@ -1,11 +1,14 @@
-"""An experiment as the report reads it: a folder of runs that differ in world size (and repeats of each,
-with other seeds), and their all-reduce benchmarks.
+"""Everything the report reads, and the one error it raises when it cannot (`ResultsError`): an experiment, a
+folder of runs that differ in world size (and repeats of each, with other seeds) with their all-reduce
+benchmarks; a study, an experiment per variant; and a single-device measurement.
 
     experiment = load_experiment("results/report")
     experiment.runs[4].threads_per_rank, experiment.repeats[4], experiment.metrics, experiment.allreduce[4]
 
 Each run is a subfolder with metrics.csv and run.json; all-reduce benchmarks are subfolders
-`allreduce-n<N>/allreduce.csv`. Everything the book shows is computed from an `Experiment`.
+`allreduce-n<N>/allreduce.csv`; a measurement of `benchmarks/single_device.py` is a folder per device with
+device.json and epochs.csv. Everything the book shows is computed from these, and the modules with a command
+line (`python -m ddp_core.report.<module> FOLDER`) read them through `run_on_folder`.
 """
 
 from __future__ import annotations
@@ -194,14 +197,41 @@ def tidy_runs(experiment: Experiment) -> pd.DataFrame:
     return experiment.metrics.merge(per_run, on="run")[["run", *METRICS_COLUMNS, *per_run.columns[1:]]]
 
 
-def run_on_folder(prog: str, report, argv: list[str] | None = None) -> int:
-    """`python -m PROG RESULTS_FOLDER`: `report(experiment)` prints its findings, a bad folder one error line."""
+@dataclass(frozen=True)
+class Measurement:
+    """One device's measurement by `benchmarks/single_device.py`: its device.json and epochs.csv."""
+    name: str
+    info: dict
+    epochs: pd.DataFrame
+
+
+def read_measurement(folder: str | Path) -> Measurement:
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / "device.json").read_text())
+        epochs = pd.read_csv(folder / "epochs.csv")
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{folder}: not a finished single-device measurement ({exc})") from None
+    return Measurement(folder.name, info, epochs)
+
+
+def load_measurements(folder: str | Path) -> list[Measurement]:
+    """Every measurement under `folder` (a subfolder per device), the CPU ones first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ResultsError(f"{folder}: no such results folder")
+    found = [read_measurement(sub) for sub in sorted(folder.iterdir()) if (sub / "device.json").exists()]
+    return sorted(found, key=lambda m: (m.info["device"] != "cpu", m.name))
+
+
+def run_on_folder(prog: str, report, load=load_experiment, argv: list[str] | None = None) -> int:
+    """`python -m PROG RESULTS_FOLDER`: `report(load(folder))` prints its findings, a bad folder one error line."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print(f"usage: python -m {prog} RESULTS_FOLDER", file=sys.stderr)
         return 2
     try:
-        report(load_experiment(argv[0]))
+        report(load(argv[0]))
     except ResultsError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,6 @@
-"""The results chapter: speedup, efficiency and the compute/communication split, per world size.
+"""The results chapter: speedup, efficiency and the compute/communication split, per world size. Reads an
+`Experiment`; offers `scaling_table` (a DataFrame, which every other chapter builds on), `findings` for the
+page's glue, `results_markdown` and `*_figure`s.
 
     python -m ddp_core.report.scaling results/report     # prints the summary table
 
@@ -15,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError, run_on_folder
-from ddp_core.report.tables import quantities_by_column
+from ddp_core.report.tables import quantities_by_column, rank_label
 
 WARMUP_EPOCHS = 1
 RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
@@ -126,21 +128,17 @@ RESULTS_ROWS = [
 ]
 
 
-def results_table(experiment: Experiment) -> str:
-    """Per world size (columns), averaged over the steady epochs (Markdown)."""
+def results_markdown(experiment: Experiment) -> str:
+    """Per world size (columns), averaged over the steady epochs."""
     table = scaling_table(experiment.metrics)
-    return quantities_by_column(table, RESULTS_ROWS, [_rank_label(n) for n in table.index])
-
-
-def _rank_label(n: int) -> str:
-    return f"{n} rank{'s' if n > 1 else ''}"
+    return quantities_by_column(table, RESULTS_ROWS, [rank_label(n) for n in table.index])
 
 
 def _each_run(metrics: pd.DataFrame):
     """(world size, run's rows, label): the label once per world size, so that repeats share a legend entry."""
     labelled = set()
     for (n, _), rows in metrics.sort_values("epoch").groupby(["world_size", "run"]):
-        yield n, rows, None if n in labelled else _rank_label(n)
+        yield n, rows, None if n in labelled else rank_label(n)
         labelled.add(n)
 
 
@@ -153,7 +151,7 @@ def epoch_time_figure(experiment: Experiment):
     per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch (each repeat)")
     per_epoch.set_xticks(sorted(metrics["epoch"].unique()))
     per_epoch.legend(fontsize=8)
-    mean_time.bar([_rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
+    mean_time.bar([rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
     mean_time.set(ylabel="seconds", title="Mean epoch time (after warm-up)")
     fig.tight_layout()
     return fig
@@ -192,7 +190,7 @@ def time_split_figure(experiment: Experiment):
         bottom += seconds.to_numpy() * 1e3
     ax.bar(x + 0.2, table["comm_total_per_step_s"] * 1e3, 0.38, color="C2", alpha=0.6,
            label="all-reduce in flight (overlaps compute)")
-    ax.set(xticks=x, xticklabels=[_rank_label(n) for n in table.index], ylabel="ms per step",
+    ax.set(xticks=x, xticklabels=[rank_label(n) for n in table.index], ylabel="ms per step",
            title="Where a step's time goes")
     fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))

@@ -1,6 +1,6 @@
 """The studies of how DDP scales: weak against strong scaling, ranks with their own cores, batch size,
-model size. Each function takes the `Experiment`s of its study (`load_study`) and returns the findings
-its book page quotes, a Markdown table or a figure; every number is computed from the runs' CSVs.
+model size. Reads each study's `Experiment`s (`load_study`); offers per study `<study>_findings` for its
+page's glue, `*_markdown` tables, `*_figure`s, and the DataFrames they are made from (`*_table`).
 """
 
 from __future__ import annotations
@@ -9,14 +9,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.cost_model import bucket_sizes, predict, training_flops
+from ddp_core.engine.model_cost import bucket_sizes, training_flops
+from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import one_row_each, quantities_by_column
-
-
-def _ranks(n: int) -> str:
-    return f"{n} rank{'s' if n > 1 else ''}"
+from ddp_core.report.tables import one_row_each, quantities_by_column, rank_label
 
 
 def ranges_overlap(a: pd.Series, b: pd.Series) -> bool:
@@ -64,11 +61,11 @@ SCALING_ROWS = [
 ]
 
 
-def side_by_side_table(experiments: dict[str, Experiment], rows=SCALING_ROWS) -> str:
+def side_by_side_markdown(experiments: dict[str, Experiment], rows=SCALING_ROWS) -> str:
     """A column per (setup, world size): the quantities of `rows` for several setups of one scaling study."""
     tables = {label: scaling_table(e.metrics) for label, e in experiments.items()}
     combined = pd.concat(tables.values(), ignore_index=True)
-    names = [f"{label}, {_ranks(n)}" for label, t in tables.items() for n in t.index]
+    names = [f"{label}, {rank_label(n)}" for label, t in tables.items() for n in t.index]
     return quantities_by_column(combined, rows, names)
 
 
@@ -152,9 +149,9 @@ def _with_prediction(experiment: Experiment, allreduce) -> pd.DataFrame:
     return table
 
 
-def own_cores_table(shared: Experiment, own: Experiment) -> str:
+def own_cores_markdown(shared: Experiment, own: Experiment) -> str:
     tables = {"shared": _with_prediction(shared, shared.allreduce), "own cores": _with_prediction(own, shared.allreduce)}
-    names = [f"{label}, {_ranks(n)}" for label, t in tables.items() for n in t.index]
+    names = [f"{label}, {rank_label(n)}" for label, t in tables.items() for n in t.index]
     return quantities_by_column(pd.concat(tables.values(), ignore_index=True), OWN_CORES_ROWS, names)
 
 
@@ -208,7 +205,7 @@ BATCH_COLUMNS = {"per_rank_batch": ("Per-rank batch (samples)", "{:.0f}"), "worl
                  "compute_to_comm_ratio": ("Compute / all-reduce, R_N", "{:.2f}")}
 
 
-def batch_table(study: dict[str, Experiment]) -> str:
+def batch_markdown(study: dict[str, Experiment]) -> str:
     sweep = batch_sweep_table(study)
     for column in ("step_time_s", "compute_per_step_s", "comm_total_per_step_s"):
         sweep[column] *= 1e3
@@ -219,9 +216,9 @@ def batch_figure(study: dict[str, Experiment]):
     sweep = batch_sweep_table(study)
     fig, (speed, ratio) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, (n, rows) in enumerate(sweep.groupby("world_size")):
-        speed.plot(rows["per_rank_batch"], rows["samples_per_s"], "o-", color=f"C{i}", label=_ranks(n))
+        speed.plot(rows["per_rank_batch"], rows["samples_per_s"], "o-", color=f"C{i}", label=rank_label(n))
         if n > 1:
-            ratio.plot(rows["per_rank_batch"], rows["compute_to_comm_ratio"], "o-", color=f"C{i}", label=_ranks(n))
+            ratio.plot(rows["per_rank_batch"], rows["compute_to_comm_ratio"], "o-", color=f"C{i}", label=rank_label(n))
     for ax in (speed, ratio):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(sweep["per_rank_batch"].unique()), labels=sorted(sweep["per_rank_batch"].unique()))
@@ -265,7 +262,7 @@ MODEL_ROWS = [
 ]
 
 
-def model_table(study: dict[str, Experiment]) -> str:
+def model_markdown(study: dict[str, Experiment]) -> str:
     table = model_size_table(study)
     return quantities_by_column(table, MODEL_ROWS, list(table.index))
 

@@ -1,5 +1,7 @@
 """One device's training throughput, its model FLOP utilisation, and the overheads of ddp_core and of DDP,
 from the measurements of `benchmarks/single_device.py` (a folder per device: epochs.csv, device.json).
+Reads a `Measurement` (`results.load_measurements`); offers `*_table`s (DataFrames), their `*_markdown`,
+`findings` for a device's section of the page, and the sentences whose words depend on the outcome.
 
     python -m ddp_core.report.single_device results/single_device/cpu     # prints the tables
 
@@ -14,17 +16,14 @@ includes 1 the two are not told apart by this measurement.
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
 from ddp_core.engine.run_files import CPU_EXTENSIONS
+from ddp_core.report.results import Measurement, read_measurement, run_on_folder
 from ddp_core.report.tables import one_row_each
 
-LOOPS = ("plain", "ddp_core", "timed", "ddp_of_one")
 CONFIG = ["preset", "amp", "batch_size"]
 # name: (loop, against loop, in words, the target the loop should reach)
 RATIOS = {
@@ -36,47 +35,22 @@ RATIOS = {
 DATASHEET_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
 
 
-class MeasurementError(Exception):
-    """A measurement folder that cannot be read; the message names the file."""
-
-
-@dataclass(frozen=True)
-class Measurement:
-    name: str
-    info: dict
-    epochs: pd.DataFrame
-
-    @property
-    def peak_tflops(self) -> float | None:
-        return next((peak for name, peak in DATASHEET_BF16_TFLOPS if name in self.info["device_name"]), None)
-
-
-def load_measurement(folder: str | Path) -> Measurement:
-    folder = Path(folder)
-    try:
-        info = json.loads((folder / "device.json").read_text())
-        epochs = pd.read_csv(folder / "epochs.csv")
-    except (OSError, ValueError) as exc:
-        raise MeasurementError(f"{folder}: not a finished single-device measurement ({exc})") from None
-    return Measurement(folder.name, info, epochs)
-
-
-def load_measurements(folder: str | Path) -> list[Measurement]:
-    """Every measurement under `folder`, the CPU ones first."""
-    found = [load_measurement(sub) for sub in sorted(Path(folder).iterdir()) if (sub / "device.json").exists()]
-    return sorted(found, key=lambda m: (m.info["device"] != "cpu", m.name))
+def peak_tflops(m: Measurement) -> float | None:
+    """The device's dense bf16 peak by its datasheet; none for a device without one (a CPU)."""
+    return next((peak for name, peak in DATASHEET_BF16_TFLOPS if name in m.info["device_name"]), None)
 
 
 def throughput_table(m: Measurement) -> pd.DataFrame:
     """Per configuration: samples/s of each loop; model TFLOP/s, MFU and share of the matrix-product rate of
     the trainer as every run uses it (the timed loop)."""
     sums = m.epochs.groupby(CONFIG + ["loop"])[["samples", "seconds"]].sum()
-    rates = (sums["samples"] / sums["seconds"]).unstack("loop")[list(LOOPS)].add_prefix("samples_per_s_")
+    rates = (sums["samples"] / sums["seconds"]).unstack("loop").add_prefix("samples_per_s_")
     flops = m.epochs.groupby(CONFIG)["flops_per_sample"].first()
     table = rates.join(flops)
     table["tflops"] = table["samples_per_s_timed"] * table["flops_per_sample"] / 1e12
     table["share_of_matmul"] = [row.tflops / m.info["matmul_tflops"][amp] for (_, amp, _), row in table.iterrows()]
-    table["mfu"] = table["tflops"] / m.peak_tflops if m.peak_tflops else float("nan")
+    peak = peak_tflops(m)
+    table["mfu"] = table["tflops"] / peak if peak else float("nan")
     return table
 
 
@@ -108,9 +82,13 @@ def ratio_sentence(m: Measurement, name: str) -> str:
     return sentence + "."
 
 
+def _precision(amp: str) -> str:
+    return "bf16" if amp == "bf16" else "fp32"
+
+
 def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
-    table.index = [f"{preset}, {'bf16' if amp == 'bf16' else 'fp32'}, batch {batch}" for preset, amp, batch in table.index]
+    table.index = [f"{preset}, {_precision(amp)}, batch {batch}" for preset, amp, batch in table.index]
     return table
 
 
@@ -122,7 +100,7 @@ def throughput_markdown(m: Measurement) -> str:
                "samples_per_s_timed": ("ddp_core, timers on (samples/s)", "{:.1f}"),
                "compute": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}"),
                "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.0%}")}
-    if m.peak_tflops:
+    if peak_tflops(m):
         columns["mfu"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1%}")
     return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
@@ -136,51 +114,44 @@ def ratio_markdown(m: Measurement) -> str:
     return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
-def ceiling_sentence(m: Measurement) -> str:
-    rates = " and ".join(f"{tflops:.3g} TFLOP/s in {'bf16' if amp == 'bf16' else 'fp32'}"
-                         for amp, tflops in m.info["matmul_tflops"].items())
-    peak = (f"; the datasheet's dense bf16 peak is {m.peak_tflops:g} TFLOP/s" if m.peak_tflops
-            else "; MFU against a datasheet peak is not given for a device without one")
-    sentence = f"One large matrix product ran at {rates} on this device{peak}."
-    if (throughput_table(m)["share_of_matmul"] > 1).any():
-        sentence += (" A share above 100 % means that the model's own, smaller products ran faster than the large "
-                     "one: the library picks its kernels by shape, and at that precision the large product is not "
-                     "this device's ceiling.")
-    return sentence
+def findings(m: Measurement) -> dict:
+    """What a device's section of the page says: its provenance and ceilings, each phrase that depends on the
+    device already chosen (empty where it does not apply)."""
+    info, peak = m.info, peak_tflops(m)
+    return {
+        "device_name": info["device_name"],
+        "compiled": ", the trainer under torch.compile" if info.get("compile") else "",
+        "device": info["device"], "cpu": _cpu_phrase(m), "backend": info["backend"], "torch": info["torch"],
+        "cuda": f"; CUDA {info['cuda']}" if info.get("cuda") and info["device"] != "cpu" else "",
+        "measured_on": info["start_time"][:10], "commit": (info["git_commit"] or "unknown")[:10],
+        "rounds": m.epochs["round"].nunique(),
+        "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {_precision(amp)}"
+                               for amp, tflops in info["matmul_tflops"].items()),
+        "peak": f"; the datasheet's dense bf16 peak is {peak:g} TFLOP/s" if peak
+        else "; MFU against a datasheet peak is not given for a device without one",
+        "share_note": " A share above 100 % means that the model's own, smaller products ran faster than the large "
+                      "one: the library picks its kernels by shape, and at that precision the large product is not "
+                      "this device's ceiling." if (throughput_table(m)["share_of_matmul"] > 1).any() else "",
+    }
+
+
+def _cpu_phrase(m: Measurement) -> str:
+    """': 4 cores with avx2 but no avx512f or amx_bf16' for a CPU that recorded its vector extensions."""
+    extensions = m.info.get("cpu_extensions")
+    if m.info["device"] != "cpu" or extensions is None:
+        return ""
+    missing = [name for name in CPU_EXTENSIONS if name not in extensions]
+    has = f"with {', '.join(extensions)}" if extensions else "with none of"
+    return f": {m.info['cpu_count']} cores {has}" + (f"{' but no' if extensions else ''} {_or(missing)}"
+                                                    if missing else "")
 
 
 def _or(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def provenance_sentence(m: Measurement) -> str:
-    commit = m.info["git_commit"] or "unknown"
-    extensions = m.info.get("cpu_extensions")
-    cpu = ""
-    if m.info["device"] == "cpu" and extensions is not None:
-        missing = [name for name in CPU_EXTENSIONS if name not in extensions]
-        has = f"with {', '.join(extensions)}" if extensions else "with none of"
-        cpu = f": {m.info['cpu_count']} cores {has}" + (f"{' but no' if extensions else ''} {_or(missing)}"
-                                                       if missing else "")
-    return (f"{m.info['device']}{cpu}; {m.info['backend']}; PyTorch {m.info['torch']}"
-            f"{'; CUDA ' + m.info['cuda'] if m.info.get('cuda') and m.info['device'] != 'cpu' else ''}; "
-            f"measured on {m.info['start_time'][:10]} by code commit {commit[:10]}, "
-            f"{m.epochs['round'].nunique()} timed epochs of each loop per configuration")
-
-
-def devices_markdown(measurements: list[Measurement]) -> str:
-    """A section per measured device: provenance, ceilings, the throughput table, the ratio table and what
-    the ratios say."""
-    parts = []
-    for m in measurements:
-        compiled = ", the trainer under torch.compile" if m.info.get("compile") else ""
-        parts += [f"**{m.info['device_name']}{compiled}** ({provenance_sentence(m)}). {ceiling_sentence(m)}",
-                  throughput_markdown(m), ratio_markdown(m),
-                  "\n".join(f"- {ratio_sentence(m, name)}" for name in RATIOS)]
-    return "\n\n".join(parts + [gpu_sentence(measurements)])
-
-
 def gpu_sentence(measurements: list[Measurement]) -> str:
+    """Which GPUs the page's figures come from, or that none was measured yet."""
     gpus = [m.info["device_name"] for m in measurements if m.info["device"] != "cpu"]
     if gpus:
         return (f"The CUDA path (CUDA tensors, NCCL, CUDA-event timers) was measured on {', '.join(gpus)}: "
@@ -190,12 +161,11 @@ def gpu_sentence(measurements: list[Measurement]) -> str:
             "a GPU adds one.")
 
 
-def print_summary(folder: str | Path) -> None:
-    m = load_measurement(folder)
-    rounds = m.epochs["round"].nunique()
+def print_summary(m: Measurement) -> None:
+    found = findings(m)
     print(f"{m.info['device_name']} ({m.info['device']}, {m.info['backend']}, torch {m.info['torch']}), "
-          f"{rounds} timed epoch(s) per loop")
-    print(ceiling_sentence(m))
+          f"{found['rounds']} timed epoch(s) per loop")
+    print(f"One large matrix product: {found['matmul']}{found['peak']}.")
     print(_configuration_index(throughput_table(m)).drop(columns="flops_per_sample")
           .to_string(float_format=lambda v: f"{v:.4g}"))
     for name in RATIOS:
@@ -203,9 +173,4 @@ def print_summary(folder: str | Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m ddp_core.report.single_device FOLDER")
-    try:
-        print_summary(sys.argv[1])
-    except MeasurementError as exc:
-        sys.exit(f"single_device: error: {exc}")
+    sys.exit(run_on_folder("ddp_core.report.single_device", print_summary, read_measurement))

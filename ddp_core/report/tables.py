@@ -5,6 +5,11 @@ from __future__ import annotations
 import pandas as pd
 
 
+def rank_label(n: int) -> str:
+    """A world size in words, "1 rank" or "4 ranks": how tables, legends and axes name it."""
+    return f"{n} rank{'s' if n > 1 else ''}"
+
+
 def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, str]], column_names: list[str]) -> str:
     """Markdown with a column per row of `table` (named by `column_names`) and a row per (label, column of
     `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""

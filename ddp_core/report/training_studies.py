@@ -1,6 +1,7 @@
 """The studies of what is trained and how fast: large batches and their learning rate, gradient accumulation
-against DDP, bf16 against fp32, and int8 inference after training. Each function takes the `Experiment`s
-of its study (`load_study`) and returns the findings its book page quotes, a Markdown table or a figure.
+against DDP, bf16 against fp32, and int8 inference after training. Reads each study's `Experiment`s
+(`load_study`); offers per study `<study>_findings` for its page's glue, a `*_table` (DataFrame), its
+`*_markdown` and, where the page has one, a `*_figure`.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def precision_findings(study: dict[str, Experiment], strong: Experiment) -> dict
 
 # Int8 inference ----------------------------------------------------------------------------------------------
 
-def quantization_results(experiment: Experiment) -> pd.DataFrame:
+def quantization_table(experiment: Experiment) -> pd.DataFrame:
     path = experiment.folder / experiment.baseline.name / "quantization.csv"
     if not path.is_file():
         raise ResultsError(f"{path}: missing (the quantization study writes it after training)")
@@ -201,12 +202,12 @@ QUANTIZATION_COLUMNS = {"size_mb": ("Size on disk (MB)", "{:.2f}"),
 
 
 def quantization_markdown(experiment: Experiment) -> str:
-    table = quantization_results(experiment)
+    table = quantization_table(experiment)
     return one_row_each(table, QUANTIZATION_COLUMNS, "model")
 
 
 def quantization_findings(experiment: Experiment) -> dict:
-    table = quantization_results(experiment)
+    table = quantization_table(experiment)
     fp32, int8 = table.loc["fp32"], table.loc["int8"]
     speed = fp32["latency_ms_per_batch"] / int8["latency_ms_per_batch"]
     gap = int8["accuracy"] - fp32["accuracy"]

@@ -21,11 +21,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_core.launch.local import ExperimentError, Plan, prepare
+from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
+from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, load_study_list, select
 
-RUN_NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "run_experiment.md"
+RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
+# The kernel's own log, critical messages only: its start-up warning and the note it logs when it is shut down,
+# once per run, would bury the runner's progress lines. A failing cell still fails the run, through papermill.
+QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
@@ -54,33 +58,37 @@ def execute_run_notebook(run: Run, results_dir: str) -> None:
                       experiment=run.experiment, results_dir=results_dir)
     try:
         papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
-                                   progress_bar=False)
+                                   progress_bar=False, extra_arguments=QUIET_KERNEL)
     except papermill.PapermillExecutionError as exc:
         raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
                          f" (the notebook: {failed})") from None
     failed.rename(run_dir / NOTEBOOK_NAME)
 
 
+def run_quietly(label: str, command: list[str]) -> None:
+    """A benchmark as one progress line with its time; its own output is shown only when it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+        raise StudyError(f"{label} failed (command: {shlex.join(command)}); its last lines:\n{tail}")
+    print(f"{label}: done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
 def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:
     for n in study.allreduce_world_sizes:
         out = Path(results_dir) / study.name / f"allreduce-n{n}"
-        if (out / "allreduce.csv").exists():
-            continue
-        print(f"{study.name}: all-reduce benchmark on {n} ranks", flush=True)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                   "-m", "ddp_core.bench.allreduce", "--out", str(out), *shlex.split(extra_args)]
-        if subprocess.run(command).returncode != 0:
-            raise StudyError(f"the all-reduce benchmark on {n} ranks failed (command: {shlex.join(command)})")
+        if not (out / "allreduce.csv").exists():
+            run_quietly(f"{study.name}: all-reduce benchmark on {n} ranks",
+                        [*launch_command(n, "-m", "ddp_core.bench.allreduce"), "--out", str(out),
+                         *shlex.split(extra_args)])
 
 
 def quantize_runs(study: Study, planned: list[tuple[Run, Plan]]) -> None:
     for run, plan in planned:
-        if run.study != study.name or run.world_size != 1 or (plan.run_dir / "quantization.csv").exists():
-            continue
-        print(f"{run.folder}: int8 quantization", flush=True)
-        command = [sys.executable, "-m", "ddp_core.bench.quantize", str(plan.run_dir)]
-        if subprocess.run(command).returncode != 0:
-            raise StudyError(f"quantizing {plan.run_dir} failed (command: {shlex.join(command)})")
+        if run.study == study.name and run.world_size == 1 and not (plan.run_dir / "quantization.csv").exists():
+            run_quietly(f"{run.folder}: int8 quantization",
+                        [sys.executable, "-m", "ddp_core.bench.quantize", str(plan.run_dir)])
 
 
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
@@ -103,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_core.studies.run", description=__doc__.splitlines()[0])
     parser.add_argument("studies", nargs="*", help="names of studies to run (default: all of them)")
     parser.add_argument("--study-list", default=str(STUDY_LIST), help="the study list (default %(default)s)")
-    parser.add_argument("--results-dir", default="results", help="where the studies' folders go")
+    parser.add_argument("--results-dir", default=RESULTS_DIR, help="where the studies' folders go")
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
     parser.add_argument("--profile", default=None,
                         help="base profile of every chosen study instead of its own (e.g. gpu); its settings still apply")

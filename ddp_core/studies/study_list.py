@@ -16,8 +16,9 @@ from pathlib import Path
 import yaml
 
 from ddp_core.launch.local import run_dir_name
+from ddp_core.paths import REPO_ROOT
 
-STUDY_LIST = Path(__file__).resolve().parents[2] / "notebooks" / "studies.yml"
+STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
 STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce", "quantize"}
 VARIANT_KEYS = {"settings", "world_sizes"}
 
