@@ -62,7 +62,7 @@ report: $(MATHJAX) | $(VENV)/.installed $(QUIET_KERNELS)
 # The book's notebook kernels log only what is critical: the warning each one prints as it starts, once per page,
 # would bury the progress lines of make report. A kernel reads this from the IPython profile that IPYTHONDIR names.
 $(QUIET_KERNELS):
-	mkdir -p $(@D) && echo 'c.IPKernelApp.log_level = "CRITICAL"' > $@
+	@mkdir -p $(@D) && echo 'c.IPKernelApp.log_level = "CRITICAL"' > $@
 
 # The reference results, made anew on this machine: every study retrained, the checkpoints left out (the
 # book needs none). Commit them with the code they were made with. The single-device measurements stay: they
