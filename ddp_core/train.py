@@ -36,7 +36,8 @@ from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, 
                                     global_batch_size, micro_batch_size, parse_args)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import ModelConfig, TransformerClassifier, count_parameters
-from ddp_core.engine.run_files import append_metrics_row, drop_metrics_after, environment, now_iso, save_atomic
+from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, append_rows, drop_rows_after, environment,
+                                      now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
@@ -80,15 +81,17 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     for epoch in range(first_epoch, cfg.epochs + 1):
-        loss_sum, epoch_time, phases, first_bad_step = train_epoch(ddp_model, state, data, sampler, epoch, batch,
-                                                                   timer, cfg, rt)
+        loss_sum, epoch_time, (phases, steps), first_bad_step = train_epoch(ddp_model, state, data, sampler, epoch,
+                                                                            batch, timer, cfg, rt)
         stop_if_diverged(epoch, first_bad_step, batch, rt)
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(state.model, data, batch.micro, rt, state.autocast)
         row = metrics_row(epoch, loss_sum, epoch_time, time.perf_counter() - eval_start, phases, val_loss,
                           val_accuracy, state, batch, cfg, rt)
+        step_rows = steps_rows(epoch, steps, rt)
         if rt.leader:
-            append_metrics_row(out / "metrics.csv", row)
+            append_rows(out / "metrics.csv", [row], METRICS_COLUMNS)
+            append_rows(out / "steps.csv", step_rows, STEPS_COLUMNS)
             track.log_epoch(row)
             save_atomic(state.checkpoint(epoch, cfg, rt), out / CHECKPOINT_NAME)
             print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
@@ -194,7 +197,8 @@ def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoc
     forgets the rows it will redo."""
     out = Path(cfg.out) if cfg.out else new_run_dir(cfg, rt.world_size)
     out.mkdir(parents=True, exist_ok=True)
-    drop_metrics_after(out / "metrics.csv", first_epoch - 1)  # rows of epochs after the checkpoint are redone
+    for name in ("metrics.csv", "steps.csv"):  # rows of epochs after the checkpoint are redone
+        drop_rows_after(out / name, first_epoch - 1)
     run_info = {"start_time": now_iso(), "resumed_at": [], "config": cfg.to_dict()}
     if cfg.resume:
         try:
@@ -334,6 +338,13 @@ def metrics_row(epoch: int, loss_sum: float, epoch_time: float, eval_time: float
         eval_time_s=slowest[1], train_loss=summed[-1] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
         lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2])
     return row
+
+
+def steps_rows(epoch: int, steps: dict[str, list[float]], rt: Runtime) -> list[dict]:
+    """The epoch's rows of steps.csv, each step's times from the slowest rank (one all-reduce per epoch)."""
+    n = len(steps["step_time_s"])  # 0 when the timers are off
+    times = all_reduce(steps["step_time_s"] + steps["comm_exposed_s"], dist.ReduceOp.MAX, rt) if n else []
+    return [{"epoch": epoch, "step": k + 1, "step_time_s": times[k], "comm_exposed_s": times[n + k]} for k in range(n)]
 
 
 def all_reduce(values: list[float], op, rt: Runtime) -> list[float]:

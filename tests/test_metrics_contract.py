@@ -4,10 +4,11 @@ import json
 import subprocess
 import time
 
+import pandas as pd
 import pytest
 
 from conftest import TINY_SYNTHETIC, read_metrics, run_training
-from ddp_core.engine.run_files import METRICS_COLUMNS
+from ddp_core.engine.run_files import METRICS_COLUMNS, STEPS_COLUMNS
 from ddp_core.launch.local import launch_command
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
@@ -45,6 +46,22 @@ def test_metrics_have_the_documented_columns_and_types(runs):
             assert float(row["samples_per_s"]) == pytest.approx(int(row["train_samples"]) / float(row["epoch_time_s"]))
             phases = sum(float(row[f"{p}_time_s"]) for p in ["data", "forward", "backward", "optimizer"])
             assert phases <= float(row["epoch_time_s"]) * 1.01
+
+
+def test_every_step_has_a_row_of_steps_csv_whose_times_make_up_its_epoch(runs):
+    for name in ("n1", "n2"):
+        epochs, steps = pd.read_csv(runs / name / "metrics.csv"), pd.read_csv(runs / name / "steps.csv")
+        assert list(steps.columns) == STEPS_COLUMNS
+        per_epoch = steps.groupby("epoch").agg(steps=("step", "size"), last=("step", "max"), time=("step_time_s", "sum"),
+                                               exposed=("comm_exposed_s", "sum"))
+        assert per_epoch["steps"].tolist() == per_epoch["last"].tolist() == epochs["steps"].tolist()
+        # the steps are the epoch but for the loop around them (each step the slowest rank's, so on 2 ranks their
+        # sum may exceed the slowest rank's epoch a little)
+        upper = 1.0 if name == "n1" else 1.1
+        assert (per_epoch["time"].values <= epochs["epoch_time_s"].values * upper).all()
+        assert (per_epoch["time"].values >= epochs["epoch_time_s"].values * 0.8).all()
+        assert (steps["comm_exposed_s"] <= steps["step_time_s"]).all()
+        assert (per_epoch["exposed"] > 0).all() == (name == "n2")
 
 
 def test_communication_is_zero_on_one_rank_and_exposed_never_exceeds_total(runs):

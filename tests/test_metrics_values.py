@@ -4,6 +4,7 @@ a reader compares across world sizes must mean the same thing at every world siz
 import csv
 import json
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,11 @@ def test_resume_drops_the_rows_after_the_checkpoint_and_trains_them_again(train,
     stale = {**rows[0], "epoch": "2", "train_loss": "99", "val_loss": "99", "val_accuracy": "0"}
     with open(tmp_path / "resumed" / "metrics.csv", "a", newline="") as f:
         csv.DictWriter(f, fieldnames=list(rows[0])).writerow(stale)  # epoch 2 written, its checkpoint not
+    with open(tmp_path / "resumed" / "steps.csv", "a") as f:
+        f.write("2,1,99.0,0.0\n")
     train(*common, "--epochs", 2, "--out", tmp_path / "resumed", "--resume")
     learning = ("epoch", "train_loss", "val_loss", "val_accuracy", "lr")
     assert [[r[k] for k in learning] for r in read_metrics(tmp_path / "resumed")] == \
         [[r[k] for k in learning] for r in read_metrics(tmp_path / "straight")]
+    steps = [pd.read_csv(tmp_path / run / "steps.csv")[["epoch", "step"]] for run in ("resumed", "straight")]
+    pd.testing.assert_frame_equal(*steps)  # the steps of epoch 2 once, as the uninterrupted run has them

@@ -41,6 +41,15 @@ def test_every_study_of_the_list_passes_the_trainers_checks_and_has_a_book_page(
     assert not (tmp_path / "results").exists()
 
 
+def test_runs_alternate_in_time_round_by_round_never_in_blocks(tmp_path):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({
+        "a": GOOD | {"repeats": 2, "world_sizes": [1, 2], "variants": {"x": {}, "y": {"settings": {"epochs": 2}}}},
+        "b": GOOD | {"world_sizes": [1]}}))
+    order = [run.folder for run, _ in plan_runs(list(load_study_list(study_list).values()), str(tmp_path / "r"))]
+    assert order == ["a/x/n1", "a/x/n2", "a/y/n1", "a/y/n2", "b/n1", "a/x/n1-r2", "a/x/n2-r2", "a/y/n1-r2", "a/y/n2-r2"]
+
+
 def test_the_tests_study_list_has_every_study_of_the_report():
     assert list(load_study_list(TINY_STUDIES)) == list(STUDIES)
 
@@ -130,7 +139,7 @@ def test_an_interrupted_study_leaves_no_process_behind_and_resumes_from_its_last
     study_list = tmp_path / "studies.yml"
     # epochs of a few seconds, so that a trainer outliving the runner would be caught at it
     study_list.write_text(yaml.safe_dump({"long": GOOD | {"settings": {"preset": "small", "epochs": 4,
-                                                                      "train_samples": 3072}}}))
+                                                                      "train_samples": 1536}}}))
     args = ["--study-list", study_list, "--results-dir", "results"]
     run_dir = tmp_path / "results" / "long" / "n1"
     first = subprocess.Popen(RUNNER + [str(a) for a in args], cwd=tmp_path, env=isolated_env, start_new_session=True,

@@ -1,7 +1,9 @@
-"""The files of a run directory: `metrics.csv`, `run.json` and `checkpoint.pt`.
+"""The files of a run directory: `metrics.csv`, `steps.csv`, `run.json` and `checkpoint.pt`.
 
 Each is written so that a run killed at any moment leaves valid files: CSV rows are flushed and
 fsynced as they are appended, and whole files are replaced atomically (write, then rename).
+The report reads these files too, so torch is imported only where a checkpoint or provenance is written:
+a book page that imported it would spend two seconds of its build doing so.
 """
 
 from __future__ import annotations
@@ -15,37 +17,38 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 METRICS_COLUMNS = [
     "epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
     "epoch_time_s", "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s",
     "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
     "samples_per_s", "peak_memory_mb",
 ]
+# steps.csv: one row per optimizer step, the slowest rank's wall time of the step and its exposed communication.
+STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
 
 
-def append_metrics_row(path: Path, row: dict) -> None:
-    """Append one epoch's row; it is on disk when this returns."""
+def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """Append rows (an epoch's) to a CSV file; they are on disk when this returns."""
     new_file = not path.exists()
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         if new_file:
             writer.writeheader()
-        writer.writerow({name: row[name] for name in METRICS_COLUMNS})
+        writer.writerows({name: row[name] for name in columns} for row in rows)
         f.flush()
         os.fsync(f.fileno())
 
 
-def drop_metrics_after(path: Path, last_epoch: int) -> None:
-    """Forget rows of epochs after the last checkpoint: a resumed run trains them again."""
+def drop_rows_after(path: Path, last_epoch: int) -> None:
+    """Forget a CSV's rows of epochs after the last checkpoint: a resumed run trains them again."""
     if not path.exists():
         return
     with open(path, newline="") as f:
-        rows = [row for row in csv.DictReader(f) if int(row["epoch"]) <= last_epoch]
+        reader = csv.DictReader(f)
+        rows = [row for row in reader if int(row["epoch"]) <= last_epoch]
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=reader.fieldnames)
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)
@@ -56,6 +59,8 @@ def save_atomic(obj, path: Path) -> None:
     if path.suffix == ".json":
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     else:
+        import torch
+
         torch.save(obj, tmp)
     os.replace(tmp, path)
 
@@ -102,8 +107,10 @@ def cpu_extensions() -> list[str]:
     return [name for name in CPU_EXTENSIONS if name in present]
 
 
-def environment(device: torch.device) -> dict:
-    """Hardware and software provenance for run.json."""
+def environment(device) -> dict:
+    """Hardware and software provenance for run.json, `device` a torch.device."""
+    import torch
+
     info = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -28,6 +28,10 @@ GPU runs on a stream that waits for the NCCL kernel).
   the last all-reduce completed, which is the time the step waits for the network before the
   optimizer may run. It is part of `backward_time_s` and never exceeds `comm_total_s`.
 
+Steps. Each optimizer step's wall time, from `begin_step` to the end of its optimizer phase, and
+its exposed communication are also kept one by one (`end_epoch`'s second value): the report takes
+a median over steps, which a burst of other load on the machine moves far less than a mean.
+
 What this leaves out: when compute and communication share a resource (on a CPU the same cores;
 on a GPU the SMs and memory bandwidth that NCCL kernels use), communication also slows the
 backward computation it overlaps with. That cost shows up as a longer `backward_time_s` than
@@ -80,6 +84,7 @@ class EpochTimer:
     def begin_epoch(self) -> None:
         self.phase_spans = defaultdict(list)
         self.comm_spans_per_step = []
+        self.step_starts = []
         if self.enabled:
             self.clock.reset()
 
@@ -95,6 +100,8 @@ class EpochTimer:
     def begin_step(self) -> None:
         """Marks the start of an optimizer step: all-reduces after this belong to it."""
         self.comm_spans_per_step.append([])
+        if self.enabled:
+            self.step_starts.append(self.clock.now())
 
     def allreduce_hook(self, process_group, bucket):
         """DDP communication hook: the default averaging all-reduce, timed."""
@@ -107,19 +114,25 @@ class EpochTimer:
 
         return default_hooks.allreduce_hook(process_group, bucket).then(reduced)
 
-    def end_epoch(self) -> dict[str, float]:
-        """Seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank)."""
+    def end_epoch(self) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank); and per
+        step, `step_time_s` and `comm_exposed_s` (empty lists when the timers are off)."""
         if not self.enabled:
-            return {f"{name}_time_s": float("nan") for name in PHASES} | {"comm_total_s": float("nan"),
-                                                                          "comm_exposed_s": float("nan")}
+            totals = {f"{name}_time_s": float("nan") for name in PHASES} | {"comm_total_s": float("nan"),
+                                                                            "comm_exposed_s": float("nan")}
+            return totals, {"step_time_s": [], "comm_exposed_s": []}
         if self.clock.cuda:
             torch.cuda.synchronize()
         sec = self.clock.seconds
         totals = {f"{name}_time_s": sum(sec(b) - sec(a) for a, b in self.phase_spans[name]) for name in PHASES}
-        step_spans = [[(sec(a), sec(b)) for a, b in spans] for spans in self.comm_spans_per_step if spans]
+        step_spans = [[(sec(a), sec(b)) for a, b in spans] for spans in self.comm_spans_per_step]
         totals["comm_total_s"] = union_length([span for spans in step_spans for span in spans])
-        totals["comm_exposed_s"] = sum(max(b for _, b in spans) - max(a for a, _ in spans) for spans in step_spans)
-        return totals
+        exposed = [max(b for _, b in spans) - max(a for a, _ in spans) if spans else 0.0 for spans in step_spans]
+        totals["comm_exposed_s"] = sum(exposed)
+        step_ends = [end for _, end in self.phase_spans["optimizer"]]
+        steps = {"step_time_s": [sec(end) - sec(start) for start, end in zip(self.step_starts, step_ends, strict=True)],
+                 "comm_exposed_s": exposed}
+        return totals, steps
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:

@@ -4,7 +4,9 @@
     python -m ddp_core.studies.run weak_scaling precision --results-dir results
     python -m ddp_core.studies.run scaling --profile gpu     # the strong-scaling study on this node's GPUs
 
-Every run of the chosen studies is planned and checked first (its settings by the trainer's own
+The runs train round by round: round k is repeat k of every chosen study, variant and world size, so
+that the runs the report compares alternate in time (each run.json has its start time). Every run
+of the chosen studies is planned and checked first (its settings by the trainer's own
 parser, its folder for a different run already there), so a bad entry fails in one line before
 anything trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed
 notebook saved in the run's folder: a finished run with its notebook is skipped, a finished one
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
-from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, load_study_list, select
+from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, interleaved, load_study_list, select
 
 RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
@@ -34,15 +36,13 @@ QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
 
 def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     planned = []
-    for study in studies:
-        for run in study.runs():
-            try:
-                plan = prepare(world_size=run.world_size, launcher="local", results_dir=results_dir,
-                               experiment=run.experiment, profile=run.profile, overrides=run.settings,
-                               repeat=run.repeat)
-            except ExperimentError as exc:
-                raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
-            planned.append((run, plan))
+    for run in interleaved(studies):
+        try:
+            plan = prepare(world_size=run.world_size, launcher="local", results_dir=results_dir,
+                           experiment=run.experiment, profile=run.profile, overrides=run.settings, repeat=run.repeat)
+        except ExperimentError as exc:
+            raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
+        planned.append((run, plan))
     return planned
 
 

@@ -4,8 +4,8 @@ One list drives both sides of the report: `ddp_core.studies.run` trains each stu
 results/<study>/..., and the book's study pages load the same folders by the same names. A study
 is a base profile, the settings it changes, and either one set of runs over world sizes (folder
 results/<study>) or several named variants (results/<study>/<variant>), each repeated with other
-seeds. Everything is checked when the list is read, so a bad entry fails in one line before any
-run starts.
+seeds; the runs train round by round, repeat k of everything in round k. Everything is checked when
+the list is read, so a bad entry fails in one line before any run starts.
 """
 
 from __future__ import annotations
@@ -62,12 +62,20 @@ class Study:
         return f"{self.name}/{variant.name}" if variant.name else self.name
 
     def runs(self) -> list[Run]:
+        """Repeat by repeat, every variant and world size once per repeat (see `interleaved`)."""
         return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat)
-                for variant in self.variants for n in variant.world_sizes for repeat in range(1, self.repeats + 1)]
+                for repeat in range(1, self.repeats + 1) for variant in self.variants for n in variant.world_sizes]
 
     @property
     def allreduce_world_sizes(self) -> list[int]:
         return sorted({n for v in self.variants for n in v.world_sizes if n > 1}) if self.allreduce else []
+
+
+def interleaved(studies: list[Study]) -> list[Run]:
+    """The runs of several studies in the order they train: round k runs repeat k of every study, variant and
+    world size, so the runs a sentence compares alternate in time. A slow quarter of an hour on a shared
+    machine then slows one repeat of each side, not one side."""
+    return sorted((run for study in studies for run in study.runs()), key=lambda run: run.repeat)
 
 
 def _world_sizes(value, where: str) -> tuple[int, ...]:
