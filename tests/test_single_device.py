@@ -102,6 +102,6 @@ def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_no
     assert "missed beyond noise in 1 configuration" in ratio_sentence(slower, "trainer")
     noisy = made_up({"plain": [1.0, 1.0], "ddp_core": [0.9, 1.1], "timed": [1.0, 1.0], "ddp_of_one": [1.0, 1.0]})
     sentence = ratio_sentence(noisy, "trainer")
-    assert "in 1 of 1 configuration(s) the range over the rounds includes 1" in sentence
+    assert "in 1 of 1 configuration the range over the rounds includes 1" in sentence
     assert "no configuration is below it beyond noise" in sentence
 

@@ -96,7 +96,7 @@ def allreduce_fits(experiment: Experiment) -> dict[int, AlphaBeta]:
 def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Predicted against measured speedup for every world size with a run and a benchmark: the experiment's
     own benchmarks, or `allreduce` (those of another experiment on the same machine)."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     benchmarks = allreduce if allreduce is not None else experiment.allreduce
     fits = {n: fit_alpha_beta(bench) for n, bench in benchmarks.items()}
     step_s = table["step_time_s"]

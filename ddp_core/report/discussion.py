@@ -13,6 +13,8 @@ from ddp_core.engine.model_cost import meta_model, preset_configs, training_flop
 from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, fit_alpha_beta, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
+from ddp_core.report.tables import counted
+from ddp_core.report.comparisons import accuracy_phrase, compare_accuracies, speedup_comparisons
 from ddp_core.report.scaling import scaling_table
 
 CPU, GPU = "this CPU", "A100 + NVLink"
@@ -24,7 +26,7 @@ def _listing(sizes: list[int]) -> str:
 
 def measurement_findings(experiment: Experiment) -> dict:
     """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     largest = experiment.largest
     one, big = table.loc[1], table.loc[largest]
     step_1 = one["compute_per_step_s"] + one["data_per_step_s"]
@@ -32,12 +34,11 @@ def measurement_findings(experiment: Experiment) -> dict:
     lost = step_n - step_1 / largest
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
-    more = table.index[table.index > 1]
     base, biggest = experiment.runs[1], experiment.runs[largest]
     divided = rank_compute_s(one["compute_per_step_s"], base, biggest)
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
-        "verdict_sentence": verdict_sentence(table.loc[more]),
+        "verdict_sentence": verdict_sentence(experiment),
         "lost_phrase": f"loses {lost * 1e3:.1f} ms" if lost > 0 else f"is {-lost * 1e3:.1f} ms faster than that ideal",
         "lost_compute_share": float(lost_compute / lost) if lost > 0 else 0.0,
         "lost_comm_share": float(lost_comm / lost) if lost > 0 else 0.0,
@@ -45,9 +46,9 @@ def measurement_findings(experiment: Experiment) -> dict:
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
         "ratio_nmax": float(big["compute_to_comm_ratio"]),
         "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
-        "accuracy_sentence": accuracy_sentence(table),
-        "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": experiment.runs[largest].threads_per_rank,
-        "threads_n1": experiment.runs[1].threads_per_rank,
+        "accuracy_sentence": accuracy_sentence(experiment), "dropout": base.model["dropout"],
+        "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
+        "threads_n1": counted(experiment.runs[1].threads_per_rank, "thread"),
         "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
         "divided_verdict": _divided_verdict(big["compute_per_step_s"] / divided),
     }
@@ -63,36 +64,23 @@ def _divided_verdict(measured_over_divided: float) -> str:
     return "as dividing the cores predicts"
 
 
-def accuracy_sentence(table) -> str:
-    """The largest accuracy gap between world sizes, held against the spread between repeats where there are any."""
-    gap = float((table["final_val_accuracy"] - table.loc[1, "final_val_accuracy"]).abs().max())
-    sentence = f"their mean final validation accuracies differ by at most {gap:.3f}"
-    if (table["runs"] < 2).any():
-        return (sentence + ". With dropout on, the masks depend on the rank, so the runs do differ; one run per "
-                "world size cannot tell a gap of this size from run-to-run noise.")
-    noise = float((table["accuracy_high"] - table["accuracy_low"]).max())
-    verdict = ("within the spread between the repeats of one world size, so it is noise" if gap <= noise
-               else "beyond the spread between the repeats of one world size")
-    return sentence + f", against up to {noise:.3f} between the seeds of one world size: {verdict}."
+def accuracy_sentence(experiment: Experiment) -> str:
+    """Each world size's final accuracy against one rank's, repeat k with repeat k (the same seed)."""
+    comparisons = {n: compare_accuracies(experiment, experiment, n, 1) for n in experiment.repeats if n > 1}
+    one_rank = "one rank's"
+    return " ".join(f"At {n} ranks the final validation accuracy is {accuracy_phrase(c, one_rank)}."
+                    for n, c in comparisons.items())
 
 
-def verdict_sentence(table) -> str:
-    """Whether DDP was faster than one rank, per world size, with the epoch-to-epoch spread as the yardstick:
-    a speedup whose range over the steady epochs straddles 1 is not called a gain or a loss."""
-    faster = [int(n) for n in table.index if table.loc[n, "speedup_low"] > 1]
-    slower = [int(n) for n in table.index if table.loc[n, "speedup_high"] < 1]
-    unclear = [int(n) for n in table.index if int(n) not in faster + slower]
-    parts = [f"{word} at {_listing(sizes)} ranks" for word, sizes in (("faster", faster), ("slower", slower)) if sizes]
-    sentence = "Against one rank, DDP made training " + " and ".join(parts) + "." if parts else ""
-    if unclear:
-        ranges = "; ".join(f"{table.loc[n, 'speedup']:.2f} at {n} ranks, between {table.loc[n, 'speedup_low']:.2f} "
-                           f"and {table.loc[n, 'speedup_high']:.2f} over the {table.loc[n, 'spread_over']}"
-                           for n in unclear)
-        over = " and ".join(sorted(set(table.loc[unclear, "spread_over"])))
-        sentence += (" " if sentence else "") + (
-            f"At {_listing(unclear)} ranks the speedup ({ranges}) is within the spread between {over}: "
-            f"no gain or loss can be told from it.")
-    return sentence
+def verdict_sentence(experiment: Experiment) -> str:
+    """Whether DDP was faster than one rank at each world size, as the one verdict function judges it."""
+    comparisons = {n: c for n, c in speedup_comparisons(experiment).items() if n > 1}
+    decided = [f"{c.says('slower', 'faster')} at {n} ranks, speedup {c.value()}" for n, c in comparisons.items()
+               if c.decided]
+    sentences = ["Against one rank, DDP made training " + ", and ".join(decided) + "."] if decided else []
+    sentences += [f"At {n} ranks the speedup is {c.value()}: {c.why_undecided()}." for n, c in comparisons.items()
+                  if not c.decided]
+    return " ".join(sentences)
 
 
 def _benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
@@ -106,7 +94,7 @@ def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
     measured rate), and of A100s on NVLink from published figures."""
     n, cpu_fit = _benchmarked(experiment)
     one = experiment.runs[1]
-    compute_1 = scaling_table(experiment.metrics).loc[1, "compute_per_step_s"]
+    compute_1 = scaling_table(experiment).loc[1, "compute_per_step_s"]
     cpu_rate = training_flops(one.model, one.global_batch_size * one.model["max_len"]) / compute_1
     return {CPU: (cpu_rate, cpu_fit), GPU: (peak_gemm_flops_per_s(), nvlink_fit(n))}
 
@@ -125,7 +113,7 @@ def _targets(experiment: Experiment) -> dict[str, float]:
 
 def payoff_findings(experiment: Experiment) -> dict:
     """The break-even ratio here, and how tokens, model size and hardware move it."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     n, _ = _benchmarked(experiment)
     one = experiment.baseline
     exposed_fraction = float(table.loc[n, "comm_exposed_per_step_s"] / table.loc[n, "comm_total_per_step_s"])

@@ -9,18 +9,15 @@ from ddp_core.report.scaling import scaling_table
 
 
 def findings(experiment: Experiment) -> dict:
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     one = experiment.baseline
     payoff = payoff_findings(experiment)
     return {
         "preset": one.config["preset"], "parameters": one.parameters, "dataset": one.config["dataset"],
         "global_batch": one.global_batch_size, "device": one.device_name, "cpu_count": one.cpu_count,
         "backend": one.backend,
-        "speedups": "; ".join(
-            f"{n} ranks: speedup {table.loc[n, 'speedup']:.2f} ({table.loc[n, 'speedup_low']:.2f} to "
-            f"{table.loc[n, 'speedup_high']:.2f} over the {table.loc[n, 'spread_over']}), efficiency "
-            f"{table.loc[n, 'efficiency']:.0%}" for n in table.index if n > 1),
-        "verdict": verdict_sentence(table.loc[table.index > 1]),
+        "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
+        "verdict": verdict_sentence(experiment),
         "shared": "every rank ran on a GPU of its own" if one.on_gpu else
         f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
     } | {key: payoff[key] for key in ("ideal_consequence", "ideal_ratio", "break_even_ratio", "n_model")}

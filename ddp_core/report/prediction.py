@@ -11,7 +11,7 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, predict
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, MFU_SCENARIOS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
-from ddp_core.report.tables import quantities_by_column
+from ddp_core.report.tables import counted, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
@@ -34,7 +34,7 @@ def findings(experiment: Experiment) -> dict:
     return {
         "largest": max(fits), "alpha_us": fit.alpha_s * 1e6,
         "busbw": fit.bus_bandwidth_GBps, "r2": fit.r2, "fit_error": fit.max_relative_error,
-        "n_buckets": len(buckets), "gradient_mb": sum(buckets) / 2**20,
+        "buckets": counted(len(buckets), "DDP bucket"), "gradient_mb": sum(buckets) / 2**20,
         "bucket_fit_ratio": bucket_fit_error(experiment),
         "max_error": float(prediction["error"].abs().max()), "worst_n": worst,
         "target_verdict": "meets" if prediction["error"].abs().max() <= 0.10 else "misses",
@@ -75,7 +75,8 @@ def hardware_findings(experiment: Experiment, prediction, worst: int) -> dict:
     at_worst = prediction.loc[worst]
     one = runs[1]
     return {
-        "cores": one.cpu_count, "threads_1": one.threads_per_rank, "threads_worst": runs[worst].threads_per_rank,
+        "cores": one.cpu_count, "threads_1": counted(one.threads_per_rank, "thread"),
+        "threads_worst": counted(runs[worst].threads_per_rank, "thread"),
         "threads_vs_cores": _threads_phrase(runs[worst].threads_per_rank * runs[worst].local_world_size,
                                             one.cpu_count),
         "compute_predicted_ms": float(at_worst["predicted_compute_s"] * 1e3),

@@ -1,7 +1,7 @@
 """The set-up and methods chapters: where and how the runs were made, and the run pages' own summary.
 Reads an `Experiment` (the studies overview: the study list and the book's results folder); offers
-`setup_findings` and `study_setup_findings` for the pages' glue, `*_markdown` tables, `run_summary` and
-`learning_curves_figure` for a run's own page."""
+`setup_findings` and `study_setup_findings` for the pages' glue, `*_markdown` tables, `run_summary`,
+`run_epochs_markdown` and `learning_curves_figure` for a run's own page."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder
+from ddp_core.report.tables import one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # is left out, it would not fit a page.
@@ -86,8 +87,19 @@ def per_run_markdown(experiment: Experiment) -> str:
 
 
 def run_summary(info: dict) -> str:
-    return (f"{info['world_size']} rank(s), {info['backend']} on {info['device_name']}, torch {info['torch']}, "
-            f"{info['parameters']:,} parameters")
+    return (f"{rank_label(info['world_size'])}, {info['backend']} on {info['device_name']}, torch {info['torch']}, "
+            f"{info['parameters']:,} parameters; started {info['start_time'][:19].replace('T', ' ')} UTC")
+
+
+RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
+                     "train_loss": ("Training loss", "{:.4f}"), "val_loss": ("Validation loss", "{:.4f}"),
+                     "val_accuracy": ("Validation accuracy", "{:.4f}"),
+                     "peak_memory_mb": ("Peak memory (MB)", "{:,.0f}")}
+
+
+def run_epochs_markdown(metrics: pd.DataFrame) -> str:
+    """One run's epochs, a row each, with headers in words and units."""
+    return one_row_each(metrics.set_index("epoch"), RUN_EPOCH_COLUMNS, "Epoch")
 
 
 def learning_curves_figure(metrics: pd.DataFrame):
@@ -112,8 +124,11 @@ def study_setup_findings(*experiments: Experiment) -> dict:
     kinds = sorted({shown_folder(experiment)[1] for experiment in experiments})
     epochs = sorted({int(e.metrics.loc[e.metrics["run"] == run.name, "epoch"].max()) for e in experiments
                      for run in e.all_runs})
+    repeats = sorted({len(runs) for experiment in experiments for runs in experiment.repeats.values()})
     return {"setup_sentence": (
-        f"{len(runs)} run{'s' if len(runs) > 1 else ''} of {' to '.join(map(str, epochs))} epoch(s) on "
+        f"{len(runs)} run{'s' if len(runs) > 1 else ''} ("
+        + ("one of each configuration" if repeats == [1] else f"{' to '.join(map(str, repeats))} of each configuration")
+        + f"), of {' to '.join(map(str, epochs))} epoch{'s' if epochs != [1] else ''} each, on "
         f"{first['device_name']} ({first['cpu_count']} cores, {first['backend']}), PyTorch {first['torch']}; "
         f"{' and '.join(kinds)}.")}
 

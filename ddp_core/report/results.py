@@ -5,7 +5,7 @@ benchmarks; a study, an experiment per variant; and a single-device measurement.
     experiment = load_experiment("results/report")
     experiment.runs[4].threads_per_rank, experiment.repeats[4], experiment.metrics, experiment.allreduce[4]
 
-Each run is a subfolder with metrics.csv and run.json; all-reduce benchmarks are subfolders
+Each run is a subfolder with metrics.csv, steps.csv and run.json; all-reduce benchmarks are subfolders
 `allreduce-n<N>/allreduce.csv`; a measurement of `benchmarks/single_device.py` is a folder per device with
 device.json and epochs.csv. Everything the book shows is computed from these, and the modules with a command
 line (`python -m ddp_core.report.<module> FOLDER`) read them through `run_on_folder`.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.engine.run_files import METRICS_COLUMNS
+from ddp_core.engine.run_files import METRICS_COLUMNS, STEPS_COLUMNS
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
 NOT_SETTINGS = ("out", "data_dir", "cache_dir", "check", "progress", "resume")
@@ -70,6 +70,7 @@ class RunInfo:
 class Experiment:
     folder: Path
     metrics: pd.DataFrame  # every epoch of every run; column `run` names the run
+    steps: pd.DataFrame  # every optimizer step of every run, the same way
     repeats: dict[int, list[RunInfo]]  # every run by world size, ascending, each list by seed
     allreduce: dict[int, pd.DataFrame]  # all-reduce benchmarks by world size
 
@@ -124,6 +125,20 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     return metrics.assign(run=run_dir.name), info
 
 
+def read_steps(run_dir: Path) -> pd.DataFrame:
+    """A run's steps.csv, with the run's name in column `run`."""
+    path = run_dir / "steps.csv"
+    if not path.is_file():
+        raise ResultsError(f"{path}: missing (runs made before per-step times were kept: train them again)")
+    try:
+        steps = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: unreadable CSV ({str(exc).strip()})") from None
+    if list(steps.columns) != STEPS_COLUMNS or steps.empty or steps.isna().any().any():
+        raise ResultsError(f"{path}: not the steps of a run (columns {', '.join(STEPS_COLUMNS)}, a row per step)")
+    return steps.assign(run=run_dir.name)
+
+
 def read_allreduce(folder: Path) -> dict[int, pd.DataFrame]:
     """Benchmarks by world size, from `allreduce-n*/allreduce.csv` under an experiment folder."""
     found = {}
@@ -143,9 +158,11 @@ def load_experiment(folder: str | Path) -> Experiment:
     run_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "run.json").exists())
     if not run_dirs:
         raise ResultsError(f"{folder}: holds no run (no subfolder with run.json)")
-    frames, repeats = [], {}
+    frames, step_frames, repeats = [], [], {}
     for run_dir in run_dirs:
         metrics, info = read_run(run_dir)
+        step_frames.append(read_steps(run_dir).assign(world_size=info["world_size"],
+                                                      global_batch_size=info["global_batch_size"]))
         run = RunInfo.from_json(run_dir.name, info)
         same = [other for other in repeats.get(run.world_size, []) if other.config["seed"] == run.config["seed"]]
         if same:
@@ -153,7 +170,7 @@ def load_experiment(folder: str | Path) -> Experiment:
                                f"and seed {run.config['seed']}; repeats of a world size differ in seed")
         frames.append(metrics)
         repeats.setdefault(run.world_size, []).append(run)
-    return Experiment(folder, pd.concat(frames, ignore_index=True),
+    return Experiment(folder, pd.concat(frames, ignore_index=True), pd.concat(step_frames, ignore_index=True),
                       {n: sorted(runs, key=lambda r: r.config["seed"]) for n, runs in sorted(repeats.items())},
                       read_allreduce(folder))
 

@@ -4,8 +4,10 @@ page's glue, `results_markdown` and `*_figure`s.
 
     python -m ddp_core.report.scaling results/report     # prints the summary table
 
-The first epoch of every run is left out of the averages: it pays for start-up (allocator warm-up,
-DDP's bucket rebuild, cold caches) that later epochs do not.
+Speed is compared the one way every page compares (`comparisons`): each run's median step, repeat
+k at N ranks paired with repeat k at one rank, which ran next to it in time. The breakdown of a step (compute, communication, data) is the mean over the steady epochs: the first
+epoch of every run is left out of it, as it pays for start-up (allocator warm-up, DDP's bucket
+rebuild, cold caches) that later epochs do not.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.results import Experiment, ResultsError, run_on_folder
-from ddp_core.report.tables import quantities_by_column, rank_label
+from ddp_core.report.results import Experiment, run_on_folder
+from ddp_core.report.comparisons import run_times, speedup_comparisons
+from ddp_core.report.tables import counted, quantities_by_column, rank_label
 
 WARMUP_EPOCHS = 1
 RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
@@ -31,21 +34,19 @@ def steady_epochs(metrics: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([later, metrics[keep_single]])
 
 
-def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
-    """One row per world size: time, throughput, speedup, efficiency, compute vs communication, accuracy.
+def scaling_table(experiment: Experiment) -> pd.DataFrame:
+    """One row per world size: time, throughput, speedup with its range and verdict, efficiency, compute vs
+    communication, accuracy.
 
-    Speedup is T1/TN with T the mean epoch time per trained sample, which is the epoch-time ratio when
-    every run trains the same number of samples per epoch and stays fair when `drop_last` makes them differ.
-    Times are means over the steady epochs of all repeats; accuracy is the mean of the repeats' last epochs.
+    Step time and time per sample are means of the repeats' median steps; throughput is their inverse. Speedup
+    is the median of the repeats' T1/TN, its range the lowest and highest of them (`speedup_comparisons`). The
+    step's parts are means over the steady epochs of all repeats; accuracy is the mean of the repeats' last epochs.
     """
-    if 1 not in set(metrics["world_size"]):
-        raise ResultsError(f"no 1-rank run among world sizes {sorted(set(metrics['world_size']))}: "
-                           f"speedup is measured against one rank")
+    metrics = experiment.metrics
+    comparisons = speedup_comparisons(experiment)
     steady = steady_epochs(metrics)
     per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
     steady = steady.assign(
-        time_per_sample_s=steady["epoch_time_s"] / steady["train_samples"],
-        step_time_s=per_step("epoch_time_s"),
         compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
         + per_step("optimizer_time_s"),
         comm_total_per_step_s=per_step("comm_total_s"),
@@ -56,9 +57,6 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
     table = steady.groupby("world_size").agg(
         epochs_averaged=("epoch", "size"),
         epoch_time_s=("epoch_time_s", "mean"),
-        time_per_sample_s=("time_per_sample_s", "mean"),
-        step_time_s=("step_time_s", "mean"),
-        samples_per_s=("samples_per_s", "mean"),
         compute_per_step_s=("compute_per_step_s", "mean"),
         comm_total_per_step_s=("comm_total_per_step_s", "mean"),
         comm_exposed_per_step_s=("comm_exposed_per_step_s", "mean"),
@@ -66,22 +64,22 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
         data_per_step_s=("data_per_step_s", "mean"),
         peak_memory_mb=("peak_memory_mb", "max"),
     )
+    times = run_times(experiment).groupby("world_size")
+    table["step_time_s"] = times["step_time_s"].mean()
+    table["time_per_sample_s"] = times["time_per_sample_s"].mean()
+    table["samples_per_s"] = 1 / table["time_per_sample_s"]
     final = metrics.sort_values("epoch").groupby("run").last()  # each run's last epoch
     table["runs"] = final.groupby("world_size").size()
     table["final_val_accuracy"] = final.groupby("world_size")["val_accuracy"].mean()
     table["accuracy_low"] = final.groupby("world_size")["val_accuracy"].min()
     table["accuracy_high"] = final.groupby("world_size")["val_accuracy"].max()
     table["global_batch_size"] = final.groupby("world_size")["global_batch_size"].first()
-    # Run-to-run noise: the spread of the time per sample over the repeats of a world size, or, where it
-    # was run once, over its steady epochs.
-    per_run = steady.groupby(["world_size", "run"])["time_per_sample_s"].mean()
-    spread = pd.DataFrame({n: (per_run.loc[n] if table.loc[n, "runs"] > 1 else
-                               steady.loc[steady["world_size"] == n, "time_per_sample_s"]).agg(["min", "max"])
-                           for n in table.index}).T
-    table["spread_over"] = ["repeats" if runs > 1 else "epochs" for runs in table["runs"]]
-    table["speedup_low"] = spread.loc[1, "min"] / spread["max"]  # the slowest here against the fastest at 1
-    table["speedup_high"] = spread.loc[1, "max"] / spread["min"]
-    table["speedup"] = table.loc[1, "time_per_sample_s"] / table["time_per_sample_s"]
+    table["speedup"] = [comparisons[n].ratio for n in table.index]
+    table["speedup_low"] = [comparisons[n].low for n in table.index]
+    table["speedup_high"] = [comparisons[n].high for n in table.index]
+    table["pairs"] = [comparisons[n].pairs for n in table.index]
+    table["noise_floor"] = [comparisons[n].floor for n in table.index]
+    table["verdict"] = [comparisons[n].says("slower", "faster") for n in table.index]
     table["efficiency"] = table["speedup"] / table.index
     comm = table["comm_total_per_step_s"]
     table["compute_to_comm_ratio"] = (table["compute_per_step_s"] / comm).where(comm > 0)
@@ -90,7 +88,7 @@ def scaling_table(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def findings(experiment: Experiment) -> dict:
     """The numbers and words the results chapter's prose quotes."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     first, largest = experiment.baseline, experiment.largest
     found = {
         "dataset": first.config["dataset"], "preset": first.config["preset"], "parameters": f"{first.parameters:,}",
@@ -98,8 +96,10 @@ def findings(experiment: Experiment) -> dict:
         "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
         "largest": largest,
         "warmup_phrase": "the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
-        "threads_1": first.threads_per_rank, "threads_nmax": experiment.runs[largest].threads_per_rank,
+        "threads_1": counted(first.threads_per_rank, "thread"),
+        "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
         "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
+        "speedup_value_nmax": speedup_comparisons(experiment)[largest].value(),
     }
     for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb"]:
         found[f"{column}_n1"] = float(table.loc[1, column])
@@ -113,10 +113,10 @@ RESULTS_ROWS = [
     ("Epoch time (s)", "epoch_time_s", 1, "{:.2f}"),
     ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
     ("Speedup over one rank", "speedup", 1, "{:.2f}"),
-    ("lowest, over repeats or epochs", "speedup_low", 1, "{:.2f}"),
-    ("highest, over repeats or epochs", "speedup_high", 1, "{:.2f}"),
+    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
-    ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
     ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
     ("of which optimizer step (ms)", "optimizer_per_step_s", 1e3, "{:.1f}"),
     ("All-reduce in flight per step (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
@@ -130,7 +130,7 @@ RESULTS_ROWS = [
 
 def results_markdown(experiment: Experiment) -> str:
     """Per world size (columns), averaged over the steady epochs."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     return quantities_by_column(table, RESULTS_ROWS, [rank_label(n) for n in table.index])
 
 
@@ -143,7 +143,7 @@ def _each_run(metrics: pd.DataFrame):
 
 
 def epoch_time_figure(experiment: Experiment):
-    metrics, table = experiment.metrics, scaling_table(experiment.metrics)
+    metrics, table = experiment.metrics, scaling_table(experiment)
     fig, (per_epoch, mean_time) = plt.subplots(1, 2, figsize=(10, 3.6))
     colors = {n: f"C{i}" for i, n in enumerate(table.index)}
     for n, rows, label in _each_run(metrics):
@@ -159,7 +159,7 @@ def epoch_time_figure(experiment: Experiment):
 
 def speedup_figure(experiment: Experiment):
     """Measured speedup with its range over the repeats (or epochs), beside the ideal; and the efficiency."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     sizes = list(table.index)
     fig, (speed, eff) = plt.subplots(1, 2, figsize=(10, 3.6))
     x = np.arange(len(sizes))
@@ -179,7 +179,7 @@ def time_split_figure(experiment: Experiment):
     """Per world size, a step's time as it adds up (compute with data loading, which is too small to show on
     its own, and exposed communication), and beside it
     all the time an all-reduce was in flight, most of it hidden behind the compute it overlaps."""
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     x = np.arange(len(table))
     stack = {"compute and data loading": table["compute_per_step_s"] + table["data_per_step_s"],
@@ -198,7 +198,7 @@ def time_split_figure(experiment: Experiment):
 
 
 def accuracy_figure(experiment: Experiment):
-    metrics, table = experiment.metrics, scaling_table(experiment.metrics)
+    metrics, table = experiment.metrics, scaling_table(experiment)
     colors = {n: f"C{i}" for i, n in enumerate(table.index)}
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for n, rows, label in _each_run(metrics):
@@ -213,7 +213,7 @@ def accuracy_figure(experiment: Experiment):
 def print_scaling_table(experiment: Experiment) -> None:
     columns = ["global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
                "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
-    print(scaling_table(experiment.metrics)[columns].to_string(float_format=lambda v: f"{v:.4g}"))
+    print(scaling_table(experiment)[columns].to_string(float_format=lambda v: f"{v:.4g}"))
 
 
 if __name__ == "__main__":

@@ -12,37 +12,31 @@ import pandas as pd
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment
+from ddp_core.report.comparisons import compare_speedups, speedup_comparisons
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import one_row_each, quantities_by_column, rank_label
 
 
-def ranges_overlap(a: pd.Series, b: pd.Series) -> bool:
-    """Whether two scaling-table rows' speedup ranges (over repeats or epochs) overlap: a difference within noise."""
-    return bool(a["speedup_low"] <= b["speedup_high"] and b["speedup_low"] <= a["speedup_high"])
-
-
-def _range(row: pd.Series) -> str:
-    return f"{row['speedup']:.2f} ({row['speedup_low']:.2f} to {row['speedup_high']:.2f} over the {row['spread_over']})"
+def _speedup(experiment: Experiment, n: int) -> str:
+    return speedup_comparisons(experiment)[n].value()
 
 
 # Weak against strong scaling ---------------------------------------------------------------------------------
 
 def weak_scaling_findings(strong: Experiment, weak: Experiment) -> dict:
-    s, w = scaling_table(strong.metrics), scaling_table(weak.metrics)
+    s, w = scaling_table(strong), scaling_table(weak)
     n = max(set(s.index) & set(w.index))
-    if ranges_overlap(s.loc[n], w.loc[n]):
-        verdict = (f"At {n} ranks the two speedups, {_range(w.loc[n])} for weak and {_range(s.loc[n])} for strong "
-                   f"scaling, are within each other's run-to-run range: growing the batch with the ranks made no "
-                   f"difference that this machine can measure.")
+    c = compare_speedups(weak, strong, n)
+    speedups = f"weak scaling reaches a speedup of {_speedup(weak, n)}, strong scaling {_speedup(strong, n)}"
+    if not c.decided:
+        verdict = f"At {n} ranks {speedups}; weak over strong is {c.value()}: {c.why_undecided()}."
     else:
-        better = w.loc[n, "speedup"] > s.loc[n, "speedup"]
-        verdict = (f"At {n} ranks weak scaling reaches a speedup of {_range(w.loc[n])}, against {_range(s.loc[n])} "
-                   f"for strong scaling: " + (
-                       "with a per-rank batch that does not shrink, each rank's step does as much work as the 1-rank "
-                       "step, and the fixed costs of a step (launching kernels, the all-reduce) weigh less."
-                       if better else
-                       "the larger global batch did not help here; the ranks' shared cores, not the per-step "
-                       "overheads, set the pace."))
+        verdict = (f"At {n} ranks {speedups}; weak over strong is {c.value()}: weak scaling scales " + (
+            "better: with a per-rank batch that does not shrink, each rank's step does as much work as the 1-rank "
+            "step, and the fixed costs of a step (launching kernels, the all-reduce) weigh less."
+            if c.verdict == "higher" else
+            "worse: the larger global batch did not help here; the ranks' shared cores, not the per-step "
+            "overheads, set the pace."))
     return {"weak_largest": n, "weak_per_rank_batch": weak.baseline.per_rank_batch_size,
             "weak_global_batch_nmax": weak.runs[n].global_batch_size, "strong_global_batch": strong.baseline.global_batch_size,
             "weak_speedup_nmax": float(w.loc[n, "speedup"]), "strong_speedup_nmax": float(s.loc[n, "speedup"]),
@@ -52,32 +46,32 @@ def weak_scaling_findings(strong: Experiment, weak: Experiment) -> dict:
 
 SCALING_ROWS = [
     ("Global batch (samples)", "global_batch_size", 1, "{:.0f}"),
-    ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
     ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
     ("Speedup", "speedup", 1, "{:.2f}"),
-    ("lowest, over repeats or epochs", "speedup_low", 1, "{:.2f}"),
-    ("highest, over repeats or epochs", "speedup_high", 1, "{:.2f}"),
+    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
 ]
 
 
 def side_by_side_markdown(experiments: dict[str, Experiment], rows=SCALING_ROWS) -> str:
     """A column per (setup, world size): the quantities of `rows` for several setups of one scaling study."""
-    tables = {label: scaling_table(e.metrics) for label, e in experiments.items()}
+    tables = {label: scaling_table(e) for label, e in experiments.items()}
     combined = pd.concat(tables.values(), ignore_index=True)
     names = [f"{label}, {rank_label(n)}" for label, t in tables.items() for n in t.index]
     return quantities_by_column(combined, rows, names)
 
 
 def speedups_figure(experiments: dict[str, Experiment], title: str, predicted: dict[str, pd.Series] | None = None):
-    """Measured speedup (bar: range over repeats or epochs) of several setups against ranks, the ideal beside;
+    """Measured speedup (bar: range over repeats) of several setups against ranks, the ideal beside;
     predicted speedups, where given, as markers."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     sizes = sorted({n for e in experiments.values() for n in e.runs})
     x = np.arange(len(sizes))
     width = 0.8 / (len(experiments) + 1)
     for i, (label, experiment) in enumerate(experiments.items()):
-        table = scaling_table(experiment.metrics).reindex(sizes)
+        table = scaling_table(experiment).reindex(sizes)
         error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
         offset = (i - len(experiments) / 2) * width
         ax.bar(x + offset, table["speedup"], width, yerr=error, capsize=3, label=f"{label}, measured", color=f"C{i}")
@@ -100,19 +94,20 @@ def weak_scaling_figure(strong: Experiment, weak: Experiment):
 
 def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
     cores, threads = own.baseline.cpu_count, own.baseline.threads_per_rank
-    s, o = scaling_table(shared.metrics), scaling_table(own.metrics)
+    s, o = scaling_table(shared), scaling_table(own)
     n = max(set(s.index) & set(o.index))
     predicted_shared, predicted_own = predict(shared), predict(own, shared.allreduce)
     enough = cores // threads
-    if ranges_overlap(s.loc[n], o.loc[n]):
-        verdict = (f"At {n} ranks the two setups, {_range(o.loc[n])} with own cores and {_range(s.loc[n])} with "
-                   f"shared ones, are within each other's run-to-run range.")
+    c = compare_speedups(own, shared, n)
+    speedups = (f"At {n} ranks the speedup is {_speedup(own, n)} with a core per rank and {_speedup(shared, n)} when "
+                f"the ranks divide the cores; own over shared is {c.value()}")
+    if not c.decided:
+        verdict = f"{speedups}: {c.why_undecided()}."
     else:
-        verdict = (f"At {n} ranks the speedup is {_range(o.loc[n])} with a core per rank against "
-                   f"{_range(s.loc[n])} when the ranks divide the cores" + (
-                       f": the shared setup's 1-rank baseline uses all {shared.baseline.threads_per_rank} threads, "
-                       f"so it is the harder one to beat." if o.loc[n, "speedup"] > s.loc[n, "speedup"] else
-                       ": one thread per rank did not make the ranks' share of the machine any larger."))
+        verdict = f"{speedups}: " + (
+            f"the shared setup's 1-rank baseline uses all {shared.baseline.threads_per_rank} threads, so it is the "
+            f"harder one to beat." if c.verdict == "higher" else
+            "one thread per rank did not make the ranks' share of the machine any larger.")
     return {"cores": cores, "own_threads": threads, "shared_threads_1": shared.baseline.threads_per_rank,
             "ranks_with_own_core": enough, "own_largest": n,
             "cores_run_out_sentence": (
@@ -129,18 +124,18 @@ def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
 
 OWN_CORES_ROWS = [
     ("Threads per rank", "threads_per_rank", 1, "{:.0f}"),
-    ("Step time (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
     ("Compute per step, measured (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
     ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
     ("Speedup, measured", "speedup", 1, "{:.2f}"),
-    ("lowest, over repeats or epochs", "speedup_low", 1, "{:.2f}"),
-    ("highest, over repeats or epochs", "speedup_high", 1, "{:.2f}"),
+    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Speedup, predicted", "predicted_speedup", 1, "{:.2f}"),
 ]
 
 
 def _with_prediction(experiment: Experiment, allreduce) -> pd.DataFrame:
-    table = scaling_table(experiment.metrics)
+    table = scaling_table(experiment)
     prediction = predict(experiment, allreduce)
     table["threads_per_rank"] = [experiment.runs[n].threads_per_rank for n in table.index]
     table["predicted_compute_s"] = prediction["predicted_compute_s"].reindex(table.index)
@@ -168,7 +163,7 @@ def batch_sweep_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """One row per (per-rank batch, world size): step time, throughput, compute, communication and R_N."""
     rows = []
     for experiment in study.values():
-        table = scaling_table(experiment.metrics)
+        table = scaling_table(experiment)
         for n in table.index:
             rows.append(dict(per_rank_batch=experiment.runs[n].per_rank_batch_size, world_size=n,
                              **table.loc[n, ["step_time_s", "samples_per_s", "compute_per_step_s",
@@ -199,10 +194,10 @@ def batch_findings(study: dict[str, Experiment]) -> dict:
 
 
 BATCH_COLUMNS = {"per_rank_batch": ("Per-rank batch (samples)", "{:.0f}"), "world_size": ("Ranks", "{:.0f}"),
-                 "step_time_s": ("Step time (ms)", "{:.1f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
+                 "step_time_s": ("Step time, median (ms)", "{:.1f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
                  "compute_per_step_s": ("Compute per step (ms)", "{:.1f}"),
                  "comm_total_per_step_s": ("All-reduce per step (ms)", "{:.1f}"),
-                 "compute_to_comm_ratio": ("Compute / all-reduce, R_N", "{:.2f}")}
+                 "compute_to_comm_ratio": ("Compute / all-reduce, $R_N$", "{:.2f}")}
 
 
 def batch_markdown(study: dict[str, Experiment]) -> str:
@@ -225,7 +220,7 @@ def batch_figure(study: dict[str, Experiment]):
         ax.set_xlabel("per-rank batch (samples)")
         ax.legend(fontsize=8)
     speed.set(ylabel="samples/s", title="Throughput")
-    ratio.set(ylabel="compute / all-reduce time", title="Compute-to-communication ratio R_N")
+    ratio.set(ylabel="compute / all-reduce time", title="Compute-to-communication ratio $R_N$")
     fig.tight_layout()
     return fig
 
@@ -237,15 +232,14 @@ def model_size_table(study: dict[str, Experiment]) -> pd.DataFrame:
     largest world size."""
     rows = {}
     for preset, experiment in study.items():
-        table, first = scaling_table(experiment.metrics), experiment.baseline
+        table, first = scaling_table(experiment), experiment.baseline
         n = experiment.largest
         rows[preset] = dict(parameters=first.parameters, gradient_mb=sum(bucket_sizes(first.model)) / 1e6,
                             gflops_per_step=training_flops(first.model, first.tokens_per_rank) / 1e9,
                             compute_1_s=table.loc[1, "compute_per_step_s"], largest=n,
                             speedup=table.loc[n, "speedup"], speedup_low=table.loc[n, "speedup_low"],
                             speedup_high=table.loc[n, "speedup_high"], efficiency=table.loc[n, "efficiency"],
-                            comm_s=table.loc[n, "comm_total_per_step_s"], ratio=table.loc[n, "compute_to_comm_ratio"],
-                            spread_over=table.loc[n, "spread_over"])
+                            comm_s=table.loc[n, "comm_total_per_step_s"], ratio=table.loc[n, "compute_to_comm_ratio"])
     return pd.DataFrame(rows).T.sort_values("parameters")
 
 
@@ -255,10 +249,10 @@ MODEL_ROWS = [
     ("Training FLOPs per rank and step (GFLOP, 1 rank)", "gflops_per_step", 1, "{:.1f}"),
     ("Compute per step on one rank (ms)", "compute_1_s", 1e3, "{:.0f}"),
     ("Speedup at the most ranks", "speedup", 1, "{:.2f}"),
-    ("lowest, over epochs", "speedup_low", 1, "{:.2f}"),
-    ("highest, over epochs", "speedup_high", 1, "{:.2f}"),
+    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("All-reduce per step at the most ranks (ms)", "comm_s", 1e3, "{:.1f}"),
-    ("Compute / all-reduce at the most ranks, R_N", "ratio", 1, "{:.2f}"),
+    ("Compute / all-reduce at the most ranks, $R_N$", "ratio", 1, "{:.2f}"),
 ]
 
 
@@ -271,13 +265,14 @@ def model_findings(study: dict[str, Experiment]) -> dict:
     table = model_size_table(study)
     small, large = table.index[0], table.index[-1]
     a, b = table.loc[small], table.loc[large]
-    if ranges_overlap(a, b):
-        verdict = (f"the {large} model's speedup ({b['speedup']:.2f}) and the {small} model's ({a['speedup']:.2f}) "
-                   f"are within each other's range over the epochs: no difference can be told")
+    n = int(a["largest"])
+    c = compare_speedups(study[large], study[small], n)
+    speedups = (f"at {n} ranks the {large} model's speedup is {_speedup(study[large], n)} and the {small} model's "
+                f"{_speedup(study[small], n)}; {large} over {small} is {c.value()}")
+    if not c.decided:
+        verdict = f"{speedups}: {c.why_undecided()}"
     else:
-        winner = large if b["speedup"] > a["speedup"] else small
-        verdict = (f"the {winner} model scales better: a speedup of {table.loc[winner, 'speedup']:.2f} against "
-                   f"{table.loc[small if winner == large else large, 'speedup']:.2f}")
+        verdict = f"{speedups}: the {large if c.verdict == 'higher' else small} model scales better"
     return {"model_small": small, "model_large": large, "model_largest_ranks": int(a["largest"]),
             "model_flops_ratio": float(b["gflops_per_step"] / a["gflops_per_step"]),
             "model_bytes_ratio": float(b["gradient_mb"] / a["gradient_mb"]),

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.report.results import Measurement, read_measurement, run_on_folder
-from ddp_core.report.tables import one_row_each
+from ddp_core.report.tables import counted, one_row_each
 
 CONFIG = ["preset", "amp", "batch_size"]
 # name: (loop, against loop, in words, the target the loop should reach)
@@ -73,11 +73,11 @@ def ratio_sentence(m: Measurement, name: str) -> str:
     median, low, high = table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"]
     within = ((low <= 1) & (high >= 1)).sum()
     sentence = (f"{words}: {median.min():.3f} to {median.max():.3f} (median per configuration); "
-                f"in {within} of {len(table)} configuration(s) the range over the rounds includes 1, "
+                f"in {within} of {counted(len(table), 'configuration')} the range over the rounds includes 1, "
                 f"a difference within this machine's noise")
     if target is not None:
         missed = (high < target).sum()
-        sentence += (f"; target {target}: missed beyond noise in {missed} configuration(s)" if missed
+        sentence += (f"; target {target}: missed beyond noise in {counted(missed, 'configuration')}" if missed
                      else f"; target {target}: no configuration is below it beyond noise")
     return sentence + "."
 
@@ -164,7 +164,7 @@ def gpu_sentence(measurements: list[Measurement]) -> str:
 def print_summary(m: Measurement) -> None:
     found = findings(m)
     print(f"{m.info['device_name']} ({m.info['device']}, {m.info['backend']}, torch {m.info['torch']}), "
-          f"{found['rounds']} timed epoch(s) per loop")
+          f"{counted(found['rounds'], 'timed epoch')} per loop")
     print(f"One large matrix product: {found['matmul']}{found['peak']}.")
     print(_configuration_index(throughput_table(m)).drop(columns="flops_per_sample")
           .to_string(float_format=lambda v: f"{v:.4g}"))

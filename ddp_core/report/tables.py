@@ -10,6 +10,11 @@ def rank_label(n: int) -> str:
     return f"{n} rank{'s' if n > 1 else ''}"
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 thread", "2 threads": a count with its noun, never "thread(s)"."""
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, str]], column_names: list[str]) -> str:
     """Markdown with a column per row of `table` (named by `column_names`) and a row per (label, column of
     `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""

@@ -10,25 +10,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
-from ddp_core.report.scaling import scaling_table, steady_epochs
+from ddp_core.report.comparisons import (accuracy_phrase, compare_accuracies, compare_times, run_times,
+                                         time_ratio_sentence)
+from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import one_row_each
 
 
 def first_run(experiment: Experiment) -> pd.DataFrame:
     """The epochs of an experiment's first run (lowest seed), in order."""
     return experiment.metrics[experiment.metrics["run"] == experiment.baseline.name].sort_values("epoch")
-
-
-def seed_spread(strong: Experiment) -> float:
-    """The largest spread of final validation accuracy between seeds of one world size in the strong-scaling
-    study: the yardstick for an accuracy difference between single runs."""
-    table = scaling_table(strong.metrics)
-    return float((table["accuracy_high"] - table["accuracy_low"]).max())
-
-
-def _accuracy_verdict(gap: float, noise: float) -> str:
-    return ("within the seed-to-seed spread, so not a difference this study can resolve" if gap <= noise
-            else "larger than the seed-to-seed spread")
 
 
 # Large batch -------------------------------------------------------------------------------------------------
@@ -56,18 +46,17 @@ def large_batch_markdown(study: dict[str, Experiment]) -> str:
     return one_row_each(table, LARGE_BATCH_COLUMNS, "variant")
 
 
-def large_batch_findings(study: dict[str, Experiment], strong: Experiment) -> dict:
+def large_batch_findings(study: dict[str, Experiment]) -> dict:
     table = large_batch_table(study)
+    base_name = table.index[0]
     base = table.iloc[0]
-    noise = seed_spread(strong)
-    found = {"lb_noise": noise, "lb_factor": int(table["global_batch"].max() / base["global_batch"]),
-             "lb_epochs": int(study[table.index[0]].metrics["epoch"].max()),
+    found = {"lb_factor": int(table["global_batch"].max() / base["global_batch"]),
+             "lb_epochs": int(study[base_name].metrics["epoch"].max()),
              "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min())}
     for variant in table.index:
-        gap = table.loc[variant, "final_val_accuracy"] - base["final_val_accuracy"]
         found[f"lb_{variant}_accuracy"] = float(table.loc[variant, "final_val_accuracy"])
-        found[f"lb_{variant}_gap"] = float(gap)
-        found[f"lb_{variant}_verdict"] = _accuracy_verdict(abs(gap), noise)
+        found[f"lb_{variant}_verdict"] = accuracy_phrase(compare_accuracies(study[variant], study[base_name]),
+                                                         "the baseline's")
     return found
 
 
@@ -80,6 +69,7 @@ def large_batch_figure(study: dict[str, Experiment]):
     loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss")
     acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
     for ax in (loss, acc):
+        ax.set_xticks(sorted(first_run(next(iter(study.values())))["epoch"]))  # whole epochs, never 1.5
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -96,10 +86,9 @@ def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant, e in study.items():
         run = e.baseline
         metrics = first_run(e).set_index("epoch")
-        steady = steady_epochs(first_run(e))
         rows[variant] = dict(ranks=run.world_size, micro_batch=run.per_rank_batch_size,
                              grad_accum=run.config["grad_accum"], global_batch=run.global_batch_size,
-                             epoch_time_s=steady["epoch_time_s"].mean(),
+                             step_time_ms=run_times(e)["step_time_s"].mean() * 1e3,
                              final_val_accuracy=metrics["val_accuracy"].iloc[-1],
                              max_train_loss_gap=(metrics["train_loss"] - ref_rows["train_loss"]).abs().max(),
                              max_val_loss_gap=(metrics["val_loss"] - ref_rows["val_loss"]).abs().max(),
@@ -110,7 +99,7 @@ def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
 ACCUMULATION_COLUMNS = {"ranks": ("Ranks", "{:.0f}"), "micro_batch": ("Micro-batch (samples)", "{:.0f}"),
                         "grad_accum": ("Micro-batches per step", "{:.0f}"),
                         "global_batch": ("Global batch (samples)", "{:.0f}"),
-                        "epoch_time_s": ("Epoch time (s)", "{:.2f}"),
+                        "step_time_ms": ("Step time, median (ms)", "{:.1f}"),
                         "final_val_accuracy": ("Final validation accuracy", "{:.4f}"),
                         "max_train_loss_gap": ("Largest training-loss gap to the first row", "{:.1e}")}
 
@@ -128,7 +117,9 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
     table = accumulation_table(study)
     gap = float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
     first, *others = table.index
-    times = table["epoch_time_s"]
+    one_batch, accumulated, ddp = (study[variant] for variant in table.index)
+    accumulated_c = compare_times(accumulated, one_batch)
+    ddp_c = compare_times(ddp, one_batch, a_ranks=ddp.largest)
     return {"accum_variants": ", ".join(others), "accum_reference": first,
             "accum_loss_gap": gap, "accum_accuracy_gap": float(table["max_accuracy_gap"].max()),
             "accum_tolerance": SAME_MODEL_TOLERANCE,
@@ -138,8 +129,9 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
                    gap <= SAME_MODEL_TOLERANCE else
                    f"more than the {SAME_MODEL_TOLERANCE:g} that rounding explains; they did not train the same "
                    f"model, and the equivalence of the theory chapter does not hold here.")),
-            "accum_time_ratio": float(times.iloc[1] / times.iloc[0]),
-            "accum_ddp_time_ratio": float(times.iloc[-1] / times.iloc[0])}
+            "accum_time_sentence": time_ratio_sentence(accumulated_c, "Accumulation", "the single pass") + ".",
+            "accum_ddp_time_sentence": time_ratio_sentence(ddp_c, f"DDP on {ddp.largest} ranks", "the single pass")
+            + "."}
 
 
 # Mixed precision ---------------------------------------------------------------------------------------------
@@ -147,17 +139,14 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
 def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = {}
     for variant, e in study.items():
-        table = scaling_table(e.metrics).loc[1]
-        per_epoch = steady_epochs(e.metrics)["epoch_time_s"]
-        rows[variant] = dict(epoch_time_s=table["epoch_time_s"], epoch_time_low=per_epoch.min(),
-                             epoch_time_high=per_epoch.max(), samples_per_s=table["samples_per_s"],
+        table = scaling_table(e).loc[1]
+        rows[variant] = dict(step_time_ms=table["step_time_s"] * 1e3, samples_per_s=table["samples_per_s"],
                              final_val_accuracy=table["final_val_accuracy"],
                              final_train_loss=e.metrics.sort_values("epoch")["train_loss"].iloc[-1])
     return pd.DataFrame(rows).T
 
 
-PRECISION_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"),
-                     "epoch_time_low": ("fastest epoch (s)", "{:.2f}"), "epoch_time_high": ("slowest epoch (s)", "{:.2f}"),
+PRECISION_COLUMNS = {"step_time_ms": ("Step time, median (ms)", "{:.1f}"),
                      "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
                      "final_train_loss": ("Final training loss", "{:.3f}"),
                      "final_val_accuracy": ("Final validation accuracy", "{:.3f}")}
@@ -168,22 +157,13 @@ def precision_markdown(study: dict[str, Experiment]) -> str:
     return one_row_each(table, PRECISION_COLUMNS, "precision")
 
 
-def precision_findings(study: dict[str, Experiment], strong: Experiment) -> dict:
-    table = precision_table(study)
-    fp32, bf16 = table.loc["fp32"], table.loc["bf16"]
-    ratio = bf16["epoch_time_s"] / fp32["epoch_time_s"]
-    separated = bf16["epoch_time_low"] > fp32["epoch_time_high"] or fp32["epoch_time_low"] > bf16["epoch_time_high"]
-    if not separated:
-        speed = (f"bf16 and fp32 take {bf16['epoch_time_s']:.2f} s and {fp32['epoch_time_s']:.2f} s per epoch, "
-                 f"within the spread of their epochs: no speed difference can be told")
-    elif ratio > 1:
-        speed = f"bf16 is slower on this CPU: {ratio:.2f} times the fp32 epoch time"
-    else:
-        speed = f"bf16 is faster on this CPU: {ratio:.2f} times the fp32 epoch time ({1 / ratio:.2f}x the speed)"
-    gap = abs(bf16["final_val_accuracy"] - fp32["final_val_accuracy"])
-    return {"precision_device": study["fp32"].baseline.device_name, "precision_speed_sentence": speed + ".",
-            "precision_time_ratio": float(ratio), "precision_accuracy_gap": float(gap),
-            "precision_accuracy_verdict": _accuracy_verdict(gap, seed_spread(strong))}
+def precision_findings(study: dict[str, Experiment]) -> dict:
+    c = compare_times(study["bf16"], study["fp32"])
+    return {"precision_device": study["fp32"].baseline.device_name,
+            "precision_speed_sentence": time_ratio_sentence(c, "bf16", "fp32") + ".",
+            "precision_time_ratio": float(c.ratio),
+            "precision_accuracy_verdict": accuracy_phrase(compare_accuracies(study["bf16"], study["fp32"]),
+                                                          "fp32's")}
 
 
 # Int8 inference ----------------------------------------------------------------------------------------------

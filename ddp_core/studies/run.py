@@ -49,6 +49,7 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
 def execute_run_notebook(run: Run, results_dir: str) -> None:
     """The run notebook, executed by papermill into the run's folder; a failure leaves it as *.failed.ipynb."""
     import jupytext
+    import nbformat
     import papermill
 
     run_dir = Path(results_dir) / run.folder
@@ -57,12 +58,16 @@ def execute_run_notebook(run: Run, results_dir: str) -> None:
     parameters = dict(world_size=run.world_size, profile=run.profile, overrides=run.settings, repeat=run.repeat,
                       experiment=run.experiment, results_dir=results_dir)
     try:
-        papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
-                                   progress_bar=False, extra_arguments=QUIET_KERNEL)
+        executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
+                                              progress_bar=False, extra_arguments=QUIET_KERNEL)
     except papermill.PapermillExecutionError as exc:
         raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
                          f" (the notebook: {failed})") from None
-    failed.rename(run_dir / NOTEBOOK_NAME)
+    for cell in executed.cells:  # the book shows the command the run printed, not the notebook's parameter cells
+        if {"parameters", "injected-parameters"} & set(cell.metadata.get("tags", [])):
+            cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]
+    nbformat.write(executed, run_dir / NOTEBOOK_NAME)
+    failed.unlink()
 
 
 def run_quietly(label: str, command: list[str]) -> None:
