@@ -31,16 +31,10 @@ def run_times(experiment: Experiment) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def noise_floor_of(experiment: Experiment) -> float:
-    """How far apart repeats of one world size land (`verdict.noise_floor`): this experiment's yardstick."""
+def paired_sides(experiment: Experiment) -> dict[int, list[float]]:
+    """Per world size, the time per sample of each repeat, repeat 1 first: the sides of paired comparisons."""
     times = run_times(experiment)
-    return noise_floor([list(rows["time_per_sample_s"]) for _, rows in times.groupby("world_size")])
-
-
-def paired_times(experiment: Experiment, world_size: int) -> list[float]:
-    """The time per sample of each repeat at `world_size`, repeat 1 first: one side of a paired comparison."""
-    times = run_times(experiment)
-    return list(times.loc[times["world_size"] == world_size, "time_per_sample_s"])
+    return {n: list(rows["time_per_sample_s"]) for n, rows in times.groupby("world_size")}
 
 
 def _larger(*floors: float) -> float:
@@ -57,25 +51,29 @@ def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
 def speedup_comparisons(experiment: Experiment) -> dict[int, Comparison]:
     """Per world size, one rank's time per sample against its own, repeat by repeat: the comparison's ratio is
     the speedup T1/TN with its range, "higher" meaning faster than one rank."""
-    if 1 not in experiment.repeats:
-        raise ResultsError(f"no 1-rank run among world sizes {sorted(experiment.repeats)}: "
-                           f"speedup is measured against one rank")
-    floor, one = noise_floor_of(experiment), paired_times(experiment, 1)
-    return {n: compare(*_paired(one, paired_times(experiment, n)), floor) for n in experiment.repeats}
+    sides = paired_sides(experiment)
+    if 1 not in sides:
+        raise ResultsError(f"no 1-rank run among world sizes {sorted(sides)}: speedup is measured against one rank")
+    floor = noise_floor(list(sides.values()))
+    return {n: compare(*_paired(sides[1], times), floor) for n, times in sides.items()}
 
 
 def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
     """A's speedup at `n` ranks against B's, repeat by repeat ("higher": A scales better), held against the
     larger of the two experiments' noise floors."""
-    def speedups(e: Experiment) -> list[float]:
-        return [t1 / tn for t1, tn in zip(*_paired(paired_times(e, 1), paired_times(e, n)))]
+    def speedups(sides: dict[int, list[float]]) -> list[float]:
+        return [t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))]
 
-    return compare(*_paired(speedups(a), speedups(b)), _larger(noise_floor_of(a), noise_floor_of(b)))
+    sides_a, sides_b = paired_sides(a), paired_sides(b)
+    return compare(*_paired(speedups(sides_a), speedups(sides_b)),
+                   _larger(noise_floor(list(sides_a.values())), noise_floor(list(sides_b.values()))))
 
 
 def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1) -> Comparison:
     """A's time per sample at `a_ranks` against B's at `b_ranks`, repeat by repeat ("lower": A is faster)."""
-    return compare(*_paired(paired_times(a, a_ranks), paired_times(b, b_ranks)), _larger(noise_floor_of(a), noise_floor_of(b)))
+    sides_a, sides_b = paired_sides(a), paired_sides(b)
+    return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
+                   _larger(noise_floor(list(sides_a.values())), noise_floor(list(sides_b.values()))))
 
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
@@ -109,8 +107,8 @@ def time_ratio_sentence(c: Comparison, a: str, b: str) -> str:
 
 def noise_findings(experiment: Experiment) -> dict:
     """The yardstick of this build, for the methods chapter: the noise floor and what it rests on."""
-    times = run_times(experiment)
-    return {"noise_floor": noise_floor_of(experiment), "noise_repeats": int(times.groupby("world_size").size().min()),
+    sides = list(paired_sides(experiment).values())
+    return {"noise_floor": noise_floor(sides), "noise_repeats": min(len(side) for side in sides),
             "min_repeats": MIN_REPEATS, "warmup_steps": WARMUP_STEPS}
 
 
