@@ -30,6 +30,9 @@ export DDP_CORE_RESULTS_DIR := $(abspath $(RESULTS_DIR))
 MATHJAX := book/_static/mathjax/tex-chtml.js
 QUIET_KERNELS := _build/ipython/profile_default/ipython_kernel_config.py
 TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended latexmk tex-gyre
+# apt-get waits for another install to finish (the tests install Slurm while a book test installs TeX) instead of
+# failing at once on dpkg's lock.
+APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
 .PHONY: test test-fast report reference single-device book pdf install
 
@@ -85,7 +88,7 @@ book: $(VENV)/.installed $(MATHJAX)
 
 pdf: $(VENV)/.installed
 	command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
-		(apt-get update -qq && apt-get install -y -qq --no-install-recommends $(TEX_PACKAGES))
+		($(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends $(TEX_PACKAGES))
 	$(BIN)/jupyter-book build book --builder pdflatex
 	@echo "PDF: _build/latex/book.pdf"
 

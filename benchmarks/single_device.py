@@ -40,7 +40,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ddp_core.engine.config import OneLineParser, UsageError, micro_batch_size, parse_args
 from ddp_core.engine.data import EncodedData, load_data
-from ddp_core.engine.model import PRESETS, TransformerClassifier
+from ddp_core.engine.model import TransformerClassifier
+from ddp_core.engine.model_shape import PRESETS
 from ddp_core.engine.model_cost import training_flops
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_core.engine.model import ModelConfig, TransformerClassifier
+from ddp_core.engine.model import TransformerClassifier
+from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.runtime import threads_per_rank
 from ddp_core.train import lr_factor, train_step

@@ -35,7 +35,8 @@ from tqdm import tqdm
 from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, differing_settings,
                                     global_batch_size, micro_batch_size, parse_args)
 from ddp_core.engine.data import EncodedData, load_data
-from ddp_core.engine.model import ModelConfig, TransformerClassifier, count_parameters
+from ddp_core.engine.model import TransformerClassifier, count_parameters
+from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, append_rows, drop_rows_after, environment,
                                       now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime

@@ -24,8 +24,9 @@ install_packages() {
         echo "local-cluster: Slurm is not installed and installing it needs root: apt-get install ${packages[*]}" >&2
         exit 1
     fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+    # Wait for another install to end (a test may be installing TeX) rather than fail on dpkg's lock.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 }
 
 write_config() {

@@ -7,7 +7,7 @@ import pytest
 
 from ddp_core.engine.config import (PROFILES_DIR, TrainConfig, UsageError, build_parser, load_profile, parse_args,
                                     to_args)
-from ddp_core.engine.model import PRESETS
+from ddp_core.engine.model_shape import PRESETS
 
 
 def test_every_setting_has_an_option_with_its_default_and_meaning():

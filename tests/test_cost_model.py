@@ -1,6 +1,7 @@
 """The all-reduce benchmark and the alpha-beta model fitted to it."""
 
 import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -9,7 +10,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from ddp_core.engine.model import PRESETS, ModelConfig, TransformerClassifier, count_parameters
+from conftest import REPO
+from ddp_core.engine.model import TransformerClassifier, count_parameters
+from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
 from ddp_core.engine.model_cost import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, training_flops
 from ddp_core.launch.local import launch_command
 from ddp_core.report.cost_model import fit_alpha_beta
@@ -74,3 +77,20 @@ def test_nvlink_forecast_is_sourced_and_brackets_the_speedup_between_its_two_ove
     # A step slower than the break-even compute pays off with no overlap at all, by the model's own terms.
     pays = ahead["compute_bound_ms"] > ahead["break_even_compute_ms"]
     assert (pays == (ahead["speedup_no_overlap"] > 1)).all()
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_shapes_the_report_counts_are_the_models_own(preset):
+    config = ModelConfig.from_preset(preset, vocab_size=1000, max_len=64, num_classes=3)
+    with torch.device("meta"):
+        model = TransformerClassifier(config)
+    assert list(parameter_shapes(config).items()) == [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+def test_the_report_costs_a_model_without_importing_torch():
+    """A book page starts without torch (seconds per page, several pages per build)."""
+    modules = [f"ddp_core.report.{name}" for name in ("discussion", "prediction", "scaling_studies",
+                                                       "training_studies", "intro", "provenance", "single_device")]
+    check = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
+                          cwd=REPO).stdout.strip() == "False"

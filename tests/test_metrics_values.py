@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from conftest import TINY_SYNTHETIC, read_metrics
 from ddp_core.engine.config import parse_args
 from ddp_core.engine.data import load_data
-from ddp_core.engine.model import ModelConfig, TransformerClassifier
+from ddp_core.engine.model import TransformerClassifier
+from ddp_core.engine.model_shape import ModelConfig
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 

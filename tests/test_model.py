@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ddp_core.engine.model import PAD_ID, ModelConfig, TransformerClassifier, count_parameters
+from ddp_core.engine.model import PAD_ID, TransformerClassifier, count_parameters
+from ddp_core.engine.model_shape import ModelConfig
 
 
 def test_padding_does_not_change_the_prediction():

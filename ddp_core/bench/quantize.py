@@ -28,7 +28,8 @@ from torch import nn
 
 from ddp_core.engine.config import CHECKPOINT_NAME, TrainConfig, UsageError
 from ddp_core.engine.data import load_data
-from ddp_core.engine.model import ModelConfig, TransformerClassifier
+from ddp_core.engine.model import TransformerClassifier
+from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import usable_cores
 

@@ -6,40 +6,13 @@ representation is the mean over real tokens only. Token id 0 is padding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddp_core.engine.model_shape import ModelConfig
+
 PAD_ID = 0
-
-PRESETS = {
-    "tiny": dict(d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.0),
-    "small": dict(d_model=128, n_layers=2, n_heads=4, d_ff=512, dropout=0.1),
-    "medium": dict(d_model=256, n_layers=4, n_heads=8, d_ff=1024, dropout=0.1),
-    "large": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, dropout=0.1),
-}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    max_len: int
-    num_classes: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    dropout: float
-
-    @classmethod
-    def from_preset(cls, preset: str, *, vocab_size: int, max_len: int, num_classes: int,
-                    dropout: float | None = None) -> "ModelConfig":
-        shape = dict(PRESETS[preset])
-        if dropout is not None:
-            shape["dropout"] = dropout
-        return cls(vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, **shape)
 
 
 class EncoderBlock(nn.Module):

@@ -1,24 +1,25 @@
 """What the model costs to train, from its shapes alone: its training FLOPs and the gradient buckets DDP
 all-reduces. Facts of the model, kept beside it, that the benchmarks and the report's cost model both use.
 
-A model is given as its `ModelConfig` fields (a run's `model` in run.json); nothing is allocated.
+A model is given as its `ModelConfig` fields (a run's `model` in run.json); nothing is built, and torch is
+not imported (`model_shape.parameter_shapes`).
 """
 
 from __future__ import annotations
 
-import torch
+from math import prod
 
-from ddp_core.engine.model import PRESETS, ModelConfig, TransformerClassifier
+from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
 
 # DDP's gradient buckets: a small first one, so that the all-reduce starts early in backward, then 25 MiB each.
 FIRST_BUCKET_BYTES = 2**20
 BUCKET_BYTES = 25 * 2**20
+EMBEDDINGS = ("tok_emb.weight", "pos_emb.weight")
 
 
-def meta_model(model_config: dict) -> TransformerClassifier:
-    """The model's shapes without its memory: enough to count parameters and FLOPs of any preset."""
-    with torch.device("meta"):
-        return TransformerClassifier(ModelConfig(**model_config))
+def parameter_counts(model_config: dict) -> dict[str, int]:
+    """Every parameter's number of elements, by name, in the order the model registers them."""
+    return {name: prod(shape) for name, shape in parameter_shapes(ModelConfig(**model_config)).items()}
 
 
 def preset_configs(model_config: dict) -> dict[str, dict]:
@@ -33,8 +34,8 @@ def bucket_sizes(model_config: dict) -> list[int]:
     """Gradient bucket sizes in bytes (fp32), in the order DDP fills and all-reduces them: parameters in
     reverse order, a bucket closed as soon as it reaches its cap."""
     buckets, current, cap = [], 0, FIRST_BUCKET_BYTES
-    for param in reversed(list(meta_model(model_config).parameters())):
-        current += param.numel() * 4
+    for count in reversed(parameter_counts(model_config).values()):
+        current += count * 4
         if current >= cap:
             buckets.append(current)
             current, cap = 0, BUCKET_BYTES
@@ -49,6 +50,7 @@ def training_flops(model_config: dict, tokens: int) -> float:
     their gradient is all-reduced like any other, which is why embedding-heavy models communicate
     much for little compute.
     """
-    linear_weights = sum(m.weight.numel() for m in meta_model(model_config).modules() if isinstance(m, torch.nn.Linear))
+    shapes = parameter_shapes(ModelConfig(**model_config))
+    linear_weights = sum(prod(shape) for name, shape in shapes.items() if len(shape) == 2 and name not in EMBEDDINGS)
     attention = 4 * model_config["n_layers"] * model_config["max_len"] * model_config["d_model"]
     return 3 * tokens * (2 * linear_weights + attention)

@@ -8,8 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.engine.model import count_parameters
-from ddp_core.engine.model_cost import meta_model, preset_configs, training_flops
+from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
 from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, fit_alpha_beta, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
@@ -122,7 +121,7 @@ def payoff_findings(experiment: Experiment) -> dict:
     hardware, ratios = _hardware(experiment), _ratio_per_token(experiment)
     models = preset_configs(one.model)
     fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
-    embedding_share = {preset: model["vocab_size"] * model["d_model"] / count_parameters(meta_model(model))
+    embedding_share = {preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
                        for preset, model in models.items()}
     link_per_flop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate) for name, (rate, fit) in hardware.items()}
     pays = ideal_ratio > break_even_ratio
