@@ -179,6 +179,11 @@ def test_int8_quantization_shrinks_the_model_and_fp32_scores_what_training_repor
     measured = pd.read_csv(run_dir / "quantization.csv").set_index("model")
     assert measured.loc["fp32", "accuracy"] == metrics_of(run_dir)["val_accuracy"].iloc[-1]
     assert measured.loc["int8", "size_mb"] < measured.loc["fp32", "size_mb"]
+    # Agreement is counted sample by sample: fp32 agrees with itself, and accuracies can differ at most by the
+    # share of samples on which the two models answer differently.
+    assert measured.loc["fp32", "agreement_with_fp32"] == 1.0
+    assert abs(measured.loc["int8", "accuracy"] - measured.loc["fp32", "accuracy"]) <= \
+        1 - measured.loc["int8", "agreement_with_fp32"] + 1e-12
     assert (measured["latency_ms_per_batch"] > 0).all()
     found = training_studies.quantization_findings(load_experiment(run_dir.parent))
     assert found["quant_size_ratio"] == pytest.approx(measured.loc["int8", "size_mb"] / measured.loc["fp32", "size_mb"])

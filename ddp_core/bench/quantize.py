@@ -6,7 +6,8 @@ PyTorch's dynamic quantization stores the weights of every `nn.Linear` as int8 a
 activations on the fly at each call; embeddings, layer norms and attention stay fp32. Both models
 classify the run's whole evaluation set in batches of the run's per-rank batch size, in alternating
 passes (fp32, int8, fp32, ...) so that a drift of the machine's speed hits both alike; the latency is
-the median over all batches of all passes. Writes `quantization.csv` and `quantization.json`
+the median over all batches of all passes. Equal accuracies need not mean equal answers, so each model's
+agreement with fp32 is counted sample by sample. Writes `quantization.csv` and `quantization.json`
 (provenance) into the run's folder; an existing result is never overwritten.
 """
 
@@ -33,7 +34,7 @@ from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import usable_cores
 
-COLUMNS = ["model", "size_mb", "latency_ms_per_batch", "batch_size", "batches_timed", "accuracy"]
+COLUMNS = ["model", "size_mb", "latency_ms_per_batch", "batch_size", "batches_timed", "accuracy", "agreement_with_fp32"]
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -53,14 +54,14 @@ def size_mb(model: nn.Module) -> float:
 
 @torch.inference_mode()
 def timed_pass(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, batch_size: int):
-    """(seconds per batch, correct predictions) over the evaluation set."""
-    seconds, correct = [], 0
+    """(seconds per batch, predicted class of every sample) over the evaluation set."""
+    seconds, predicted = [], []
     for start in range(0, len(labels), batch_size):
         begin = time.perf_counter()
         logits = model(ids[start:start + batch_size].long())
         seconds.append(time.perf_counter() - begin)
-        correct += int((logits.argmax(-1) == labels[start:start + batch_size]).sum())
-    return seconds, correct
+        predicted.append(logits.argmax(-1))
+    return seconds, torch.cat(predicted)
 
 
 def compare(run_dir: Path, passes: int) -> list[dict]:
@@ -78,13 +79,15 @@ def compare(run_dir: Path, passes: int) -> list[dict]:
     models = {"fp32": fp32.eval(), "int8": quantize_int8(fp32).eval()}
     batch = info["per_rank_batch_size"]
     seconds = {name: [] for name in models}
-    correct = {}
+    predicted = {}
     for _ in range(passes):
         for name, model in models.items():
-            times, correct[name] = timed_pass(model, data.eval_ids, data.eval_labels, batch)
+            times, predicted[name] = timed_pass(model, data.eval_ids, data.eval_labels, batch)
             seconds[name] += times
     return [dict(model=name, size_mb=size_mb(model), latency_ms_per_batch=1e3 * statistics.median(seconds[name]),
-                 batch_size=batch, batches_timed=len(seconds[name]), accuracy=correct[name] / len(data.eval_labels))
+                 batch_size=batch, batches_timed=len(seconds[name]),
+                 accuracy=float((predicted[name] == data.eval_labels).float().mean()),
+                 agreement_with_fp32=float((predicted[name] == predicted["fp32"]).float().mean()))
             for name, model in models.items()]
 
 
