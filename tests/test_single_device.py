@@ -1,6 +1,7 @@
 """The single-device benchmark: what it measures on this machine's device, and the figures the book derives."""
 
 import json
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ import torch
 
 from benchmarks.single_device import LOOPS
 from conftest import REPO
-from ddp_core.report.results import Measurement
-from ddp_core.report.single_device import ratio_sentence, ratio_table, throughput_table
+from ddp_core.report.comparisons import WARMUP_STEPS
+from ddp_core.report.results import Measurement, load_experiment, read_measurement
+from ddp_core.report.single_device import baseline_sentence, ratio_sentence, ratio_table, throughput_table
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -99,9 +101,26 @@ def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_no
                       "ddp_of_one": [1.0, 1.0, 1.0]})
     row = ratio_table(slower).iloc[0]
     assert (row["trainer_median"], row["trainer_low"], row["trainer_high"]) == pytest.approx((0.8, 0.8, 0.9))
-    assert "missed beyond noise in 1 configuration" in ratio_sentence(slower, "trainer")
-    noisy = made_up({"plain": [1.0, 1.0], "ddp_core": [0.9, 1.1], "timed": [1.0, 1.0], "ddp_of_one": [1.0, 1.0]})
-    sentence = ratio_sentence(noisy, "trainer")
-    assert "in 1 of 1 configuration the range over the rounds includes 1" in sentence
-    assert "no configuration is below it beyond noise" in sentence
+    assert "the first is slower in 1 of 1 configuration." in ratio_sentence(slower, "trainer")
+    noisy = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [0.9, 1.1, 1.0], "timed": [1.0, 1.0, 1.0],
+                     "ddp_of_one": [1.0, 1.0, 1.0]})
+    assert "the first is not told apart in 1 of 1 configuration." in ratio_sentence(noisy, "trainer")
+    two_rounds = made_up({"plain": [1.0, 1.0], "ddp_core": [1.25, 1.25], "timed": [1.0, 1.0],
+                          "ddp_of_one": [1.0, 1.0]})
+    assert "without a verdict (too few rounds) in 1 of 1" in ratio_sentence(two_rounds, "trainer")
 
+
+
+def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():
+    folder = REPO / "reference" / "scaling"
+    runs = sorted(folder.glob("n1*"))
+    per_sample = [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                  / json.loads((run / "run.json").read_text())["global_batch_size"] for run in runs]
+    experiment = load_experiment(folder)
+    measured = read_measurement(REPO / "reference" / "single_device" / "cpu")
+    same_cpu = replace(measured, info=measured.info | {"cpu_extensions": experiment.baseline.raw["cpu_extensions"]})
+    sentence = baseline_sentence(same_cpu, experiment)
+    assert f": {1 / pd.Series(per_sample).median():.1f} samples/s, from the median of their {len(runs)} repeats'" in sentence
+    assert "does not judge their difference" in sentence
+    other_cpu = replace(measured, info=measured.info | {"cpu_extensions": ["avx2", "amx_bf16"]})
+    assert "another CPU under the same name" in baseline_sentence(other_cpu, experiment)

@@ -14,9 +14,10 @@ import torch
 import yaml
 
 from conftest import REPO, TINY_STUDIES
+from ddp_core.engine.config import global_batch_size, parse_args
 from ddp_core.report import scaling_studies, training_studies
 from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.cost_model import cores_per_rank
+from ddp_core.report.compute_ratio import cores_per_rank
 from ddp_core.report.provenance import studies_overview_markdown
 from ddp_core.report.results import load_experiment, load_study
 from ddp_core.studies.run import plan_runs
@@ -40,6 +41,16 @@ def test_every_study_of_the_list_passes_the_trainers_checks_and_has_a_book_page(
     for name in set(STUDIES) - {"scaling"}:  # the strong-scaling study has the results chapters
         assert f"studies/{name}\n" in toc and (REPO / "book" / "studies" / f"{name}.md").is_file()
     assert not (tmp_path / "results").exists()
+
+
+def test_every_run_of_the_report_has_a_steady_epoch_and_a_dozen_timed_steps(tmp_path):
+    """The per-epoch timers' averages leave out a run's first epoch, and its time is the median of its steps after
+    the first WARMUP_STEPS: a run of one epoch, or of too few steps, would measure its own start-up."""
+    for run, plan in plan_runs(list(STUDIES.values()), str(tmp_path / "results")):
+        cfg = parse_args(plan.train_args, world_size=run.world_size)
+        steps = cfg.epochs * (cfg.train_samples // global_batch_size(cfg, run.world_size))
+        assert cfg.epochs >= 2, run.folder
+        assert steps - WARMUP_STEPS >= 7, f"{run.folder}: {steps} steps"
 
 
 def test_runs_alternate_in_time_round_by_round_never_in_blocks(tmp_path):
@@ -173,6 +184,16 @@ def metrics_of(folder) -> pd.DataFrame:
     return pd.read_csv(folder / "metrics.csv")
 
 
+def repeats(folder, n: int) -> list:
+    """The run folders of `n` ranks under `folder`, repeat 1 first (n4, n4-r2, n4-r3, ...)."""
+    return [folder / f"n{n}"] + sorted(folder.glob(f"n{n}-r*"), key=lambda path: int(path.name.split("-r")[1]))
+
+
+def paired_median(a: list[float], b: list[float]) -> float:
+    """The median over the repeats of a_k / b_k, computed here."""
+    return float(pd.Series([x / y for x, y in zip(a, b)]).median())
+
+
 def time_per_sample(folder) -> float:
     """A run's median step after its warm-up steps over its global batch, computed here from its files."""
     steps = pd.read_csv(folder / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:]
@@ -184,7 +205,8 @@ def test_weak_scaling_speedup_is_throughput_over_the_one_rank_throughput():
                                                   load_experiment(REFERENCE / "weak_scaling"))
     n = found["weak_largest"]
     weak = REFERENCE / "weak_scaling"
-    assert found["weak_speedup_nmax"] == pytest.approx(time_per_sample(weak / "n1") / time_per_sample(weak / f"n{n}"))
+    assert found["weak_speedup_nmax"] == pytest.approx(paired_median(
+        [time_per_sample(run) for run in repeats(weak, 1)], [time_per_sample(run) for run in repeats(weak, n)]))
     assert found["weak_global_batch_nmax"] == n * found["weak_per_rank_batch"]
 
 
@@ -198,29 +220,37 @@ def test_the_cost_model_gives_a_rank_of_its_own_core_until_the_cores_run_out():
     assert found["ranks_with_own_core"] == cores
 
 
-def test_the_batch_sweep_ratio_is_compute_over_all_reduce_time_of_each_run():
+def test_the_batch_sweep_ratio_is_one_ranks_compute_over_the_all_reduce_time():
+    """R_N = (T_c/N) / T_comm: the 1-rank runs' compute per step (at the same per-rank batch, so T_c/N is all of it)
+    over the N-rank runs' all-reduce per step, each the mean over its runs' steady epochs."""
+    def per_step(runs, column) -> float:
+        epochs = pd.concat([metrics_of(run).pipe(lambda m: m[m["epoch"] > 1] if len(m) > 1 else m) for run in runs])
+        return float((epochs[column] / epochs["steps"]).mean())
+
     sweep = scaling_studies.batch_sweep_table(load_study(REFERENCE / "batch_size"))
     for _, row in sweep[sweep["world_size"] > 1].iterrows():
-        run = metrics_of(REFERENCE / "batch_size" / f"b{row['per_rank_batch']:.0f}" /
-                         f"n{row['world_size']:.0f}")
-        compute = run["forward_time_s"] + run["backward_time_s"] - run["comm_exposed_s"] + run["optimizer_time_s"]
-        assert row["compute_to_comm_ratio"] == pytest.approx((compute / run["comm_total_s"]).mean())
+        variant = REFERENCE / "batch_size" / f"b{row['per_rank_batch']:.0f}"
+        ones = repeats(variant, 1)
+        compute = sum(per_step(ones, column) for column in ("forward_time_s", "backward_time_s", "optimizer_time_s"))
+        assert row["compute_to_comm_ratio"] == pytest.approx(
+            compute / per_step(repeats(variant, int(row["world_size"])), "comm_total_s"))
 
 
 def test_large_batch_findings_are_each_variants_last_accuracy_against_the_baseline():
     folder = REFERENCE / "large_batch"
     found = training_studies.large_batch_findings(load_study(folder))
-    base = metrics_of(folder / "baseline" / "n1")["val_accuracy"].iloc[-1]
+    last = {variant: [metrics_of(run)["val_accuracy"].iloc[-1] for run in repeats(folder / variant, 1)]
+            for variant in ("baseline", "same_lr", "linear_lr", "linear_lr_warmup")}
     for variant in ("same_lr", "linear_lr", "linear_lr_warmup"):
-        last = metrics_of(folder / variant / "n1")["val_accuracy"].iloc[-1]
-        assert found[f"lb_{variant}_accuracy"] == pytest.approx(last)
-        assert found[f"lb_{variant}_verdict"].startswith(f"{last / base:.2f} (")
+        assert found[f"lb_{variant}_accuracy"] == pytest.approx(pd.Series(last[variant]).median())
+        assert found[f"lb_{variant}_verdict"].startswith(f"{paired_median(last[variant], last['baseline']):.2f} (")
     assert found["lb_steps_base"] == metrics_of(folder / "baseline" / "n1")["steps"].sum()
 
 
 def test_precision_ratio_is_bf16_over_fp32_median_step():
     folder = REFERENCE / "precision"
     found = training_studies.precision_findings(load_study(folder))
-    ratio = time_per_sample(folder / "bf16" / "n1") / time_per_sample(folder / "fp32" / "n1")
+    ratio = paired_median([time_per_sample(run) for run in repeats(folder / "bf16", 1)],
+                          [time_per_sample(run) for run in repeats(folder / "fp32", 1)])
     assert found["precision_time_ratio"] == pytest.approx(ratio)
     assert found["precision_speed_sentence"].startswith(f"bf16 took {ratio:.2f} (")

@@ -41,3 +41,9 @@ def test_the_noise_floor_is_the_typical_spread_of_repeats_of_one_configuration()
     assert noise_floor([[90, 100, 110], [100, 104, 102], [50, 60, 70]]) == pytest.approx(0.2)
     assert noise_floor([[100, 110], [7]]) == pytest.approx(10 / 105)
     assert math.isnan(noise_floor([[100], [7]]))
+
+
+def test_a_quantity_a_configuration_does_not_have_leaves_the_noise_floor_alone():
+    """One rank has no all-reduce: its zeros (or NaN ratios) are no spread of repeats."""
+    assert noise_floor([[0.0, 0.0, 0.0], [90, 100, 110]]) == pytest.approx(0.2)
+    assert noise_floor([[math.nan] * 3, [90, 100, 110]]) == pytest.approx(0.2)

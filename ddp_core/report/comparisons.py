@@ -12,29 +12,59 @@ import math
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
+from ddp_core.report.compute_ratio import compute_to_comm_ratio, rank_share_s
 from ddp_core.report.tables import one_row_each
 from ddp_core.report.verdict import MIN_REPEATS, Comparison, compare, noise_floor
 
 WARMUP_STEPS = 5  # a run's first steps pay for start-up (allocator, DDP's bucket rebuild, cold caches)
+WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is left out of its phases
+
+
+def steady_phases(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Each run's epochs after the warm-up epoch (a run of one epoch keeps it), with the timed phases per step:
+    compute (forward and backward less the communication they waited for, plus the optimizer), all-reduce in all
+    and exposed, optimizer and data loading."""
+    later = metrics[metrics["epoch"] > WARMUP_EPOCHS]
+    steady = pd.concat([later, metrics[~metrics["run"].isin(later["run"])]])
+    per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
+    return steady.assign(
+        compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
+        + per_step("optimizer_time_s"),
+        comm_total_per_step_s=per_step("comm_total_s"),
+        comm_exposed_per_step_s=per_step("comm_exposed_s"),
+        optimizer_per_step_s=per_step("optimizer_time_s"),
+        data_per_step_s=per_step("data_time_s"),
+    )
 
 
 def run_times(experiment: Experiment) -> pd.DataFrame:
     """One row per run: world size, repeat (1 for the lowest seed), its median step over the steps after its
-    first WARMUP_STEPS, and that per trained sample (fair when world sizes differ in global batch)."""
+    first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), its steady
+    phases per step (`steady_phases`, means over epochs), and R_N against the 1-rank repeat of its round."""
+    phases = steady_phases(experiment.metrics).groupby("run")[["compute_per_step_s", "comm_total_per_step_s"]].mean()
     rows = []
     for n, runs in experiment.repeats.items():
         for repeat, run in enumerate(runs, 1):
             steps = experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"]
             step = float((steps.iloc[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps).median())
             rows.append({"world_size": n, "repeat": repeat, "run": run.name, "step_time_s": step,
-                         "time_per_sample_s": step / run.global_batch_size})
-    return pd.DataFrame(rows)
+                         "time_per_sample_s": step / run.global_batch_size, **phases.loc[run.name]})
+    times = pd.DataFrame(rows)
+    ones = experiment.repeats.get(1, [])
+    one_compute = times[times["world_size"] == 1].set_index("repeat")["compute_per_step_s"]
+    times["compute_to_comm_ratio"] = [
+        compute_to_comm_ratio(rank_share_s(one_compute[row.repeat], ones[0], experiment.runs[row.world_size]),
+                              row.comm_total_per_step_s)
+        if row.world_size > 1 and row.repeat in one_compute.index and row.comm_total_per_step_s > 0 else float("nan")
+        for row in times.itertuples()]
+    return times
 
 
-def paired_sides(experiment: Experiment) -> dict[int, list[float]]:
-    """Per world size, the time per sample of each repeat, repeat 1 first: the sides of paired comparisons."""
+def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") -> dict[int, list[float]]:
+    """Per world size, a quantity of `run_times` for each repeat, repeat 1 first: the sides of paired
+    comparisons."""
     times = run_times(experiment)
-    return {n: list(rows["time_per_sample_s"]) for n, rows in times.groupby("world_size")}
+    return {n: list(rows[quantity]) for n, rows in times.groupby("world_size")}
 
 
 def _larger(*floors: float) -> float:
@@ -69,9 +99,11 @@ def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
                    _larger(noise_floor(list(sides_a.values())), noise_floor(list(sides_b.values()))))
 
 
-def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1) -> Comparison:
-    """A's time per sample at `a_ranks` against B's at `b_ranks`, repeat by repeat ("lower": A is faster)."""
-    sides_a, sides_b = paired_sides(a), paired_sides(b)
+def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
+                  quantity: str = "time_per_sample_s") -> Comparison:
+    """A's time per sample (or another quantity of `run_times`) at `a_ranks` against B's at `b_ranks`, repeat by
+    repeat ("lower": A is faster), held against the larger of the two experiments' spreads of that quantity."""
+    sides_a, sides_b = paired_sides(a, quantity), paired_sides(b, quantity)
     return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
                    _larger(noise_floor(list(sides_a.values())), noise_floor(list(sides_b.values()))))
 

@@ -8,7 +8,8 @@ Fit: T(S) = 2(N-1) alpha + 2 (N-1)/N S beta by least squares on relative error (
 counts alike, from bytes to hundreds of MB).
 
 Prediction for N ranks, from the 1-rank run and the fit alone, except for one measured input:
-- compute per step: the 1-rank step time, scaled by the per-rank batch (b_N / b_1), and by the share
+- compute per step: the 1-rank run's compute per step (its timed phases but the communication, the
+  same compute every chapter divides), scaled by the per-rank batch (b_N / b_1), and by the share
   of the machine a rank gets. On a GPU each rank has its own device (factor 1). On a CPU the ranks
   share the cores: a rank gets min(threads_per_rank, cores / ranks on the node) of them, against
   the 1-rank run's, and the compute is taken to scale inversely with that.
@@ -18,8 +19,11 @@ Prediction for N ranks, from the 1-rank run and the fit alone, except for one me
   MB errs most in the middle, where the buckets are; the measurement does not. Buckets are formed
   as DDP forms them (`ddp_core.engine.model_cost.bucket_sizes`).
 - exposed communication: the predicted communication times the fraction the N-rank run left
-  exposed (the one measured input). Two scenarios without it are given beside: every bucket
-  exposed (no overlap at all), and only the last bucket exposed (DDP's best case).
+  exposed (the one measured input), and never less than the last bucket, which no backward work is
+  left to hide. Two scenarios without it are given beside: every bucket exposed (no overlap at
+  all), and only the last bucket exposed (DDP's best case).
+The model's step is compute and exposed communication only; speedups divide the 1-rank compute by
+it, per sample. What a measured step holds beyond its timed phases is part of the prediction's error.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
 from ddp_core.report.results import Experiment, RunInfo, run_on_folder
+from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.scaling import scaling_table
 
 
@@ -71,22 +76,16 @@ def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
     return AlphaBeta(n, float(alpha), float(beta), float(r2), float(np.max(np.abs(predicted / seconds - 1))))
 
 
-def compute_to_comm_ratio(model_config: dict, tokens_per_rank: int, flops_per_s: float, fit: AlphaBeta) -> float:
-    """R_N of the theory chapter: a rank's compute per step over the all-reduce of all its gradient buckets."""
+def model_compute_to_comm_ratio(model_config: dict, tokens_per_rank: int, flops_per_s: float, fit: AlphaBeta) -> float:
+    """R_N from the model: its training FLOPs per rank at `flops_per_s` over the fitted all-reduce of its buckets."""
     communication = sum(fit.allreduce_s(size) for size in bucket_sizes(model_config))
-    return training_flops(model_config, tokens_per_rank) / flops_per_s / communication
-
-
-def cores_per_rank(run: RunInfo) -> float:
-    if run.on_gpu:
-        return 1.0
-    return min(run.threads_per_rank, run.cpu_count / run.local_world_size)
+    return compute_to_comm_ratio(training_flops(model_config, tokens_per_rank) / flops_per_s, communication)
 
 
 def rank_compute_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
-    """A rank's compute per step in `run`, from `one_rank_s` of the 1-rank run `one`: scaled by the per-rank
-    batch and inversely by the share of the machine the rank gets (`cores_per_rank`)."""
-    return one_rank_s * run.per_rank_batch_size / one.per_rank_batch_size * cores_per_rank(one) / cores_per_rank(run)
+    """A rank's compute per step in `run`, from `one_rank_s` of the 1-rank run `one`: its share (`rank_share_s`)
+    scaled inversely by the share of the machine the rank gets (`cores_per_rank`)."""
+    return rank_share_s(one_rank_s, one, run) * cores_per_rank(one) / cores_per_rank(run)
 
 
 def allreduce_fits(experiment: Experiment) -> dict[int, AlphaBeta]:
@@ -110,15 +109,17 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
         comm = sum(buckets)
         measured = table.loc[n]
         exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]
-        compute = rank_compute_s(step_s[1], one, info)
-        step_1_per_sample = step_s[1] / one.global_batch_size
-        speedup = {name: step_1_per_sample / (step / info.global_batch_size) for name, step in [
-            ("predicted", compute + exposed_fraction * comm), ("no_overlap", compute + comm),
+        exposed = max(exposed_fraction * comm, buckets[-1])  # backward cannot hide the last bucket
+        compute_1 = table.loc[1, "compute_per_step_s"]
+        compute = rank_compute_s(compute_1, one, info)
+        compute_1_per_sample = compute_1 / one.global_batch_size
+        speedup = {name: compute_1_per_sample / (step / info.global_batch_size) for name, step in [
+            ("predicted", compute + exposed), ("no_overlap", compute + comm),
             ("last_bucket_only", compute + buckets[-1])]}
         rows.append(dict(world_size=n, buckets=len(buckets), predicted_compute_s=compute,
                          measured_compute_s=measured["compute_per_step_s"], predicted_comm_s=comm,
                          measured_comm_s=measured["comm_total_per_step_s"],
-                         predicted_step_s=compute + exposed_fraction * comm, measured_step_s=step_s[n],
+                         predicted_step_s=compute + exposed, measured_step_s=step_s[n],
                          predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],
                          speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
                          predicted_efficiency=speedup["predicted"] / n, measured_efficiency=measured["efficiency"],

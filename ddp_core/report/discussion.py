@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
-from ddp_core.report.cost_model import AlphaBeta, compute_to_comm_ratio, fit_alpha_beta, rank_compute_s
+from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.tables import counted
+from ddp_core.report.verdict import Comparison
 from ddp_core.report.comparisons import accuracy_phrase, compare_accuracies, speedup_comparisons
 from ddp_core.report.scaling import scaling_table
 
@@ -24,26 +25,26 @@ def _listing(sizes: list[int]) -> str:
 
 
 def measurement_findings(experiment: Experiment) -> dict:
-    """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went."""
+    """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went.
+    The lost time is the median step's excess over T1/N, split into the timed phases' excess (compute that did
+    not shrink as 1/N, exposed communication) and what the phases leave out, so the parts add up to it."""
     table = scaling_table(experiment)
     largest = experiment.largest
     one, big = table.loc[1], table.loc[largest]
-    step_1 = one["compute_per_step_s"] + one["data_per_step_s"]
-    step_n = big["compute_per_step_s"] + big["comm_exposed_per_step_s"] + big["data_per_step_s"]
-    lost = step_n - step_1 / largest
+    lost = big["step_time_s"] - one["step_time_s"] / largest
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
+    other = lost - lost_compute - lost_comm
     base, biggest = experiment.runs[1], experiment.runs[largest]
     divided = rank_compute_s(one["compute_per_step_s"], base, biggest)
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
         "verdict_sentence": verdict_sentence(experiment),
-        "lost_phrase": f"loses {lost * 1e3:.1f} ms" if lost > 0 else f"is {-lost * 1e3:.1f} ms faster than that ideal",
-        "lost_compute_share": float(lost_compute / lost) if lost > 0 else 0.0,
-        "lost_comm_share": float(lost_comm / lost) if lost > 0 else 0.0,
+        "step_1_ms": float(one["step_time_s"] * 1e3), "step_nmax_ms": float(big["step_time_s"] * 1e3),
+        "ideal_step_ms": float(one["step_time_s"] / largest * 1e3),
+        "lost_sentence": _lost_sentence(lost, lost_compute, lost_comm, other),
         "main_cause": "slower computation on each rank" if lost_compute > lost_comm else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
-        "ratio_nmax": float(big["compute_to_comm_ratio"]),
         "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
         "accuracy_sentence": accuracy_sentence(experiment), "dropout": base.model["dropout"],
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
@@ -51,6 +52,18 @@ def measurement_findings(experiment: Experiment) -> dict:
         "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
         "divided_verdict": _divided_verdict(big["compute_per_step_s"] / divided),
     }
+
+
+def _lost_sentence(lost: float, compute: float, comm: float, other: float) -> str:
+    """The median step's excess over T1/N in three parts that add up to it, in milliseconds."""
+    if lost <= 0:
+        return f"is {-lost * 1e3:.1f} ms faster than that ideal."
+    parts = (f"loses {lost * 1e3:.1f} ms: {compute * 1e3:.1f} ms of computation that did not shrink as 1/N and "
+             f"{comm * 1e3:.1f} ms of communication that backward could not hide")
+    if other >= 0:
+        return f"{parts}, and {other * 1e3:.1f} ms outside the timed phases."
+    return (f"{parts}; these timed phases add up to {-other * 1e3:.1f} ms more than the loss (they are means over "
+            f"the steady epochs, the step a median over steps).")
 
 
 def _divided_verdict(measured_over_divided: float) -> str:
@@ -101,7 +114,7 @@ def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
 def _ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
     """R_N at one token per rank, per kind of rank and preset: R_N grows linearly with the tokens per rank."""
     models = preset_configs(experiment.baseline.model)
-    return {(name, preset): compute_to_comm_ratio(model, 1, rate, fit)
+    return {(name, preset): model_compute_to_comm_ratio(model, 1, rate, fit)
             for name, (rate, fit) in _hardware(experiment).items() for preset, model in models.items()}
 
 
@@ -111,33 +124,53 @@ def _targets(experiment: Experiment) -> dict[str, float]:
 
 
 def payoff_findings(experiment: Experiment) -> dict:
-    """The break-even ratio here, and how tokens, model size and hardware move it."""
+    """The theory's break-even against the measured R_N, whether the theory's verdict held, and how tokens, model
+    size and hardware move R_N."""
     table = scaling_table(experiment)
     n, _ = _benchmarked(experiment)
     one = experiment.baseline
     exposed_fraction = float(table.loc[n, "comm_exposed_per_step_s"] / table.loc[n, "comm_total_per_step_s"])
     break_even_ratio = exposed_fraction / (n - 1)
-    ideal_ratio = float(table.loc[1, "compute_per_step_s"] / n / table.loc[n, "comm_total_per_step_s"])
+    ratio = float(table.loc[n, "compute_to_comm_ratio"])
     hardware, ratios = _hardware(experiment), _ratio_per_token(experiment)
     models = preset_configs(one.model)
     fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
     embedding_share = {preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
                        for preset, model in models.items()}
     link_per_flop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate) for name, (rate, fit) in hardware.items()}
-    pays = ideal_ratio > break_even_ratio
+    model_ratio = ratios[CPU, one.config["preset"]] * experiment.runs[n].tokens_per_rank  # same T_c/N: same compute
+    predicts_gain = ratio > break_even_ratio
+    measured = speedup_comparisons(experiment)[n]
     return {
         "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
-        "ideal_ratio": ideal_ratio,
-        "ideal_verdict": "above it: with the compute divided among the ranks" if pays
-        else "below it: even with the compute divided among the ranks",
-        "ideal_consequence": "DDP would have paid off" if pays else "DDP could not have paid off",
+        "ratio_n_model": ratio,
+        "theory_verdict": "above it, so the theory predicts a speedup above 1" if predicts_gain
+        else "below it, so the theory predicts a slowdown",
+        "theory_held_sentence": _theory_held_sentence(predicts_gain, measured),
+        "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
         "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
         "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
         "smallest_embedding_share": min(embedding_share.values()),
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
+        "model_ratio_at_runs": float(model_ratio),
+        "allreduce_in_training_factor": float(model_ratio / ratio),
     }
+
+
+def _theory_held_sentence(predicts_gain: bool, measured: Comparison) -> str:
+    """Whether the measured speedup (through the one verdict function) agrees with the theory's prediction."""
+    if not measured.decided:
+        return (f"The measured speedup, {measured.value()}, can neither confirm nor refute it: "
+                f"{measured.why_undecided()}.")
+    outcome = f"The measured speedup is {measured.value()}, {measured.says('a slowdown', 'a gain')}"
+    if (measured.verdict == "higher") == predicts_gain:
+        return f"{outcome}, as the theory predicts."
+    if predicts_gain:
+        return (f"{outcome}: the theory fails here, where its assumption fails. It takes each rank to compute "
+                f"T_c/N; on shared cores a rank computes far longer than that (previous section).")
+    return f"{outcome}, against the theory's prediction."
 
 
 def findings(experiment: Experiment) -> dict:
@@ -159,7 +192,10 @@ def ratio_figure(experiment: Experiment):
             ax.axhline(value, color="k", linestyle=style, linewidth=1, label=target)
         ax.axvline(experiment.runs[n].tokens_per_rank, color="gray", linewidth=1, label="these runs")
         ax.set(xlabel="tokens per rank per step (b T)", title=title)
-    axes[0].set_ylabel("compute / all-reduce, $R_N$")
+    measured = scaling_table(experiment).loc[n, "compute_to_comm_ratio"]
+    axes[0].plot(experiment.runs[n].tokens_per_rank, measured, "k*", markersize=10, label="these runs, measured")
+    axes[0].set_ylabel("$R_N = (T_c/N)/T_\\mathrm{comm}$")
+    axes[0].legend(fontsize=8)
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     return fig

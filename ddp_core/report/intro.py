@@ -20,4 +20,4 @@ def findings(experiment: Experiment) -> dict:
         "verdict": verdict_sentence(experiment),
         "shared": "every rank ran on a GPU of its own" if one.on_gpu else
         f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
-    } | {key: payoff[key] for key in ("ideal_consequence", "ideal_ratio", "break_even_ratio", "n_model")}
+    } | {key: payoff[key] for key in ("ideal_consequence", "ratio_n_model", "break_even_ratio", "n_model")}

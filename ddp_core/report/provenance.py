@@ -66,7 +66,8 @@ def _shown(key: str, value) -> str:
 def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
     """Every run's provenance and settings, in words: run name -> {label: value}."""
     return {run.name: {label: _shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
-            | {key: _shown(key, value) for key, value in run.config.items() if key not in NOT_SETTINGS}
+            | {key: _shown(key, run.model["dropout"] if key == "dropout" and value is None else value)
+               for key, value in run.config.items() if key not in NOT_SETTINGS}
             for run in experiment.all_runs}
 
 

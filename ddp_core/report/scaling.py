@@ -18,43 +18,26 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.results import Experiment, run_on_folder
-from ddp_core.report.comparisons import run_times, speedup_comparisons
+from ddp_core.report.comparisons import WARMUP_EPOCHS, run_times, speedup_comparisons, steady_phases
 from ddp_core.report.tables import counted, quantities_by_column, rank_label
 
-WARMUP_EPOCHS = 1
 RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
                    "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
-
-
-def steady_epochs(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Epochs after the warm-up epoch; a run of a single epoch keeps it."""
-    later = metrics[metrics["epoch"] > WARMUP_EPOCHS]
-    keep_single = ~metrics["run"].isin(later["run"])
-    return pd.concat([later, metrics[keep_single]])
 
 
 def scaling_table(experiment: Experiment) -> pd.DataFrame:
     """One row per world size: time, throughput, speedup with its range and verdict, efficiency, compute vs
     communication, accuracy.
 
-    Step time and time per sample are means of the repeats' median steps; throughput is their inverse. Speedup
+    Step time and time per sample are medians of the repeats' median steps; throughput is their inverse. Speedup
     is the median of the repeats' T1/TN, its range the lowest and highest of them (`speedup_comparisons`). The
     step's parts are means over the steady epochs of all repeats; accuracy is the mean of the repeats' last epochs.
     """
     metrics = experiment.metrics
     comparisons = speedup_comparisons(experiment)
-    steady = steady_epochs(metrics)
-    per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
-    steady = steady.assign(
-        compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
-        + per_step("optimizer_time_s"),
-        comm_total_per_step_s=per_step("comm_total_s"),
-        comm_exposed_per_step_s=per_step("comm_exposed_s"),
-        optimizer_per_step_s=per_step("optimizer_time_s"),
-        data_per_step_s=per_step("data_time_s"),
-    )
-    table = steady.groupby("world_size").agg(
+    table = steady_phases(metrics).groupby("world_size").agg(
         epochs_averaged=("epoch", "size"),
         epoch_time_s=("epoch_time_s", "mean"),
         compute_per_step_s=("compute_per_step_s", "mean"),
@@ -65,8 +48,8 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
         peak_memory_mb=("peak_memory_mb", "max"),
     )
     times = run_times(experiment).groupby("world_size")
-    table["step_time_s"] = times["step_time_s"].mean()
-    table["time_per_sample_s"] = times["time_per_sample_s"].mean()
+    table["step_time_s"] = times["step_time_s"].median()
+    table["time_per_sample_s"] = times["time_per_sample_s"].median()
     table["samples_per_s"] = 1 / table["time_per_sample_s"]
     final = metrics.sort_values("epoch").groupby("run").last()  # each run's last epoch
     table["runs"] = final.groupby("world_size").size()
@@ -81,8 +64,9 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     table["noise_floor"] = [comparisons[n].floor for n in table.index]
     table["verdict"] = [comparisons[n].says("slower", "faster") for n in table.index]
     table["efficiency"] = table["speedup"] / table.index
-    comm = table["comm_total_per_step_s"]
-    table["compute_to_comm_ratio"] = (table["compute_per_step_s"] / comm).where(comm > 0)
+    one, comm = experiment.runs[1], table["comm_total_per_step_s"]
+    share = [rank_share_s(table.loc[1, "compute_per_step_s"], one, experiment.runs[n]) for n in table.index]
+    table["compute_to_comm_ratio"] = compute_to_comm_ratio(pd.Series(share, index=table.index), comm).where(comm > 0)
     return table
 
 
@@ -99,6 +83,9 @@ def findings(experiment: Experiment) -> dict:
         "threads_1": counted(first.threads_per_rank, "thread"),
         "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
         "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
+        "optimizer_growth_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]),
+        "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
+        "dropout": first.model["dropout"],
         "speedup_value_nmax": speedup_comparisons(experiment)[largest].value(),
     }
     for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb"]:

@@ -12,9 +12,9 @@ import pandas as pd
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment
-from ddp_core.report.comparisons import compare_speedups, speedup_comparisons
+from ddp_core.report.comparisons import compare_speedups, compare_times, speedup_comparisons, time_ratio_sentence
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import one_row_each, quantities_by_column, rank_label
+from ddp_core.report.tables import counted, one_row_each, quantities_by_column, rank_label
 
 
 def _speedup(experiment: Experiment, n: int) -> str:
@@ -109,6 +109,7 @@ def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
             f"harder one to beat." if c.verdict == "higher" else
             "one thread per rank did not make the ranks' share of the machine any larger.")
     return {"cores": cores, "own_threads": threads, "shared_threads_1": shared.baseline.threads_per_rank,
+            "identical_runs_sentence": _identical_runs_sentence(shared, own),
             "ranks_with_own_core": enough, "own_largest": n,
             "cores_run_out_sentence": (
                 f"With {threads} thread per rank and {cores} cores, up to {enough} ranks each have a core of their "
@@ -120,6 +121,22 @@ def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
             "shared_predicted_nmax": float(predicted_shared.loc[n, "predicted_speedup"]),
             "own_prediction_error_nmax": float(abs(predicted_own.loc[n, "error"])),
             "shared_prediction_error_nmax": float(abs(predicted_shared.loc[n, "error"]))}
+
+
+def _identical_runs_sentence(shared: Experiment, own: Experiment) -> str:
+    """Where both studies ran the same threads per rank, their steps are the same computation: what the verdict
+    says of them is what this machine's noise says."""
+    same = [n for n in sorted(set(shared.runs) & set(own.runs))
+            if n > 1 and shared.runs[n].threads_per_rank == own.runs[n].threads_per_rank]
+    if not same:
+        return "No world size ran with the same threads per rank in both studies."
+    sentences = []
+    for n in same:
+        c = compare_times(own, shared, n, n)
+        sentences.append(f"at {n} ranks, {time_ratio_sentence(c, 'this study', 'the strong-scaling study')}")
+    return (f"At {' and '.join(map(str, same))} ranks both studies ran {counted(shared.runs[same[0]].threads_per_rank, 'thread')}"
+            f" per rank, the same computation per step; only the 1-rank baseline differs. As a check of the "
+            f"yardstick: " + "; ".join(sentences) + ".")
 
 
 OWN_CORES_ROWS = [
@@ -172,32 +189,40 @@ def batch_sweep_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def batch_findings(study: dict[str, Experiment]) -> dict:
-    sweep = batch_sweep_table(study)
-    one = sweep[sweep["world_size"] == 1].set_index("per_rank_batch")
-    small, mid, large = one.index[0], one.index[-2], one.index[-1]
-    top = sweep["world_size"].max()
-    at_top = sweep[sweep["world_size"] == top].set_index("per_rank_batch")
-    last_gain = one.loc[large, "samples_per_s"] / one.loc[mid, "samples_per_s"]
-    return {"batch_smallest": int(small), "batch_middle": int(mid), "batch_largest": int(large),
-            "throughput_gain_1": float(one.loc[large, "samples_per_s"] / one.loc[small, "samples_per_s"]),
-            "throughput_last_gain_1": float(last_gain),
-            "saturation_sentence": (
-                f"From a batch of {mid} to {large} the throughput of one rank " + (
-                    f"still grows by {last_gain - 1:.0%}: compute has not saturated at {mid}." if last_gain > 1.1 else
-                    f"changes by {last_gain - 1:+.0%}: the cores are saturated by a batch of {mid}; larger "
-                    f"batches add work per step, not speed." if last_gain >= 0.9 else
-                    f"falls by {1 - last_gain:.0%}: the cores are saturated by a batch of {mid}, and larger batches "
-                    f"are slower per sample.")),
-            "batch_top_ranks": int(top),
-            "ratio_small_top": float(at_top.loc[small, "compute_to_comm_ratio"]),
-            "ratio_large_top": float(at_top.loc[large, "compute_to_comm_ratio"])}
+    """The smallest per-rank batch against the largest, each claim through the one verdict function: time per
+    sample on one rank, and at the most ranks R_N, the all-reduce time and the speedup."""
+    by_batch = sorted(study.values(), key=lambda e: e.baseline.per_rank_batch_size)
+    small, large = by_batch[0], by_batch[-1]
+    b_small, b_large = small.baseline.per_rank_batch_size, large.baseline.per_rank_batch_size
+    top = max(set(small.runs) & set(large.runs))
+    ratio = compare_times(large, small, top, top, "compute_to_comm_ratio")
+    comm = compare_times(large, small, top, top, "comm_total_per_step_s")
+    speedup = compare_speedups(large, small, top)
+    sweep = batch_sweep_table(study).set_index(["world_size", "per_rank_batch"])
+    return {"batch_smallest": b_small, "batch_largest": b_large, "batch_top_ranks": top,
+            "batch_factor": b_large / b_small,
+            "batch_throughput_sentence": time_ratio_sentence(compare_times(large, small), f"On one rank a batch of "
+                                                             f"{b_large}", f"a batch of {b_small}") + ".",
+            "ratio_small_top": float(sweep.loc[(top, b_small), "compute_to_comm_ratio"]),
+            "ratio_large_top": float(sweep.loc[(top, b_large), "compute_to_comm_ratio"]),
+            "batch_ratio_sentence": f"{b_large} over {b_small} is {ratio.value()}: " + (
+                ratio.says("lower", "higher") if ratio.decided else ratio.why_undecided()) + ".",
+            "comm_small_top_ms": float(sweep.loc[(top, b_small), "comm_total_per_step_s"] * 1e3),
+            "comm_large_top_ms": float(sweep.loc[(top, b_large), "comm_total_per_step_s"] * 1e3),
+            "batch_comm_sentence": f"{b_large} over {b_small} is {comm.value()}: " + (
+                comm.says("shorter", "longer") if comm.decided else comm.why_undecided()) + ".",
+            "batch_speedup_sentence": (
+                f"At {top} ranks the speedup is {_speedup(large, top)} at a per-rank batch of {b_large} and "
+                f"{_speedup(small, top)} at {b_small}; {b_large} over {b_small} is {speedup.value()}: "
+                + (speedup.says("the larger batch scales worse", "the larger batch scales better") if speedup.decided
+                   else speedup.why_undecided()) + ".")}
 
 
 BATCH_COLUMNS = {"per_rank_batch": ("Per-rank batch (samples)", "{:.0f}"), "world_size": ("Ranks", "{:.0f}"),
                  "step_time_s": ("Step time, median (ms)", "{:.1f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
                  "compute_per_step_s": ("Compute per step (ms)", "{:.1f}"),
                  "comm_total_per_step_s": ("All-reduce per step (ms)", "{:.1f}"),
-                 "compute_to_comm_ratio": ("Compute / all-reduce, $R_N$", "{:.2f}")}
+                 "compute_to_comm_ratio": ("$R_N = (T_c/N)/T_\\text{comm}$", "{:.2f}")}
 
 
 def batch_markdown(study: dict[str, Experiment]) -> str:
@@ -220,7 +245,7 @@ def batch_figure(study: dict[str, Experiment]):
         ax.set_xlabel("per-rank batch (samples)")
         ax.legend(fontsize=8)
     speed.set(ylabel="samples/s", title="Throughput")
-    ratio.set(ylabel="compute / all-reduce time", title="Compute-to-communication ratio $R_N$")
+    ratio.set(ylabel="$R_N = (T_c/N)/T_\\mathrm{comm}$", title="Compute-to-communication ratio $R_N$")
     fig.tight_layout()
     return fig
 
@@ -252,7 +277,7 @@ MODEL_ROWS = [
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("All-reduce per step at the most ranks (ms)", "comm_s", 1e3, "{:.1f}"),
-    ("Compute / all-reduce at the most ranks, $R_N$", "ratio", 1, "{:.2f}"),
+    ("$R_N = (T_c/N)/T_\\text{comm}$ at the most ranks", "ratio", 1, "{:.2f}"),
 ]
 
 
@@ -262,22 +287,41 @@ def model_markdown(study: dict[str, Experiment]) -> str:
 
 
 def model_findings(study: dict[str, Experiment]) -> dict:
+    """The larger preset against the smaller: what the FLOPs and bytes let the theory expect of R_N, and what was
+    measured, each through the one verdict function."""
     table = model_size_table(study)
     small, large = table.index[0], table.index[-1]
     a, b = table.loc[small], table.loc[large]
     n = int(a["largest"])
     c = compare_speedups(study[large], study[small], n)
+    ratio = compare_times(study[large], study[small], n, n, "compute_to_comm_ratio")
     speedups = (f"at {n} ranks the {large} model's speedup is {_speedup(study[large], n)} and the {small} model's "
                 f"{_speedup(study[small], n)}; {large} over {small} is {c.value()}")
     if not c.decided:
         verdict = f"{speedups}: {c.why_undecided()}"
     else:
         verdict = f"{speedups}: the {large if c.verdict == 'higher' else small} model scales better"
-    return {"model_small": small, "model_large": large, "model_largest_ranks": int(a["largest"]),
-            "model_flops_ratio": float(b["gflops_per_step"] / a["gflops_per_step"]),
-            "model_bytes_ratio": float(b["gradient_mb"] / a["gradient_mb"]),
+    flops, grad = b["gflops_per_step"] / a["gflops_per_step"], b["gradient_mb"] / a["gradient_mb"]
+    return {"model_small": small, "model_large": large, "model_largest_ranks": n,
+            "model_flops_ratio": float(flops), "model_bytes_ratio": float(grad),
+            "model_expected_ratio_growth": float(flops / grad),
             "model_ratio_small": float(a["ratio"]), "model_ratio_large": float(b["ratio"]),
+            "model_ratio_sentence": f"{large} over {small} is {ratio.value()}: " + (
+                ratio.says("lower", "higher") if ratio.decided else ratio.why_undecided()) + ".",
+            "model_growth_sentence": _growth_sentence(a, b, flops, grad),
             "model_verdict": verdict}
+
+
+def _growth_sentence(small: pd.Series, large: pd.Series, flops: float, grad: float) -> str:
+    """How the 1-rank compute and the all-reduce in training grew against the FLOPs and the bytes, and why."""
+    compute, comm = large["compute_1_s"] / small["compute_1_s"], large["comm_s"] / small["comm_s"]
+    rate_small, rate_large = (row["gflops_per_step"] / row["compute_1_s"] for row in (small, large))
+    faster = "higher" if rate_large > rate_small else "lower"
+    grew = ("more than its bytes, as it shares the cores with a backward pass that grew more (the batch-size study "
+            "shows the same)" if comm > grad else "no more than its bytes")
+    return (f"The 1-rank compute grew {compute:.1f} times against {flops:.1f} times the FLOPs: the larger model's "
+            f"matrices ran at a {faster} rate on this CPU ({rate_large:.0f} against {rate_small:.0f} GFLOP/s). The "
+            f"all-reduce in training grew {comm:.1f} times against {grad:.1f} times the bytes, {grew}.")
 
 
 def model_figure(study: dict[str, Experiment]):

@@ -10,8 +10,8 @@ utilisation (MFU): the model's training FLOPs per second (the cost model's count
 over the device's dense bf16 peak from its datasheet, the usual definition (PaLM, Chowdhery et al.
 2022); beside it, the share of the rate one large matrix product reached on the same device, which
 a CPU, with no datasheet figure, has too. A ratio of two loops is computed per round (the loops of a
-round ran back to back) and reported as the median over the rounds with its range: when the range
-includes 1 the two are not told apart by this measurement.
+round ran back to back) and reported as the median over the rounds with its range; whether one loop
+is faster is the one verdict function's call (`verdict.compare`), the rounds paired.
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ import sys
 import pandas as pd
 
 from ddp_core.engine.run_files import CPU_EXTENSIONS
-from ddp_core.report.results import Measurement, read_measurement, run_on_folder
+from ddp_core.report.comparisons import run_times
+from ddp_core.report.results import Experiment, Measurement, read_measurement, run_on_folder
 from ddp_core.report.tables import counted, one_row_each
+from ddp_core.report.verdict import compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
-# name: (loop, against loop, in words, the target the loop should reach)
+# name: (loop, against loop, in words)
 RATIOS = {
-    "trainer": ("ddp_core", "plain", "ddp_core / plain loop", 0.97),
-    "timers": ("timed", "ddp_core", "timers on / off", 0.98),
-    "ddp": ("ddp_of_one", "ddp_core", "in DDP, group of one / bare model", None),
+    "trainer": ("ddp_core", "plain", "ddp_core / plain loop"),
+    "timers": ("timed", "ddp_core", "timers on / off"),
+    "ddp": ("ddp_of_one", "ddp_core", "in DDP, group of one / bare model"),
 }
 # Dense bf16 tensor-core peaks by NVIDIA's datasheets (TFLOP/s, no sparsity); the first name the device's contains.
 DATASHEET_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
@@ -59,7 +61,7 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
     (throughput of the loop it is set against)."""
     seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop")
     columns = {}
-    for name, (loop, against, _, _) in RATIOS.items():
+    for name, (loop, against, _) in RATIOS.items():
         per_round = (seconds[against] / seconds[loop]).groupby(CONFIG)
         columns |= {f"{name}_median": per_round.median(), f"{name}_low": per_round.min(),
                     f"{name}_high": per_round.max()}
@@ -67,19 +69,21 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
 
 
 def ratio_sentence(m: Measurement, name: str) -> str:
-    """What the measurement says of one ratio over every configuration, for any outcome."""
-    table = ratio_table(m)
-    _, _, words, target = RATIOS[name]
-    median, low, high = table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"]
-    within = ((low <= 1) & (high >= 1)).sum()
-    sentence = (f"{words}: {median.min():.3f} to {median.max():.3f} (median per configuration); "
-                f"in {within} of {counted(len(table), 'configuration')} the range over the rounds includes 1, "
-                f"a difference within this machine's noise")
-    if target is not None:
-        missed = (high < target).sum()
-        sentence += (f"; target {target}: missed beyond noise in {counted(missed, 'configuration')}" if missed
-                     else f"; target {target}: no configuration is below it beyond noise")
-    return sentence + "."
+    """What the measurement says of one ratio over every configuration, for any outcome: per configuration, the
+    rounds' epochs of the two loops paired and judged by the one verdict function, against the spread of every
+    loop's epochs over the rounds."""
+    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
+    loop, against, words = RATIOS[name]
+    floor = noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
+    verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
+                for _, group in seconds.groupby(CONFIG)]
+    median = ratio_table(m)[f"{name}_median"]
+    said = {"faster": "faster", "slower": "slower", "no visible difference": "not told apart",
+            "too few repeats": "without a verdict (too few rounds)"}
+    counts = " and ".join(f"{said[verdict]} in {verdicts.count(verdict)}" for verdict in dict.fromkeys(verdicts))
+    return (f"{words}: {median.min():.3f} to {median.max():.3f} (median per configuration); by the methods "
+            f"chapter's yardstick ({floor:.0%} noise floor), the first is {counts} of "
+            f"{counted(len(verdicts), 'configuration')}.")
 
 
 def _precision(amp: str) -> str:
@@ -110,7 +114,7 @@ def ratio_markdown(m: Measurement) -> str:
     for name in RATIOS:
         table[name] = [f"{mid:.3f} ({low:.3f}–{high:.3f})" for mid, low, high in
                        zip(table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"])]
-    columns = {name: (f"{words} (median, range)", "{}") for name, (_, _, words, _) in RATIOS.items()}
+    columns = {name: (f"{words} (median, range)", "{}") for name, (_, _, words) in RATIOS.items()}
     return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
@@ -133,6 +137,31 @@ def findings(m: Measurement) -> dict:
                       "one: the library picks its kernels by shape, and at that precision the large product is not "
                       "this device's ceiling." if (throughput_table(m)["share_of_matmul"] > 1).any() else "",
     }
+
+
+def baseline_sentence(m: Measurement, scaling: Experiment) -> str:
+    """The benchmark's trainer loop beside the strong-scaling study's 1-rank runs, where they trained the same
+    preset, precision and batch on the same kind of device; said as two measurements, since they did not run in
+    the same rounds and the verdict rule cannot pair them."""
+    one = scaling.baseline
+    key = (one.config["preset"], one.config["amp"], one.global_batch_size)
+    table = throughput_table(m)
+    if one.device_name != m.info["device_name"] or key not in table.index:
+        return ""
+    if one.raw.get("cpu_extensions") != m.info.get("cpu_extensions"):
+        return (f"The strong-scaling study's runs ran on a {one.device_name} with other vector extensions "
+                f"({', '.join(one.raw.get('cpu_extensions') or ['none recorded'])} against "
+                f"{', '.join(m.info.get('cpu_extensions') or ['none recorded'])}): another CPU under the same name, "
+                f"so their throughput is not set beside this one.")
+    times = run_times(scaling).query("world_size == 1")
+    measured_on = sorted({run.raw["start_time"][:10] for run in scaling.repeats[1]})
+    return (f"The strong-scaling study's 1-rank runs train the same model at the same precision and batch "
+            f"({key[0]}, {_precision(key[1])}, {key[2]} samples): {1 / times['time_per_sample_s'].median():.1f} "
+            f"samples/s, from the median of their {counted(len(times), 'repeat')}' median steps, measured on "
+            f"{', '.join(measured_on)}; ddp_core with its timers, as those runs have them, reached "
+            f"{table.loc[key, 'samples_per_s_timed']:.1f} here, measured on {m.info['start_time'][:10]}. They ran at "
+            f"other times, not in paired rounds, so the methods chapter's rule does not judge their difference, "
+            f"and on other data: IMDB text against generated tokens.")
 
 
 def _cpu_phrase(m: Measurement) -> str:

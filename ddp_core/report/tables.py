@@ -26,8 +26,9 @@ def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, 
 
 def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str | None = None) -> str:
     """Markdown with a row per row of `table` and a column per (column of `table` -> (header in words with its
-    unit, format)): for tables with few quantities and one row per configuration. Empty values read "none"."""
-    shown = pd.DataFrame({label: [fmt.format(v) if pd.notna(v) else "none" for v in table[column]]
+    unit, format)): for tables with few quantities and one row per configuration. An empty value (nothing to
+    measure there, e.g. R_N of a run without an all-reduce) reads "–"."""
+    shown = pd.DataFrame({label: [fmt.format(v) if pd.notna(v) else "–" for v in table[column]]
                           for column, (label, fmt) in columns.items()}, index=table.index)
     if index_name is None:
         return shown.to_markdown(index=False, disable_numparse=True)

@@ -6,14 +6,17 @@ against DDP, bf16 against fp32, and int8 inference after training. Reads each st
 
 from __future__ import annotations
 
+from statistics import median
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
-from ddp_core.report.comparisons import (accuracy_phrase, compare_accuracies, compare_times, run_times,
-                                         time_ratio_sentence)
+from ddp_core.report.comparisons import (accuracy_phrase, compare_accuracies, compare_times, final_accuracies,
+                                         run_times, time_ratio_sentence)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import one_row_each
+from ddp_core.report.verdict import compare, noise_floor
 
 
 def first_run(experiment: Experiment) -> pd.DataFrame:
@@ -37,8 +40,8 @@ def large_batch_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 LARGE_BATCH_COLUMNS = {"global_batch": ("Global batch (samples)", "{:.0f}"), "lr": ("Peak learning rate", "{:g}"),
                        "warmup_steps": ("Warm-up (steps)", "{:.0f}"), "steps": ("Optimizer steps in all", "{:.0f}"),
-                       "final_train_loss": ("Final training loss", "{:.3f}"),
-                       "final_val_accuracy": ("Final validation accuracy", "{:.3f}")}
+                       "final_train_loss": ("Final training loss, repeat 1", "{:.3f}"),
+                       "final_val_accuracy": ("Final validation accuracy, repeat 1", "{:.3f}")}
 
 
 def large_batch_markdown(study: dict[str, Experiment]) -> str:
@@ -54,7 +57,7 @@ def large_batch_findings(study: dict[str, Experiment]) -> dict:
              "lb_epochs": int(study[base_name].metrics["epoch"].max()),
              "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min())}
     for variant in table.index:
-        found[f"lb_{variant}_accuracy"] = float(table.loc[variant, "final_val_accuracy"])
+        found[f"lb_{variant}_accuracy"] = median(final_accuracies(study[variant], 1))
         found[f"lb_{variant}_verdict"] = accuracy_phrase(compare_accuracies(study[variant], study[base_name]),
                                                          "the baseline's")
     return found
@@ -66,8 +69,8 @@ def large_batch_figure(study: dict[str, Experiment]):
         rows = first_run(e)
         loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", label=variant.replace("_", " "))
         acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", label=variant.replace("_", " "))
-    loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss")
-    acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
+    loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss, repeat 1")
+    acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy, repeat 1")
     for ax in (loss, acc):
         ax.set_xticks(sorted(first_run(next(iter(study.values())))["epoch"]))  # whole epochs, never 1.5
         ax.legend(fontsize=8)
@@ -157,9 +160,28 @@ def precision_markdown(study: dict[str, Experiment]) -> str:
     return one_row_each(table, PRECISION_COLUMNS, "precision")
 
 
+BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")
+
+
+def _bf16_sentence(run) -> str:
+    """Whether the CPU the runs had can compute in bf16 at all, from the extensions its run.json recorded."""
+    if run.on_gpu:
+        return f"These runs ran on {run.device_name}."
+    extensions = run.raw.get("cpu_extensions")
+    if extensions is None:
+        return "The runs did not record the CPU's vector extensions."
+    found = [name for name in BF16_INSTRUCTIONS if name in extensions]
+    if found:
+        return f"This CPU reports {', '.join(found)}: it has bf16 instructions for the kernels to use."
+    return (f"This CPU reports {', '.join(extensions) or 'none of the extensions checked'} but neither "
+            f"{' nor '.join(BF16_INSTRUCTIONS)}: it has no bf16 instructions, and its kernels must convert bf16 "
+            f"values to compute with them.")
+
+
 def precision_findings(study: dict[str, Experiment]) -> dict:
     c = compare_times(study["bf16"], study["fp32"])
     return {"precision_device": study["fp32"].baseline.device_name,
+            "precision_cpu_sentence": _bf16_sentence(study["fp32"].baseline),
             "precision_speed_sentence": time_ratio_sentence(c, "bf16", "fp32") + ".",
             "precision_time_ratio": float(c.ratio),
             "precision_accuracy_verdict": accuracy_phrase(compare_accuracies(study["bf16"], study["fp32"]),
@@ -168,17 +190,27 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
 
 # Int8 inference ----------------------------------------------------------------------------------------------
 
+def quantization_runs(experiment: Experiment) -> pd.DataFrame:
+    """Every repeat's quantization.csv, repeat 1 first: one row per (repeat, model)."""
+    tables = []
+    for repeat, run in enumerate(experiment.repeats[1], 1):
+        path = experiment.folder / run.name / "quantization.csv"
+        if not path.is_file():
+            raise ResultsError(f"{path}: missing (the quantization study writes it after training)")
+        tables.append(pd.read_csv(path).assign(repeat=repeat))
+    return pd.concat(tables, ignore_index=True)
+
+
 def quantization_table(experiment: Experiment) -> pd.DataFrame:
-    path = experiment.folder / experiment.baseline.name / "quantization.csv"
-    if not path.is_file():
-        raise ResultsError(f"{path}: missing (the quantization study writes it after training)")
-    return pd.read_csv(path).set_index("model")
+    """Per model, the median over the repeats of each measured column."""
+    return quantization_runs(experiment).drop(columns="repeat").groupby("model", sort=False).median()
 
 
 QUANTIZATION_COLUMNS = {"size_mb": ("Size on disk (MB)", "{:.2f}"),
                         "latency_ms_per_batch": ("Latency per batch (ms)", "{:.2f}"),
                         "batch_size": ("Batch (samples)", "{:.0f}"),
-                        "accuracy": ("Validation accuracy", "{:.4f}")}
+                        "accuracy": ("Validation accuracy", "{:.4f}"),
+                        "agreement_with_fp32": ("Same answer as fp32 (share of samples)", "{:.4f}")}
 
 
 def quantization_markdown(experiment: Experiment) -> str:
@@ -187,16 +219,23 @@ def quantization_markdown(experiment: Experiment) -> str:
 
 
 def quantization_findings(experiment: Experiment) -> dict:
+    """Size, latency through the one verdict function (int8 against fp32, repeat by repeat), and how often the two
+    models gave the same answer, sample by sample."""
+    runs = quantization_runs(experiment)
+    side = {model: list(rows.sort_values("repeat")["latency_ms_per_batch"]) for model, rows in runs.groupby("model")}
+    c = compare(side["int8"], side["fp32"], noise_floor(list(side.values())))
     table = quantization_table(experiment)
-    fp32, int8 = table.loc["fp32"], table.loc["int8"]
-    speed = fp32["latency_ms_per_batch"] / int8["latency_ms_per_batch"]
-    gap = int8["accuracy"] - fp32["accuracy"]
+    int8 = runs[runs["model"] == "int8"]
     n_eval = experiment.runs[1].config["eval_samples"]
-    return {"quant_size_ratio": float(int8["size_mb"] / fp32["size_mb"]), "quant_speedup": float(speed),
-            "quant_speed_sentence": (f"int8 answers {speed:.2f} times as fast as fp32" if speed > 1 else
-                                     f"int8 is slower than fp32 here: {1 / speed:.2f} times the latency"),
-            "quant_accuracy_gap": float(gap), "quant_eval_samples": n_eval,
-            "quant_accuracy_sentence": (
-                "the two models classify the evaluation set identically" if gap == 0 else
-                f"int8 {'loses' if gap < 0 else 'gains'} {abs(gap):.4f} of accuracy, "
-                f"{abs(gap) * n_eval:.0f} of {n_eval} samples")}
+    least = int8["agreement_with_fp32"].min()
+    return {"quant_size_ratio": float(table.loc["int8", "size_mb"] / table.loc["fp32", "size_mb"]),
+            "quant_speed_sentence": (f"int8's latency per batch is {c.value()} times fp32's: "
+                                     + (c.says("int8 answers faster", "int8 answers slower") if c.decided
+                                        else c.why_undecided())),
+            "quant_eval_samples": n_eval, "quant_least_agreement": float(least),
+            "quant_agreement_sentence": (
+                "the two models gave the same answer on every evaluation sample, in every repeat" if least == 1 else
+                f"the two models gave different answers on up to {round((1 - least) * n_eval)} of the {n_eval} "
+                f"evaluation samples ({1 - least:.1%}, the most over {len(int8)} "
+                f"repeat{'s' if len(int8) > 1 else ''}); accuracy alone would hide that, as answers can change "
+                f"in both directions")}

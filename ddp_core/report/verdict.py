@@ -47,7 +47,7 @@ class Comparison:
         """Why there is no verdict, as a clause that follows the value and a colon: noise, or too few repeats."""
         if self.verdict == "too few repeats":
             return (f"with {self.pairs} run{'s' if self.pairs > 1 else ''} of each side, fewer than the "
-                    f"{MIN_REPEATS} repeats a verdict needs, no difference can be told")
+                    f"{MIN_REPEATS} repeats a verdict needs, this gives no verdict")
         return (f"within the noise (repeats of one configuration spread by {self.floor:.0%}), so no difference "
                 f"can be told")
 
@@ -73,5 +73,6 @@ def noise_floor(repeats: list[list[float]]) -> float:
     """The spread between repeats of one configuration, (max - min) / median, as a median over configurations:
     how far apart two runs of the same thing typically land on this machine. A full range, not a half: a ratio
     of two runs can land that far from 1 when one drew the top of it and the other the bottom."""
-    spreads = [(max(values) - min(values)) / median(values) for values in repeats if len(values) > 1]
+    spreads = [(max(values) - min(values)) / median(values) for values in repeats
+               if len(values) > 1 and median(values) > 0]  # a quantity a configuration lacks (no all-reduce on 1 rank)
     return median(spreads) if spreads else float("nan")  # nothing repeated: no floor, and no verdict either

@@ -1,0 +1,26 @@
+"""R_N, the compute-to-communication ratio of the theory chapter: its one definition, which every chapter uses,
+measured from runs (`scaling.scaling_table`, `comparisons.run_times`) or from the model (`cost_model`); and the
+share of the machine a rank computes on, which sets how far a rank's measured compute is from T_c/N."""
+
+from __future__ import annotations
+
+from ddp_core.report.results import RunInfo
+
+
+def compute_to_comm_ratio(rank_share_s: float, allreduce_s: float) -> float:
+    """R_N of the theory chapter, (T_c/N) / T_comm(N): one rank's share of the 1-rank compute, as if each rank
+    computed on a device of its own, over the all-reduce of a step's gradient. The one definition the book uses,
+    measured (`rank_share_s`) or from the model (`model_compute_to_comm_ratio`). It is not the compute a rank
+    measured: where ranks share cores, that is larger than T_c/N, and the theory's break-even does not apply."""
+    return rank_share_s / allreduce_s
+
+
+def rank_share_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
+    """T_c/N: the 1-rank run's compute per step scaled to `run`'s per-rank batch."""
+    return one_rank_s * run.per_rank_batch_size / one.per_rank_batch_size
+
+
+def cores_per_rank(run: RunInfo) -> float:
+    if run.on_gpu:
+        return 1.0
+    return min(run.threads_per_rank, run.cpu_count / run.local_world_size)
