@@ -342,9 +342,12 @@ def metrics_row(epoch: int, loss_sum: float, epoch_time: float, eval_time: float
 
 
 def steps_rows(epoch: int, steps: dict[str, list[float]], rt: Runtime) -> list[dict]:
-    """The epoch's rows of steps.csv, each step's times from the slowest rank (one all-reduce per epoch)."""
+    """The epoch's rows of steps.csv, each step's times averaged over the ranks (one all-reduce per epoch). The ranks
+    meet at every step's all-reduce, so they take the same steps in time; where each rank's step begins and ends
+    varies, and a maximum over ranks per step would add that jitter up to more than the epoch took."""
     n = len(steps["step_time_s"])  # 0 when the timers are off
-    times = all_reduce(steps["step_time_s"] + steps["comm_exposed_s"], dist.ReduceOp.MAX, rt) if n else []
+    summed = all_reduce(steps["step_time_s"] + steps["comm_exposed_s"], dist.ReduceOp.SUM, rt) if n else []
+    times = [value / rt.world_size for value in summed]
     return [{"epoch": epoch, "step": k + 1, "step_time_s": times[k], "comm_exposed_s": times[n + k]} for k in range(n)]
 
 

@@ -202,3 +202,20 @@ def test_the_time_a_step_loses_is_split_into_parts_that_add_up_to_it(folder, exp
 ], ids=["gain predicted, gain", "gain predicted, loss", "loss predicted, loss", "loss predicted, gain", "noise"])
 def test_the_discussion_says_whether_the_theory_held_for_every_outcome(predicts_gain, ratios, says):
     assert says in discussion._theory_held_sentence(predicts_gain, compare(ratios, [1.0] * 3, 0.05))
+
+
+@pytest.mark.parametrize("exposed,last,says", [
+    (0.5, 0.8, "the prediction exposes that bucket instead, and equals the best-case scenario"),
+    (0.9, 0.8, "so the prediction takes the measured fraction."),
+], ids=["less than the last bucket", "more than the last bucket"])
+def test_the_prediction_says_which_exposure_it_used(exposed, last, says):
+    row = pd.Series({"exposed_fraction": exposed, "last_bucket_share": last})
+    assert says in prediction._exposure_sentence(row, 4)
+
+
+def test_the_predicted_exposure_is_never_below_the_last_bucket(experiment):
+    predicted = prediction.predict(experiment).loc[4]
+    exposed = predicted["predicted_step_s"] - predicted["predicted_compute_s"]
+    assert exposed >= predicted["last_bucket_share"] * predicted["predicted_comm_s"] * (1 - 1e-9)
+    assert exposed == pytest.approx(max(predicted["exposed_fraction"], predicted["last_bucket_share"])
+                                    * predicted["predicted_comm_s"])

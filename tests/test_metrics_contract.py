@@ -55,10 +55,9 @@ def test_every_step_has_a_row_of_steps_csv_whose_times_make_up_its_epoch(runs):
         per_epoch = steps.groupby("epoch").agg(steps=("step", "size"), last=("step", "max"), time=("step_time_s", "sum"),
                                                exposed=("comm_exposed_s", "sum"))
         assert per_epoch["steps"].tolist() == per_epoch["last"].tolist() == epochs["steps"].tolist()
-        # the steps are the epoch but for the loop around them; each step is the slowest rank's, so on N ranks their
-        # sum is at most N epochs of the slowest rank (every rank's steps lie within its own epoch)
-        world = int(epochs["world_size"].iloc[0])
-        assert (per_epoch["time"].values <= epochs["epoch_time_s"].values * world).all()
+        # the steps are the epoch but for the loop around them: a step is the mean over ranks, and every rank's steps
+        # lie within its own epoch, so they sum to no more than the slowest rank's epoch
+        assert (per_epoch["time"].values <= epochs["epoch_time_s"].values * (1 + 1e-9)).all()
         assert (per_epoch["time"].values >= epochs["epoch_time_s"].values * 0.8).all()
         assert (steps["comm_exposed_s"] <= steps["step_time_s"]).all()
         assert (per_epoch["exposed"] > 0).all() == (name == "n2")

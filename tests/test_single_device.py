@@ -101,13 +101,13 @@ def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_no
                       "ddp_of_one": [1.0, 1.0, 1.0]})
     row = ratio_table(slower).iloc[0]
     assert (row["trainer_median"], row["trainer_low"], row["trainer_high"]) == pytest.approx((0.8, 0.8, 0.9))
-    assert "the first is slower in 1 of 1 configuration." in ratio_sentence(slower, "trainer")
+    assert "of 1 configuration: 0 faster, 1 slower and 0 not told apart." in ratio_sentence(slower, "trainer")
     noisy = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [0.9, 1.1, 1.0], "timed": [1.0, 1.0, 1.0],
                      "ddp_of_one": [1.0, 1.0, 1.0]})
-    assert "the first is not told apart in 1 of 1 configuration." in ratio_sentence(noisy, "trainer")
+    assert "of 1 configuration: 0 faster, 0 slower and 1 not told apart." in ratio_sentence(noisy, "trainer")
     two_rounds = made_up({"plain": [1.0, 1.0], "ddp_core": [1.25, 1.25], "timed": [1.0, 1.0],
                           "ddp_of_one": [1.0, 1.0]})
-    assert "without a verdict (too few rounds) in 1 of 1" in ratio_sentence(two_rounds, "trainer")
+    assert "0 not told apart and 1 without a verdict (too few rounds)." in ratio_sentence(two_rounds, "trainer")
 
 
 

@@ -90,7 +90,7 @@ def title_run_page(app, docname, source):
     run = parts[-2]
     info = json.loads((Path(app.srcdir).joinpath(*parts[:-1]) / "run.json").read_text())
     n = info["world_size"]
-    repeat = f", repeat {run.split('-r')[1]}" if "-r" in run else ""
+    repeat = f", repeat {run.split('-r')[1] if '-r' in run else 1}"  # every title names it: the glob lists r1 last
     title = (f"# Run on {rank_label(n)}{repeat}: {info['config']['dataset']}, "
              f"{info['config']['preset']} model, seed {info['config']['seed']}")
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)

@@ -23,7 +23,7 @@ METRICS_COLUMNS = [
     "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
     "samples_per_s", "peak_memory_mb",
 ]
-# steps.csv: one row per optimizer step, the slowest rank's wall time of the step and its exposed communication.
+# steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
 
 

@@ -7,8 +7,6 @@ this way on every page; the `*_phrase`/`*_sentence` helpers word the outcome for
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
@@ -67,12 +65,6 @@ def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") ->
     return {n: list(rows[quantity]) for n, rows in times.groupby("world_size")}
 
 
-def _larger(*floors: float) -> float:
-    """The larger of two experiments' floors; NaN (no repeats) only when both are."""
-    known = [f for f in floors if not math.isnan(f)]
-    return max(known) if known else float("nan")
-
-
 def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
     pairs = min(len(a), len(b))
     return a[:pairs], b[:pairs]
@@ -89,23 +81,23 @@ def speedup_comparisons(experiment: Experiment) -> dict[int, Comparison]:
 
 
 def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
-    """A's speedup at `n` ranks against B's, repeat by repeat ("higher": A scales better), held against the
-    larger of the two experiments' noise floors."""
+    """A's speedup at `n` ranks against B's, repeat by repeat ("higher": A scales better), held against the noise
+    floor of the two experiments' configurations together."""
     def speedups(sides: dict[int, list[float]]) -> list[float]:
         return [t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))]
 
     sides_a, sides_b = paired_sides(a), paired_sides(b)
     return compare(*_paired(speedups(sides_a), speedups(sides_b)),
-                   _larger(noise_floor(list(sides_a.values())), noise_floor(list(sides_b.values()))))
+                   noise_floor([*sides_a.values(), *sides_b.values()]))
 
 
 def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
                   quantity: str = "time_per_sample_s") -> Comparison:
     """A's time per sample (or another quantity of `run_times`) at `a_ranks` against B's at `b_ranks`, repeat by
-    repeat ("lower": A is faster), held against the larger of the two experiments' spreads of that quantity."""
+    repeat ("lower": A is faster), held against the noise floor of that quantity over the configurations of both
+    experiments."""
     sides_a, sides_b = paired_sides(a, quantity), paired_sides(b, quantity)
-    return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
-                   _larger(noise_floor(list(sides_a.values())), noise_floor(list(sides_b.values()))))
+    return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]), noise_floor([*sides_a.values(), *sides_b.values()]))
 
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
@@ -114,16 +106,19 @@ def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
     return [float(last[run.name]) for run in experiment.repeats[world_size]]
 
 
-def accuracy_floor(experiment: Experiment) -> float:
-    """How far apart the final accuracies of repeats (other seeds) of one world size land."""
-    return noise_floor([final_accuracies(experiment, n) for n in experiment.repeats])
+def accuracy_floor(*experiments: Experiment) -> float:
+    """How far apart the final accuracies of repeats (other seeds) of one configuration land, over the world sizes
+    of all `experiments`."""
+    return noise_floor([final_accuracies(e, n) for e in experiments for n in e.repeats])
 
 
-def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1) -> Comparison:
+def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
+                       floor: float | None = None) -> Comparison:
     """A's final accuracy at `a_ranks` against B's at `b_ranks`, repeat k with repeat k (the same seed offset),
-    held against the larger spread between seeds of the two."""
+    held against `floor`, by default the spread between seeds over both experiments' configurations (a page that
+    compares several pairs passes one floor for all of them)."""
     return compare(*_paired(final_accuracies(a, a_ranks), final_accuracies(b, b_ranks)),
-                   _larger(accuracy_floor(a), accuracy_floor(b)))
+                   accuracy_floor(a, b) if floor is None else floor)
 
 
 def accuracy_phrase(c: Comparison, of_what: str) -> str:

@@ -116,7 +116,8 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
         speedup = {name: compute_1_per_sample / (step / info.global_batch_size) for name, step in [
             ("predicted", compute + exposed), ("no_overlap", compute + comm),
             ("last_bucket_only", compute + buckets[-1])]}
-        rows.append(dict(world_size=n, buckets=len(buckets), predicted_compute_s=compute,
+        rows.append(dict(world_size=n, buckets=len(buckets), exposed_fraction=exposed_fraction,
+                         last_bucket_share=buckets[-1] / comm, predicted_compute_s=compute,
                          measured_compute_s=measured["compute_per_step_s"], predicted_comm_s=comm,
                          measured_comm_s=measured["comm_total_per_step_s"],
                          predicted_step_s=compute + exposed, measured_step_s=step_s[n],

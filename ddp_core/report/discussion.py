@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
-from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, rank_compute_s
+from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.tables import counted
-from ddp_core.report.verdict import Comparison
-from ddp_core.report.comparisons import accuracy_phrase, compare_accuracies, speedup_comparisons
+from ddp_core.report.verdict import Comparison, compare, noise_floor
+from ddp_core.report.comparisons import accuracy_phrase, compare_accuracies, paired_sides, speedup_comparisons
 from ddp_core.report.scaling import scaling_table
 
 CPU, GPU = "this CPU", "A100 + NVLink"
@@ -50,7 +50,7 @@ def measurement_findings(experiment: Experiment) -> dict:
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
         "threads_n1": counted(experiment.runs[1].threads_per_rank, "thread"),
         "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
-        "divided_verdict": _divided_verdict(big["compute_per_step_s"] / divided),
+        "divided_verdict": _divided_verdict(experiment, largest),
     }
 
 
@@ -66,14 +66,19 @@ def _lost_sentence(lost: float, compute: float, comm: float, other: float) -> st
             f"the steady epochs, the step a median over steps).")
 
 
-def _divided_verdict(measured_over_divided: float) -> str:
-    if measured_over_divided < 0.95:
-        return (f"{1 - measured_over_divided:.0%} less than that: the baseline did not turn its threads into "
-                f"proportional speed, and single-threaded ranks get more out of each core on matrices this small")
-    if measured_over_divided > 1.05:
-        return (f"{measured_over_divided - 1:.0%} more than that: the ranks slow each other down beyond sharing the "
-                f"cores (caches, memory bandwidth, and the all-reduce running on the same cores)")
-    return "as dividing the cores predicts"
+def _divided_verdict(experiment: Experiment, n: int) -> str:
+    """Each repeat's measured compute per step at `n` ranks against the 1-rank compute of its round divided by the
+    cores a rank got, through the one verdict function."""
+    compute = paired_sides(experiment, "compute_per_step_s")
+    one, run = experiment.runs[1], experiment.runs[n]
+    divided = [rank_compute_s(c, one, run) for c in compute[1]]
+    c = compare(compute[n][:len(divided)], divided[:len(compute[n])], noise_floor(list(compute.values())))
+    if not c.decided:
+        return f"{c.value()} times that: {c.why_undecided()}; dividing the cores accounts for it"
+    return (f"{c.value()} times that: {c.says('less', 'more')} than dividing the cores predicts" + (
+        ", as the ranks also slow each other down beyond sharing the cores (caches, memory bandwidth, and the "
+        "all-reduce running on the same cores)" if c.verdict == "higher" else
+        "; single-threaded ranks got more out of each core than the baseline's threads did"))
 
 
 def accuracy_sentence(experiment: Experiment) -> str:
@@ -147,10 +152,14 @@ def payoff_findings(experiment: Experiment) -> dict:
         "theory_verdict": "above it, so the theory predicts a speedup above 1" if predicts_gain
         else "below it, so the theory predicts a slowdown",
         "theory_held_sentence": _theory_held_sentence(predicts_gain, measured),
+        "cost_model_speedup": float(predict(experiment).loc[n, "predicted_speedup"]),
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
         "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
-        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
+        "fewest_sentence": (f"The {fewest[CPU]} preset needs the fewest tokens per rank on both kinds of rank."
+                            if fewest[CPU] == fewest[GPU] else
+                            f"The fewest tokens per rank are needed by the {fewest[CPU]} preset on the CPU and by the "
+                            f"{fewest[GPU]} preset on the A100s."),
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
         "smallest_embedding_share": min(embedding_share.values()),
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
@@ -169,7 +178,7 @@ def _theory_held_sentence(predicts_gain: bool, measured: Comparison) -> str:
         return f"{outcome}, as the theory predicts."
     if predicts_gain:
         return (f"{outcome}: the theory fails here, where its assumption fails. It takes each rank to compute "
-                f"T_c/N; on shared cores a rank computes far longer than that (previous section).")
+                f"one N-th of the 1-rank compute; on shared cores a rank computes far longer than that (previous section).")
     return f"{outcome}, against the theory's prediction."
 
 

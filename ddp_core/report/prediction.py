@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, predict
@@ -44,7 +45,18 @@ def findings(experiment: Experiment) -> dict:
         "worst_cause": "the communication estimate" if abs(comm_gap) > abs(compute_gap) else "the compute estimate",
         "parts_verdict": "the two errors partly cancel, so the step looks better predicted than its parts"
         if comm_gap * compute_gap < 0 else "the two errors add up",
+        "exposure_sentence": _exposure_sentence(at_worst, worst),
     } | forecast_findings(experiment) | hardware_findings(experiment, prediction, worst)
+
+
+def _exposure_sentence(row: pd.Series, n: int) -> str:
+    """Whether the measured exposed fraction or the last bucket set the prediction's exposure at `n` ranks."""
+    measured = (f"At {n} ranks the runs left {row['exposed_fraction']:.2f} of the all-reduce exposed; the last "
+                f"bucket is {row['last_bucket_share']:.2f} of it in the benchmark")
+    if row["exposed_fraction"] < row["last_bucket_share"]:
+        return (f"{measured}. Backward cannot hide the last bucket, so the prediction exposes that bucket instead, "
+                f"and equals the best-case scenario: the measured fraction does not enter it.")
+    return f"{measured}, so the prediction takes the measured fraction."
 
 
 def _gap_phrase(seconds: float, against: str) -> str:
@@ -107,14 +119,14 @@ def allreduce_figure(experiment: Experiment):
         fitted = np.array([fits[n].allreduce_s(size) for size in sizes])
         times.loglog(sizes, bench["time_s"], "o", color=color, markersize=4, label=f"measured, {n} ranks")
         times.loglog(sizes, fitted, "-", color=color, label=f"alpha-beta fit, {n} ranks")
-        residuals.semilogx(sizes, (bench["time_s"] / fitted - 1) * 100, "o-", color=color, markersize=4,
+        residuals.semilogx(sizes, (fitted / bench["time_s"] - 1) * 100, "o-", color=color, markersize=4,
                            label=f"{n} ranks")
     for ax in (times, residuals):
         for size in buckets:
             ax.axvline(size, color="gray", linestyle=":", linewidth=1)
     residuals.axhline(0, color="k", linewidth=1)
     times.set(xlabel="message size (bytes)", ylabel="seconds", title="All-reduce time (dotted: DDP buckets)")
-    residuals.set(xlabel="message size (bytes)", ylabel="measured / fit - 1 (%)", title="Residuals of the fit")
+    residuals.set(xlabel="message size (bytes)", ylabel="fit / measured - 1 (%)", title="Relative error of the fit")
     times.legend(fontsize=7, loc="upper left")
     residuals.legend(fontsize=7)
     fig.tight_layout()

@@ -33,7 +33,8 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
 
     Step time and time per sample are medians of the repeats' median steps; throughput is their inverse. Speedup
     is the median of the repeats' T1/TN, its range the lowest and highest of them (`speedup_comparisons`). The
-    step's parts are means over the steady epochs of all repeats; accuracy is the mean of the repeats' last epochs.
+    step's parts are means over the steady epochs of all repeats; accuracy and training loss are the medians of the
+    repeats' last epochs.
     """
     metrics = experiment.metrics
     comparisons = speedup_comparisons(experiment)
@@ -53,7 +54,8 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     table["samples_per_s"] = 1 / table["time_per_sample_s"]
     final = metrics.sort_values("epoch").groupby("run").last()  # each run's last epoch
     table["runs"] = final.groupby("world_size").size()
-    table["final_val_accuracy"] = final.groupby("world_size")["val_accuracy"].mean()
+    table["final_val_accuracy"] = final.groupby("world_size")["val_accuracy"].median()
+    table["final_train_loss"] = final.groupby("world_size")["train_loss"].median()
     table["accuracy_low"] = final.groupby("world_size")["val_accuracy"].min()
     table["accuracy_high"] = final.groupby("world_size")["val_accuracy"].max()
     table["global_batch_size"] = final.groupby("world_size")["global_batch_size"].first()
@@ -98,18 +100,18 @@ def findings(experiment: Experiment) -> dict:
 RESULTS_ROWS = [
     ("Runs (seeds)", "runs", 1, "{:.0f}"),
     ("Epoch time (s)", "epoch_time_s", 1, "{:.2f}"),
-    ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
-    ("Speedup over one rank", "speedup", 1, "{:.2f}"),
+    ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
+    ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
-    ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
     ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
     ("of which optimizer step (ms)", "optimizer_per_step_s", 1e3, "{:.1f}"),
     ("All-reduce in flight per step (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
     ("of which exposed (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
     ("Peak memory, largest rank (MB)", "peak_memory_mb", 1, "{:,.0f}"),
-    ("Final validation accuracy", "final_val_accuracy", 1, "{:.3f}"),
+    ("Final validation accuracy, median", "final_val_accuracy", 1, "{:.3f}"),
     ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
     ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
 ]

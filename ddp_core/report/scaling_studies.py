@@ -12,9 +12,11 @@ import pandas as pd
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment
-from ddp_core.report.comparisons import compare_speedups, compare_times, speedup_comparisons, time_ratio_sentence
+from ddp_core.report.comparisons import (compare_speedups, compare_times, paired_sides, speedup_comparisons,
+                                         time_ratio_sentence)
+from ddp_core.report.verdict import compare, noise_floor
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import counted, one_row_each, quantities_by_column, rank_label
+from ddp_core.report.tables import counted, quantities_by_column, rank_label
 
 
 def _speedup(experiment: Experiment, n: int) -> str:
@@ -46,9 +48,9 @@ def weak_scaling_findings(strong: Experiment, weak: Experiment) -> dict:
 
 SCALING_ROWS = [
     ("Global batch (samples)", "global_batch_size", 1, "{:.0f}"),
-    ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
-    ("Throughput (samples/s)", "samples_per_s", 1, "{:.1f}"),
-    ("Speedup", "speedup", 1, "{:.2f}"),
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
+    ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
+    ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
@@ -207,6 +209,8 @@ def batch_findings(study: dict[str, Experiment]) -> dict:
             "ratio_large_top": float(sweep.loc[(top, b_large), "compute_to_comm_ratio"]),
             "batch_ratio_sentence": f"{b_large} over {b_small} is {ratio.value()}: " + (
                 ratio.says("lower", "higher") if ratio.decided else ratio.why_undecided()) + ".",
+            "compute_growth_1": float(sweep.loc[(1, b_large), "compute_per_step_s"]
+                                      / sweep.loc[(1, b_small), "compute_per_step_s"]),
             "comm_small_top_ms": float(sweep.loc[(top, b_small), "comm_total_per_step_s"] * 1e3),
             "comm_large_top_ms": float(sweep.loc[(top, b_large), "comm_total_per_step_s"] * 1e3),
             "batch_comm_sentence": f"{b_large} over {b_small} is {comm.value()}: " + (
@@ -218,18 +222,18 @@ def batch_findings(study: dict[str, Experiment]) -> dict:
                    else speedup.why_undecided()) + ".")}
 
 
-BATCH_COLUMNS = {"per_rank_batch": ("Per-rank batch (samples)", "{:.0f}"), "world_size": ("Ranks", "{:.0f}"),
-                 "step_time_s": ("Step time, median (ms)", "{:.1f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
-                 "compute_per_step_s": ("Compute per step (ms)", "{:.1f}"),
-                 "comm_total_per_step_s": ("All-reduce per step (ms)", "{:.1f}"),
-                 "compute_to_comm_ratio": ("$R_N = (T_c/N)/T_\\text{comm}$", "{:.2f}")}
+BATCH_ROWS = [("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
+              ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
+              ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
+              ("All-reduce per step (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
+              ("$R_N = (T_c/N)/T_\\text{comm}$", "compute_to_comm_ratio", 1, "{:.2f}")]
 
 
 def batch_markdown(study: dict[str, Experiment]) -> str:
+    """A column per (per-rank batch, ranks), a row per quantity."""
     sweep = batch_sweep_table(study)
-    for column in ("step_time_s", "compute_per_step_s", "comm_total_per_step_s"):
-        sweep[column] *= 1e3
-    return one_row_each(sweep, BATCH_COLUMNS)
+    names = [f"batch {b:.0f}, {rank_label(int(n))}" for b, n in zip(sweep["per_rank_batch"], sweep["world_size"])]
+    return quantities_by_column(sweep, BATCH_ROWS, names)
 
 
 def batch_figure(study: dict[str, Experiment]):
@@ -308,20 +312,28 @@ def model_findings(study: dict[str, Experiment]) -> dict:
             "model_ratio_small": float(a["ratio"]), "model_ratio_large": float(b["ratio"]),
             "model_ratio_sentence": f"{large} over {small} is {ratio.value()}: " + (
                 ratio.says("lower", "higher") if ratio.decided else ratio.why_undecided()) + ".",
-            "model_growth_sentence": _growth_sentence(a, b, flops, grad),
+            "model_growth_sentence": _growth_sentence(study, table, small, large, flops, grad),
             "model_verdict": verdict}
 
 
-def _growth_sentence(small: pd.Series, large: pd.Series, flops: float, grad: float) -> str:
-    """How the 1-rank compute and the all-reduce in training grew against the FLOPs and the bytes, and why."""
-    compute, comm = large["compute_1_s"] / small["compute_1_s"], large["comm_s"] / small["comm_s"]
-    rate_small, rate_large = (row["gflops_per_step"] / row["compute_1_s"] for row in (small, large))
-    faster = "higher" if rate_large > rate_small else "lower"
-    grew = ("more than its bytes, as it shares the cores with a backward pass that grew more (the batch-size study "
-            "shows the same)" if comm > grad else "no more than its bytes")
-    return (f"The 1-rank compute grew {compute:.1f} times against {flops:.1f} times the FLOPs: the larger model's "
-            f"matrices ran at a {faster} rate on this CPU ({rate_large:.0f} against {rate_small:.0f} GFLOP/s). The "
-            f"all-reduce in training grew {comm:.1f} times against {grad:.1f} times the bytes, {grew}.")
+def _growth_sentence(study: dict[str, Experiment], table: pd.DataFrame, small: str, large: str, flops: float,
+                     grad: float) -> str:
+    """How the 1-rank compute grew against the FLOPs, and the all-reduce in training against the bytes (through
+    the one verdict function: each repeat's growth against the bytes' growth)."""
+    a, b = study[small], study[large]
+    n = max(set(a.runs) & set(b.runs))
+    compute = table.loc[large, "compute_1_s"] / table.loc[small, "compute_1_s"]
+    rate_small, rate_large = (table.loc[p, "gflops_per_step"] / table.loc[p, "compute_1_s"] for p in (small, large))
+    comm_a, comm_b = paired_sides(a, "comm_total_per_step_s"), paired_sides(b, "comm_total_per_step_s")
+    growth = compare(comm_b[n], [grad * value for value in comm_a[n]], noise_floor([*comm_a.values(), *comm_b.values()]))
+    return (f"The 1-rank compute grew {compute:.1f} times for {flops:.1f} times the FLOPs: the {large} model's "
+            f"matrices ran at a {'higher' if rate_large > rate_small else 'lower'} rate on this CPU "
+            f"({rate_large:.0f} against {rate_small:.0f} GFLOP/s). The all-reduce in training grew "
+            f"{growth.ratio * grad:.1f} times (the median over the repeats' pairs) for {grad:.1f} times the bytes; "
+            f"its growth over the bytes' is "
+            f"{growth.value()}: " + (growth.says("it grew less than the bytes", "it grew more than the bytes, as it "
+                                                 "shares the cores with a longer backward")
+                                     if growth.decided else growth.why_undecided()) + ".")
 
 
 def model_figure(study: dict[str, Experiment]):

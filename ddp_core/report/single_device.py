@@ -78,12 +78,13 @@ def ratio_sentence(m: Measurement, name: str) -> str:
     verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
                 for _, group in seconds.groupby(CONFIG)]
     median = ratio_table(m)[f"{name}_median"]
-    said = {"faster": "faster", "slower": "slower", "no visible difference": "not told apart",
-            "too few repeats": "without a verdict (too few rounds)"}
-    counts = " and ".join(f"{said[verdict]} in {verdicts.count(verdict)}" for verdict in dict.fromkeys(verdicts))
+    counts = [f"{verdicts.count('faster')} faster", f"{verdicts.count('slower')} slower",
+              f"{verdicts.count('no visible difference')} not told apart"]
+    if "too few repeats" in verdicts:
+        counts.append(f"{verdicts.count('too few repeats')} without a verdict (too few rounds)")
     return (f"{words}: {median.min():.3f} to {median.max():.3f} (median per configuration); by the methods "
-            f"chapter's yardstick ({floor:.0%} noise floor), the first is {counts} of "
-            f"{counted(len(verdicts), 'configuration')}.")
+            f"chapter's yardstick (noise floor {floor:.0%}), the first loop against the second, of "
+            f"{counted(len(verdicts), 'configuration')}: {', '.join(counts[:-1])} and {counts[-1]}.")
 
 
 def _precision(amp: str) -> str:

@@ -20,8 +20,15 @@ def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, 
     `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""
     header = "| | " + " | ".join(column_names) + " |\n|---|" + "---:|" * len(column_names)
     return header + "\n" + "\n".join(
-        f"| {label} | " + " | ".join(fmt.format(value * scale) for value in table[column]) + " |"
-        for label, column, scale, fmt in rows)
+        f"| {label} | " + " | ".join(fmt.format(value * scale) if pd.notna(value) else "–" for value in table[column])
+        + " |" for label, column, scale, fmt in rows)
+
+
+def configurations_as_columns(table: pd.DataFrame, columns: dict[str, tuple[str, str]]) -> str:
+    """`quantities_by_column` for a table indexed by configuration (a study's variants): a column each, named in
+    words ("linear lr warmup"), and a row per quantity of `columns` (column -> (label with unit, format))."""
+    rows = [(label, column, 1, fmt) for column, (label, fmt) in columns.items()]
+    return quantities_by_column(table, rows, [str(name).replace("_", " ") for name in table.index])
 
 
 def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str | None = None) -> str:

@@ -12,10 +12,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
-from ddp_core.report.comparisons import (accuracy_phrase, compare_accuracies, compare_times, final_accuracies,
-                                         run_times, time_ratio_sentence)
+from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
+                                         final_accuracies, run_times, time_ratio_sentence)
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import one_row_each
+from ddp_core.report.tables import configurations_as_columns
 from ddp_core.report.verdict import compare, noise_floor
 
 
@@ -46,7 +46,7 @@ LARGE_BATCH_COLUMNS = {"global_batch": ("Global batch (samples)", "{:.0f}"), "lr
 
 def large_batch_markdown(study: dict[str, Experiment]) -> str:
     table = large_batch_table(study)
-    return one_row_each(table, LARGE_BATCH_COLUMNS, "variant")
+    return configurations_as_columns(table, LARGE_BATCH_COLUMNS)
 
 
 def large_batch_findings(study: dict[str, Experiment]) -> dict:
@@ -56,10 +56,11 @@ def large_batch_findings(study: dict[str, Experiment]) -> dict:
     found = {"lb_factor": int(table["global_batch"].max() / base["global_batch"]),
              "lb_epochs": int(study[base_name].metrics["epoch"].max()),
              "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min())}
+    floor = accuracy_floor(*study.values())  # one floor for every comparison of the page
     for variant in table.index:
         found[f"lb_{variant}_accuracy"] = median(final_accuracies(study[variant], 1))
-        found[f"lb_{variant}_verdict"] = accuracy_phrase(compare_accuracies(study[variant], study[base_name]),
-                                                         "the baseline's")
+        found[f"lb_{variant}_verdict"] = accuracy_phrase(
+            compare_accuracies(study[variant], study[base_name], floor=floor), "the baseline's")
     return found
 
 
@@ -81,35 +82,40 @@ def large_batch_figure(study: dict[str, Experiment]):
 # Gradient accumulation against DDP ---------------------------------------------------------------------------
 
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant: how the global batch was formed, the time per epoch, and how far its losses and accuracy
-    lie from the first variant's, epoch by epoch."""
+    """Per variant: how the global batch was formed, its median step, and how far its losses and accuracy lie
+    from the first variant's, epoch by epoch, repeat k against repeat k (the same seed), the largest gap of all."""
     reference = study[next(iter(study))]
-    ref_rows = first_run(reference).set_index("epoch")
     rows = {}
     for variant, e in study.items():
         run = e.baseline
-        metrics = first_run(e).set_index("epoch")
+        gaps = pd.concat([_epochs(e, ours) - _epochs(reference, theirs) for ours, theirs
+                          in zip(e.repeats[run.world_size], reference.repeats[reference.baseline.world_size])]).abs()
         rows[variant] = dict(ranks=run.world_size, micro_batch=run.per_rank_batch_size,
                              grad_accum=run.config["grad_accum"], global_batch=run.global_batch_size,
-                             step_time_ms=run_times(e)["step_time_s"].mean() * 1e3,
-                             final_val_accuracy=metrics["val_accuracy"].iloc[-1],
-                             max_train_loss_gap=(metrics["train_loss"] - ref_rows["train_loss"]).abs().max(),
-                             max_val_loss_gap=(metrics["val_loss"] - ref_rows["val_loss"]).abs().max(),
-                             max_accuracy_gap=(metrics["val_accuracy"] - ref_rows["val_accuracy"]).abs().max())
+                             step_time_ms=run_times(e)["step_time_s"].median() * 1e3,
+                             final_val_accuracy=median(final_accuracies(e, run.world_size)),
+                             max_train_loss_gap=gaps["train_loss"].max(), max_val_loss_gap=gaps["val_loss"].max(),
+                             max_accuracy_gap=gaps["val_accuracy"].max())
     return pd.DataFrame(rows).T
+
+
+def _epochs(experiment: Experiment, run) -> pd.DataFrame:
+    """One run's losses and accuracy by epoch."""
+    metrics = experiment.metrics[experiment.metrics["run"] == run.name]
+    return metrics.set_index("epoch")[["train_loss", "val_loss", "val_accuracy"]]
 
 
 ACCUMULATION_COLUMNS = {"ranks": ("Ranks", "{:.0f}"), "micro_batch": ("Micro-batch (samples)", "{:.0f}"),
                         "grad_accum": ("Micro-batches per step", "{:.0f}"),
                         "global_batch": ("Global batch (samples)", "{:.0f}"),
-                        "step_time_ms": ("Step time, median (ms)", "{:.1f}"),
-                        "final_val_accuracy": ("Final validation accuracy", "{:.4f}"),
-                        "max_train_loss_gap": ("Largest training-loss gap to the first row", "{:.1e}")}
+                        "step_time_ms": ("Step time, median of the repeats (ms)", "{:.1f}"),
+                        "final_val_accuracy": ("Final validation accuracy, median of the repeats", "{:.4f}"),
+                        "max_train_loss_gap": ("Largest training-loss gap to the first variant", "{:.1e}")}
 
 
 def accumulation_markdown(study: dict[str, Experiment]) -> str:
     table = accumulation_table(study)
-    return one_row_each(table, ACCUMULATION_COLUMNS, "variant")
+    return configurations_as_columns(table, ACCUMULATION_COLUMNS)
 
 
 # A loss that agrees to this is the same computation up to the order of float32 sums.
@@ -127,7 +133,8 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
             "accum_loss_gap": gap, "accum_accuracy_gap": float(table["max_accuracy_gap"].max()),
             "accum_tolerance": SAME_MODEL_TOLERANCE,
             "accum_same_sentence": (
-                f"Epoch by epoch, the training and validation losses of all three agree to within {gap:.1e}: "
+                f"Epoch by epoch and repeat by repeat (the same seeds), the training and validation losses of all "
+                f"three agree to within {gap:.1e}: "
                 + ("they train the same model, up to the order in which float32 sums are taken." if
                    gap <= SAME_MODEL_TOLERANCE else
                    f"more than the {SAME_MODEL_TOLERANCE:g} that rounding explains; they did not train the same "
@@ -144,20 +151,19 @@ def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant, e in study.items():
         table = scaling_table(e).loc[1]
         rows[variant] = dict(step_time_ms=table["step_time_s"] * 1e3, samples_per_s=table["samples_per_s"],
-                             final_val_accuracy=table["final_val_accuracy"],
-                             final_train_loss=e.metrics.sort_values("epoch")["train_loss"].iloc[-1])
+                             final_val_accuracy=table["final_val_accuracy"], final_train_loss=table["final_train_loss"])
     return pd.DataFrame(rows).T
 
 
-PRECISION_COLUMNS = {"step_time_ms": ("Step time, median (ms)", "{:.1f}"),
-                     "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
-                     "final_train_loss": ("Final training loss", "{:.3f}"),
-                     "final_val_accuracy": ("Final validation accuracy", "{:.3f}")}
+PRECISION_COLUMNS = {"step_time_ms": ("Step time, median of the repeats' medians (ms)", "{:.1f}"),
+                     "samples_per_s": ("Throughput, from the median step (samples/s)", "{:.1f}"),
+                     "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
+                     "final_val_accuracy": ("Final validation accuracy, median of the repeats", "{:.3f}")}
 
 
 def precision_markdown(study: dict[str, Experiment]) -> str:
     table = precision_table(study)
-    return one_row_each(table, PRECISION_COLUMNS, "precision")
+    return configurations_as_columns(table, PRECISION_COLUMNS)
 
 
 BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")
@@ -206,16 +212,16 @@ def quantization_table(experiment: Experiment) -> pd.DataFrame:
     return quantization_runs(experiment).drop(columns="repeat").groupby("model", sort=False).median()
 
 
-QUANTIZATION_COLUMNS = {"size_mb": ("Size on disk (MB)", "{:.2f}"),
-                        "latency_ms_per_batch": ("Latency per batch (ms)", "{:.2f}"),
+QUANTIZATION_COLUMNS = {"size_mb": ("Size on disk (MB), median of the repeats", "{:.2f}"),
+                        "latency_ms_per_batch": ("Latency per batch (ms), median of the repeats", "{:.2f}"),
                         "batch_size": ("Batch (samples)", "{:.0f}"),
-                        "accuracy": ("Validation accuracy", "{:.4f}"),
-                        "agreement_with_fp32": ("Same answer as fp32 (share of samples)", "{:.4f}")}
+                        "accuracy": ("Validation accuracy, median of the repeats", "{:.4f}"),
+                        "agreement_with_fp32": ("Same answer as fp32 (share of samples), median", "{:.4f}")}
 
 
 def quantization_markdown(experiment: Experiment) -> str:
     table = quantization_table(experiment)
-    return one_row_each(table, QUANTIZATION_COLUMNS, "model")
+    return configurations_as_columns(table, QUANTIZATION_COLUMNS)
 
 
 def quantization_findings(experiment: Experiment) -> dict:
