@@ -91,13 +91,18 @@ def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
                    noise_floor([*sides_a.values(), *sides_b.values()]))
 
 
+def time_floor(*experiments: Experiment, quantity: str = "time_per_sample_s") -> float:
+    """The noise floor of a quantity of `run_times` over the configurations (world sizes) of all `experiments`."""
+    return noise_floor([side for e in experiments for side in paired_sides(e, quantity).values()])
+
+
 def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
-                  quantity: str = "time_per_sample_s") -> Comparison:
+                  quantity: str = "time_per_sample_s", floor: float | None = None) -> Comparison:
     """A's time per sample (or another quantity of `run_times`) at `a_ranks` against B's at `b_ranks`, repeat by
-    repeat ("lower": A is faster), held against the noise floor of that quantity over the configurations of both
-    experiments."""
-    sides_a, sides_b = paired_sides(a, quantity), paired_sides(b, quantity)
-    return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]), noise_floor([*sides_a.values(), *sides_b.values()]))
+    repeat ("lower": A is faster), held against `floor`, by default the noise floor of that quantity over the
+    configurations of both experiments (a page that compares several pairs passes one floor for all)."""
+    return compare(*_paired(paired_sides(a, quantity)[a_ranks], paired_sides(b, quantity)[b_ranks]),
+                   time_floor(a, b, quantity=quantity) if floor is None else floor)
 
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
@@ -123,12 +128,12 @@ def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: 
 
 def accuracy_phrase(c: Comparison, of_what: str) -> str:
     """'0.99 (0.98 to 1.00 over 3 repeats) times the baseline's: lower', or why there is no verdict."""
-    return f"{c.value()} times {of_what}: " + (c.says("lower", "higher") if c.decided else c.why_undecided())
+    return f"{c.value()} times {of_what}: " + c.judged("lower", "higher")
 
 
 def time_ratio_sentence(c: Comparison, a: str, b: str) -> str:
     """'A took 0.85 (0.80 to 0.90 over 3 repeats) times as long per sample as B: faster' and its other outcomes."""
-    verdict = c.says("faster", "slower") if c.decided else c.why_undecided()
+    verdict = c.judged("faster", "slower")
     return f"{a} took {c.value()} times as long per sample as {b}: {verdict}"
 
 

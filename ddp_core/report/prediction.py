@@ -51,8 +51,9 @@ def findings(experiment: Experiment) -> dict:
 
 def _exposure_sentence(row: pd.Series, n: int) -> str:
     """Whether the measured exposed fraction or the last bucket set the prediction's exposure at `n` ranks."""
-    measured = (f"At {n} ranks the runs left {row['exposed_fraction']:.2f} of the all-reduce exposed; the last "
-                f"bucket is {row['last_bucket_share']:.2f} of it in the benchmark")
+    measured = (f"At {n} ranks the runs left {row['exposed_fraction']:.2f} of the all-reduce exposed (a share of "
+                f"the all-reduce measured in training, which sharing the cores stretches); the last bucket is "
+                f"{row['last_bucket_share']:.2f} of it in the benchmark")
     if row["exposed_fraction"] < row["last_bucket_share"]:
         return (f"{measured}. Backward cannot hide the last bucket, so the prediction exposes that bucket instead, "
                 f"and equals the best-case scenario: the measured fraction does not enter it.")

@@ -63,19 +63,11 @@ def _shown(key: str, value) -> str:
     return f"{value:,}" if key == "parameters" else str(value)
 
 
-def _resolved(run, key: str, value):
-    """A setting left to the trainer ("auto", or none for the preset's own) as the run resolved it."""
-    if value not in (None, "auto"):
-        return value
-    if key == "dropout":
-        return run.model["dropout"]
-    return run.raw.get(key, value)  # backend, device, threads_per_rank: run.json records what was used
-
-
 def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
     """Every run's provenance and settings, in words: run name -> {label: value}."""
     return {run.name: {label: _shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
-            | {key: _shown(key, _resolved(run, key, value)) for key, value in run.config.items() if key not in NOT_SETTINGS}
+            | {key: _shown(key, run.model["dropout"] if key == "dropout" and value is None else value)
+               for key, value in run.config.items() if key not in NOT_SETTINGS and key not in PROVENANCE}
             for run in experiment.all_runs}
 
 

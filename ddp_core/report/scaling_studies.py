@@ -35,10 +35,9 @@ def weak_scaling_findings(strong: Experiment, weak: Experiment) -> dict:
     else:
         verdict = (f"At {n} ranks {speedups}; weak over strong is {c.value()}: weak scaling scales " + (
             "better: with a per-rank batch that does not shrink, each rank's step does as much work as the 1-rank "
-            "step, and the fixed costs of a step (launching kernels, the all-reduce) weigh less."
+            "step."
             if c.verdict == "higher" else
-            "worse: the larger global batch did not help here; the ranks' shared cores, not the per-step "
-            "overheads, set the pace."))
+            "worse."))
     return {"weak_largest": n, "weak_per_rank_batch": weak.baseline.per_rank_batch_size,
             "weak_global_batch_nmax": weak.runs[n].global_batch_size, "strong_global_batch": strong.baseline.global_batch_size,
             "weak_speedup_nmax": float(w.loc[n, "speedup"]), "strong_speedup_nmax": float(s.loc[n, "speedup"]),
@@ -107,9 +106,9 @@ def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
         verdict = f"{speedups}: {c.why_undecided()}."
     else:
         verdict = f"{speedups}: " + (
-            f"the shared setup's 1-rank baseline uses all {shared.baseline.threads_per_rank} threads, so it is the "
-            f"harder one to beat." if c.verdict == "higher" else
-            "one thread per rank did not make the ranks' share of the machine any larger.")
+            f"a core per rank scales better, against a 1-rank baseline of one thread where the shared setup's uses "
+            f"{counted(shared.baseline.threads_per_rank, 'thread')}." if c.verdict == "higher" else
+            "a core per rank scales worse.")
     return {"cores": cores, "own_threads": threads, "shared_threads_1": shared.baseline.threads_per_rank,
             "identical_runs_sentence": _identical_runs_sentence(shared, own),
             "ranks_with_own_core": enough, "own_largest": n,
@@ -207,19 +206,16 @@ def batch_findings(study: dict[str, Experiment]) -> dict:
                                                              f"{b_large}", f"a batch of {b_small}") + ".",
             "ratio_small_top": float(sweep.loc[(top, b_small), "compute_to_comm_ratio"]),
             "ratio_large_top": float(sweep.loc[(top, b_large), "compute_to_comm_ratio"]),
-            "batch_ratio_sentence": f"{b_large} over {b_small} is {ratio.value()}: " + (
-                ratio.says("lower", "higher") if ratio.decided else ratio.why_undecided()) + ".",
+            "batch_ratio_sentence": f"{b_large} over {b_small} is {ratio.value()}: {ratio.judged('lower', 'higher')}.",
             "compute_growth_1": float(sweep.loc[(1, b_large), "compute_per_step_s"]
                                       / sweep.loc[(1, b_small), "compute_per_step_s"]),
             "comm_small_top_ms": float(sweep.loc[(top, b_small), "comm_total_per_step_s"] * 1e3),
             "comm_large_top_ms": float(sweep.loc[(top, b_large), "comm_total_per_step_s"] * 1e3),
-            "batch_comm_sentence": f"{b_large} over {b_small} is {comm.value()}: " + (
-                comm.says("shorter", "longer") if comm.decided else comm.why_undecided()) + ".",
+            "batch_comm_sentence": f"{b_large} over {b_small} is {comm.value()}: {comm.judged('shorter', 'longer')}.",
             "batch_speedup_sentence": (
                 f"At {top} ranks the speedup is {_speedup(large, top)} at a per-rank batch of {b_large} and "
                 f"{_speedup(small, top)} at {b_small}; {b_large} over {b_small} is {speedup.value()}: "
-                + (speedup.says("the larger batch scales worse", "the larger batch scales better") if speedup.decided
-                   else speedup.why_undecided()) + ".")}
+                + speedup.judged("the larger batch scales worse", "the larger batch scales better") + ".")}
 
 
 BATCH_ROWS = [("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
@@ -311,7 +307,7 @@ def model_findings(study: dict[str, Experiment]) -> dict:
             "model_expected_ratio_growth": float(flops / grad),
             "model_ratio_small": float(a["ratio"]), "model_ratio_large": float(b["ratio"]),
             "model_ratio_sentence": f"{large} over {small} is {ratio.value()}: " + (
-                ratio.says("lower", "higher") if ratio.decided else ratio.why_undecided()) + ".",
+                ratio.judged("lower", "higher")) + ".",
             "model_growth_sentence": _growth_sentence(study, table, small, large, flops, grad),
             "model_verdict": verdict}
 
@@ -331,9 +327,7 @@ def _growth_sentence(study: dict[str, Experiment], table: pd.DataFrame, small: s
             f"({rate_large:.0f} against {rate_small:.0f} GFLOP/s). The all-reduce in training grew "
             f"{growth.ratio * grad:.1f} times (the median over the repeats' pairs) for {grad:.1f} times the bytes; "
             f"its growth over the bytes' is "
-            f"{growth.value()}: " + (growth.says("it grew less than the bytes", "it grew more than the bytes, as it "
-                                                 "shares the cores with a longer backward")
-                                     if growth.decided else growth.why_undecided()) + ".")
+            f"{growth.value()}: " + growth.judged("it grew less than the bytes", "it grew more than the bytes") + ".")
 
 
 def model_figure(study: dict[str, Experiment]):

@@ -29,9 +29,9 @@ from ddp_core.report.verdict import compare, noise_floor
 CONFIG = ["preset", "amp", "batch_size"]
 # name: (loop, against loop, in words)
 RATIOS = {
-    "trainer": ("ddp_core", "plain", "ddp_core / plain loop"),
-    "timers": ("timed", "ddp_core", "timers on / off"),
-    "ddp": ("ddp_of_one", "ddp_core", "in DDP, group of one / bare model"),
+    "trainer": ("ddp_core", "plain", "throughput, ddp_core / plain loop"),
+    "timers": ("timed", "ddp_core", "throughput, timers on / off"),
+    "ddp": ("ddp_of_one", "ddp_core", "throughput, in DDP, group of one / bare model"),
 }
 # Dense bf16 tensor-core peaks by NVIDIA's datasheets (TFLOP/s, no sparsity); the first name the device's contains.
 DATASHEET_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
 from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
-                                         final_accuracies, run_times, time_ratio_sentence)
+                                         final_accuracies, run_times, time_floor, time_ratio_sentence)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import configurations_as_columns
 from ddp_core.report.verdict import compare, noise_floor
@@ -127,8 +127,9 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
     gap = float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
     first, *others = table.index
     one_batch, accumulated, ddp = (study[variant] for variant in table.index)
-    accumulated_c = compare_times(accumulated, one_batch)
-    ddp_c = compare_times(ddp, one_batch, a_ranks=ddp.largest)
+    floor = time_floor(*study.values())  # one floor for both comparisons of the page
+    accumulated_c = compare_times(accumulated, one_batch, floor=floor)
+    ddp_c = compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)
     return {"accum_variants": ", ".join(others), "accum_reference": first,
             "accum_loss_gap": gap, "accum_accuracy_gap": float(table["max_accuracy_gap"].max()),
             "accum_tolerance": SAME_MODEL_TOLERANCE,
@@ -236,8 +237,7 @@ def quantization_findings(experiment: Experiment) -> dict:
     least = int8["agreement_with_fp32"].min()
     return {"quant_size_ratio": float(table.loc["int8", "size_mb"] / table.loc["fp32", "size_mb"]),
             "quant_speed_sentence": (f"int8's latency per batch is {c.value()} times fp32's: "
-                                     + (c.says("int8 answers faster", "int8 answers slower") if c.decided
-                                        else c.why_undecided())),
+                                     + c.judged("int8 answers faster", "int8 answers slower")),
             "quant_eval_samples": n_eval, "quant_least_agreement": float(least),
             "quant_agreement_sentence": (
                 "the two models gave the same answer on every evaluation sample, in every repeat" if least == 1 else

@@ -43,12 +43,21 @@ class Comparison:
             return f"{self.ratio:.2f} (one run each)"
         return f"{self.ratio:.2f} ({self.low:.2f} to {self.high:.2f} over {self.pairs} repeats)"
 
+    def judged(self, lower: str, higher: str) -> str:
+        """The verdict in the sentence's words with the noise floor it cleared, or why there is none."""
+        if not self.decided:
+            return self.why_undecided()
+        return f"{self.says(lower, higher)} (beyond the noise floor of {self._floor_text()})"
+
+    def _floor_text(self) -> str:
+        return f"{self.floor:.1%}" if self.floor < 0.1 else f"{self.floor:.0%}"
+
     def why_undecided(self) -> str:
         """Why there is no verdict, as a clause that follows the value and a colon: noise, or too few repeats."""
         if self.verdict == "too few repeats":
             return (f"with {self.pairs} run{'s' if self.pairs > 1 else ''} of each side, fewer than the "
                     f"{MIN_REPEATS} repeats a verdict needs, this gives no verdict")
-        return (f"within the noise (repeats of one configuration spread by {self.floor:.0%}), so no difference "
+        return (f"within the noise (repeats of one configuration spread by {self._floor_text()}), so no difference "
                 f"can be told")
 
 
