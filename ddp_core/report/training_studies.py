@@ -130,7 +130,8 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
     floor = time_floor(*study.values())  # one floor for both comparisons of the page
     accumulated_c = compare_times(accumulated, one_batch, floor=floor)
     ddp_c = compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)
-    return {"accum_variants": ", ".join(others), "accum_reference": first,
+    return {"accum_variants": ", ".join(name.replace("_", " ") for name in others),
+            "accum_reference": first.replace("_", " "),  # variant names in words, as the table's columns
             "accum_loss_gap": gap, "accum_accuracy_gap": float(table["max_accuracy_gap"].max()),
             "accum_tolerance": SAME_MODEL_TOLERANCE,
             "accum_same_sentence": (
