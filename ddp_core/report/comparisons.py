@@ -65,6 +65,11 @@ def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") ->
     return {n: list(rows[quantity]) for n, rows in times.groupby("world_size")}
 
 
+def _pooled_floor(*sides: dict[int, list[float]]) -> float:
+    """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`."""
+    return noise_floor([values for per_size in sides for values in per_size.values()])
+
+
 def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
     pairs = min(len(a), len(b))
     return a[:pairs], b[:pairs]
@@ -87,13 +92,12 @@ def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
         return [t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))]
 
     sides_a, sides_b = paired_sides(a), paired_sides(b)
-    return compare(*_paired(speedups(sides_a), speedups(sides_b)),
-                   noise_floor([*sides_a.values(), *sides_b.values()]))
+    return compare(*_paired(speedups(sides_a), speedups(sides_b)), _pooled_floor(sides_a, sides_b))
 
 
 def time_floor(*experiments: Experiment, quantity: str = "time_per_sample_s") -> float:
     """The noise floor of a quantity of `run_times` over the configurations (world sizes) of all `experiments`."""
-    return noise_floor([side for e in experiments for side in paired_sides(e, quantity).values()])
+    return _pooled_floor(*(paired_sides(e, quantity) for e in experiments))
 
 
 def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
@@ -101,8 +105,9 @@ def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int =
     """A's time per sample (or another quantity of `run_times`) at `a_ranks` against B's at `b_ranks`, repeat by
     repeat ("lower": A is faster), held against `floor`, by default the noise floor of that quantity over the
     configurations of both experiments (a page that compares several pairs passes one floor for all)."""
-    return compare(*_paired(paired_sides(a, quantity)[a_ranks], paired_sides(b, quantity)[b_ranks]),
-                   time_floor(a, b, quantity=quantity) if floor is None else floor)
+    sides_a, sides_b = paired_sides(a, quantity), paired_sides(b, quantity)  # each experiment's runs read once
+    return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
+                   _pooled_floor(sides_a, sides_b) if floor is None else floor)
 
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
