@@ -17,6 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_core.engine.model import TransformerClassifier
@@ -46,7 +47,7 @@ def main() -> None:
         if world_size > 1:
             model = DistributedDataParallel(model)
             if timed:
-                model.register_comm_hook(None, timer.allreduce_hook)
+                model.register_comm_hook(None, timer.timed(default_hooks.allreduce_hook))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(10))
         return model, timer, optimizer, scheduler

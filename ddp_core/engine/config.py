@@ -73,6 +73,14 @@ class TrainConfig:
     weight_decay: float = setting(0.01, "AdamW's decoupled weight decay")
     amp: Literal["off", "bf16", "fp16"] = setting("off", "autocast precision of forward and backward")
     seed: int = setting(0, "seeds the subset, the shuffle, the initial weights and dropout")
+    bucket_cap_mb: float | None = setting(
+        None, "DDP's gradient bucket size in MiB (none: PyTorch's 25, after a first bucket of 1); a bucket larger than "
+              "the model leaves backward nothing to overlap with the all-reduce")
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = setting(
+        "none", "what DDP sends: fp32 gradients (none), gradients rounded to 16 bits (fp16, bf16: NCCL only), or "
+                "PowerSGD's low-rank factors (--powersgd-rank)")
+    powersgd_rank: int = setting(1, "rank of PowerSGD's approximation of each gradient matrix (with --comm-hook "
+                                    "powersgd)")
     backend: Literal["auto", "nccl", "gloo"] = setting("auto", "process-group backend (auto: nccl on GPUs, else gloo)")
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto: a GPU per local rank when there are enough")
     threads_per_rank: int | None = setting(None, "CPU threads per rank (none: usable cores / local ranks)",
@@ -215,7 +223,7 @@ def check_writable_folder(folder: Path, option: str) -> None:
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
     positive = ["vocab_size", "seq_len", "epochs", "grad_accum", "global_batch_size", "per_rank_batch_size",
-                "train_samples", "eval_samples", "threads_per_rank"]
+                "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb", "powersgd_rank"]
     for name in positive:
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -236,6 +244,9 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
             f"x --grad-accum {cfg.grad_accum}")
     if cfg.backend == "nccl" and cfg.device == "cpu":
         raise UsageError("--backend nccl needs --device cuda (or auto); use --backend gloo on CPU")
+    if cfg.comm_hook == "bf16" and (cfg.backend == "gloo" or cfg.device == "cpu"):
+        raise UsageError("--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend); use --comm-hook "
+                         "fp16 on CPU")
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise UsageError("--amp fp16 needs a CUDA device; use --amp bf16 on CPU")
     if cfg.mlflow_uri and importlib.util.find_spec("mlflow") is None:

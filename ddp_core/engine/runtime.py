@@ -65,6 +65,9 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
     check_gpus(cfg, local_world_size, gpus)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= local_world_size and cfg.backend != "gloo")
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if cfg.comm_hook == "bf16" and backend != "nccl":
+        raise UsageError("--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend), and this run "
+                         "has no GPU per rank: use --comm-hook fp16")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return Runtime(rank, local_rank, world_size, local_world_size, device, backend,
                    threads_per_rank(local_world_size, cfg.threads_per_rank))

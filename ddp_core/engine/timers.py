@@ -15,10 +15,10 @@ all-reduced) and `optimizer` (the AdamW step, learning-rate schedule and zeroing
 the spans between consecutive boundaries, summed over the epoch's micro-steps.
 
 Communication. DDP hands each gradient bucket to a communication hook as soon as all of its
-gradients are ready, while the backward pass carries on with earlier layers. The hook here is
-PyTorch's default averaging all-reduce with two timestamps added: when the bucket was handed over
-and when its reduced result was ready (recorded in the all-reduce future's callback, which on a
-GPU runs on a stream that waits for the NCCL kernel).
+gradients are ready, while the backward pass carries on with earlier layers. The hook here is the
+run's (PyTorch's averaging all-reduce, or a compressing one: `--comm-hook`) with two timestamps
+added: when the bucket was handed over and when its reduced result was ready (recorded in the
+future's callback, which on a GPU runs on a stream that waits for the NCCL kernel).
 
 - `comm_total_s` is the time during which at least one all-reduce was in flight: the length of
   the union of the per-bucket [handed over, reduced] intervals. Buckets queue behind each other on
@@ -46,7 +46,6 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -103,16 +102,24 @@ class EpochTimer:
         if self.enabled:
             self.step_starts.append(self.clock.now())
 
-    def allreduce_hook(self, process_group, bucket):
-        """DDP communication hook: the default averaging all-reduce, timed."""
-        spans = self.comm_spans_per_step[-1]
-        handed_over = self.clock.now()
+    def timed(self, hook):
+        """DDP communication hook `hook` (state, bucket) -> future, with each bucket's span recorded."""
 
-        def reduced(fut):
-            spans.append((handed_over, self.clock.now()))
-            return fut.value()
+        def timed_hook(state, bucket):
+            spans = self.comm_spans_per_step[-1]
+            handed_over = self.clock.now()
 
-        return default_hooks.allreduce_hook(process_group, bucket).then(reduced)
+            def reduced(fut):
+                spans.append((handed_over, self.clock.now()))
+                return fut.value()
+
+            return hook(state, bucket).then(reduced)
+
+        return timed_hook
+
+    def allreduces_in_last_step(self) -> int | None:
+        """Buckets the last optimizer step all-reduced: one per bucket DDP formed (none when not timed)."""
+        return len(self.comm_spans_per_step[-1]) if self.enabled and self.comm_spans_per_step else None
 
     def end_epoch(self) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank); and per

@@ -1,0 +1,61 @@
+"""The DDP paper's knobs do what they say: the bucket size sets how many all-reduces a step launches, and a
+communication hook changes the averaged gradient by no more than its compression allows."""
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from conftest import TINY_SYNTHETIC, REPO, run_training
+from ddp_core.launch.local import launch_command
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory, isolated_env):
+    out = tmp_path_factory.mktemp("hooks") / "gradients.pt"
+    subprocess.run([*launch_command(2, str(REPO / "tests" / "hooked_gradients.py")), str(out)], cwd=out.parent,
+                   env=isolated_env, check=True, capture_output=True, timeout=300)
+    return torch.load(out, weights_only=False)
+
+
+def test_without_a_hook_ddp_averages_the_ranks_gradients_exactly(hooked):
+    for step, (ddp, exact) in enumerate(zip(hooked["none"], hooked["exact"], strict=True)):
+        for name in exact:
+            torch.testing.assert_close(ddp[name], exact[name], rtol=1e-6, atol=1e-9, msg=f"step {step}: {name}")
+
+
+def test_fp16_compression_rounds_each_gradient_to_half_precision(hooked):
+    for ddp, exact, magnitude in zip(hooked["fp16"], hooked["exact"], hooked["magnitude"], strict=True):
+        for name in exact:
+            # The hook rounds each rank's g_i to fp16, halves it and rounds the sum of the halves: each rounding
+            # errs by 2^-11 of the value, or by half of fp16's smallest spacing (2^-25) below its normal range.
+            bound = 2**-11 * (magnitude[name] + exact[name].abs()) + 4 * 2**-25
+            assert ((ddp[name] - exact[name]).abs() <= bound).all(), name
+    moved = [(ddp[n] != exact[n]).any().item() for ddp, exact in zip(hooked["fp16"], hooked["exact"]) for n in exact]
+    assert any(moved), "fp16 compression left every gradient bit-identical: the hook did not run"
+
+
+def test_powersgd_sends_low_rank_gradients_after_two_plain_steps(hooked):
+    *plain, compressed = hooked["powersgd"]
+    for step, grads in enumerate(plain):  # PyTorch's PowerSGD needs two plain all-reduces before it compresses
+        for name in grads:
+            torch.testing.assert_close(grads[name], hooked["exact"][step][name], rtol=1e-6, atol=1e-9)
+    matrices = [name for name, grad in compressed.items() if grad.ndim == 2 and min(grad.shape) >= 8]
+    exact_ranks = {name: torch.linalg.matrix_rank(hooked["exact"][-1][name]).item() for name in matrices}
+    sent_ranks = {name: torch.linalg.matrix_rank(compressed[name]).item() for name in matrices}
+    assert max(exact_ranks.values()) > 1
+    assert set(sent_ranks.values()) == {1}, sent_ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bucket_cap_mb, allreduces", [(1000, 1), (0.002, "many")])
+def test_the_bucket_size_sets_how_many_allreduces_a_step_launches(tmp_path, isolated_env, bucket_cap_mb, allreduces):
+    args = [*TINY_SYNTHETIC, "--global-batch-size", 16, "--train-samples", 64, "--eval-samples", 32, "--epochs", 1,
+            "--bucket-cap-mb", bucket_cap_mb, "--out", tmp_path / "run"]
+    run_training(args, cwd=tmp_path, env=isolated_env, nproc=2)
+    launched = json.loads((tmp_path / "run" / "run.json").read_text())["allreduces_per_step"]
+    if allreduces == "many":
+        assert launched >= 5
+    else:
+        assert launched == allreduces
