@@ -19,7 +19,8 @@ from pathlib import Path
 from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, UsageError, differing_settings, load_profile,
                                     parse_args, to_args)
 
-LAUNCHERS = ("local", "slurm")
+LAUNCHERS = ("local", "slurm", "emulated")
+NETWORK_FILE = "network.json"  # an emulated cluster's nodes and link, beside run.json
 
 
 class ExperimentError(Exception):
@@ -33,6 +34,7 @@ class Plan:
     run_dir: Path
     train_args: list[str]
     action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
+    link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
 
 
 def _positive_int(value) -> bool:
@@ -45,7 +47,7 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
 
 
 def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
-            overrides: dict | None = None, nodes=1, repeat=1) -> Plan:
+            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing.
 
     Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
@@ -59,7 +61,17 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
     if not _positive_int(nodes) or world_size % nodes:
         raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
     if launcher == "local" and nodes != 1:
-        raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm'")
+        raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm' "
+                              f"(a cluster) or 'emulated' (nodes emulated on this machine)")
+    if launcher != "emulated" and link_rate is not None:
+        raise ExperimentError(f"link_rate sets the links of an emulated cluster; launcher {launcher!r} has none")
+    if launcher == "emulated":
+        from ddp_core.launch.emulated import ClusterError, check_can_emulate
+
+        try:
+            check_can_emulate(nodes, link_rate)
+        except ClusterError as exc:
+            raise ExperimentError(str(exc)) from None
     run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
     try:
         settings = load_profile(profile) | (overrides or {})
@@ -74,6 +86,10 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
         if changed or info["world_size"] != world_size:
             raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed) or 'world size'}); "
                                   f"choose another experiment name")
+        network = network_of(run_dir)
+        if network and (network["nodes"], network["link_rate"]) != (nodes, link_rate):
+            raise ExperimentError(f"{run_dir} holds a run on {network['nodes']} emulated node(s) at link rate "
+                                  f"{network['link_rate']}; choose another experiment name")
         finished = info.get("end_time") and info["config"]["epochs"] >= cfg.epochs
         if finished:
             action = "reuse"
@@ -88,7 +104,13 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             check_gpus(cfg, world_size, visible_gpus())
         except UsageError as exc:
             raise ExperimentError(str(exc)) from None
-    return Plan(world_size, nodes, run_dir, args, action)
+    return Plan(world_size, nodes, run_dir, args, action, link_rate)
+
+
+def network_of(run_dir: Path) -> dict | None:
+    """The emulated network a run trained over (network.json), None for a run on one machine."""
+    path = run_dir / NETWORK_FILE
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def refuse_interrupted(plan: Plan) -> None:
@@ -123,21 +145,32 @@ def run_local(plan: Plan) -> bool:
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
     refuse_interrupted(plan)
-    command = [*launch_command(plan.world_size), *plan.train_args, "--out", str(plan.run_dir), "--no-progress"]
-    if plan.action == "resume":
-        command.append("--resume")
+    command = [*launch_command(plan.world_size), *trainer_args(plan)]
     print("$", " ".join(["python", *command[1:]]), flush=True)
-    tail, refusal = deque(maxlen=20), None
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=_stop_with_parent if sys.platform == "linux" else None) as proc:
-        for line in proc.stdout:
-            tail.append(line.rstrip())
-            if line.startswith("ddp_core:"):
-                print(line.rstrip(), flush=True)
-            elif line.startswith(ERROR_PREFIX):
-                refusal = line.rstrip()
+        follow_trainer(proc)
+    return True
+
+
+def trainer_args(plan: Plan) -> list[str]:
+    """The trainer's arguments for this plan: its settings, its run directory, and --resume when it resumes."""
+    return [*plan.train_args, "--out", str(plan.run_dir), "--no-progress", *(["--resume"] if plan.action == "resume"
+                                                                              else [])]
+
+
+def follow_trainer(proc: subprocess.Popen) -> None:
+    """Echo the trainer's own lines (epochs, run directory) as they come; raise its one error line if it refused,
+    or the end of its output if it failed otherwise."""
+    tail, refusal = deque(maxlen=20), None
+    for line in proc.stdout:
+        tail.append(line.rstrip())
+        if line.startswith("ddp_core:"):
+            print(line.rstrip(), flush=True)
+        elif line.startswith(ERROR_PREFIX):
+            refusal = line.rstrip()
+    proc.wait()
     if refusal:
         raise ExperimentError(refusal)
     if proc.returncode != 0:
         raise ExperimentError(f"training exited with code {proc.returncode}; its last lines:\n" + "\n".join(tail))
-    return True

@@ -1,0 +1,288 @@
+"""A cluster emulated on this machine: nodes as Linux network namespaces joined by a bridge, each node's link
+capped at a chosen rate, so that DDP's communication crosses a network whose bandwidth the report can turn.
+
+    with EmulatedCluster(nodes=2, link_rate="100mbit") as cluster:
+        cluster.run(ranks_per_node=1, program=["-m", "ddp_core.train", ...])
+
+Each node is what a cluster node is to torchrun: its own network stack (a namespace with one interface,
+`eth0`, at 198.18.0.<k+1>), its own hostname (`node<k>`, in a UTS namespace of its own) and a hosts file that
+names the others (`/etc/netns/<namespace>/hosts`, which `ip netns exec` mounts over /etc/hosts). Every node's
+`eth0` is one end of a veth pair whose other end sits on the cluster's bridge: a switch that never limits.
+The link's rate is a token bucket (`tc ... tbf`) on what each node sends, so a node sends at most that
+rate and, in a ring all-reduce, receives as much from its neighbour: a full-duplex link of that rate per node.
+`netem` (latency, loss) is absent from this machine's kernel, so the latency is that of the veth pair.
+
+Addresses come from 198.18.0.0/15, the range RFC 2544 sets aside for benchmarks; the namespaces have no route
+beyond their own subnet and the bridge has no address, so no packet leaves them.
+
+The cluster is torn down on every way out of its `with` block (end, error, Ctrl-C): processes still in its
+namespaces are killed, then the namespaces, the links and the hosts files are removed. A cluster whose owner
+was killed (kill -9) is swept by the next one: the owner's process id is part of every name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ddp_core.engine.run_files import save_atomic
+from ddp_core.launch.local import NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted, trainer_args
+
+SUBNET = "198.18.0"  # nodes are SUBNET.1, SUBNET.2, ...: RFC 2544's benchmarking range
+MAX_NODES = 32
+NETNS_ETC = Path("/etc/netns")
+PREFIX = "ddc"  # ddc<owner pid, 6 hex digits><sequence>: <=15 characters with the link suffixes (Linux's limit)
+NAME = re.compile(rf"^{PREFIX}(?P<owner>[0-9a-f]{{6}})[0-9a-z](?:-n\d+|br|v\d+)$")
+RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>kbit|mbit|gbit)$")
+UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+MASTER_PORT = 29500  # every cluster has its own network stacks: two clusters never share this port
+_sequence = itertools.count()
+
+
+class ClusterError(Exception):
+    """This machine cannot emulate the cluster asked for, in one line."""
+
+
+def rate_bits_per_s(link_rate: str | None) -> float | None:
+    """Bits per second of a tc rate such as "100mbit" or "2.5gbit"; None (unshaped) stays None."""
+    if link_rate is None:
+        return None
+    match = RATE.match(str(link_rate))
+    if not match or float(match["value"]) <= 0:
+        raise ClusterError(f"link_rate must be a rate such as 100mbit or 1gbit (kbit, mbit or gbit), or None for an "
+                           f"unshaped link; got {link_rate!r}")
+    return float(match["value"]) * UNITS[match["unit"]]
+
+
+def check_can_emulate(nodes: int, link_rate: str | None) -> None:
+    """Refuse, before anything is created, what cannot work here: not root, no ip/tc/unshare, a bad rate."""
+    if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"an emulated cluster has 1 to {MAX_NODES} nodes, got {nodes!r}")
+    rate_bits_per_s(link_rate)
+    if sys.platform != "linux":
+        raise ClusterError("an emulated cluster needs Linux network namespaces")
+    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterError(f"an emulated cluster needs {', '.join(missing)} (Debian: apt-get install iproute2 "
+                           f"util-linux)")
+    if os.geteuid() != 0:
+        raise ClusterError("an emulated cluster creates network namespaces and links: run as root (sudo), or use "
+                           "launcher='local'")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+    return proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _remove_namespace(namespace: str) -> None:
+    """Kill what still runs in `namespace`, then remove it and its hosts file."""
+    for pid in _ip("netns", "pids", namespace, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    _ip("netns", "delete", namespace, check=False)
+    shutil.rmtree(NETNS_ETC / namespace, ignore_errors=True)
+
+
+def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
+    """The namespaces, links and hosts-file folders of clusters whose owner process is gone."""
+    def orphaned(name: str) -> bool:
+        match = NAME.match(name)
+        return bool(match) and not owner_alive(int(match["owner"], 16))
+
+    namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
+    links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", "show", check=False).stdout.splitlines()]
+    folders = [p.name for p in NETNS_ETC.iterdir()] if NETNS_ETC.is_dir() else []
+    return {"namespaces": [n for n in namespaces if orphaned(n)], "links": [n for n in links if orphaned(n)],
+            "hosts files": [n for n in folders if orphaned(n)]}
+
+
+def sweep_leftovers() -> None:
+    """Remove what clusters of dead owners left (a kill -9 runs no teardown)."""
+    left = leftovers()
+    for namespace in set(left["namespaces"]) | set(left["hosts files"]):
+        _remove_namespace(namespace)
+    for link in left["links"]:
+        _ip("link", "delete", link, check=False)
+
+
+def _burst_bytes(bits_per_s: float) -> int:
+    """The token bucket's depth: 2 ms at the rate, and at least 64 KiB, one segment as veth hands it over (GSO)."""
+    return max(64 * 1024, int(bits_per_s / 8 * 0.002))
+
+
+class EmulatedCluster:
+    """`nodes` network namespaces on one bridge, each sending at most `link_rate` (None: unshaped)."""
+
+    def __init__(self, nodes: int, link_rate: str | None = None):
+        check_can_emulate(nodes, link_rate)
+        self.nodes, self.link_rate = nodes, link_rate
+        self.base = f"{PREFIX}{os.getpid():06x}{next(_sequence) % 36:x}"
+        self.bridge = f"{self.base}br"
+
+    def namespace(self, k: int) -> str:
+        return f"{self.base}-n{k}"
+
+    @staticmethod
+    def address(k: int) -> str:
+        return f"{SUBNET}.{k + 1}"
+
+    def __enter__(self) -> EmulatedCluster:
+        sweep_leftovers()
+        try:
+            self._create()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def _create(self) -> None:
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(k)} node{k}\n" for k in range(self.nodes))
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("link", "set", self.bridge, "up")
+        for k in range(self.nodes):
+            namespace, veth = self.namespace(k), f"{self.base}v{k}"
+            (NETNS_ETC / namespace).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / namespace / "hosts").write_text(hosts)
+            _ip("netns", "add", namespace)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+            _ip("link", "set", veth, "master", self.bridge, "up")
+            _ip("-n", namespace, "addr", "add", f"{self.address(k)}/24", "dev", "eth0")
+            _ip("-n", namespace, "link", "set", "eth0", "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+            if self.link_rate is not None:
+                rate = rate_bits_per_s(self.link_rate)
+                shaped = subprocess.run(["tc", "-n", namespace, "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                                         "rate", f"{int(rate)}bit", "burst", str(_burst_bytes(rate)),
+                                         "latency", "50ms"], capture_output=True, text=True)
+                if shaped.returncode != 0:
+                    raise ClusterError(f"tc could not shape the link to {self.link_rate}: {shaped.stderr.strip()}")
+
+    def teardown(self) -> None:
+        for k in range(self.nodes):
+            _remove_namespace(self.namespace(k))
+            _ip("link", "delete", f"{self.base}v{k}", check=False)
+        _ip("link", "delete", self.bridge, check=False)
+
+    def command(self, k: int, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+        """`argv` run on node k: in its namespace, with its hostname, gloo on its link, and `env` added."""
+        variables = {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+        return ["ip", "netns", "exec", self.namespace(k), "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', f"node{k}", "env", *(f"{name}={value}" for name, value in variables.items()),
+                *argv]
+
+    def cores(self, k: int) -> set[int]:
+        """The cores node k runs on: the usable cores split evenly among the nodes (shared when there are fewer)."""
+        usable = sorted(os.sched_getaffinity(0))
+        if len(usable) < self.nodes:
+            return {usable[k % len(usable)]}
+        share = len(usable) // self.nodes
+        return set(usable[k * share:(k + 1) * share])
+
+    def start(self, k: int, argv: list[str], **popen) -> subprocess.Popen:
+        """`argv` started on node k, on its cores; it receives SIGTERM if this process dies."""
+        cores = self.cores(k)
+
+        def placed():
+            os.sched_setaffinity(0, cores)
+            _stop_with_parent()
+
+        return subprocess.Popen(self.command(k, argv), preexec_fn=placed, **popen)
+
+    def torchrun(self, k: int, ranks_per_node: int, program: list[str]) -> list[str]:
+        """The torchrun agent of node k: static rendezvous at node0, ranks k*M ... k*M+M-1 on this node."""
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nodes}",
+                f"--nproc-per-node={ranks_per_node}", f"--node-rank={k}", "--master-addr=node0",
+                f"--master-port={MASTER_PORT}", *program]
+
+    def measure_link_gbit_s(self, megabytes: float | None = None) -> float:
+        """Gbit/s of TCP payload that node 1 sends to node 0, over about half a second at the set rate."""
+        if self.nodes < 2:
+            raise ClusterError("measuring a link needs 2 nodes")
+        rate = rate_bits_per_s(self.link_rate) or 10e9
+        size = int((megabytes or max(1.0, rate / 8 / 2 / 1e6)) * 1e6)
+        receiver = self.start(0, [sys.executable, "-m", "ddp_core.launch.link_probe", "receive", self.address(0)],
+                              stdout=subprocess.PIPE, text=True)
+        try:
+            sender = self.start(1, [sys.executable, "-m", "ddp_core.launch.link_probe", "send", self.address(0),
+                                    str(size)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            _, error = sender.communicate(timeout=120)
+            out, _ = receiver.communicate(timeout=30)
+        finally:
+            for proc in (receiver, locals().get("sender")):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+        if sender.returncode != 0 or receiver.returncode != 0:
+            raise ClusterError(f"the link probe failed: {error.strip()}")
+        return float(out.split()[0])
+
+
+def run_emulated(plan: Plan) -> bool:
+    """Train across an emulated cluster of `plan.nodes` nodes at `plan.link_rate`, the world size split evenly
+    among them: node 0's epoch lines are echoed, each other node's output goes to node<k>.log in the run directory,
+    and network.json records the nodes and the rate the link was set to and measured at before training."""
+    if plan.action == "reuse":
+        print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
+        return True
+    refuse_interrupted(plan)
+    ranks_per_node = plan.world_size // plan.nodes
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    with EmulatedCluster(plan.nodes, plan.link_rate) as cluster:
+        measured = cluster.measure_link_gbit_s() if plan.nodes > 1 else None
+        rate = rate_bits_per_s(plan.link_rate)
+        save_atomic({"nodes": plan.nodes, "ranks_per_node": ranks_per_node, "link_rate": plan.link_rate,
+                     "link_rate_gbit_s": rate / 1e9 if rate else None,
+                     "measured_gbit_s": measured, "addresses": [cluster.address(k) for k in range(plan.nodes)]},
+                    plan.run_dir / NETWORK_FILE)
+        print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s), link "
+              f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
+        program = ["-m", "ddp_core.train", *trainer_args(plan)]
+        print("$", " ".join(["torchrun", *cluster.torchrun(0, ranks_per_node, program)[3:]]), flush=True)
+        others = []
+        for k in range(1, plan.nodes):
+            with open(plan.run_dir / f"node{k}.log", "w") as log:
+                others.append(cluster.start(k, cluster.torchrun(k, ranks_per_node, program), stdout=log,
+                                            stderr=subprocess.STDOUT))
+        leader = cluster.start(0, cluster.torchrun(0, ranks_per_node, program), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        try:
+            follow_trainer(leader)
+            for k, proc in enumerate(others, 1):
+                if proc.wait() != 0:
+                    raise ExperimentError(f"node {k} exited with code {proc.returncode}; its output: "
+                                          f"{plan.run_dir / f'node{k}.log'}")
+        finally:
+            for proc in (leader, *others):
+                if proc.poll() is None:
+                    proc.kill()
+    return True
+
+
+def _stop_with_parent() -> None:
+    """Linux: SIGTERM to a started process when the process that started it dies (see launch.local)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG

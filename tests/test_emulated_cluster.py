@@ -1,0 +1,129 @@
+"""Nodes emulated as network namespaces: DDP across them trains what it trains on one machine, the links run at the
+rate they were set to, and nothing of a cluster outlives it. Real namespaces, links and processes: root only."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, read_metrics
+from ddp_core.launch.emulated import EmulatedCluster, leftovers
+from ddp_core.launch.local import ExperimentError, prepare, run_local
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
+                                reason="an emulated cluster needs root on Linux (network namespaces)")
+
+# The tiny profile without dropout: every run of these settings takes the same optimizer steps.
+SETTINGS = {"dropout": 0.0, "train_samples": 128, "epochs": 2}
+LEARNING = ("train_loss", "val_loss", "val_accuracy")
+
+
+def owned_by(pid: int) -> dict[str, list[str]]:
+    """What clusters created by process `pid` have left on this machine."""
+    return leftovers(owner_alive=lambda owner: owner != pid)
+
+
+def nothing_left(pid: int) -> bool:
+    return not any(owned_by(pid).values())
+
+
+@pytest.fixture
+def in_env(isolated_env, monkeypatch):
+    for name, value in isolated_env.items():
+        monkeypatch.setenv(name, value)
+
+
+def plan(tmp_path, experiment, launcher, **kw):
+    return prepare(world_size=2, launcher=launcher, results_dir=str(tmp_path), experiment=experiment, profile="tiny",
+                   overrides=SETTINGS | kw.pop("overrides", {}), **kw)
+
+
+@pytest.mark.slow
+def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, in_env):
+    from ddp_core.launch.emulated import run_emulated
+
+    one_machine, two_nodes = plan(tmp_path, "local", "local"), plan(tmp_path, "nodes", "emulated", nodes=2,
+                                                                      link_rate="1gbit")
+    run_local(one_machine)
+    run_emulated(two_nodes)
+
+    for local, emulated in zip(read_metrics(one_machine.run_dir), read_metrics(two_nodes.run_dir), strict=True):
+        for key in LEARNING:
+            assert float(emulated[key]) == pytest.approx(float(local[key]), abs=1e-6), key
+    network = json.loads((two_nodes.run_dir / "network.json").read_text())
+    assert network["nodes"] == 2 and network["ranks_per_node"] == 1
+    assert json.loads((two_nodes.run_dir / "run.json").read_text())["local_world_size"] == 1
+    assert nothing_left(os.getpid())
+
+
+@pytest.mark.parametrize("link_rate, gbit_s", [("100mbit", 0.1), ("1gbit", 1.0)])
+def test_a_link_runs_within_ten_percent_of_the_rate_it_was_set_to(link_rate, gbit_s):
+    with EmulatedCluster(nodes=2, link_rate=link_rate) as cluster:
+        measured = cluster.measure_link_gbit_s()
+    assert measured == pytest.approx(gbit_s, rel=0.10)
+    assert nothing_left(os.getpid())
+
+
+def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
+    from ddp_core.launch.emulated import run_emulated
+
+    refused = plan(tmp_path, "refused", "emulated", nodes=2, overrides={"train_samples": 8})
+    with pytest.raises(ExperimentError, match="make no full step"):
+        run_emulated(refused)
+    assert nothing_left(os.getpid())
+
+
+def start_cluster_process(tmp_path) -> subprocess.Popen:
+    """A process that brings up a 2-node cluster, says so, and waits in it."""
+    code = ("from ddp_core.launch.emulated import EmulatedCluster\nimport time\n"
+            "with EmulatedCluster(nodes=2, link_rate='100mbit'):\n    print('up', flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    assert owned_by(proc.pid)["namespaces"]
+    return proc
+
+
+def test_an_interrupted_cluster_removes_itself(tmp_path):
+    proc = start_cluster_process(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert nothing_left(proc.pid)
+
+
+def test_what_a_killed_cluster_left_is_swept_by_the_next(tmp_path):
+    proc = start_cluster_process(tmp_path)
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while owned_by(proc.pid)["namespaces"] == [] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert owned_by(proc.pid)["namespaces"], "kill -9 runs no teardown: its namespaces must still be there"
+    with EmulatedCluster(nodes=1):
+        pass
+    assert nothing_left(proc.pid)
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(nodes=2, link_rate="fast"), "link_rate must be a rate such as 100mbit"),
+    (dict(nodes=3), "nodes must be a positive integer that divides world_size 2"),
+    (dict(launcher="local", link_rate="1gbit"), "link_rate sets the links of an emulated cluster"),
+])
+def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, in_env, kw, fragment):
+    launcher = kw.pop("launcher", "emulated")
+    with pytest.raises(ExperimentError, match=fragment) as refused:
+        plan(tmp_path, "bad", launcher, **kw)
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "bad").exists() and nothing_left(os.getpid())
+
+
+def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
+    code = ("from ddp_core.launch.local import prepare\n"
+            "prepare(world_size=2, nodes=2, launcher='emulated', results_dir='/tmp', experiment='x', profile='tiny')")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("run as root (sudo), or use launcher='local'")
