@@ -45,8 +45,8 @@ MASTER_PORT = 29500  # every cluster has its own network stacks: two clusters ne
 _sequence = itertools.count()
 
 
-class ClusterError(Exception):
-    """This machine cannot emulate the cluster asked for, in one line."""
+class ClusterError(ExperimentError):
+    """This machine cannot emulate the cluster asked for, or a node failed, in one line."""
 
 
 def rate_bits_per_s(link_rate: str | None) -> float | None:
@@ -218,6 +218,25 @@ class EmulatedCluster:
                 f"--nproc-per-node={ranks_per_node}", f"--node-rank={k}", "--master-addr=node0",
                 f"--master-port={MASTER_PORT}", *program]
 
+    def launch(self, ranks_per_node: int, program: list[str], log_dir: Path) -> list[subprocess.Popen]:
+        """torchrun agents of `program` on every node: node 0's first, its output readable from its stdout (text),
+        then node k's, its output in log_dir/node<k>.log. The cluster's teardown kills whichever still runs."""
+        others = []
+        for k in range(1, self.nodes):
+            with open(log_dir / f"node{k}.log", "w") as log:
+                others.append(self.start(k, self.torchrun(k, ranks_per_node, program), stdout=log,
+                                         stderr=subprocess.STDOUT))
+        leader = self.start(0, self.torchrun(0, ranks_per_node, program), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+        return [leader, *others]
+
+    @staticmethod
+    def wait(others: list[subprocess.Popen], log_dir: Path) -> None:
+        """Wait for nodes 1, 2, ... (after node 0 has finished); the first that failed, named in one line."""
+        for k, proc in enumerate(others, 1):
+            if proc.wait() != 0:
+                raise ClusterError(f"node {k} exited with code {proc.returncode}; its output: {log_dir / f'node{k}.log'}")
+
     def measure_link_gbit_s(self, megabytes: float | None = None) -> float:
         """Gbit/s of TCP payload that node 1 sends to node 0, over about half a second at the set rate."""
         if self.nodes < 2:
@@ -261,23 +280,9 @@ def run_emulated(plan: Plan) -> bool:
               f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
         print("$", " ".join(["torchrun", *cluster.torchrun(0, ranks_per_node, program)[3:]]), flush=True)
-        others = []
-        for k in range(1, plan.nodes):
-            with open(plan.run_dir / f"node{k}.log", "w") as log:
-                others.append(cluster.start(k, cluster.torchrun(k, ranks_per_node, program), stdout=log,
-                                            stderr=subprocess.STDOUT))
-        leader = cluster.start(0, cluster.torchrun(0, ranks_per_node, program), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-        try:
-            follow_trainer(leader)
-            for k, proc in enumerate(others, 1):
-                if proc.wait() != 0:
-                    raise ExperimentError(f"node {k} exited with code {proc.returncode}; its output: "
-                                          f"{plan.run_dir / f'node{k}.log'}")
-        finally:
-            for proc in (leader, *others):
-                if proc.poll() is None:
-                    proc.kill()
+        leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir)
+        follow_trainer(leader)
+        cluster.wait(others, plan.run_dir)
     return True
 
 

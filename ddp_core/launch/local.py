@@ -66,12 +66,9 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
     if launcher != "emulated" and link_rate is not None:
         raise ExperimentError(f"link_rate sets the links of an emulated cluster; launcher {launcher!r} has none")
     if launcher == "emulated":
-        from ddp_core.launch.emulated import ClusterError, check_can_emulate
+        from ddp_core.launch.emulated import check_can_emulate
 
-        try:
-            check_can_emulate(nodes, link_rate)
-        except ClusterError as exc:
-            raise ExperimentError(str(exc)) from None
+        check_can_emulate(nodes, link_rate)
     run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
     try:
         settings = load_profile(profile) | (overrides or {})

@@ -23,6 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, interleaved, load_study_list, select
@@ -32,14 +33,17 @@ NOTEBOOK_NAME = "run_experiment.ipynb"
 # The kernel's own log, critical messages only: its start-up warning and the note it logs when it is shut down,
 # once per run, would bury the runner's progress lines. A failing cell still fails the run, through papermill.
 QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
+# Over an emulated link a 256 MiB all-reduce takes minutes: the benchmark stops at 16 MiB, beyond the buckets.
+EMULATED_ALLREDUCE_ARGS = ["--max-bytes", str(16 * 2**20), "--seconds-per-size", "0.5"]
 
 
 def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     planned = []
     for run in interleaved(studies):
         try:
-            plan = prepare(world_size=run.world_size, launcher="local", results_dir=results_dir,
-                           experiment=run.experiment, profile=run.profile, overrides=run.settings, repeat=run.repeat)
+            plan = prepare(world_size=run.world_size, launcher=run.launcher, nodes=run.nodes or 1,
+                           link_rate=run.link_rate, results_dir=results_dir, experiment=run.experiment,
+                           profile=run.profile, overrides=run.settings, repeat=run.repeat)
         except ExperimentError as exc:
             raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
         planned.append((run, plan))
@@ -56,7 +60,8 @@ def execute_run_notebook(run: Run, results_dir: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     failed = run_dir / NOTEBOOK_NAME.replace(".ipynb", ".failed.ipynb")
     parameters = dict(world_size=run.world_size, profile=run.profile, overrides=run.settings, repeat=run.repeat,
-                      experiment=run.experiment, results_dir=results_dir)
+                      experiment=run.experiment, results_dir=results_dir, launcher=run.launcher, nodes=run.nodes or 1,
+                      link_rate=run.link_rate)
     try:
         executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
                                               progress_bar=False, extra_arguments=QUIET_KERNEL)
@@ -81,12 +86,41 @@ def run_quietly(label: str, command: list[str]) -> None:
 
 
 def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:
-    for n in study.allreduce_world_sizes:
-        out = Path(results_dir) / study.name / f"allreduce-n{n}"
-        if not (out / "allreduce.csv").exists():
-            run_quietly(f"{study.name}: all-reduce benchmark on {n} ranks",
-                        [*launch_command(n, "-m", "ddp_core.bench.allreduce"), "--out", str(out),
-                         *shlex.split(extra_args)])
+    """The all-reduce benchmark at each world size above 1 of the study: on this machine, or for an emulated study
+    on each variant's links (results/<study>/<variant>/allreduce-n<N>)."""
+    if study.ranks_per_node is None:
+        for n in study.allreduce_world_sizes:
+            out = Path(results_dir) / study.name / f"allreduce-n{n}"
+            if not (out / "allreduce.csv").exists():
+                run_quietly(f"{study.name}: all-reduce benchmark on {n} ranks",
+                            [*launch_command(n, "-m", "ddp_core.bench.allreduce"), "--out", str(out),
+                             *shlex.split(extra_args)])
+        return
+    for variant in study.variants if study.allreduce else ():
+        for n in sorted(n for n in variant.world_sizes if n > 1):
+            out = Path(results_dir) / study.experiment(variant) / f"allreduce-n{n}"
+            if not (out / "allreduce.csv").exists():
+                start = time.perf_counter()
+                benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, variant.link_rate, out,
+                                     [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)])
+                print(f"{study.experiment(variant)}: all-reduce benchmark on {n} ranks over "
+                      f"{n // study.ranks_per_node} emulated nodes: done in {time.perf_counter() - start:.0f} s",
+                      flush=True)
+
+
+def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None, out: Path, args: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with EmulatedCluster(nodes, link_rate) as cluster:
+            leader, *others = cluster.launch(ranks_per_node, ["-m", "ddp_core.bench.allreduce", "--out", str(out),
+                                                              *args], out)
+            output, _ = leader.communicate()
+            if leader.returncode != 0:
+                tail = "\n".join(output.strip().splitlines()[-10:])
+                raise StudyError(f"the all-reduce benchmark in {out} failed on node 0; its last lines:\n{tail}")
+            cluster.wait(others, out)
+    except ExperimentError as exc:
+        raise StudyError(str(exc)) from None
 
 
 def quantize_runs(study: Study, planned: list[tuple[Run, Plan]]) -> None:

@@ -4,7 +4,9 @@ One list drives both sides of the report: `ddp_core.studies.run` trains each stu
 results/<study>/..., and the book's study pages load the same folders by the same names. A study
 is a base profile, the settings it changes, and either one set of runs over world sizes (folder
 results/<study>) or several named variants (results/<study>/<variant>), each repeated with other
-seeds; the runs train round by round, repeat k of everything in round k. Everything is checked when
+seeds; the runs train round by round, repeat k of everything in round k. A study with
+`ranks_per_node` trains on an emulated cluster (`ddp_core.launch.emulated`), its variants' `link_rate`
+setting the links. Everything is checked when
 the list is read, so a bad entry fails in one line before any run starts.
 """
 
@@ -19,8 +21,9 @@ from ddp_core.launch.local import run_dir_name
 from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
-STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce", "quantize"}
-VARIANT_KEYS = {"settings", "world_sizes"}
+STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce", "quantize",
+              "ranks_per_node", "link_rate"}
+VARIANT_KEYS = {"settings", "world_sizes", "link_rate"}
 
 
 class StudyError(Exception):
@@ -35,10 +38,16 @@ class Run:
     settings: dict
     world_size: int
     repeat: int
+    nodes: int | None = None  # an emulated cluster's nodes (None: the ranks run on this machine)
+    link_rate: str | None = None  # the emulated links' rate (None: unshaped)
 
     @property
     def folder(self) -> str:
         return f"{self.experiment}/{run_dir_name(self.world_size, self.repeat)}"
+
+    @property
+    def launcher(self) -> str:
+        return "local" if self.nodes is None else "emulated"
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,7 @@ class Variant:
     name: str  # "" for a study without variants
     settings: dict
     world_sizes: tuple[int, ...]
+    link_rate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,13 +67,15 @@ class Study:
     variants: tuple[Variant, ...]
     allreduce: bool
     quantize: bool
+    ranks_per_node: int | None = None  # set: every run on an emulated cluster of world_size / ranks_per_node nodes
 
     def experiment(self, variant: Variant) -> str:
         return f"{self.name}/{variant.name}" if variant.name else self.name
 
     def runs(self) -> list[Run]:
         """Repeat by repeat, every variant and world size once per repeat (see `interleaved`)."""
-        return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat)
+        return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat,
+                    n // self.ranks_per_node if self.ranks_per_node else None, variant.link_rate)
                 for repeat in range(1, self.repeats + 1) for variant in self.variants for n in variant.world_sizes]
 
     @property
@@ -102,6 +114,10 @@ def parse_study(name: str, entry) -> Study:
     repeats = entry.get("repeats", 1)
     if not (isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1):
         raise StudyError(f"{where}: repeats must be a positive integer, got {repeats!r}")
+    ranks_per_node = entry.get("ranks_per_node")
+    if ranks_per_node is not None and not (isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
+                                           and ranks_per_node >= 1):
+        raise StudyError(f"{where}: ranks_per_node must be a positive integer, got {ranks_per_node!r}")
     common = _mapping(entry.get("settings", {}), f"{where}: settings")
     study_sizes = entry.get("world_sizes")
     variants = []
@@ -115,9 +131,15 @@ def parse_study(name: str, entry) -> Study:
         if sizes is None:
             raise StudyError(f"{vwhere}: no world_sizes (give them to the study or to each variant)")
         settings = common | _mapping(variant.get("settings", {}), f"{vwhere}: settings")
-        variants.append(Variant(str(variant_name), settings, _world_sizes(sizes, vwhere)))
+        link_rate = variant.get("link_rate", entry.get("link_rate"))
+        if link_rate is not None and ranks_per_node is None:
+            raise StudyError(f"{vwhere}: link_rate sets an emulated cluster's links; give the study ranks_per_node")
+        sizes = _world_sizes(sizes, vwhere)
+        if ranks_per_node and any(n % ranks_per_node for n in sizes):
+            raise StudyError(f"{vwhere}: every world size must be a multiple of ranks_per_node {ranks_per_node}")
+        variants.append(Variant(str(variant_name), settings, sizes, link_rate))
     return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
-                 bool(entry.get("allreduce", False)), bool(entry.get("quantize", False)))
+                 bool(entry.get("allreduce", False)), bool(entry.get("quantize", False)), ranks_per_node)
 
 
 def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:
