@@ -46,3 +46,12 @@ def test_an_unknown_profile_names_the_ones_there_are():
 def test_switches_round_trip_through_the_command_line():
     cfg = parse_args(to_args({"timers": False, "progress": False, "global_batch_size": 8}), world_size=1)
     assert (cfg.timers, cfg.progress, cfg.check) == (False, False, False)
+
+
+def test_a_run_saved_before_a_setting_existed_had_that_settings_default():
+    from ddp_core.engine.config import differing_settings
+
+    cfg = parse_args(["--global-batch-size", "8"], world_size=1)
+    saved = {k: v for k, v in cfg.to_dict().items() if k not in ("comm_hook", "bucket_cap_mb", "powersgd_rank")}
+    assert differing_settings(saved, cfg) == []
+    assert differing_settings(saved | {"lr": 1.0}, cfg) == ["--lr"]

@@ -50,7 +50,7 @@ def test_the_measurement_names_its_device_code_and_ceiling(measured):
     assert "measured into out/single_device/cpu" in proc.stdout
     summary = subprocess.run([sys.executable, "-m", "ddp_core.report.single_device", str(folder)],
                              capture_output=True, text=True, check=True)
-    assert "ddp_core / plain loop:" in summary.stdout and "timers on / off:" in summary.stdout
+    assert "the project's trainer / plain loop:" in summary.stdout and "timers on / off:" in summary.stdout
 
 
 def test_a_device_measured_before_is_never_overwritten(measured, isolated_env):

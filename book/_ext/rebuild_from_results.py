@@ -13,6 +13,8 @@ links, and what hangs on them, right at every build.
   their executed notebooks stay in their folders): the others' folders are excluded from the sources.
 - The executed run notebooks all open with the notebook's own title; each page is titled by its run
   instead (world size, dataset, model), so the contents and the PDF can tell them apart.
+- Runs made before the trainer's command was printed in lines continued with ` \\` (launch.local.shell_command)
+  printed it on one line; their pages show it the new way, so that it fits the PDF's page.
 - Sphinx reads a page again only when its source changed, but a new run, or the links pointed at
   other runs, changes the pages with no source change. So every build reads every page again (a
   few seconds: the pages only analyse CSVs).
@@ -82,7 +84,7 @@ RUN_TITLE = "# One training run"
 
 
 def title_run_page(app, docname, source):
-    from ddp_core.report.tables import rank_label
+    from ddp_core.report.tables import in_words, rank_label
 
     parts = docname.split("/")
     if parts[0] != "results" or parts[-1] != "run_experiment":
@@ -90,10 +92,37 @@ def title_run_page(app, docname, source):
     run = parts[-2]
     info = json.loads((Path(app.srcdir).joinpath(*parts[:-1]) / "run.json").read_text())
     n = info["world_size"]
-    repeat = f", repeat {run.split('-r')[1] if '-r' in run else 1}"  # every title names it: the glob lists r1 last
-    title = (f"# Run on {rank_label(n)}{repeat}: {info['config']['dataset']}, "
+    repeat = f", repeat {run.split('-r')[1] if '-r' in run else 1}"  # every title names it, the first one too
+    title = (f"# Run on {rank_label(n)}{repeat}: {in_words(info['config']['dataset'])}, "
              f"{info['config']['preset']} model, seed {info['config']['seed']}")
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
+    source[0] = wrap_printed_commands(source[0])
+
+
+def wrap_printed_commands(notebook_json: str) -> str:
+    """The notebook with each one-line `$ COMMAND` of its printed output in the lines that the runs print now."""
+    import shlex
+
+    from ddp_core.launch.local import shell_command
+
+    def wrapped(line):
+        if not line.startswith("$ ") or line.endswith("\\"):
+            return line
+        try:
+            return shell_command(shlex.split(line[2:]))
+        except ValueError:  # unbalanced quotes: not a command that this can read
+            return line
+
+    notebook, changed = json.loads(notebook_json), False
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "stream":
+                continue
+            text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
+            new = "\n".join(wrapped(line) for line in text.split("\n"))
+            if new != text:
+                output["text"], changed = new, True
+    return json.dumps(notebook, indent=1, ensure_ascii=False) if changed else notebook_json
 
 
 def every_page(app, env, added, changed, removed):

@@ -194,10 +194,11 @@ def load_profile(profile: str | Path) -> dict:
 
 
 def differing_settings(saved: dict, cfg: TrainConfig) -> list[str]:
-    """The options that change what is trained and differ between a saved run's config and `cfg`."""
+    """The options that change what is trained and differ between a saved run's config and `cfg`. A setting that
+    a run saved before it existed had its default then."""
     now = cfg.to_dict()
     return [_flag(f.name) for f in fields(TrainConfig)
-            if not f.metadata["resumable"] and saved.get(f.name) != now[f.name]]
+            if not f.metadata["resumable"] and saved.get(f.name, f.default) != now[f.name]]
 
 
 def micro_batch_size(cfg: TrainConfig, world_size: int) -> int:

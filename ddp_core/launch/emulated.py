@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 
 from ddp_core.engine.run_files import save_atomic
-from ddp_core.launch.local import NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted, trainer_args
+from ddp_core.launch.local import (NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted,
+                                   shell_command, trainer_args)
 
 SUBNET = "198.18.0"  # nodes are SUBNET.1, SUBNET.2, ...: RFC 2544's benchmarking range
 MAX_NODES = 32
@@ -279,7 +280,7 @@ def run_emulated(plan: Plan) -> bool:
         print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s), link "
               f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
-        print("$", " ".join(["torchrun", *cluster.torchrun(0, ranks_per_node, program)[3:]]), flush=True)
+        print(shell_command(["torchrun", *cluster.torchrun(0, ranks_per_node, program)[3:]]), flush=True)
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir)
         follow_trainer(leader)
         cluster.wait(others, plan.run_dir)

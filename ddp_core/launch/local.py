@@ -10,6 +10,8 @@ interrupted one is resumed, and one with other settings is never touched.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from collections import deque
@@ -143,11 +145,32 @@ def run_local(plan: Plan) -> bool:
         return True
     refuse_interrupted(plan)
     command = [*launch_command(plan.world_size), *trainer_args(plan)]
-    print("$", " ".join(["python", *command[1:]]), flush=True)
+    print(shell_command(["python", *command[1:]]), flush=True)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=_stop_with_parent if sys.platform == "linux" else None) as proc:
         follow_trainer(proc)
     return True
+
+
+OPTION = re.compile(r"-[^\d.]")  # an option word (not a negative number)
+
+
+def shell_command(words: list[str], width: int = 80) -> str:
+    """`words` as the shell command line that the run prints: `$ `, the words quoted, an option and its value
+    never apart, and lines continued with ` \\` so that none passes `width` characters unless one option does."""
+    groups: list[str] = []
+    for word in words:
+        if groups and not OPTION.match(word):
+            groups[-1] += " " + shlex.quote(word)
+        else:
+            groups.append(shlex.quote(word))
+    lines: list[str] = []
+    for group in groups:
+        if lines and len(lines[-1]) + len(" ") + len(group) + len(" \\") <= width:
+            lines[-1] += " " + group
+        else:
+            lines.append(("    " if lines else "$ ") + group)
+    return " \\\n".join(lines)
 
 
 def trainer_args(plan: Plan) -> list[str]:

@@ -19,13 +19,14 @@ WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is l
 
 
 def steady_phases(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Each run's epochs after the warm-up epoch (a run of one epoch keeps it), with the timed phases per step:
-    compute (forward and backward less the communication they waited for, plus the optimizer), all-reduce in all
+    """Each run's epochs after the warm-up epoch (a run of one epoch keeps it), with the epoch's mean step and its
+    timed phases per step, which add up to no more than it: compute (forward and backward less the communication they waited for, plus the optimizer), all-reduce in all
     and exposed, optimizer and data loading."""
     later = metrics[metrics["epoch"] > WARMUP_EPOCHS]
     steady = pd.concat([later, metrics[~metrics["run"].isin(later["run"])]])
     per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
     return steady.assign(
+        mean_step_s=steady["epoch_time_s"] / steady["steps"],
         compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
         + per_step("optimizer_time_s"),
         comm_total_per_step_s=per_step("comm_total_s"),
@@ -132,7 +133,10 @@ def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: 
 
 
 def accuracy_phrase(c: Comparison, of_what: str) -> str:
-    """'0.99 (0.98 to 1.00 over 3 repeats) times the baseline's: lower', or why there is no verdict."""
+    """'0.99 (0.98 to 1.00 over 3 repeats) times the baseline's: lower', or why there is no verdict; 'the same as
+    the baseline's in every repeat' when every pair was equal."""
+    if c.low == c.high == 1:
+        return f"the same as {of_what} in every repeat ({c.pairs} pairs)"
     return f"{c.value()} times {of_what}: " + c.judged("lower", "higher")
 
 

@@ -26,12 +26,13 @@ def _listing(sizes: list[int]) -> str:
 
 def measurement_findings(experiment: Experiment) -> dict:
     """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went.
-    The lost time is the median step's excess over T1/N, split into the timed phases' excess (compute that did
-    not shrink as 1/N, exposed communication) and what the phases leave out, so the parts add up to it."""
+    The lost time is the mean step's excess over T1/N, split into the timed phases' excess (compute that did
+    not shrink as 1/N, exposed communication) and what the phases leave out: all of them means over the same
+    steady epochs, so the parts add up to it."""
     table = scaling_table(experiment)
     largest = experiment.largest
     one, big = table.loc[1], table.loc[largest]
-    lost = big["step_time_s"] - one["step_time_s"] / largest
+    lost = big["mean_step_s"] - one["mean_step_s"] / largest
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
     other = lost - lost_compute - lost_comm
@@ -40,8 +41,8 @@ def measurement_findings(experiment: Experiment) -> dict:
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
         "verdict_sentence": verdict_sentence(experiment),
-        "step_1_ms": float(one["step_time_s"] * 1e3), "step_nmax_ms": float(big["step_time_s"] * 1e3),
-        "ideal_step_ms": float(one["step_time_s"] / largest * 1e3),
+        "step_1_ms": float(one["mean_step_s"] * 1e3), "step_nmax_ms": float(big["mean_step_s"] * 1e3),
+        "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
         "lost_sentence": _lost_sentence(lost, lost_compute, lost_comm, other),
         "main_cause": "slower computation on each rank" if lost_compute > lost_comm else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
@@ -55,15 +56,12 @@ def measurement_findings(experiment: Experiment) -> dict:
 
 
 def _lost_sentence(lost: float, compute: float, comm: float, other: float) -> str:
-    """The median step's excess over T1/N in three parts that add up to it, in milliseconds."""
+    """The mean step's excess over T1/N in three parts that add up to it, in milliseconds."""
     if lost <= 0:
         return f"is {-lost * 1e3:.1f} ms faster than that ideal."
-    parts = (f"loses {lost * 1e3:.1f} ms: {compute * 1e3:.1f} ms of computation that did not shrink as 1/N and "
-             f"{comm * 1e3:.1f} ms of communication that backward could not hide")
-    if other >= 0:
-        return f"{parts}, and {other * 1e3:.1f} ms outside the timed phases."
-    return (f"{parts}; these timed phases add up to {-other * 1e3:.1f} ms more than the loss (they are means over "
-            f"the steady epochs, the step a median over steps).")
+    return (f"loses {lost * 1e3:.1f} ms: {compute * 1e3:.1f} ms of computation that did not shrink as 1/N, "
+            f"{comm * 1e3:.1f} ms of communication that backward could not hide, and {other * 1e3:.1f} ms outside "
+            f"the timed phases.")
 
 
 def _divided_verdict(experiment: Experiment, n: int) -> str:
@@ -74,7 +72,7 @@ def _divided_verdict(experiment: Experiment, n: int) -> str:
     divided = [rank_compute_s(c, one, run) for c in compute[1]]
     c = compare(compute[n][:len(divided)], divided[:len(compute[n])], noise_floor(list(compute.values())))
     if not c.decided:
-        return f"{c.value()} times that: {c.why_undecided()}; dividing the cores accounts for it"
+        return f"{c.value()} times that: {c.why_undecided()} from what dividing the cores predicts"
     return (f"{c.value()} times that: {c.says('less', 'more')} than dividing the cores predicts" + (
         ", as the ranks also slow each other down beyond sharing the cores (caches, memory bandwidth, and the "
         "all-reduce running on the same cores)" if c.verdict == "higher" else
@@ -165,6 +163,8 @@ def payoff_findings(experiment: Experiment) -> dict:
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
         "model_ratio_at_runs": float(model_ratio),
         "allreduce_in_training_factor": float(model_ratio / ratio),
+        "allreduce_vs_benchmark_factor": float(predict(experiment).loc[n, "measured_comm_s"]
+                                               / predict(experiment).loc[n, "predicted_comm_s"]),
     }
 
 
@@ -177,8 +177,8 @@ def _theory_held_sentence(predicts_gain: bool, measured: Comparison) -> str:
     if (measured.verdict == "higher") == predicts_gain:
         return f"{outcome}, as the theory predicts."
     if predicts_gain:
-        return (f"{outcome}: the theory fails here, where its assumption fails. It takes each rank to compute "
-                f"one N-th of the 1-rank compute; on shared cores a rank computes far longer than that (previous section).")
+        return (f"{outcome}: the theory fails here, where its assumption fails. It assumes that each rank computes "
+                f"1/N of the 1-rank compute; on shared cores a rank computes far longer than that (previous section).")
     return f"{outcome}, against the theory's prediction."
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ddp_core.report.discussion import payoff_findings, verdict_sentence
 from ddp_core.report.results import Experiment
 from ddp_core.report.scaling import scaling_table
+from ddp_core.report.tables import in_words
 
 
 def findings(experiment: Experiment) -> dict:
@@ -13,7 +14,7 @@ def findings(experiment: Experiment) -> dict:
     one = experiment.baseline
     payoff = payoff_findings(experiment)
     return {
-        "preset": one.config["preset"], "parameters": one.parameters, "dataset": one.config["dataset"],
+        "preset": one.config["preset"], "parameters": one.parameters, "dataset": in_words(one.config["dataset"]),
         "global_batch": one.global_batch_size, "device": one.device_name, "cpu_count": one.cpu_count,
         "backend": one.backend,
         "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),

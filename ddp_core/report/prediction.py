@@ -38,7 +38,7 @@ def findings(experiment: Experiment) -> dict:
         "buckets": counted(len(buckets), "DDP bucket"), "gradient_mb": sum(buckets) / 2**20,
         "bucket_fit_ratio": bucket_fit_error(experiment),
         "max_error": float(prediction["error"].abs().max()), "worst_n": worst,
-        "target_verdict": "meets" if prediction["error"].abs().max() <= 0.10 else "misses",
+        "target_sentence": target_sentence(prediction),
         "worst_step_gap": _gap_phrase(step_gap, "the measured step"),
         "worst_comm_gap": _gap_phrase(comm_gap, "the all-reduce measured during training"),
         "worst_compute_gap": _gap_phrase(compute_gap, "the measured compute"),
@@ -47,6 +47,27 @@ def findings(experiment: Experiment) -> dict:
         if comm_gap * compute_gap < 0 else "the two errors add up",
         "exposure_sentence": _exposure_sentence(at_worst, worst),
     } | forecast_findings(experiment) | hardware_findings(experiment, prediction, worst)
+
+
+TARGET = 0.10  # the largest relative error of a predicted speedup that the chapter calls a good prediction
+
+
+def target_sentence(prediction: pd.DataFrame) -> str:
+    """Whether the predicted speedups meet the target, and where the repeats' own spread is wider than the error:
+    a prediction inside the range of the measured repeats cannot be told from the measurement on this machine."""
+    inside = [n for n, row in prediction.iterrows()
+              if row["measured_speedup_low"] <= row["predicted_speedup"] <= row["measured_speedup_high"]]
+    worst = prediction["error"].abs()
+    verdict = (f"It meets that target: its largest error is {worst.max():.1%}, at {worst.idxmax()} ranks"
+               if worst.max() <= TARGET else
+               f"It misses that target: its largest error is {worst.max():.1%}, at {worst.idxmax()} ranks")
+    if len(inside) == len(prediction):
+        return (f"{verdict}; yet every predicted speedup lies within the range of the measured repeats, so this "
+                f"machine cannot tell the prediction from the measurement.")
+    if inside:
+        where = " and ".join(f"{n} ranks" for n in inside)
+        return f"{verdict}; at {where} the predicted speedup lies within the range of the measured repeats."
+    return f"{verdict}, and every predicted speedup lies outside the range of the measured repeats."
 
 
 def _exposure_sentence(row: pd.Series, n: int) -> str:
@@ -143,22 +164,25 @@ def bucket_fit_error(experiment: Experiment) -> float:
 
 
 def fit_markdown(experiment: Experiment) -> str:
-    return ("| ranks | alpha (µs) | beta (ns/B) | busbw (GB/s) | R² | max rel. error |\n|---|---|---|---|---|---|\n"
+    return ("| Ranks | Latency α (µs) | Time per byte β (ns) | Bus bandwidth (GB/s) | R² | Largest error of the fit "
+            "(%) |\n|---|---|---|---|---|---|\n"
             + "\n".join(f"| {n} | {f.alpha_s * 1e6:.2f} | {f.beta_s_per_byte * 1e9:.4f} | {f.bus_bandwidth_GBps:.2f} "
-                        f"| {f.r2:.4f} | {f.max_relative_error:.1%} |" for n, f in allreduce_fits(experiment).items()))
+                        f"| {f.r2:.4f} | {f.max_relative_error * 100:.1f} |" for n, f in allreduce_fits(experiment).items()))
 
 
 # The prediction table in the reader's words: (row label, column of `predict`, scale, format).
 PREDICTION_ROWS = [
     ("DDP gradient buckets", "buckets", 1, "{:.0f}"),
     ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
-    ("Compute per step, measured (ms)", "measured_compute_s", 1e3, "{:.1f}"),
+    ("Compute per step, measured, mean (ms)", "measured_compute_s", 1e3, "{:.1f}"),
     ("All-reduce per step, predicted (ms)", "predicted_comm_s", 1e3, "{:.1f}"),
-    ("All-reduce per step, measured (ms)", "measured_comm_s", 1e3, "{:.1f}"),
+    ("All-reduce per step, measured, mean (ms)", "measured_comm_s", 1e3, "{:.1f}"),
     ("Step, predicted (ms)", "predicted_step_s", 1e3, "{:.1f}"),
-    ("Step, measured (ms)", "measured_step_s", 1e3, "{:.1f}"),
+    ("Step, measured: median of the repeats' medians (ms)", "measured_step_s", 1e3, "{:.1f}"),
     ("Speedup, predicted", "predicted_speedup", 1, "{:.3f}"),
-    ("Speedup, measured", "measured_speedup", 1, "{:.3f}"),
+    ("Speedup, measured: median of the repeats' paired ratios", "measured_speedup", 1, "{:.3f}"),
+    ("lowest, over repeats", "measured_speedup_low", 1, "{:.3f}"),
+    ("highest, over repeats", "measured_speedup_high", 1, "{:.3f}"),
     ("Speedup, scenario without overlap", "speedup_no_overlap", 1, "{:.3f}"),
     ("Speedup, scenario last bucket only", "speedup_last_bucket_only", 1, "{:.3f}"),
     ("Error of the compute estimate (%)", "compute_error", 100, "{:+.0f}"),
@@ -180,7 +204,9 @@ def prediction_figure(experiment: Experiment):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     x = np.arange(len(prediction))
     ax.bar(x - 0.2, prediction["predicted_speedup"], 0.4, label="predicted")
-    ax.bar(x + 0.2, prediction["measured_speedup"], 0.4, label="measured")
+    error = [prediction["measured_speedup"] - prediction["measured_speedup_low"],
+             prediction["measured_speedup_high"] - prediction["measured_speedup"]]
+    ax.bar(x + 0.2, prediction["measured_speedup"], 0.4, yerr=error, capsize=4, label="measured (bar: range of repeats)")
     ax.vlines(x - 0.2, prediction["speedup_no_overlap"], prediction["speedup_last_bucket_only"], color="k",
               linewidth=3, label="scenarios: no overlap to last bucket only")
     ax.set(xticks=x, xticklabels=[f"{n} ranks" for n in prediction.index], ylabel="speedup",

@@ -10,8 +10,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ddp_core.engine.config import load_profile
 from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder
-from ddp_core.report.tables import one_row_each, rank_label
+from ddp_core.report.tables import in_words, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # is left out, it would not fit a page.
@@ -47,7 +48,8 @@ def setup_findings(experiment: Experiment) -> dict:
     return {
         "folder": folder, "results_kind": kind, "world_sizes": ", ".join(map(str, experiment.runs)),
         "device": first["device_name"], "backend": first["backend"], "hostname": first["hostname"],
-        "cpu_count": first["cpu_count"], "torch_version": first["torch"], "dataset": first["config"]["dataset"],
+        "cpu_count": first["cpu_count"], "torch_version": first["torch"],
+        "dataset": in_words(first["config"]["dataset"]),
         "measured_on": min(run.raw["start_time"] for run in experiment.all_runs)[:10],
         "repeats": _repeats_phrase(experiment),
     }
@@ -63,10 +65,19 @@ def _shown(key: str, value) -> str:
     return f"{value:,}" if key == "parameters" else str(value)
 
 
+def _resolved(run, key: str, value):
+    """A setting as the run resolved it: its dropout from the preset, its batch sizes from the world size."""
+    if key == "dropout" and value is None:
+        return run.model["dropout"]
+    if key in ("global_batch_size", "per_rank_batch_size"):
+        return run.raw[key]
+    return value
+
+
 def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
-    """Every run's provenance and settings, in words: run name -> {label: value}."""
+    """Every run's provenance in words and its settings under their command-line names: run name -> {label: value}."""
     return {run.name: {label: _shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
-            | {key: _shown(key, run.model["dropout"] if key == "dropout" and value is None else value)
+            | {"--" + key.replace("_", "-"): _shown(key, _resolved(run, key, value))
                for key, value in run.config.items() if key not in NOT_SETTINGS and key not in PROVENANCE}
             for run in experiment.all_runs}
 
@@ -134,6 +145,15 @@ def study_setup_findings(*experiments: Experiment) -> dict:
         f"{' and '.join(kinds)}.")}
 
 
+def _span(values) -> str:
+    """'256' or '256 to 768' (a setting over a study's variants); 'all' for a setting left at the whole split."""
+    values = list(values)
+    if any(v is None for v in values):
+        return "all"
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,} to {high:,}"
+
+
 def studies_overview_markdown(results: Path, studies: dict) -> str:
     """One row per study of the list: what it varies, over which ranks and how many runs; then whose runs the
     pages show (a sentence: a column of it would not fit a page)."""
@@ -141,11 +161,14 @@ def studies_overview_markdown(results: Path, studies: dict) -> str:
     for name, study in studies.items():
         if "reference" not in (results / name).resolve().parts:
             mine.append(study.title)
-        varies = ", ".join(v.name for v in study.variants) or ", ".join(
-            f"{k}={v}" for k, v in study.variants[0].settings.items() if v is not None) or "ranks only"
+        varies = ", ".join(in_words(v.name) for v in study.variants) or ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in study.variants[0].settings.items()
+            if v is not None and k not in ("train_samples", "epochs")) or "ranks only"
         ranks = sorted({n for v in study.variants for n in v.world_sizes})
+        settings = [load_profile(study.profile) | v.settings for v in study.variants]
         rows.append({"Study": study.title, "Variants or settings": varies, "Ranks": ", ".join(map(str, ranks)),
-                     "Runs": len(study.runs())})
+                     "Runs": len(study.runs()), "Training samples": _span(s.get("train_samples") for s in settings),
+                     "Epochs": _span(s.get("epochs", 1) for s in settings)})
     if not mine:
         shown = "Every study is shown from the reference results shipped with the report (`reference/`)."
     elif len(mine) == len(studies):

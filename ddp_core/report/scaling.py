@@ -5,9 +5,10 @@ page's glue, `results_markdown` and `*_figure`s.
     python -m ddp_core.report.scaling results/report     # prints the summary table
 
 Speed is compared the one way every page compares (`comparisons`): each run's median step, repeat
-k at N ranks paired with repeat k at one rank, which ran next to it in time. The breakdown of a step (compute, communication, data) is the mean over the steady epochs: the first
-epoch of every run is left out of it, as it pays for start-up (allocator warm-up, DDP's bucket
-rebuild, cold caches) that later epochs do not.
+k at N ranks paired with repeat k at one rank, which ran next to it in time. The breakdown of a
+step (compute, communication, data) is of the mean step over the steady epochs of all repeats, so
+that its parts add up to it: the first epoch of every run is left out, as it pays for start-up
+(allocator warm-up, DDP's bucket rebuild, cold caches) that later epochs do not.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pandas as pd
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.results import Experiment, run_on_folder
 from ddp_core.report.comparisons import WARMUP_EPOCHS, run_times, speedup_comparisons, steady_phases
-from ddp_core.report.tables import counted, quantities_by_column, rank_label
+from ddp_core.report.tables import counted, in_words, quantities_by_column, rank_label
 
 RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
                    "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
@@ -33,14 +34,15 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
 
     Step time and time per sample are medians of the repeats' median steps; throughput is their inverse. Speedup
     is the median of the repeats' T1/TN, its range the lowest and highest of them (`speedup_comparisons`). The
-    step's parts are means over the steady epochs of all repeats; accuracy and training loss are the medians of the
-    repeats' last epochs.
+    mean step and its parts are means over the steady epochs of all repeats, so the parts add up to no more than
+    it; accuracy and training loss are the medians of the repeats' last epochs.
     """
     metrics = experiment.metrics
     comparisons = speedup_comparisons(experiment)
     table = steady_phases(metrics).groupby("world_size").agg(
         epochs_averaged=("epoch", "size"),
         epoch_time_s=("epoch_time_s", "mean"),
+        mean_step_s=("mean_step_s", "mean"),
         compute_per_step_s=("compute_per_step_s", "mean"),
         comm_total_per_step_s=("comm_total_per_step_s", "mean"),
         comm_exposed_per_step_s=("comm_exposed_per_step_s", "mean"),
@@ -77,7 +79,7 @@ def findings(experiment: Experiment) -> dict:
     table = scaling_table(experiment)
     first, largest = experiment.baseline, experiment.largest
     found = {
-        "dataset": first.config["dataset"], "preset": first.config["preset"], "parameters": f"{first.parameters:,}",
+        "dataset": in_words(first.config["dataset"]), "preset": first.config["preset"], "parameters": f"{first.parameters:,}",
         "world_sizes": ", ".join(map(str, table.index)), "global_batch": int(table["global_batch_size"].iloc[0]),
         "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
         "largest": largest,
@@ -106,11 +108,12 @@ RESULTS_ROWS = [
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
     ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
-    ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
-    ("of which optimizer step (ms)", "optimizer_per_step_s", 1e3, "{:.1f}"),
-    ("All-reduce in flight per step (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
-    ("of which exposed (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
-    ("Peak memory, largest rank (MB)", "peak_memory_mb", 1, "{:,.0f}"),
+    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
+    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
+    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
+    ("Optimizer step, part of compute, mean (ms)", "optimizer_per_step_s", 1e3, "{:.1f}"),
+    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
+    ("Peak memory, largest rank and repeat (MB)", "peak_memory_mb", 1, "{:,.0f}"),
     ("Final validation accuracy, median", "final_val_accuracy", 1, "{:.3f}"),
     ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
     ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
@@ -165,24 +168,26 @@ def speedup_figure(experiment: Experiment):
 
 
 def time_split_figure(experiment: Experiment):
-    """Per world size, a step's time as it adds up (compute with data loading, which is too small to show on
-    its own, and exposed communication), and beside it
+    """Per world size, the mean step's time as it adds up (compute with data loading, which is too small to show
+    on its own, exposed communication, and the rest of the step outside the timed phases), and beside it
     all the time an all-reduce was in flight, most of it hidden behind the compute it overlaps."""
     table = scaling_table(experiment)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     x = np.arange(len(table))
+    timed = table["compute_per_step_s"] + table["data_per_step_s"] + table["comm_exposed_per_step_s"]
     stack = {"compute and data loading": table["compute_per_step_s"] + table["data_per_step_s"],
-             "exposed communication": table["comm_exposed_per_step_s"]}
+             "exposed communication": table["comm_exposed_per_step_s"],
+             "outside the timed phases": (table["mean_step_s"] - timed).clip(lower=0)}
     bottom = np.zeros(len(table))
-    for (label, seconds), color in zip(stack.items(), ["C0", "C3"]):
+    for (label, seconds), color in zip(stack.items(), ["C0", "C3", "C7"]):
         ax.bar(x - 0.2, seconds * 1e3, 0.38, bottom=bottom, label=label, color=color)
         bottom += seconds.to_numpy() * 1e3
     ax.bar(x + 0.2, table["comm_total_per_step_s"] * 1e3, 0.38, color="C2", alpha=0.6,
            label="all-reduce in flight (overlaps compute)")
-    ax.set(xticks=x, xticklabels=[rank_label(n) for n in table.index], ylabel="ms per step",
+    ax.set(xticks=x, xticklabels=[rank_label(n) for n in table.index], ylabel="ms per step (mean)",
            title="Where a step's time goes")
-    fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
 

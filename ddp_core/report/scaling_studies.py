@@ -33,11 +33,10 @@ def weak_scaling_findings(strong: Experiment, weak: Experiment) -> dict:
     if not c.decided:
         verdict = f"At {n} ranks {speedups}; weak over strong is {c.value()}: {c.why_undecided()}."
     else:
-        verdict = (f"At {n} ranks {speedups}; weak over strong is {c.value()}: weak scaling scales " + (
-            "better: with a per-rank batch that does not shrink, each rank's step does as much work as the 1-rank "
-            "step."
-            if c.verdict == "higher" else
-            "worse."))
+        verdict = (f"At {n} ranks {speedups}; weak over strong is {c.value()}: weak scaling scales "
+                   + c.judged("worse", "better") + (
+                       ": with a per-rank batch that does not shrink, each rank's step does as much work as the 1-rank "
+                       "step." if c.verdict == "higher" else "."))
     return {"weak_largest": n, "weak_per_rank_batch": weak.baseline.per_rank_batch_size,
             "weak_global_batch_nmax": weak.runs[n].global_batch_size, "strong_global_batch": strong.baseline.global_batch_size,
             "weak_speedup_nmax": float(w.loc[n, "speedup"]), "strong_speedup_nmax": float(s.loc[n, "speedup"]),
@@ -105,10 +104,9 @@ def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
     if not c.decided:
         verdict = f"{speedups}: {c.why_undecided()}."
     else:
-        verdict = f"{speedups}: " + (
-            f"a core per rank scales better, against a 1-rank baseline of one thread where the shared setup's uses "
-            f"{counted(shared.baseline.threads_per_rank, 'thread')}." if c.verdict == "higher" else
-            "a core per rank scales worse.")
+        verdict = f"{speedups}: a core per rank scales {c.judged('worse', 'better')}" + (
+            f", against a 1-rank baseline of one thread where the shared setup's uses "
+            f"{counted(shared.baseline.threads_per_rank, 'thread')}." if c.verdict == "higher" else ".")
     return {"cores": cores, "own_threads": threads, "shared_threads_1": shared.baseline.threads_per_rank,
             "identical_runs_sentence": _identical_runs_sentence(shared, own),
             "ranks_with_own_core": enough, "own_largest": n,
@@ -143,7 +141,8 @@ def _identical_runs_sentence(shared: Experiment, own: Experiment) -> str:
 OWN_CORES_ROWS = [
     ("Threads per rank", "threads_per_rank", 1, "{:.0f}"),
     ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
-    ("Compute per step, measured (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
+    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
+    ("of which compute, measured (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
     ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
     ("Speedup, measured", "speedup", 1, "{:.2f}"),
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
@@ -184,7 +183,7 @@ def batch_sweep_table(study: dict[str, Experiment]) -> pd.DataFrame:
         table = scaling_table(experiment)
         for n in table.index:
             rows.append(dict(per_rank_batch=experiment.runs[n].per_rank_batch_size, world_size=n,
-                             **table.loc[n, ["step_time_s", "samples_per_s", "compute_per_step_s",
+                             **table.loc[n, ["step_time_s", "mean_step_s", "samples_per_s", "compute_per_step_s",
                                              "comm_total_per_step_s", "compute_to_comm_ratio"]]))
     return pd.DataFrame(rows).sort_values(["world_size", "per_rank_batch"]).reset_index(drop=True)
 
@@ -220,8 +219,9 @@ def batch_findings(study: dict[str, Experiment]) -> dict:
 
 BATCH_ROWS = [("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
               ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
-              ("Compute per step (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
-              ("All-reduce per step (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
+              ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
+              ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
+              ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
               ("$R_N = (T_c/N)/T_\\text{comm}$", "compute_to_comm_ratio", 1, "{:.2f}")]
 
 
@@ -272,18 +272,20 @@ MODEL_ROWS = [
     ("Parameters", "parameters", 1, "{:,.0f}"),
     ("Gradient all-reduced per step (MB)", "gradient_mb", 1, "{:.1f}"),
     ("Training FLOPs per rank and step (GFLOP, 1 rank)", "gflops_per_step", 1, "{:.1f}"),
-    ("Compute per step on one rank (ms)", "compute_1_s", 1e3, "{:.0f}"),
-    ("Speedup at the most ranks", "speedup", 1, "{:.2f}"),
+    ("Compute per step on one rank, mean (ms)", "compute_1_s", 1e3, "{:.0f}"),
+    ("Speedup at {largest} ranks", "speedup", 1, "{:.2f}"),
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
-    ("All-reduce per step at the most ranks (ms)", "comm_s", 1e3, "{:.1f}"),
-    ("$R_N = (T_c/N)/T_\\text{comm}$ at the most ranks", "ratio", 1, "{:.2f}"),
+    ("All-reduce in flight per step at {largest} ranks, mean (ms)", "comm_s", 1e3, "{:.1f}"),
+    ("$R_N = (T_c/N)/T_\\text{comm}$ at {largest} ranks", "ratio", 1, "{:.2f}"),
 ]
 
 
 def model_markdown(study: dict[str, Experiment]) -> str:
     table = model_size_table(study)
-    return quantities_by_column(table, MODEL_ROWS, list(table.index))
+    largest = ", ".join(map(str, sorted({int(n) for n in table["largest"]})))  # the same for every preset
+    rows = [(label.replace("{largest}", largest), *rest) for label, *rest in MODEL_ROWS]
+    return quantities_by_column(table, rows, list(table.index))
 
 
 def model_findings(study: dict[str, Experiment]) -> dict:
@@ -300,7 +302,8 @@ def model_findings(study: dict[str, Experiment]) -> dict:
     if not c.decided:
         verdict = f"{speedups}: {c.why_undecided()}"
     else:
-        verdict = f"{speedups}: the {large if c.verdict == 'higher' else small} model scales better"
+        verdict = (f"{speedups}: the {large if c.verdict == 'higher' else small} model scales better (beyond the "
+                   f"noise floor of {c.floor:.1%})")
     flops, grad = b["gflops_per_step"] / a["gflops_per_step"], b["gradient_mb"] / a["gradient_mb"]
     return {"model_small": small, "model_large": large, "model_largest_ranks": n,
             "model_flops_ratio": float(flops), "model_bytes_ratio": float(grad),

@@ -23,13 +23,13 @@ import pandas as pd
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.report.comparisons import run_times
 from ddp_core.report.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.report.tables import counted, one_row_each
+from ddp_core.report.tables import counted, one_row_each, with_article
 from ddp_core.report.verdict import compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
 # name: (loop, against loop, in words)
 RATIOS = {
-    "trainer": ("ddp_core", "plain", "throughput, ddp_core / plain loop"),
+    "trainer": ("ddp_core", "plain", "throughput, the project's trainer / plain loop"),
     "timers": ("timed", "ddp_core", "throughput, timers on / off"),
     "ddp": ("ddp_of_one", "ddp_core", "throughput, in DDP, group of one / bare model"),
 }
@@ -101,12 +101,14 @@ def throughput_markdown(m: Measurement) -> str:
     table = throughput_table(m)
     on_gpu = m.info["device"] != "cpu"
     table["compute"] = table["tflops"] * (1 if on_gpu else 1e3)
+    table["share_of_matmul_pct"] = table["share_of_matmul"] * 100
     columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:.1f}"),
-               "samples_per_s_timed": ("ddp_core, timers on (samples/s)", "{:.1f}"),
+               "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:.1f}"),
                "compute": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}"),
-               "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.0%}")}
+               "share_of_matmul_pct": ("Share of the matrix-product rate (%)", "{:.0f}")}
     if peak_tflops(m):
-        columns["mfu"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1%}")
+        table["mfu_pct"] = table["mfu"] * 100
+        columns["mfu_pct"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1f}")
     return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
@@ -150,7 +152,7 @@ def baseline_sentence(m: Measurement, scaling: Experiment) -> str:
     if one.device_name != m.info["device_name"] or key not in table.index:
         return ""
     if one.raw.get("cpu_extensions") != m.info.get("cpu_extensions"):
-        return (f"The strong-scaling study's runs ran on a {one.device_name} with other vector extensions "
+        return (f"The strong-scaling study's runs ran on {with_article(one.device_name)} with other vector extensions "
                 f"({', '.join(one.raw.get('cpu_extensions') or ['none recorded'])} against "
                 f"{', '.join(m.info.get('cpu_extensions') or ['none recorded'])}): another CPU under the same name, "
                 f"so their throughput is not set beside this one.")
@@ -163,6 +165,21 @@ def baseline_sentence(m: Measurement, scaling: Experiment) -> str:
             f"{table.loc[key, 'samples_per_s_timed']:.1f} here, measured on {m.info['start_time'][:10]}. They ran at "
             f"other times, not in paired rounds, so the methods chapter's rule does not judge their difference, "
             f"and on other data: IMDB text against generated tokens.")
+
+
+def precision_crossref_sentence(measurements: list[Measurement], run) -> str:
+    """Where the One device chapter times bf16 against fp32 too: on the CPU of `run` (a study's run), or on another
+    one, whose bf16 figures do not carry over."""
+    same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
+    if not same_name:
+        return "The One device chapter times the same two precisions on other devices than these runs had."
+    extensions = same_name[0].info.get("cpu_extensions")
+    if extensions != run.raw.get("cpu_extensions"):
+        return (f"The One device chapter times the same two precisions on a CPU of the same name but other vector "
+                f"extensions (it had {', '.join(extensions or ['none recorded'])}; these runs had "
+                f"{', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), so its bf16 figures do not carry "
+                f"over to these runs.")
+    return "The One device chapter times the same two precisions on this kind of CPU, at its own batch sizes."
 
 
 def _cpu_phrase(m: Measurement) -> str:

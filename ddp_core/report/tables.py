@@ -15,6 +15,19 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
+WORDS = {"ddp": "DDP", "lr": "LR", "warmup": "warm-up", "ag": "AG", "news": "News", "imdb": "IMDB"}
+
+
+def in_words(name: str) -> str:
+    """A variant or dataset as a reader names it: "linear_lr_warmup" -> "linear LR warm-up", "ag_news" -> "AG News"."""
+    return " ".join(WORDS.get(word, word) for word in str(name).split("_"))
+
+
+def with_article(name: str) -> str:
+    """"an AMD EPYC", "an Intel Xeon", "a Graviton": a name with the indefinite article it is read with."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, str]], column_names: list[str]) -> str:
     """Markdown with a column per row of `table` (named by `column_names`) and a row per (label, column of
     `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""
@@ -26,9 +39,9 @@ def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, 
 
 def configurations_as_columns(table: pd.DataFrame, columns: dict[str, tuple[str, str]]) -> str:
     """`quantities_by_column` for a table indexed by configuration (a study's variants): a column each, named in
-    words ("linear lr warmup"), and a row per quantity of `columns` (column -> (label with unit, format))."""
+    words ("linear LR warm-up", `in_words`), and a row per quantity of `columns` (column -> (label with unit, format))."""
     rows = [(label, column, 1, fmt) for column, (label, fmt) in columns.items()]
-    return quantities_by_column(table, rows, [str(name).replace("_", " ") for name in table.index])
+    return quantities_by_column(table, rows, [in_words(name) for name in table.index])
 
 
 def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str | None = None) -> str:

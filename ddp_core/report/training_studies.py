@@ -15,7 +15,7 @@ from ddp_core.report.results import Experiment, ResultsError
 from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
                                          final_accuracies, run_times, time_floor, time_ratio_sentence)
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import configurations_as_columns
+from ddp_core.report.tables import configurations_as_columns, counted, in_words
 from ddp_core.report.verdict import compare, noise_floor
 
 
@@ -27,21 +27,26 @@ def first_run(experiment: Experiment) -> pd.DataFrame:
 # Large batch -------------------------------------------------------------------------------------------------
 
 def large_batch_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per variant: its batch, learning rate and steps, and the median over its repeats of the final
+    training loss and validation accuracy, with the accuracy's lowest and highest repeat."""
     rows = {}
     for variant, e in study.items():
         run, metrics = e.baseline, first_run(e)
+        last = e.metrics.sort_values("epoch").groupby("run").last()
         rows[variant] = dict(global_batch=run.global_batch_size, lr=run.config["lr"],
                              warmup_steps=run.config["warmup_steps"], steps=int(metrics["steps"].sum()),
-                             final_train_loss=metrics["train_loss"].iloc[-1],
-                             final_val_accuracy=metrics["val_accuracy"].iloc[-1],
-                             best_val_accuracy=metrics["val_accuracy"].max())
+                             final_train_loss=last["train_loss"].median(),
+                             final_val_accuracy=last["val_accuracy"].median(),
+                             accuracy_low=last["val_accuracy"].min(), accuracy_high=last["val_accuracy"].max())
     return pd.DataFrame(rows).T
 
 
 LARGE_BATCH_COLUMNS = {"global_batch": ("Global batch (samples)", "{:.0f}"), "lr": ("Peak learning rate", "{:g}"),
                        "warmup_steps": ("Warm-up (steps)", "{:.0f}"), "steps": ("Optimizer steps in all", "{:.0f}"),
-                       "final_train_loss": ("Final training loss, repeat 1", "{:.3f}"),
-                       "final_val_accuracy": ("Final validation accuracy, repeat 1", "{:.3f}")}
+                       "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
+                       "final_val_accuracy": ("Final validation accuracy, median of the repeats", "{:.3f}"),
+                       "accuracy_low": ("lowest, over repeats", "{:.3f}"),
+                       "accuracy_high": ("highest, over repeats", "{:.3f}")}
 
 
 def large_batch_markdown(study: dict[str, Experiment]) -> str:
@@ -55,7 +60,8 @@ def large_batch_findings(study: dict[str, Experiment]) -> dict:
     base = table.iloc[0]
     found = {"lb_factor": int(table["global_batch"].max() / base["global_batch"]),
              "lb_epochs": int(study[base_name].metrics["epoch"].max()),
-             "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min())}
+             "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min()),
+             "lb_baseline_accuracy": median(final_accuracies(study[base_name], 1))}
     floor = accuracy_floor(*study.values())  # one floor for every comparison of the page
     for variant in table.index:
         found[f"lb_{variant}_accuracy"] = median(final_accuracies(study[variant], 1))
@@ -65,13 +71,15 @@ def large_batch_findings(study: dict[str, Experiment]) -> dict:
 
 
 def large_batch_figure(study: dict[str, Experiment]):
+    """Every repeat's curves, a colour per variant, named as the table names it."""
     fig, (loss, acc) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, (variant, e) in enumerate(study.items()):
-        rows = first_run(e)
-        loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", label=variant.replace("_", " "))
-        acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", label=variant.replace("_", " "))
-    loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss, repeat 1")
-    acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy, repeat 1")
+        for k, (_, rows) in enumerate(e.metrics.sort_values("epoch").groupby("run")):
+            label = in_words(variant) if k == 0 else None
+            loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", alpha=0.7, label=label)
+            acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", alpha=0.7, label=label)
+    loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss (each repeat)")
+    acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy (each repeat)")
     for ax in (loss, acc):
         ax.set_xticks(sorted(first_run(next(iter(study.values())))["epoch"]))  # whole epochs, never 1.5
         ax.legend(fontsize=8)
@@ -186,12 +194,19 @@ def _bf16_sentence(run) -> str:
             f"values to compute with them.")
 
 
+def _evaluation_set(run) -> str:
+    """'64 evaluation samples' or 'the whole evaluation split': what an accuracy was measured on."""
+    samples = run.config["eval_samples"]
+    return "the whole evaluation split" if samples is None else counted(samples, "evaluation sample")
+
+
 def precision_findings(study: dict[str, Experiment]) -> dict:
     c = compare_times(study["bf16"], study["fp32"])
     return {"precision_device": study["fp32"].baseline.device_name,
             "precision_cpu_sentence": _bf16_sentence(study["fp32"].baseline),
             "precision_speed_sentence": time_ratio_sentence(c, "bf16", "fp32") + ".",
             "precision_time_ratio": float(c.ratio),
+            "precision_eval_set": _evaluation_set(study["fp32"].baseline),
             "precision_accuracy_verdict": accuracy_phrase(compare_accuracies(study["bf16"], study["fp32"]),
                                                           "fp32's")}
 

@@ -50,7 +50,7 @@ class Comparison:
         return f"{self.says(lower, higher)} (beyond the noise floor of {self._floor_text()})"
 
     def _floor_text(self) -> str:
-        return f"{self.floor:.1%}" if self.floor < 0.1 else f"{self.floor:.0%}"
+        return f"{self.floor:.1%}"  # as the methods chapter gives it
 
     def why_undecided(self) -> str:
         """Why there is no verdict, as a clause that follows the value and a colon: noise, or too few repeats."""
