@@ -38,8 +38,8 @@ from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, 
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import ModelConfig
-from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, append_rows, drop_rows_after, environment,
-                                      now_iso, save_atomic)
+from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS, append_rows, drop_rows_after,
+                                      environment, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
@@ -99,6 +99,9 @@ def run(cfg: TrainConfig, rt: Runtime) -> None:
             print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
                   f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s", flush=True)
     if rt.leader:
+        if timer.last_step_timeline:
+            (out / "timeline.csv").unlink(missing_ok=True)
+            append_rows(out / "timeline.csv", timer.last_step_timeline, TIMELINE_COLUMNS)
         save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step()},
                     out / "run.json")
         track.finish()

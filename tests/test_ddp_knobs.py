@@ -4,6 +4,7 @@ communication hook changes the averaged gradient by no more than its compression
 import json
 import subprocess
 
+import pandas as pd
 import pytest
 import torch
 
@@ -59,3 +60,10 @@ def test_the_bucket_size_sets_how_many_allreduces_a_step_launches(tmp_path, isol
         assert launched >= 5
     else:
         assert launched == allreduces
+    # the timeline of the last step draws each of them inside backward, which returns once they are reduced
+    timeline = pd.read_csv(tmp_path / "run" / "timeline.csv").set_index("what")
+    buckets = timeline[timeline.index.str.startswith("all-reduce")]
+    assert len(buckets) == launched
+    backward = timeline.loc["backward"]
+    assert (buckets["start_s"] >= backward["start_s"]).all() and (buckets["end_s"] <= backward["end_s"]).all()
+    assert timeline.loc["forward", "end_s"] <= backward["start_s"] <= timeline.loc["optimizer", "start_s"]

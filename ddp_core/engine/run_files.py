@@ -25,6 +25,8 @@ METRICS_COLUMNS = [
 ]
 # steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
+# timeline.csv: the last step of the run on rank 0, its phases and each bucket's all-reduce in seconds from its start.
+TIMELINE_COLUMNS = ["what", "start_s", "end_s"]
 
 
 def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:

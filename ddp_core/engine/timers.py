@@ -28,6 +28,9 @@ future's callback, which on a GPU runs on a stream that waits for the NCCL kerne
   the last all-reduce completed, which is the time the step waits for the network before the
   optimizer may run. It is part of `backward_time_s` and never exceeds `comm_total_s`.
 
+Timeline. The last step of each epoch is also kept whole: its phases and each bucket's all-reduce on one
+time axis (`last_step_timeline`), which the trainer writes to timeline.csv for the run's last epoch.
+
 Steps. Each optimizer step's wall time, from `begin_step` to the end of its optimizer phase, and
 its exposed communication are also kept one by one (`end_epoch`'s second value): the report takes
 a median over steps, which a burst of other load on the machine moves far less than a mean.
@@ -81,6 +84,7 @@ class EpochTimer:
         self.begin_epoch()
 
     def begin_epoch(self) -> None:
+        self.last_step_timeline = []
         self.phase_spans = defaultdict(list)
         self.comm_spans_per_step = []
         self.step_starts = []
@@ -139,7 +143,21 @@ class EpochTimer:
         step_ends = [end for _, end in self.phase_spans["optimizer"]]
         steps = {"step_time_s": [sec(end) - sec(start) for start, end in zip(self.step_starts, step_ends, strict=True)],
                  "comm_exposed_s": exposed}
+        self.last_step_timeline = self._timeline(len(self.step_starts) - 1, step_spans[-1] if step_spans else [])
         return totals, steps
+
+    def _timeline(self, step: int, buckets: list[tuple[float, float]]) -> list[dict]:
+        """The phases and each bucket's all-reduce of optimizer step `step`, in seconds from its start: what a
+        timeline of one step draws (rows of timeline.csv)."""
+        if step < 0:
+            return []
+        sec = self.clock.seconds
+        start, end = sec(self.step_starts[step]), sec(self.phase_spans["optimizer"][step][1])
+        rows = [{"what": name, "start_s": sec(a) - start, "end_s": sec(b) - start}
+                for name in PHASES for a, b in self.phase_spans[name] if start <= sec(a) and sec(b) <= end]
+        rows += [{"what": f"all-reduce, bucket {k}", "start_s": a - start, "end_s": b - start}
+                 for k, (a, b) in enumerate(buckets, 1)]
+        return sorted(rows, key=lambda row: row["start_s"])
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
