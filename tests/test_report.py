@@ -15,12 +15,12 @@ import pandas as pd
 import papermill
 import pytest
 
-from conftest import REPO, TINY_STUDIES, WORLD_SIZES
+from conftest import REPO, TINY_STUDIES, WORLD_SIZES, runnable_tiny_studies
 from ddp_core.launch.local import ExperimentError, prepare, run_local
 from ddp_core.report import training_studies
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.results import load_experiment, load_study
-from ddp_core.studies.study_list import load_study_list
+from ddp_core.studies.study_list import interleaved, load_study_list
 
 
 def page_text(site: Path, page: str) -> str:
@@ -145,7 +145,7 @@ def metrics_of(folder) -> pd.DataFrame:
 
 def test_make_report_prints_a_line_per_run_with_its_time_and_no_kernel_chatter(project):
     printed = (project.parent / "make-report.log").read_text()
-    runs = [run.folder for study in load_study_list(TINY_STUDIES).values() for run in study.runs()]
+    runs = [run.folder for run in interleaved(list(runnable_tiny_studies().values()))]
     lines = re.findall(r"^\[(\d+)/(\d+)\] (\S+): train in \d+ s$", printed, re.MULTILINE)
     assert [(int(i), int(n), folder) for i, n, folder in lines] == [(i, len(runs), f) for i, f in enumerate(runs, 1)]
     assert re.search(r"^scaling: all-reduce benchmark on 4 ranks: done in \d+ s$", printed, re.MULTILINE), printed
@@ -155,10 +155,10 @@ def test_make_report_prints_a_line_per_run_with_its_time_and_no_kernel_chatter(p
 def test_running_the_studies_again_reuses_every_finished_run(project, isolated_env):
     before = {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")}
     proc = subprocess.run([sys.executable, "-m", "ddp_core.studies.run", "--study-list", str(TINY_STUDIES),
-                           "--results-dir", "results"], cwd=project, env=isolated_env, capture_output=True, text=True,
-                          timeout=900)
+                           "--results-dir", "results", *runnable_tiny_studies()], cwd=project, env=isolated_env,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    runs = sum(len(study.runs()) for study in load_study_list(TINY_STUDIES).values())
+    runs = sum(len(study.runs()) for study in runnable_tiny_studies().values())
     assert proc.stdout.count("done before, reused") == runs
     assert {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")} == before
 

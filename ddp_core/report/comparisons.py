@@ -11,7 +11,7 @@ import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, rank_share_s
-from ddp_core.report.tables import one_row_each
+from ddp_core.report.tables import counted, one_row_each
 from ddp_core.report.verdict import MIN_REPEATS, Comparison, compare, noise_floor
 
 WARMUP_STEPS = 5  # a run's first steps pay for start-up (allocator, DDP's bucket rebuild, cold caches)
@@ -136,7 +136,7 @@ def accuracy_phrase(c: Comparison, of_what: str) -> str:
     """'0.99 (0.98 to 1.00 over 3 repeats) times the baseline's: lower', or why there is no verdict; 'the same as
     the baseline's in every repeat' when every pair was equal."""
     if c.low == c.high == 1:
-        return f"the same as {of_what} in every repeat ({c.pairs} pairs)"
+        return f"the same as {of_what} in every repeat ({counted(c.pairs, 'pair')})"
     return f"{c.value()} times {of_what}: " + c.judged("lower", "higher")
 
 

@@ -23,4 +23,4 @@ def rank_share_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
 def cores_per_rank(run: RunInfo) -> float:
     if run.on_gpu:
         return 1.0
-    return min(run.threads_per_rank, run.cpu_count / run.local_world_size)
+    return min(run.threads_per_rank, run.cpu_count / run.ranks_on_machine)

@@ -61,6 +61,11 @@ class RunInfo:
         return self.device.startswith("cuda")
 
     @property
+    def ranks_on_machine(self) -> int:
+        """The ranks that share this run's machine: the node's, or every rank of an emulated cluster."""
+        return self.world_size if "network" in self.raw else self.local_world_size
+
+    @property
     def tokens_per_rank(self) -> int:
         """Tokens in one forward pass of one rank, padding included."""
         return self.per_rank_batch_size * self.model["max_len"]
@@ -122,6 +127,9 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise ResultsError(f"{metrics_path}: no completed epoch")
     if metrics[METRICS_COLUMNS].isna().any().any() and info.get("config", {}).get("timers", True):
         raise ResultsError(f"{metrics_path}: empty or non-numeric values")
+    network = run_dir / "network.json"  # a run on an emulated cluster: its nodes and link
+    if network.is_file():
+        info = info | {"network": json.loads(network.read_text())}
     return metrics.assign(run=run_dir.name), info
 
 
@@ -173,6 +181,17 @@ def load_experiment(folder: str | Path) -> Experiment:
     return Experiment(folder, pd.concat(frames, ignore_index=True), pd.concat(step_frames, ignore_index=True),
                       {n: sorted(runs, key=lambda r: r.config["seed"]) for n, runs in sorted(repeats.items())},
                       read_allreduce(folder))
+
+
+def joined(*experiments: Experiment) -> Experiment:
+    """Several experiments' runs as one (their world sizes must differ): e.g. a study's 1-rank variant beside each
+    variant that runs the larger world sizes, so that speedups can be taken against it."""
+    repeats = {n: runs for e in experiments for n, runs in e.repeats.items()}
+    if len(repeats) < sum(len(e.repeats) for e in experiments):
+        raise ResultsError("joined experiments share a world size")
+    return Experiment(experiments[-1].folder, pd.concat([e.metrics for e in experiments], ignore_index=True),
+                      pd.concat([e.steps for e in experiments], ignore_index=True), dict(sorted(repeats.items())),
+                      {n: bench for e in experiments for n, bench in e.allreduce.items()})
 
 
 def load_study(folder: str | Path, variant_order: list[str] | None = None) -> dict[str, Experiment]:

@@ -15,7 +15,8 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
-WORDS = {"ddp": "DDP", "lr": "LR", "warmup": "warm-up", "ag": "AG", "news": "News", "imdb": "IMDB"}
+WORDS = {"ddp": "DDP", "lr": "LR", "warmup": "warm-up", "ag": "AG", "news": "News", "imdb": "IMDB", "mib": "MiB",
+         "powersgd": "PowerSGD"}
 
 
 def in_words(name: str) -> str:

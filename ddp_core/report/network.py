@@ -1,0 +1,287 @@
+"""Over a network: the studies that train on an emulated cluster (`ddp_core.launch.emulated`), where the link's
+bandwidth, DDP's gradient buckets and its communication hook are the variables. Reads each study's `Experiment`s
+(`load_study`); offers per study `*_findings` for its page's glue, a `*_table` (DataFrame), its `*_markdown` and
+`*_figure`s.
+
+Speedups are taken against the study's one-node runs (`one_node`), which ran in the same rounds as every link's;
+the prediction is the prediction chapter's cost model fed the all-reduce benchmark measured over the same links.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
+                                         final_accuracies, run_times, speedup_comparisons, steady_phases, time_floor,
+                                         time_ratio_sentence)
+from ddp_core.report.cost_model import predict
+from ddp_core.report.results import Experiment, joined
+from ddp_core.report.scaling import scaling_table
+from ddp_core.report.tables import in_words, quantities_by_column
+
+BASELINE = "one_node"
+
+
+def link_label(experiment: Experiment) -> str:
+    """'1 Gbit/s' or 'unshaped' for the links of an experiment's runs."""
+    rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
+    if rate is None:
+        return "unshaped"
+    return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
+
+
+def measured_gbit_s(experiment: Experiment) -> float:
+    """The median of the link rates measured before each multi-node run of the experiment."""
+    return float(np.median([run.raw["network"]["measured_gbit_s"] for run in experiment.all_runs
+                            if run.world_size > 1]))
+
+
+# Link bandwidth ----------------------------------------------------------------------------------------------
+
+def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
+    """Each link's runs with the one-node runs beside them, fastest link first."""
+    links = {variant: joined(study[BASELINE], e) for variant, e in study.items() if variant != BASELINE}
+    return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
+
+
+def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per (link, world size): the link set and measured, the speedup with its range over the repeats, the
+    communication per step (means over the steady epochs), and the cost model's speedup from the all-reduce
+    measured over the same links."""
+    rows = []
+    for variant, e in link_experiments(study).items():
+        table, prediction = scaling_table(e), predict(e)
+        for n in [n for n in table.index if n > 1]:
+            row = table.loc[n]
+            rows.append(dict(
+                link=link_label(e), measured_gbit_s=measured_gbit_s(e), world_size=n, speedup=row["speedup"],
+                speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
+                step_time_s=row["step_time_s"], comm_total_per_step_s=row["comm_total_per_step_s"],
+                comm_exposed_per_step_s=row["comm_exposed_per_step_s"],
+                predicted_speedup=prediction.loc[n, "predicted_speedup"] if n in prediction.index else np.nan,
+                prediction_error=prediction.loc[n, "error"] if n in prediction.index else np.nan))
+    return pd.DataFrame(rows)
+
+
+LINK_ROWS = [
+    ("Link measured before the run (Gbit/s)", "measured_gbit_s", 1, "{:.3g}"),
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
+    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
+    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
+    ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
+    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
+    ("of which exposed (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
+    ("Speedup, predicted from the benchmark", "predicted_speedup", 1, "{:.2f}"),
+    ("Error of the prediction (%)", "prediction_error", 100, "{:+.0f}"),
+]
+
+
+def link_markdown(study: dict[str, Experiment], world_size: int) -> str:
+    """The table at one world size, a column per link."""
+    table = link_table(study).query("world_size == @world_size")
+    return quantities_by_column(table, LINK_ROWS, list(table["link"]))
+
+
+def link_figure(study: dict[str, Experiment]):
+    """Speedup against the measured link rate per world size, each point with its range over the repeats and the
+    prediction beside it; and the communication a step waited for."""
+    table = link_table(study)
+    fig, (speed, exposed) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (n, rows) in enumerate(table.groupby("world_size")):
+        x = rows["measured_gbit_s"]
+        error = [rows["speedup"] - rows["speedup_low"], rows["speedup_high"] - rows["speedup"]]
+        speed.errorbar(x, rows["speedup"], yerr=error, fmt="o-", capsize=4, color=f"C{i}",
+                       label=f"{n} nodes, measured (bar: range)")
+        speed.plot(x, rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6, label=f"{n} nodes, predicted")
+        exposed.plot(x, rows["comm_exposed_per_step_s"] * 1e3, "o-", color=f"C{i}", label=f"{n} nodes")
+    speed.axhline(1, color="gray", linewidth=1)
+    speed.set(xscale="log", xlabel="link rate, measured (Gbit/s)", ylabel="speedup over one node",
+              title="Speedup against the link")
+    exposed.set(xscale="log", yscale="log", xlabel="link rate, measured (Gbit/s)", ylabel="ms per step (mean)",
+                title="Exposed communication per step")
+    speed.legend(fontsize=7)
+    exposed.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def link_findings(study: dict[str, Experiment]) -> dict:
+    table = link_table(study)
+    links = link_experiments(study)
+    fastest, slowest = next(iter(links.values())), list(links.values())[-1]
+    sentences = []
+    for n in sorted(table["world_size"].unique()):
+        first, last = speedup_comparisons(fastest)[n], speedup_comparisons(slowest)[n]
+        sentences.append(
+            f"At {n} nodes the speedup over one node is {first.value()} on the {link_label(fastest)} link, "
+            f"{first.judged('slower than one node', 'faster than one node')}, and {last.value()} at "
+            f"{link_label(slowest)}, {last.judged('slower than one node', 'faster than one node')}.")
+    error = table["prediction_error"].abs()
+    inside = table[(table["speedup_low"] <= table["predicted_speedup"])
+                   & (table["predicted_speedup"] <= table["speedup_high"])]
+    worst = table.loc[error.idxmax()]
+    return {
+        "link_rates": ", ".join(link_label(e) for e in links.values()),
+        "link_measured_sentence": "; ".join(f"{link_label(e)}: {measured_gbit_s(e):.3g} Gbit/s measured"
+                                            for e in links.values()),
+        "link_speedup_sentence": " ".join(sentences),
+        "link_prediction_sentence": (
+            f"Its largest error is {worst['prediction_error']:+.0%}, at {int(worst['world_size'])} nodes on the "
+            f"{worst['link']} link; {len(inside)} of its {len(table)} predictions lie within the range of the "
+            f"measured repeats."),
+        "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
+    }
+
+
+# Bucket size -------------------------------------------------------------------------------------------------
+
+def _largest(experiment: Experiment) -> int:
+    return experiment.largest
+
+
+def at_world_size(experiment: Experiment, n: int) -> pd.Series:
+    """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median step of the repeats
+    (`run_times`), the mean step and its parts over the steady epochs, and the median final training loss."""
+    steady = steady_phases(experiment.metrics).query("world_size == @n")
+    parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
+    last = experiment.metrics.query("world_size == @n").sort_values("epoch").groupby("run").last()
+    return pd.concat([parts, pd.Series({"step_time_s": run_times(experiment).query("world_size == @n")["step_time_s"]
+                                        .median(), "final_train_loss": last["train_loss"].median()})])
+
+
+def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per bucket setting: the all-reduces a step launched, the step (median) and its communication (means
+    over the steady epochs) at the study's world size."""
+    rows = {}
+    for variant, e in study.items():
+        n = _largest(e)
+        row = at_world_size(e, n)
+        cap = e.runs[n].config.get("bucket_cap_mb")
+        rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
+                             allreduces=e.runs[n].raw.get("allreduces_per_step", np.nan),
+                             step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
+                             compute_per_step_s=row["compute_per_step_s"],
+                             comm_total_per_step_s=row["comm_total_per_step_s"],
+                             comm_exposed_per_step_s=row["comm_exposed_per_step_s"])
+    return pd.DataFrame(rows).T
+
+
+BUCKET_ROWS = [
+    ("Bucket size set (MiB; –: PyTorch's default)", "bucket_cap_mb", 1, "{:g}"),
+    ("All-reduces per step", "allreduces", 1, "{:.0f}"),
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
+    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
+    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
+    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
+]
+
+
+def bucket_markdown(study: dict[str, Experiment]) -> str:
+    table = bucket_table(study)
+    return quantities_by_column(table, BUCKET_ROWS, [in_words(name) for name in table.index])
+
+
+def bucket_findings(study: dict[str, Experiment]) -> dict:
+    default = study["default_buckets"]
+    n = _largest(default)
+    floor = time_floor(*study.values())
+    found = {"bucket_nodes": n, "bucket_link": link_label(default),
+             "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}"}
+    for variant in ("one_bucket", "one_mib_buckets"):
+        c = compare_times(study[variant], default, n, n, floor=floor)
+        found[f"{variant}_sentence"] = time_ratio_sentence(c, f"With {in_words(variant)}, a step", "with PyTorch's "
+                                                           "default buckets") + "."
+    return found
+
+
+def _timeline(experiment: Experiment) -> pd.DataFrame:
+    run = experiment.repeats[_largest(experiment)][0]
+    return pd.read_csv(experiment.folder / run.name / "timeline.csv")
+
+
+def timeline_figure(study: dict[str, Experiment], variants=("one_bucket", "one_mib_buckets")):
+    """One step of rank 0 (the run's last, repeat 1) per bucket setting: the phases on one row and each bucket's
+    all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
+    fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.6 * len(variants) + 0.6), sharex=True)
+    colors = {"data": "C7", "forward": "C0", "backward": "C1", "optimizer": "C2"}
+    for ax, variant in zip(axes, variants):
+        timeline = _timeline(study[variant])
+        for row in timeline.itertuples():
+            bucket = row.what.startswith("all-reduce")
+            ax.barh(0 if bucket else 1, (row.end_s - row.start_s) * 1e3, left=row.start_s * 1e3, height=0.6,
+                    color="C3" if bucket else colors[row.what], edgecolor="white", linewidth=0.5)
+        ax.set(yticks=[0, 1], yticklabels=["all-reduce\n(each bucket)", "phases"], title=in_words(variant))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), "C3"]]
+    fig.legend(handles, [*colors, "all-reduce of a bucket"], loc="lower center", ncol=5, fontsize=8, frameon=False)
+    axes[-1].set_xlabel("ms from the start of the step")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+# Gradient compression ----------------------------------------------------------------------------------------
+
+def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    rows = {}
+    for variant, e in study.items():
+        n = _largest(e)
+        times = run_times(e).query("world_size == @n")["step_time_s"]
+        accuracies = final_accuracies(e, n)
+        row = at_world_size(e, n)
+        rows[variant] = dict(step_time_s=times.median(), step_low_s=times.min(), step_high_s=times.max(),
+                             comm_total_per_step_s=row["comm_total_per_step_s"],
+                             final_val_accuracy=float(np.median(accuracies)), accuracy_low=min(accuracies),
+                             accuracy_high=max(accuracies), final_train_loss=row["final_train_loss"])
+    return pd.DataFrame(rows).T
+
+
+COMPRESSION_ROWS = [
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
+    ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
+    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
+    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.3f}"),
+    ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
+    ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
+    ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
+]
+
+
+def compression_markdown(study: dict[str, Experiment]) -> str:
+    table = compression_table(study)
+    return quantities_by_column(table, COMPRESSION_ROWS, [in_words(name) for name in table.index])
+
+
+def compression_findings(study: dict[str, Experiment]) -> dict:
+    base = study["fp32"]
+    n = _largest(base)
+    time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
+    found = {"compression_nodes": n, "compression_link": link_label(base),
+             "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
+             "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"]}
+    for variant in ("fp16", "powersgd"):
+        e = study[variant]
+        found[f"{variant}_time_sentence"] = time_ratio_sentence(
+            compare_times(e, base, n, n, floor=time_noise), f"A step with {in_words(variant)}", "with fp32") + "."
+        found[f"{variant}_accuracy_sentence"] = accuracy_phrase(
+            compare_accuracies(e, base, n, n, floor=accuracy_noise), "fp32's")
+    return found
+
+
+def compression_figure(study: dict[str, Experiment]):
+    table = compression_table(study)
+    fig, (time_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.4))
+    x = np.arange(len(table))
+    names = [in_words(name) for name in table.index]
+    time_ax.bar(x, table["step_time_s"] * 1e3, yerr=[(table["step_time_s"] - table["step_low_s"]) * 1e3,
+                                                     (table["step_high_s"] - table["step_time_s"]) * 1e3], capsize=4)
+    time_ax.set(xticks=x, xticklabels=names, ylabel="ms per step", title="Step time (bar: range of repeats)")
+    acc_ax.bar(x, table["final_val_accuracy"], color="C2",
+               yerr=[table["final_val_accuracy"] - table["accuracy_low"],
+                     table["accuracy_high"] - table["final_val_accuracy"]], capsize=4)
+    acc_ax.set(xticks=x, xticklabels=names, ylabel="accuracy", title="Final validation accuracy (bar: range)")
+    fig.tight_layout()
+    return fig
