@@ -241,11 +241,25 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
     if not rt.distributed:
         return model
     ddp_model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-                                        bucket_cap_mb=cfg.bucket_cap_mb)
+                                        bucket_cap_mb=bucket_cap_mb(cfg, rt, model))
     state, hook = communication_hook(cfg)
     if timer.enabled or hook is not default_hooks.allreduce_hook:
         ddp_model.register_comm_hook(state, timer.timed(hook) if timer.enabled else hook)
     return ddp_model
+
+
+def bucket_cap_mb(cfg: TrainConfig, rt: Runtime, model: TransformerClassifier) -> float | None:
+    """The run's bucket size; PowerSGD on gloo gets one bucket. PyTorch's PowerSGD issues its second all-reduce from
+    the first one's callback, on another thread than the next bucket's all-reduce, and gloo ranks can then receive
+    the two in different orders (a collective mismatch that aborts the run); with one bucket nothing else is in
+    flight."""
+    if cfg.comm_hook != "powersgd" or rt.backend != "gloo":
+        return cfg.bucket_cap_mb
+    gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    if cfg.bucket_cap_mb is not None and cfg.bucket_cap_mb < gradient_mb:
+        raise UsageError(f"--comm-hook powersgd on gloo needs one gradient bucket: --bucket-cap-mb {cfg.bucket_cap_mb:g} "
+                         f"is less than the model's {gradient_mb:.1f} MiB (leave it unset)")
+    return max(cfg.bucket_cap_mb or 0.0, gradient_mb + 1)
 
 
 def communication_hook(cfg: TrainConfig):

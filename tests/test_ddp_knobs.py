@@ -67,3 +67,16 @@ def test_the_bucket_size_sets_how_many_allreduces_a_step_launches(tmp_path, isol
     backward = timeline.loc["backward"]
     assert (buckets["start_s"] >= backward["start_s"]).all() and (buckets["end_s"] <= backward["end_s"]).all()
     assert timeline.loc["forward", "end_s"] <= backward["start_s"] <= timeline.loc["optimizer", "start_s"]
+
+
+@pytest.mark.slow
+def test_powersgd_on_gloo_trains_in_one_bucket_where_the_default_would_make_two(tmp_path, isolated_env):
+    # the small model's layers are a gradient of 1.6 MiB: beyond DDP's 1 MiB first bucket
+    common = [*TINY_SYNTHETIC, "--preset", "small", "--vocab-size", 2000, "--global-batch-size", 16,
+              "--train-samples", 64, "--eval-samples", 32, "--epochs", 2]
+    run_training([*common, "--out", tmp_path / "plain"], cwd=tmp_path, env=isolated_env, nproc=2)
+    run_training([*common, "--comm-hook", "powersgd", "--out", tmp_path / "powersgd"], cwd=tmp_path,
+                 env=isolated_env, nproc=2)
+    launched = {name: json.loads((tmp_path / name / "run.json").read_text())["allreduces_per_step"]
+                for name in ("plain", "powersgd")}
+    assert launched == {"plain": 2, "powersgd": 1}

@@ -2,6 +2,7 @@
 shows is what the CSVs say. Every test that reads the tiny end-to-end report (`project`) is in this file, which
 one worker runs (`--dist loadfile`), so that the report is made once."""
 
+import os
 import html
 import json
 import re
@@ -203,3 +204,21 @@ def test_each_study_page_shows_its_figure_or_table(project, name):
     page = (project / "_build" / "html" / "studies" / f"{name}.html").read_text()
     assert "<table" in page
     assert "Traceback" not in page
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
+def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(project):
+    from ddp_core.report.network import link_table
+
+    folder = project / "results" / "link_bandwidth"
+    table = link_table(load_study(folder)).set_index("link")
+
+    def per_sample(run_dir):
+        steps = pd.read_csv(run_dir / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+        return steps / json.loads((run_dir / "run.json").read_text())["global_batch_size"]
+
+    one_node = per_sample(folder / "one_node" / "n1")
+    assert table.loc["100 Mbit/s", "speedup"] == pytest.approx(one_node / per_sample(folder / "100mbit" / "n2"))
+    assert table.loc["unshaped", "speedup"] == pytest.approx(one_node / per_sample(folder / "unshaped" / "n2"))
+    network = json.loads((folder / "100mbit" / "n2" / "network.json").read_text())
+    assert table.loc["100 Mbit/s", "measured_gbit_s"] == pytest.approx(network["measured_gbit_s"])

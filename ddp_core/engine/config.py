@@ -78,7 +78,7 @@ class TrainConfig:
               "the model leaves backward nothing to overlap with the all-reduce")
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = setting(
         "none", "what DDP sends: fp32 gradients (none), gradients rounded to 16 bits (fp16, bf16: NCCL only), or "
-                "PowerSGD's low-rank factors (--powersgd-rank)")
+                "PowerSGD's low-rank factors (--powersgd-rank; on gloo in one gradient bucket)")
     powersgd_rank: int = setting(1, "rank of PowerSGD's approximation of each gradient matrix (with --comm-hook "
                                     "powersgd)")
     backend: Literal["auto", "nccl", "gloo"] = setting("auto", "process-group backend (auto: nccl on GPUs, else gloo)")

@@ -60,6 +60,9 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
                 step_time_s=row["step_time_s"], comm_total_per_step_s=row["comm_total_per_step_s"],
                 comm_exposed_per_step_s=row["comm_exposed_per_step_s"],
+                predicted_comm_s=prediction.loc[n, "predicted_comm_s"] if n in prediction.index else np.nan,
+                predicted_compute_s=prediction.loc[n, "predicted_compute_s"] if n in prediction.index else np.nan,
+                compute_per_step_s=row["compute_per_step_s"],
                 predicted_speedup=prediction.loc[n, "predicted_speedup"] if n in prediction.index else np.nan,
                 prediction_error=prediction.loc[n, "error"] if n in prediction.index else np.nan))
     return pd.DataFrame(rows)
@@ -72,8 +75,11 @@ LINK_ROWS = [
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
+    ("Compute per step, mean (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
+    ("predicted (ms)", "predicted_compute_s", 1e3, "{:.0f}"),
     ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-    ("of which exposed (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
+    ("predicted from the benchmark (ms)", "predicted_comm_s", 1e3, "{:.0f}"),
+    ("of which exposed, measured (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
     ("Speedup, predicted from the benchmark", "predicted_speedup", 1, "{:.2f}"),
     ("Error of the prediction (%)", "prediction_error", 100, "{:+.0f}"),
 ]
@@ -124,7 +130,7 @@ def link_findings(study: dict[str, Experiment]) -> dict:
                    & (table["predicted_speedup"] <= table["speedup_high"])]
     worst = table.loc[error.idxmax()]
     return {
-        "link_rates": ", ".join(link_label(e) for e in links.values()),
+        "link_rates": _links_phrase([link_label(e) for e in links.values()]),
         "link_measured_sentence": "; ".join(f"{link_label(e)}: {measured_gbit_s(e):.3g} Gbit/s measured"
                                             for e in links.values()),
         "link_speedup_sentence": " ".join(sentences),
@@ -134,6 +140,15 @@ def link_findings(study: dict[str, Experiment]) -> dict:
             f"measured repeats."),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
+
+
+def _links_phrase(labels: list[str]) -> str:
+    """'an unshaped link and links capped at 1 Gbit/s and 100 Mbit/s', for any mix of links."""
+    shaped = [label for label in labels if label != "unshaped"]
+    capped = (f"links capped at {', '.join(shaped[:-1])} and {shaped[-1]}" if len(shaped) > 1
+              else f"a link capped at {shaped[0]}" if shaped else "")
+    unshaped = "an unshaped link" if "unshaped" in labels else ""
+    return " and ".join(part for part in (unshaped, capped) if part)
 
 
 # Bucket size -------------------------------------------------------------------------------------------------
