@@ -13,3 +13,10 @@ from ddp_core.report.network import _links_phrase
 ])
 def test_the_links_of_a_study_are_named_right_for_any_mix(labels, phrase):
     assert _links_phrase(labels) == phrase
+
+
+@pytest.mark.parametrize("loss, says", [(0.690, "has barely learned"), (0.40, "the model has learned")])
+def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss, says):
+    from ddp_core.report.network import _learning_sentence
+
+    assert says in _learning_sentence(loss, 2)

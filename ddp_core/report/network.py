@@ -14,12 +14,13 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
-                                         final_accuracies, run_times, speedup_comparisons, steady_phases, time_floor,
+                                         final_accuracies, paired_sides, run_times, steady_phases, time_floor,
                                          time_ratio_sentence)
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment, joined
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words, quantities_by_column
+from ddp_core.report.verdict import Comparison, compare
 
 BASELINE = "one_node"
 
@@ -118,9 +119,10 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
     links = link_experiments(study)
     fastest, slowest = next(iter(links.values())), list(links.values())[-1]
+    floor = time_floor(*links.values())  # one floor for every comparison of the page
     sentences = []
     for n in sorted(table["world_size"].unique()):
-        first, last = speedup_comparisons(fastest)[n], speedup_comparisons(slowest)[n]
+        first, last = speedup_against_one_node(fastest, n, floor), speedup_against_one_node(slowest, n, floor)
         sentences.append(
             f"At {n} nodes the speedup over one node is {first.value()} on the {link_label(fastest)} link, "
             f"{first.judged('slower than one node', 'faster than one node')}, and {last.value()} at "
@@ -140,6 +142,13 @@ def link_findings(study: dict[str, Experiment]) -> dict:
             f"measured repeats."),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
+
+
+def speedup_against_one_node(experiment: Experiment, n: int, floor: float) -> Comparison:
+    """The speedup at `n` nodes over the one-node runs of the same rounds, held against the page's `floor`."""
+    sides = paired_sides(experiment)
+    pairs = min(len(sides[1]), len(sides[n]))
+    return compare(sides[1][:pairs], sides[n][:pairs], floor)
 
 
 def _links_phrase(labels: list[str]) -> str:
@@ -277,6 +286,8 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
     found = {"compression_nodes": n, "compression_link": link_label(base),
              "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
              "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"]}
+    found["compression_learning_sentence"] = _learning_sentence(compression_table(study).loc["fp32", "final_train_loss"],
+                                                                base.baseline.model["num_classes"])
     for variant in ("fp16", "powersgd"):
         e = study[variant]
         found[f"{variant}_time_sentence"] = time_ratio_sentence(
@@ -284,6 +295,18 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
         found[f"{variant}_accuracy_sentence"] = accuracy_phrase(
             compare_accuracies(e, base, n, n, floor=accuracy_noise), "fp32's")
     return found
+
+
+def _learning_sentence(train_loss: float, classes: int) -> str:
+    """Whether the runs trained long enough for accuracy to say anything: their loss against a guess's, ln(classes)."""
+    guess = float(np.log(classes))
+    if train_loss > 0.95 * guess:
+        return (f"In so few steps the model has barely learned: its final training loss with fp32, "
+                f"{train_loss:.3f}, is that of a uniform guess among {classes} classes ({guess:.3f}), so the "
+                f"accuracies below compare models that are all near chance, and the cost of compression to "
+                f"accuracy, if any, cannot show here.")
+    return (f"The final training loss with fp32, {train_loss:.3f}, is below a uniform guess's ({guess:.3f}): the "
+            f"model has learned, and the accuracies compare what each hook let it learn.")
 
 
 def compression_figure(study: dict[str, Experiment]):
