@@ -150,3 +150,14 @@ def test_a_study_over_emulated_links_trains_and_benchmarks_each_link(tmp_path, i
     # 4 MiB each way takes 0.34 s at 100 Mbit/s; unshaped, a few milliseconds
     assert largest["100mbit"] > 10 * largest["unshaped"]
     assert nothing_left(os.getpid())
+
+
+def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_why():
+    code = ("from ddp_core.studies.run import can_run_here\nfrom ddp_core.studies.study_list import load_study_list\n"
+            "studies, why = can_run_here(list(load_study_list('tests/studies-tiny.yml').values()))\n"
+            "print(' '.join(s.name for s in studies)); print(why)")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    kept, why = proc.stdout.strip().splitlines()
+    assert "link_bandwidth" not in kept.split() and "scaling" in kept.split()
+    assert why.startswith("not training link_bandwidth, bucket_size, compression: an emulated cluster creates")

@@ -14,15 +14,18 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
-                                         final_accuracies, paired_sides, run_times, steady_phases, time_floor,
-                                         time_ratio_sentence)
+                                         final_accuracies, run_times, speedup_comparisons, steady_phases,
+                                         time_floor, time_ratio_sentence)
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment, joined
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words, quantities_by_column
-from ddp_core.report.verdict import Comparison, compare
 
 BASELINE = "one_node"
+
+
+def _rate_text(gbit_s: float) -> str:
+    return f"{gbit_s:.3g} Gbit/s" if gbit_s >= 1 else f"{gbit_s * 1000:.3g} Mbit/s"
 
 
 def link_label(experiment: Experiment) -> str:
@@ -59,7 +62,8 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
             rows.append(dict(
                 link=link_label(e), measured_gbit_s=measured_gbit_s(e), world_size=n, speedup=row["speedup"],
                 speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
-                step_time_s=row["step_time_s"], comm_total_per_step_s=row["comm_total_per_step_s"],
+                step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
+                comm_total_per_step_s=row["comm_total_per_step_s"],
                 comm_exposed_per_step_s=row["comm_exposed_per_step_s"],
                 predicted_comm_s=prediction.loc[n, "predicted_comm_s"] if n in prediction.index else np.nan,
                 predicted_compute_s=prediction.loc[n, "predicted_compute_s"] if n in prediction.index else np.nan,
@@ -70,19 +74,19 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 LINK_ROWS = [
-    ("Link measured before the run (Gbit/s)", "measured_gbit_s", 1, "{:.3g}"),
+    ("Link measured before the runs, median (Mbit/s)", "measured_gbit_s", 1e3, "{:,.0f}"),
     ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
-    ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
+    ("Speedup over one node, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
-    ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
-    ("Compute per step, mean (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
-    ("predicted (ms)", "predicted_compute_s", 1e3, "{:.0f}"),
+    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
+    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
+    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
     ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-    ("predicted from the benchmark (ms)", "predicted_comm_s", 1e3, "{:.0f}"),
-    ("of which exposed, measured (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
-    ("Speedup, predicted from the benchmark", "predicted_speedup", 1, "{:.2f}"),
-    ("Error of the prediction (%)", "prediction_error", 100, "{:+.0f}"),
+    ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.0f}"),
+    ("All-reduce per step, predicted from the benchmark (ms)", "predicted_comm_s", 1e3, "{:.0f}"),
+    ("Speedup, predicted", "predicted_speedup", 1, "{:.2f}"),
+    ("Error of the predicted speedup (%)", "prediction_error", 100, "{:+.0f}"),
 ]
 
 
@@ -119,10 +123,9 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
     links = link_experiments(study)
     fastest, slowest = next(iter(links.values())), list(links.values())[-1]
-    floor = time_floor(*links.values())  # one floor for every comparison of the page
     sentences = []
-    for n in sorted(table["world_size"].unique()):
-        first, last = speedup_against_one_node(fastest, n, floor), speedup_against_one_node(slowest, n, floor)
+    for n in sorted(table["world_size"].unique()):  # each link judged as the results chapter judges its speedups
+        first, last = speedup_comparisons(fastest)[n], speedup_comparisons(slowest)[n]
         sentences.append(
             f"At {n} nodes the speedup over one node is {first.value()} on the {link_label(fastest)} link, "
             f"{first.judged('slower than one node', 'faster than one node')}, and {last.value()} at "
@@ -133,7 +136,7 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     worst = table.loc[error.idxmax()]
     return {
         "link_rates": _links_phrase([link_label(e) for e in links.values()]),
-        "link_measured_sentence": "; ".join(f"{link_label(e)}: {measured_gbit_s(e):.3g} Gbit/s measured"
+        "link_measured_sentence": "; ".join(f"{link_label(e)}: {_rate_text(measured_gbit_s(e))} measured"
                                             for e in links.values()),
         "link_speedup_sentence": " ".join(sentences),
         "link_prediction_sentence": (
@@ -142,13 +145,6 @@ def link_findings(study: dict[str, Experiment]) -> dict:
             f"measured repeats."),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
-
-
-def speedup_against_one_node(experiment: Experiment, n: int, floor: float) -> Comparison:
-    """The speedup at `n` nodes over the one-node runs of the same rounds, held against the page's `floor`."""
-    sides = paired_sides(experiment)
-    pairs = min(len(sides[1]), len(sides[n]))
-    return compare(sides[1][:pairs], sides[n][:pairs], floor)
 
 
 def _links_phrase(labels: list[str]) -> str:
@@ -214,7 +210,8 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
     n = _largest(default)
     floor = time_floor(*study.values())
     found = {"bucket_nodes": n, "bucket_link": link_label(default),
-             "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}"}
+             "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}",
+             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}", "timeline_sentence": timeline_sentence(study)}
     for variant in ("one_bucket", "one_mib_buckets"):
         c = compare_times(study[variant], default, n, n, floor=floor)
         found[f"{variant}_sentence"] = time_ratio_sentence(c, f"With {in_words(variant)}, a step", "with PyTorch's "
@@ -227,20 +224,34 @@ def _timeline(experiment: Experiment) -> pd.DataFrame:
     return pd.read_csv(experiment.folder / run.name / "timeline.csv")
 
 
-def timeline_figure(study: dict[str, Experiment], variants=("one_bucket", "one_mib_buckets")):
+def timeline_sentence(study: dict[str, Experiment]) -> str:
+    """How long each plotted step took against its run's median step: one step is an example, not a measure."""
+    parts = []
+    for variant, e in study.items():
+        timeline, run = _timeline(e), e.repeats[_largest(e)][0]
+        median = run_times(e).set_index("run").loc[run.name, "step_time_s"]
+        parts.append(f"{timeline['end_s'].max() * 1e3:.0f} ms with {in_words(variant)} (its run's median step: "
+                     f"{median * 1e3:.0f} ms)")
+    return "The steps drawn took " + "; ".join(parts) + "."
+
+
+def timeline_figure(study: dict[str, Experiment]):
     """One step of rank 0 (the run's last, repeat 1) per bucket setting: the phases on one row and each bucket's
     all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
-    fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.6 * len(variants) + 0.6), sharex=True)
-    colors = {"data": "C7", "forward": "C0", "backward": "C1", "optimizer": "C2"}
+    variants = list(study)
+    fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.5 * len(variants) + 0.7), sharex=True)
+    colors = {"forward": "C0", "backward (with DDP's wait)": "C1", "optimizer": "C2"}
+    names = {"backward": "backward (with DDP's wait)"}
     for ax, variant in zip(axes, variants):
         timeline = _timeline(study[variant])
-        for row in timeline.itertuples():
+        for row in timeline[timeline["what"] != "data"].itertuples():  # data loading: too short to see
             bucket = row.what.startswith("all-reduce")
             ax.barh(0 if bucket else 1, (row.end_s - row.start_s) * 1e3, left=row.start_s * 1e3, height=0.6,
-                    color="C3" if bucket else colors[row.what], edgecolor="white", linewidth=0.5)
+                    color="C3" if bucket else colors[names.get(row.what, row.what)], edgecolor="white",
+                    linewidth=0.5)
         ax.set(yticks=[0, 1], yticklabels=["all-reduce\n(each bucket)", "phases"], title=in_words(variant))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), "C3"]]
-    fig.legend(handles, [*colors, "all-reduce of a bucket"], loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.legend(handles, [*colors, "all-reduce of a bucket"], loc="lower center", ncol=4, fontsize=8, frameon=False)
     axes[-1].set_xlabel("ms from the start of the step")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

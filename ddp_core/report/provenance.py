@@ -31,7 +31,8 @@ def shown_folder(experiment: Experiment) -> tuple[str, str]:
     except ValueError:
         return str(folder), "runs made outside this project"
     if folder.parts[0] == "reference":
-        return str(folder), "the reference results shipped with the report, made by make reference"
+        return str(folder), ("the reference results shipped with the report, made by the project's study runner "
+                             "(make reference)")
     return str(folder), "runs made in this project, by make report or by hand"
 
 

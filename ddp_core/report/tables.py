@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 
@@ -20,7 +22,11 @@ WORDS = {"ddp": "DDP", "lr": "LR", "warmup": "warm-up", "ag": "AG", "news": "New
 
 
 def in_words(name: str) -> str:
-    """A variant or dataset as a reader names it: "linear_lr_warmup" -> "linear LR warm-up", "ag_news" -> "AG News"."""
+    """A variant or dataset as a reader names it: "linear_lr_warmup" -> "linear LR warm-up", "ag_news" -> "AG News",
+    "300mbit" -> "300 Mbit/s"."""
+    rate = re.fullmatch(r"(\d+)([kmg])bit", str(name))
+    if rate:
+        return f"{rate[1]} {rate[2].upper()}bit/s"
     return " ".join(WORDS.get(word, word) for word in str(name).split("_"))
 
 

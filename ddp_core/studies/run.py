@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_core.launch.emulated import EmulatedCluster
+from ddp_core.launch.emulated import EmulatedCluster, check_can_emulate
 from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, interleaved, load_study_list, select
@@ -146,6 +146,19 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
             quantize_runs(study, planned)
 
 
+def can_run_here(studies: list[Study]) -> tuple[list[Study], str]:
+    """The studies this machine can run, and why the others cannot: those on an emulated cluster need root and
+    iproute2. A user who did not name them gets the rest, and the book shows their reference runs."""
+    emulated = [study for study in studies if study.ranks_per_node is not None]
+    try:
+        if emulated:
+            check_can_emulate(1, None)
+    except ExperimentError as exc:
+        return [study for study in studies if study not in emulated], (
+            f"not training {', '.join(study.name for study in emulated)}: {exc}")
+    return studies, ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_core.studies.run", description=__doc__.splitlines()[0])
     parser.add_argument("studies", nargs="*", help="names of studies to run (default: all of them)")
@@ -157,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         studies = select(load_study_list(args.study_list), args.studies)
+        if not args.studies:  # a study named on the command line is refused in one line instead
+            studies, skipped = can_run_here(studies)
+            if skipped:
+                print(f"ddp_core.studies.run: {skipped}; the book shows their reference runs", flush=True)
         if args.profile:
             studies = [replace(study, profile=args.profile) for study in studies]
         run_studies(studies, args.results_dir, args.allreduce_args)
