@@ -200,9 +200,12 @@ BUCKET_ROWS = [
 ]
 
 
+def _variants_as_columns(table: pd.DataFrame, rows: list) -> str:
+    return quantities_by_column(table, rows, [in_words(name) for name in table.index])
+
+
 def bucket_markdown(study: dict[str, Experiment]) -> str:
-    table = bucket_table(study)
-    return quantities_by_column(table, BUCKET_ROWS, [in_words(name) for name in table.index])
+    return _variants_as_columns(bucket_table(study), BUCKET_ROWS)
 
 
 def bucket_findings(study: dict[str, Experiment]) -> dict:
@@ -286,8 +289,7 @@ COMPRESSION_ROWS = [
 
 
 def compression_markdown(study: dict[str, Experiment]) -> str:
-    table = compression_table(study)
-    return quantities_by_column(table, COMPRESSION_ROWS, [in_words(name) for name in table.index])
+    return _variants_as_columns(compression_table(study), COMPRESSION_ROWS)
 
 
 def compression_findings(study: dict[str, Experiment]) -> dict:
