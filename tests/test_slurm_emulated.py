@@ -1,0 +1,88 @@
+"""The multi-node path of the Slurm script: `sbatch --nodes 2 slurm/ddp_train.sbatch` on a real Slurm whose two
+`slurmd` run in two nodes of an emulated cluster (network namespaces), training across them exactly what two ranks
+train on one machine. Root only: the nodes are network namespaces, the daemons run as root."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
+from ddp_core.launch.emulated import EmulatedCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("slurmd") is None or shutil.which("munged") is None,
+    reason="needs root and Slurm's daemons (slurm/local-cluster.sh start installs them)")]
+
+ARGS = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 128, "--eval-samples", 64,
+        "--epochs", 2]
+
+
+def slurm_conf(folder, cluster: EmulatedCluster) -> str:
+    """Two nodes with a core each; slurmctld on node0. Each slurmd keeps its own spool, PID file and log (%n)."""
+    nodes = "\n".join(f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 State=UNKNOWN" for k in range(2))
+    return f"""ClusterName=ddp-emulated
+SlurmctldHost=node0({cluster.address(0)})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={folder}/munge.socket
+CredType=cred/munge
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool-%n
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+{nodes}
+PartitionName=emulated Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def on_node(cluster: EmulatedCluster, k: int, command: str) -> list[str]:
+    """`command` in node k's network namespace with its hostname and hosts file. Not `ip netns exec`: it mounts a
+    new /sys, and slurmd needs the machine's cgroup mounts under /sys/fs/cgroup."""
+    return ["nsenter", f"--net=/run/netns/{cluster.namespace(k)}", "unshare", "--mount", "--uts", "sh", "-c",
+            f"mount --bind /etc/netns/{cluster.namespace(k)}/hosts /etc/hosts && hostname node{k} && {command}"]
+
+
+def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, isolated_env):
+    folder = tmp_path / "slurm"
+    for sub in ("state", "spool-node0", "spool-node1"):
+        (folder / sub).mkdir(parents=True)
+    env = dict(isolated_env, SLURM_CONF=str(folder / "slurm.conf"))
+    with EmulatedCluster(nodes=2) as cluster:
+        (folder / "slurm.conf").write_text(slurm_conf(folder, cluster))
+        subprocess.run(["munged", "--force", f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid"],
+                       check=True, env=env)
+        try:
+            subprocess.run(on_node(cluster, 0, "slurmctld"), check=True, env=env)
+            for k in range(2):
+                subprocess.run(on_node(cluster, k, f"slurmd -N node{k}"), check=True, env=env)
+            submit = (f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} DDP_NPROC_PER_NODE=1 sbatch --wait "
+                      f"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --output={tmp_path}/slurm-%j.out "
+                      f"--export=ALL {REPO}/slurm/ddp_train.sbatch {tmp_path}/two-nodes "
+                      + " ".join(map(str, ARGS)))
+            job = subprocess.run(on_node(cluster, 0, submit), env=env, capture_output=True, text=True, timeout=300)
+            log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+            assert job.returncode == 0, job.stderr + log
+        finally:
+            os.kill(int((folder / "munged.pid").read_text()), signal.SIGTERM)
+    run_training([*ARGS, "--out", tmp_path / "one-machine"], cwd=tmp_path, env=isolated_env, nproc=2)
+
+    assert "2 node(s) x 1 rank(s)" in log
+    learning = ("train_loss", "val_loss", "val_accuracy")
+    for nodes, local in zip(read_metrics(tmp_path / "two-nodes"), read_metrics(tmp_path / "one-machine"), strict=True):
+        for key in learning:
+            assert float(nodes[key]) == pytest.approx(float(local[key]), abs=1e-6), key
