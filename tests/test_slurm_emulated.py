@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,6 +58,18 @@ def on_node(cluster: EmulatedCluster, k: int, command: str) -> list[str]:
             f"mount --bind /etc/netns/{cluster.namespace(k)}/hosts /etc/hosts && hostname node{k} && {command}"]
 
 
+def wait_for(cluster: EmulatedCluster, env: dict, command: str, word: str, folder, seconds: float = 120) -> None:
+    """Until `command` on node0 prints `word` on every line (the machine may be busy with other tests)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lines = subprocess.run(on_node(cluster, 0, command), env=env, capture_output=True, text=True).stdout.split("\n")
+        if all(word in line for line in lines if line.strip()) and any(line.strip() for line in lines):
+            return
+        time.sleep(0.5)
+    logs = "\n".join(p.read_text()[-2000:] for p in folder.glob("*.log"))
+    pytest.fail(f"{command} never said {word} within {seconds} s; the daemons' logs:\n{logs}")
+
+
 def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, isolated_env):
     folder = tmp_path / "slurm"
     for sub in ("state", "spool-node0", "spool-node1"):
@@ -68,8 +81,10 @@ def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path
                        check=True, env=env)
         try:
             subprocess.run(on_node(cluster, 0, "slurmctld"), check=True, env=env)
+            wait_for(cluster, env, "scontrol ping", "UP", folder)  # a slurmd that finds no controller waits minutes
             for k in range(2):
                 subprocess.run(on_node(cluster, k, f"slurmd -N node{k}"), check=True, env=env)
+            wait_for(cluster, env, "sinfo -h -o %T", "idle", folder)
             submit = (f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} DDP_NPROC_PER_NODE=1 sbatch --wait "
                       f"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --output={tmp_path}/slurm-%j.out "
                       f"--export=ALL {REPO}/slurm/ddp_train.sbatch {tmp_path}/two-nodes "
