@@ -7,7 +7,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,8 +72,17 @@ def wait_for(cluster: EmulatedCluster, env: dict, command: str, word: str, folde
     pytest.fail(f"{command} never said {word} within {seconds} s; the daemons' logs:\n{logs}")
 
 
-def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, isolated_env):
-    folder = tmp_path / "slurm"
+@pytest.fixture
+def slurm_folder():
+    """A short path: slurmstepd's sockets live in the spool folder, and a Unix socket's path has 108 bytes at most
+    (pytest's own folders are too deep under xdist)."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-slurm-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, slurm_folder, isolated_env):
+    folder = slurm_folder
     for sub in ("state", "spool-node0", "spool-node1"):
         (folder / sub).mkdir(parents=True)
     env = dict(isolated_env, SLURM_CONF=str(folder / "slurm.conf"))
