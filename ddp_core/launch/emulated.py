@@ -2,7 +2,7 @@
 capped at a chosen rate, so that DDP's communication crosses a network whose bandwidth the report can turn.
 
     with EmulatedCluster(nodes=2, link_rate="100mbit") as cluster:
-        cluster.run(ranks_per_node=1, program=["-m", "ddp_core.train", ...])
+        leader, *others = cluster.launch(ranks_per_node=1, program=["-m", "ddp_core.train", ...], log_dir=out)
 
 Each node is what a cluster node is to torchrun: its own network stack (a namespace with one interface,
 `eth0`, at 198.18.0.<k+1>), its own hostname (`node<k>`, in a UTS namespace of its own) and a hosts file that
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ddp_core.engine.run_files import save_atomic
 from ddp_core.launch.local import (NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted,
-                                   shell_command, trainer_args)
+                                   shell_command, stop_with_parent, trainer_args)
 
 SUBNET = "198.18.0"  # nodes are SUBNET.1, SUBNET.2, ...: RFC 2544's benchmarking range
 MAX_NODES = 32
@@ -188,12 +188,10 @@ class EmulatedCluster:
             _ip("link", "delete", f"{self.base}v{k}", check=False)
         _ip("link", "delete", self.bridge, check=False)
 
-    def command(self, k: int, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
-        """`argv` run on node k: in its namespace, with its hostname, gloo on its link, and `env` added."""
-        variables = {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})}
+    def command(self, k: int, argv: list[str]) -> list[str]:
+        """`argv` run on node k: in its namespace, with its hostname, and gloo on its link."""
         return ["ip", "netns", "exec", self.namespace(k), "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', f"node{k}", "env", *(f"{name}={value}" for name, value in variables.items()),
-                *argv]
+                'hostname "$0" && exec "$@"', f"node{k}", "env", "GLOO_SOCKET_IFNAME=eth0", *argv]
 
     def cores(self, k: int) -> set[int]:
         """The cores node k runs on: the usable cores split evenly among the nodes (shared when there are fewer)."""
@@ -209,7 +207,7 @@ class EmulatedCluster:
 
         def placed():
             os.sched_setaffinity(0, cores)
-            _stop_with_parent()
+            stop_with_parent()
 
         return subprocess.Popen(self.command(k, argv), preexec_fn=placed, **popen)
 
@@ -238,27 +236,27 @@ class EmulatedCluster:
             if proc.wait() != 0:
                 raise ClusterError(f"node {k} exited with code {proc.returncode}; its output: {log_dir / f'node{k}.log'}")
 
-    def measure_link_gbit_s(self, megabytes: float | None = None) -> float:
+    def measure_link_gbit_s(self) -> float:
         """Gbit/s of TCP payload that node 1 sends to node 0, over about half a second at the set rate."""
         if self.nodes < 2:
             raise ClusterError("measuring a link needs 2 nodes")
-        rate = rate_bits_per_s(self.link_rate) or 10e9
-        size = int((megabytes or max(1.0, rate / 8 / 2 / 1e6)) * 1e6)
-        receiver = self.start(0, [sys.executable, "-m", "ddp_core.launch.link_probe", "receive", self.address(0)],
-                              stdout=subprocess.PIPE, text=True)
+        size = int(max(1e6, (rate_bits_per_s(self.link_rate) or 10e9) / 8 / 2))
+        probe = [sys.executable, "-m", "ddp_core.launch.link_probe"]
+        started = []
         try:
-            sender = self.start(1, [sys.executable, "-m", "ddp_core.launch.link_probe", "send", self.address(0),
-                                    str(size)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            started.append(self.start(0, [*probe, "receive", self.address(0)], stdout=subprocess.PIPE, text=True))
+            started.append(self.start(1, [*probe, "send", self.address(0), str(size)], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+            receiver, sender = started
             _, error = sender.communicate(timeout=120)
             out, _ = receiver.communicate(timeout=30)
         finally:
-            for proc in (receiver, locals().get("sender")):
-                if proc is not None and proc.poll() is None:
+            for proc in started:
+                if proc.poll() is None:
                     proc.kill()
         if sender.returncode != 0 or receiver.returncode != 0:
             raise ClusterError(f"the link probe failed: {error.strip()}")
         return float(out.split()[0])
-
 
 def run_emulated(plan: Plan) -> bool:
     """Train across an emulated cluster of `plan.nodes` nodes at `plan.link_rate`, the world size split evenly
@@ -286,9 +284,3 @@ def run_emulated(plan: Plan) -> bool:
         cluster.wait(others, plan.run_dir)
     return True
 
-
-def _stop_with_parent() -> None:
-    """Linux: SIGTERM to a started process when the process that started it dies (see launch.local)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG

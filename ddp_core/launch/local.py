@@ -127,7 +127,7 @@ def launch_command(world_size: int, *program: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}", *program]
 
 
-def _stop_with_parent() -> None:
+def stop_with_parent() -> None:
     """Linux: SIGTERM to the trainer when the process that started it (the notebook's kernel) dies. A kernel runs
     in a session of its own, so an interrupted `make report` (Ctrl-C, a killed job) would otherwise leave the
     trainer running, still writing into the run directory that the next attempt resumes."""
@@ -147,7 +147,7 @@ def run_local(plan: Plan) -> bool:
     command = [*launch_command(plan.world_size), *trainer_args(plan)]
     print(shell_command(["python", *command[1:]]), flush=True)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          preexec_fn=_stop_with_parent if sys.platform == "linux" else None) as proc:
+                          preexec_fn=stop_with_parent if sys.platform == "linux" else None) as proc:
         follow_trainer(proc)
     return True
 

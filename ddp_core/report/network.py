@@ -158,10 +158,6 @@ def _links_phrase(labels: list[str]) -> str:
 
 # Bucket size -------------------------------------------------------------------------------------------------
 
-def _largest(experiment: Experiment) -> int:
-    return experiment.largest
-
-
 def at_world_size(experiment: Experiment, n: int) -> pd.Series:
     """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median step of the repeats
     (`run_times`), the mean step and its parts over the steady epochs, and the median final training loss."""
@@ -177,7 +173,7 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
     over the steady epochs) at the study's world size."""
     rows = {}
     for variant, e in study.items():
-        n = _largest(e)
+        n = e.largest
         row = at_world_size(e, n)
         cap = e.runs[n].config.get("bucket_cap_mb")
         rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
@@ -210,7 +206,7 @@ def bucket_markdown(study: dict[str, Experiment]) -> str:
 
 def bucket_findings(study: dict[str, Experiment]) -> dict:
     default = study["default_buckets"]
-    n = _largest(default)
+    n = default.largest
     floor = time_floor(*study.values())
     found = {"bucket_nodes": n, "bucket_link": link_label(default),
              "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}",
@@ -223,7 +219,7 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
 
 
 def _timeline(experiment: Experiment) -> pd.DataFrame:
-    run = experiment.repeats[_largest(experiment)][0]
+    run = experiment.repeats[experiment.largest][0]
     return pd.read_csv(experiment.folder / run.name / "timeline.csv")
 
 
@@ -231,7 +227,7 @@ def timeline_sentence(study: dict[str, Experiment]) -> str:
     """How long each plotted step took against its run's median step: one step is an example, not a measure."""
     parts = []
     for variant, e in study.items():
-        timeline, run = _timeline(e), e.repeats[_largest(e)][0]
+        timeline, run = _timeline(e), e.repeats[e.largest][0]
         median = run_times(e).set_index("run").loc[run.name, "step_time_s"]
         parts.append(f"{timeline['end_s'].max() * 1e3:.0f} ms with {in_words(variant)} (its run's median step: "
                      f"{median * 1e3:.0f} ms)")
@@ -265,7 +261,7 @@ def timeline_figure(study: dict[str, Experiment]):
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = {}
     for variant, e in study.items():
-        n = _largest(e)
+        n = e.largest
         times = run_times(e).query("world_size == @n")["step_time_s"]
         accuracies = final_accuracies(e, n)
         row = at_world_size(e, n)
@@ -294,7 +290,7 @@ def compression_markdown(study: dict[str, Experiment]) -> str:
 
 def compression_findings(study: dict[str, Experiment]) -> dict:
     base = study["fp32"]
-    n = _largest(base)
+    n = base.largest
     time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
     found = {"compression_nodes": n, "compression_link": link_label(base),
              "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
