@@ -65,7 +65,7 @@ def main() -> None:
             for _ in range(STEPS_PER_BLOCK):
                 train_step(model, iter([(ids, labels)]), 1, timer, optimizer, scheduler, scaler, contextlib.nullcontext)
             elapsed = time.perf_counter() - start
-            timer.end_epoch()
+            timer.summary()
             if block >= 0:
                 seconds[timed] += elapsed
     if int(os.environ.get("RANK", "0")) == 0:

@@ -9,8 +9,13 @@ equals one step on the whole global batch. A 1-rank run uses no process group an
 it is the plain baseline that speedups are measured against.
 
 Read `run` first: it is the whole job, one named step per line; the steps follow it in the order
-they are called. The parts they use (settings, placement, model, data, timers, run files) live in
-`ddp_core/engine/`.
+they are called. The parts they use (settings, placement, model, data, timers, run files, stopping on
+a signal) live in `ddp_core/engine/`.
+
+A run checkpoints at the end of every epoch, every --checkpoint-every-steps steps inside one, and when
+it is told to stop (SIGTERM: a time limit, a preemption, torchrun stopping its ranks). The same
+command continues it from there exactly: each rank resumes at the same sample with the same random
+state and the same partial sums of its metrics as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -33,35 +39,44 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, differing_settings,
-                                    global_batch_size, micro_batch_size, parse_args)
+from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, continues_run,
+                                    differing_settings, global_batch_size, micro_batch_size, parse_args,
+                                    steps_per_epoch)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS, append_rows, drop_rows_after,
                                       environment, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
+from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
 
 
 def main(argv: list[str] | None = None) -> int:
+    leader = int(os.environ.get("RANK", "0")) == 0  # every rank meets the same error or stop; one says it
     try:
-        train(parse_args(argv))
+        with StopRequest() as stop:  # first: a SIGTERM while the run starts is a request to stop too
+            train(parse_args(argv), stop)
     except UsageError as exc:
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank meets the same error; one says it
+        if leader:
             print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
+    except Stopped as exc:
+        if leader:
+            print(f"ddp_core: {exc}", flush=True)
+        return 128 + signal.SIGTERM
     return 0
 
 
-def train(cfg: TrainConfig) -> None:
+def train(cfg: TrainConfig, stop: StopRequest) -> None:
     rt = resolve_runtime(cfg)
     place_process(rt)
     if rt.distributed:
-        dist.init_process_group(rt.backend)
+        init_process_group(rt)
+    stop.join(rt)
     try:
-        run(cfg, rt)
+        run(cfg, rt, stop)
         if rt.distributed:
             dist.barrier()  # no rank tears gloo down while a peer is still talking to it
     finally:
@@ -69,28 +84,39 @@ def train(cfg: TrainConfig) -> None:
             dist.destroy_process_group()
 
 
-def run(cfg: TrainConfig, rt: Runtime) -> None:
+def init_process_group(rt: Runtime) -> None:
+    """The process group, its keys in the store kept apart per torchrun attempt. When torchrun restarts the ranks
+    after a failure, it hands them the store of the failed attempt, where the dead ranks' addresses still stand
+    (torch 2.13): gloo would try to connect to them and fail ("Connection refused"), and the restart with it."""
+    store, rank, world_size = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(rt.backend, store=dist.PrefixStore(f"ddp_core/attempt{attempt}", store), rank=rank,
+                            world_size=world_size)
+
+
+def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     data = load_data(cfg, rt.local_rank)
     batch = batch_plan(cfg, rt, data)
     state = TrainingState.create(cfg, rt, data)
     if cfg.check:
         return report_check(state, data, rt)
-    first_epoch = restore_checkpoint(state, cfg, rt) if cfg.resume else 1
-    out, run_info, track = (open_run_dir(cfg, rt, state, first_epoch, batch) if rt.leader
+    resuming = continues_run(cfg)
+    first_epoch, progress = restore_checkpoint(state, cfg, rt) if resuming else (1, None)
+    out, run_info, track = (open_run_dir(cfg, rt, state, first_epoch, batch, resuming) if rt.leader
                             else (None, None, NoTracker()))
     timer = EpochTimer(rt.device, enabled=cfg.timers)
     ddp_model = wrap_ddp(state.model, cfg, rt, timer)
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     for epoch in range(first_epoch, cfg.epochs + 1):
-        loss_sum, epoch_time, (phases, steps), first_bad_step = train_epoch(ddp_model, state, data, sampler, epoch,
-                                                                            batch, timer, cfg, rt)
-        stop_if_diverged(epoch, first_bad_step, batch, rt)
+        done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, stop, out, cfg, rt, progress)
+        progress = None  # only the first epoch of a resumed run continues from a checkpoint's progress
+        stop_if_diverged(epoch, done.first_bad_step, batch, rt)
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(state.model, data, batch.micro, rt, state.autocast)
-        row = metrics_row(epoch, loss_sum, epoch_time, time.perf_counter() - eval_start, phases, val_loss,
-                          val_accuracy, state, batch, cfg, rt)
-        step_rows = steps_rows(epoch, steps, rt)
+        row = metrics_row(epoch, done, time.perf_counter() - eval_start, val_loss, val_accuracy, state, batch, cfg,
+                          rt)
+        step_rows = steps_rows(epoch, done.step_times, rt)
         if rt.leader:
             append_rows(out / "metrics.csv", [row], METRICS_COLUMNS)
             append_rows(out / "steps.csv", step_rows, STEPS_COLUMNS)
@@ -115,11 +141,42 @@ class BatchPlan:
 
 
 def batch_plan(cfg: TrainConfig, rt: Runtime, data: EncodedData) -> BatchPlan:
-    micro, global_batch = micro_batch_size(cfg, rt.world_size), global_batch_size(cfg, rt.world_size)
-    steps = len(data.train_labels) // rt.world_size // micro // cfg.grad_accum
-    if steps == 0:
-        raise UsageError(f"{len(data.train_labels)} training samples make no full step of global batch {global_batch}")
-    return BatchPlan(micro, global_batch, steps)
+    return BatchPlan(micro_batch_size(cfg, rt.world_size), global_batch_size(cfg, rt.world_size),
+                     steps_per_epoch(cfg, rt.world_size, len(data.train_labels)))
+
+
+@dataclass
+class EpochProgress:
+    """This rank's part of an epoch so far: the steps done, the partial sums its row of metrics.csv is made of, and
+    where its random numbers stand. A mid-epoch checkpoint holds one for each rank."""
+    steps: int = 0
+    loss_sum: float = 0.0  # summed training loss of this rank's samples
+    first_bad_step: int | None = None  # the first step whose loss was not finite
+    seconds: float = 0.0  # wall time of the steps done (and of the checkpoints written among them)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, as EpochTimer.summary gives them
+    step_times: dict[str, list[float]] = field(default_factory=lambda: {"step_time_s": [], "comm_exposed_s": []})
+    rng: dict | None = None  # the generators' states after the last step done; None: the epoch's seed
+    resumes: int = 0  # times the epoch continued from a mid-epoch checkpoint
+
+    def then(self, steps: int, loss_sum: torch.Tensor, first_bad_step: torch.Tensor, seconds: float, timed,
+             rng: dict | None = None) -> EpochProgress:
+        """This progress followed by what the current attempt did since it began (`timed`: its timer's summary)."""
+        phases, step_times = timed
+        return EpochProgress(steps, loss_sum.item(), int(first_bad_step.item()), self.seconds + seconds,
+                             {name: self.phases.get(name, 0.0) + value for name, value in phases.items()},
+                             {name: self.step_times[name] + values for name, values in step_times.items()}, rng,
+                             self.resumes)
+
+
+def random_state(device: torch.device) -> dict:
+    """The states of the generators dropout draws from on `device`."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_random_state(rng: dict, device: torch.device) -> None:
+    torch.set_rng_state(rng["cpu"].cpu())
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
 
 
 @dataclass
@@ -176,13 +233,14 @@ def report_check(state: TrainingState, data: EncodedData, rt: Runtime) -> None:
               f"with {rt.backend}")
 
 
-def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> int:
-    """Load the run's last checkpoint into `state`; returns the first epoch still to train."""
+def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> tuple[int, EpochProgress | None]:
+    """Load the run's last checkpoint into `state`; returns the first epoch still to train, and this rank's progress
+    in it when the checkpoint was written inside it."""
     path = Path(cfg.out) / CHECKPOINT_NAME
     try:
         ckpt = torch.load(path, map_location=rt.device, weights_only=False)
     except Exception:
-        raise UsageError(f"--resume: {path} is unreadable (truncated or corrupt); the run cannot continue from it: "
+        raise UsageError(f"{path} is unreadable (truncated or corrupt); the run cannot continue from it: "
                          f"start it again with another --out") from None
     changed = differing_settings(ckpt["config"], cfg)
     if changed:
@@ -194,11 +252,30 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> i
     state.optimizer.load_state_dict(ckpt["optimizer"])
     state.scheduler.load_state_dict(ckpt["scheduler"])
     state.scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["epoch"] + 1
+    if "in_epoch" not in ckpt:
+        return ckpt["epoch"] + 1, None
+    progress = EpochProgress(**ckpt["in_epoch"]["ranks"][rt.rank])
+    progress.resumes += 1
+    return ckpt["in_epoch"]["epoch"], progress
 
 
-def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoch: int,
-                 batch: BatchPlan):
+def save_mid_epoch_checkpoint(state: TrainingState, epoch: int, progress: EpochProgress, out: Path | None,
+                              cfg: TrainConfig, rt: Runtime) -> None:
+    """A checkpoint inside `epoch`: the model and optimizer as they are, and every rank's progress, which rank 0
+    gathers. Every rank waits until it is on disk: a rank that exited first would have torchrun stop the others."""
+    ranks = [asdict(progress)]
+    if rt.distributed:
+        ranks = [None] * rt.world_size
+        dist.all_gather_object(ranks, asdict(progress))
+    if rt.leader:
+        save_atomic(state.checkpoint(epoch - 1, cfg, rt) | {"in_epoch": {"epoch": epoch, "ranks": ranks}},
+                    out / CHECKPOINT_NAME)
+    if rt.distributed:
+        dist.barrier()
+
+
+def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoch: int, batch: BatchPlan,
+                 resuming: bool):
     """The run directory with its run.json (provenance) written, and the run's tracker; a resumed run
     forgets the rows it will redo."""
     out = Path(cfg.out) if cfg.out else new_run_dir(cfg, rt.world_size)
@@ -206,7 +283,7 @@ def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoc
     for name in ("metrics.csv", "steps.csv"):  # rows of epochs after the checkpoint are redone
         drop_rows_after(out / name, first_epoch - 1)
     run_info = {"start_time": now_iso(), "resumed_at": [], "config": cfg.to_dict()}
-    if cfg.resume:
+    if resuming:
         try:
             run_info = json.loads((out / "run.json").read_text())
         except (OSError, ValueError):
@@ -278,28 +355,49 @@ def communication_hook(cfg: TrainConfig):
 
 
 def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: DistributedSampler, epoch: int,
-                batch: BatchPlan, timer: EpochTimer, cfg: TrainConfig, rt: Runtime):
-    """One pass over this rank's shard: (summed training loss, wall time, seconds per phase, first step whose
-    loss was not finite or `batch.steps` if none). The check stays on the device: it costs no synchronisation."""
-    torch.manual_seed(cfg.seed + 1000 * epoch + rt.rank)  # dropout masks a resumed run repeats exactly
+                batch: BatchPlan, timer: EpochTimer, stop: StopRequest, out: Path | None, cfg: TrainConfig,
+                rt: Runtime, done: EpochProgress | None) -> EpochProgress:
+    """One pass over this rank's shard, or what is left of it after `done` (a mid-epoch checkpoint's progress).
+    Checkpoints inside the epoch every --checkpoint-every-steps steps, and when the ranks agree to stop (then
+    raises Stopped). Whether a loss was not finite is checked on the device: it costs no synchronisation."""
+    done = done or EpochProgress()
+    if done.rng is None:
+        torch.manual_seed(cfg.seed + 1000 * epoch + rt.rank)  # dropout masks a resumed run repeats exactly
+    else:
+        set_random_state(done.rng, rt.device)
     sampler.set_epoch(epoch)
-    micro_batches = batches(data.train_ids, data.train_labels, torch.tensor(list(sampler)), batch.micro,
-                            rt.device)
+    order = torch.tensor(list(sampler))[done.steps * batch.micro * cfg.grad_accum:]
+    micro_batches = batches(data.train_ids, data.train_labels, order, batch.micro, rt.device)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-    first_bad_step = torch.full((), batch.steps, device=rt.device)
+    loss_sum = torch.tensor(done.loss_sum, dtype=torch.float64, device=rt.device)
+    first_bad_step = torch.tensor(batch.steps if done.first_bad_step is None else done.first_bad_step,
+                                  device=rt.device)
     timer.begin_epoch()
     start = time.perf_counter()
-    for step in tqdm(range(batch.steps), desc=f"epoch {epoch}", disable=not (rt.leader and cfg.progress),
-                     file=sys.stderr):
+    for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
+                     disable=not (rt.leader and cfg.progress), file=sys.stderr):
         step_loss = train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,
                                state.scaler, state.autocast)
         loss_sum += step_loss
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
+        stopping = stop.agreed()
+        if stopping or (step + 1 < batch.steps and checkpoint_due(state, cfg)):
+            so_far = done.then(step + 1, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary(),
+                               random_state(rt.device))
+            save_mid_epoch_checkpoint(state, epoch, so_far, out, cfg, rt)
+            if stopping:
+                raise Stopped(f"stopped by {stop.signal_name or 'a signal to another rank'} at epoch {epoch}, step "
+                              f"{step + 1} of {batch.steps}: checkpoint written; the same command continues the run")
     if rt.device.type == "cuda":
         torch.cuda.synchronize(rt.device)
-    return loss_sum.item(), time.perf_counter() - start, timer.end_epoch(), int(first_bad_step.item())
+    return done.then(batch.steps, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary())
+
+
+def checkpoint_due(state: TrainingState, cfg: TrainConfig) -> bool:
+    """Whether the optimizer step just taken is one --checkpoint-every-steps asks a checkpoint after (counted over
+    the run, as the learning-rate schedule counts them)."""
+    return cfg.checkpoint_every_steps is not None and state.scheduler.last_epoch % cfg.checkpoint_every_steps == 0
 
 
 def stop_if_diverged(epoch: int, first_bad_step: int, batch: BatchPlan, rt: Runtime) -> None:
@@ -362,19 +460,21 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
     return total_loss / len(data.eval_labels), total_correct / len(data.eval_labels)
 
 
-def metrics_row(epoch: int, loss_sum: float, epoch_time: float, eval_time: float, phases: dict, val_loss: float,
-                val_accuracy: float, state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
-    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times of the slowest rank."""
-    names = list(phases)
-    summed = all_reduce([phases[n] for n in names] + [loss_sum], dist.ReduceOp.SUM, rt)
-    slowest = all_reduce([epoch_time, eval_time, peak_memory_mb(rt.device)], dist.ReduceOp.MAX, rt)
+def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: float, val_accuracy: float,
+                state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
+    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times of the slowest rank. An epoch
+    that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps, not of the pause."""
+    names = list(done.phases)
+    summed = all_reduce([done.phases[n] for n in names] + [done.loss_sum], dist.ReduceOp.SUM, rt)
+    slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device)], dist.ReduceOp.MAX, rt)
     samples = batch.steps * batch.global_batch
     row = {name: value / rt.world_size for name, value in zip(names, summed)}
     row.update(
         epoch=epoch, world_size=rt.world_size, global_batch_size=batch.global_batch, per_rank_batch_size=batch.micro,
         grad_accum=cfg.grad_accum, train_samples=samples, steps=batch.steps, epoch_time_s=slowest[0],
         eval_time_s=slowest[1], train_loss=summed[-1] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
-        lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2])
+        lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2],
+        resumes=done.resumes)
     return row
 
 

@@ -34,6 +34,11 @@ CASES = {
     "neither batch flag": (TINY_SYNTHETIC, "one of the arguments --global-batch-size --per-rank-batch-size is required"),
     "resume without a checkpoint": ([*TINY_SYNTHETIC, *BATCH, "--out", "empty", "--resume"], "no checkpoint"),
     "more samples than exist": ([*TINY_SYNTHETIC, *BATCH, "--train-samples", "4"], "make no full step"),
+    "checkpoint interval of no steps": ([*TINY_SYNTHETIC, *BATCH, "--checkpoint-every-steps", "0"],
+                                        "--checkpoint-every-steps must be positive"),
+    "checkpoint interval as long as the run": (
+        [*TINY_SYNTHETIC, *BATCH, "--train-samples", "64", "--epochs", "2", "--checkpoint-every-steps", "16"],
+        "--checkpoint-every-steps 16 is not shorter than the run (2 epoch(s) of 8 steps)"),
     "learning rate not a number": ([*TINY_SYNTHETIC, *BATCH, "--lr", "nan"], "--lr must be a finite number above 0"),
     "learning rate infinite": ([*TINY_SYNTHETIC, *BATCH, "--lr", "inf"], "--lr must be a finite number above 0"),
     "learning rate zero": ([*TINY_SYNTHETIC, *BATCH, "--lr", "0"], "--lr must be a finite number above 0, got 0.0"),

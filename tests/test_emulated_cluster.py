@@ -71,8 +71,9 @@ def test_a_link_runs_within_ten_percent_of_the_rate_it_was_set_to(link_rate, gbi
 def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
     from ddp_core.launch.emulated import run_emulated
 
-    refused = plan(tmp_path, "refused", "emulated", nodes=2, overrides={"train_samples": 8})
-    with pytest.raises(ExperimentError, match="make no full step"):
+    refused = plan(tmp_path, "refused", "emulated", nodes=2,
+                   overrides={"dataset": "imdb", "data_dir": str(tmp_path / "no-such-data")})
+    with pytest.raises(ExperimentError, match="does not exist"):
         run_emulated(refused)
     assert nothing_left(os.getpid())
 

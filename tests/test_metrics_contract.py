@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 REQUIRED = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "train_samples", "epoch_time_s",
             "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s", "comm_total_s", "comm_exposed_s",
             "train_loss", "val_loss", "val_accuracy", "samples_per_s", "peak_memory_mb"]
-INTEGERS = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps"]
+INTEGERS = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
+            "resumes"]
 RUN = [*TINY_SYNTHETIC, "--global-batch-size", 32, "--train-samples", 512, "--eval-samples", 100, "--epochs", 2]
 
 

@@ -31,7 +31,7 @@ def test_the_same_command_starts_a_run_that_stopped_before_its_first_checkpoint_
 def test_resuming_a_run_without_checkpoint_says_to_rerun_it(train, tmp_path):
     stopped_before_first_checkpoint(train, tmp_path / "run")
     error = one_line_error(train(*RUN, "--epochs", 2, "--out", tmp_path / "run", "--resume", expect_ok=False))
-    assert "(the run completed no epoch); run the command without --resume to start it again" in error
+    assert "(the run completed no step); run the command without --resume to start it again" in error
 
 
 def test_another_command_never_takes_over_a_stopped_run(train, tmp_path):

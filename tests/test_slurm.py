@@ -5,6 +5,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 
 import jupytext
 import papermill
@@ -36,11 +38,11 @@ def slurm_cluster(tmp_path_factory):
         os.environ["SLURM_CONF"] = previous
 
 
-def run_notebook(tmp_path, **parameters):
+def run_notebook(tmp_path, timeout=300, **parameters):
     notebook = tmp_path / "run_experiment.ipynb"
     jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
     output = tmp_path / f"executed-{len(list(tmp_path.glob('executed-*')))}.ipynb"
-    papermill.execute_notebook(notebook, output, cwd=tmp_path, progress_bar=False, execution_timeout=300,
+    papermill.execute_notebook(notebook, output, cwd=tmp_path, progress_bar=False, execution_timeout=timeout,
                                parameters={"profile": "tiny", "results_dir": str(tmp_path / "results"),
                                            "poll_seconds": 0.5, **parameters})
     return "\n".join(out.get("text", "") for cell in jupytext.read(output).cells for out in cell.get("outputs", []))
@@ -59,6 +61,47 @@ def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_pat
     assert [p.name for p in slurm_run.glob("slurm-*.out")], "the job's log belongs in the run directory"
     assert [int(row["world_size"]) for row in read_metrics(slurm_run)] == [2, 2]
     assert learning_curve(slurm_run) == learning_curve(tmp_path / "results" / "local" / "n2")
+
+
+@contextmanager
+def requeued_jobs_released():
+    """Slurm holds a requeued job for about two minutes before it may start again (its BeginTime), so that its
+    nodes can clean up; the test releases each one at once, as an administrator may, to keep the suite short."""
+    done = threading.Event()
+
+    def release():
+        while not done.wait(0.5):
+            pending = subprocess.run(["squeue", "--noheader", "--states=PENDING", "--format=%i %r"],
+                                     capture_output=True, text=True).stdout
+            for job, reason in (line.split() for line in pending.splitlines()):
+                if reason == "BeginTime":
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def test_a_job_past_its_time_limit_is_requeued_and_finishes_as_if_never_stopped(slurm_cluster, tmp_path):
+    # About 40 s of training (2,000 samples/s), more than the first attempt gets: Slurm's warning (USR1, due at the
+    # start) arrives at the controller's next time-limit check, at most 30 s later, and ends the attempt.
+    long_run = {"train_samples": 40000, "eval_samples": 64, "global_batch_size": 16, "dropout": 0.1}
+    with requeued_jobs_released():
+        printed = run_notebook(tmp_path, timeout=900, launcher="slurm", world_size=2, experiment="limit",
+                               overrides=long_run, slurm_args="--time=1 --signal=B:USR1@60")
+    run_notebook(tmp_path, timeout=900, launcher="local", world_size=2, experiment="straight", overrides=long_run)
+
+    run_dir = tmp_path / "results" / "limit" / "n2"
+    [log] = run_dir.glob("slurm-*.out")
+    assert "ddp_train: time limit near: stopping at a checkpoint" in log.read_text()
+    assert "attempt 2 started (requeued), continuing from the checkpoint" in printed
+    assert "COMPLETED after" in printed
+    assert learning_curve(run_dir) == learning_curve(tmp_path / "results" / "straight" / "n2")
+    assert sum(int(row["resumes"]) for row in read_metrics(run_dir)) >= 1
 
 
 def test_a_job_that_fails_inside_stops_with_the_cause(slurm_cluster, tmp_path):

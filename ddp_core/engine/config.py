@@ -88,10 +88,15 @@ class TrainConfig:
     compile: bool = setting(False, "compile the model with torch.compile: slower first steps, then fused kernels "
                                    "and fewer launches (meant for GPUs)", resumable=True)
     timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
+    checkpoint_every_steps: int | None = setting(
+        None, "also checkpoint every this many optimizer steps, inside epochs, so that a stopped or failed run loses "
+              "at most that many steps (none: at the end of each epoch, and when the run is told to stop)",
+        resumable=True)
     out: str | None = setting(None, "run directory (none: a new one under results/)", resumable=True)
     mlflow_uri: str | None = setting(None, "also log the run to MLflow at this tracking URI, e.g. file:./mlruns "
                                            "(needs pip install 'ddp_core[mlflow]'); none: no tracking", resumable=True)
-    resume: bool = setting(False, "continue the run in --out from its last checkpoint", resumable=True)
+    resume: bool = setting(False, "continue the run in --out from its last checkpoint, --epochs grown too (an "
+                                  "unfinished run continues with its own command alone)", resumable=True)
     progress: bool = setting(True, "a progress bar on rank 0 (--no-progress hides it)", resumable=True)
     check: bool = setting(False, "check the arguments and the data (building the token cache), then exit "
                                  "without training", resumable=True)
@@ -213,6 +218,21 @@ def global_batch_size(cfg: TrainConfig, world_size: int) -> int:
     return micro_batch_size(cfg, world_size) * world_size * cfg.grad_accum
 
 
+def steps_per_epoch(cfg: TrainConfig, world_size: int, train_samples: int) -> int:
+    """Optimizer steps in one pass over `train_samples`, every step full: the trainer's batch plan, and the check
+    of a run's length before it starts. Refuses a run that makes no step, or whose checkpoint interval is longer
+    than the run (it would never checkpoint inside an epoch, which the interval asks for)."""
+    steps = train_samples // world_size // micro_batch_size(cfg, world_size) // cfg.grad_accum
+    if steps == 0:
+        raise UsageError(f"{train_samples} training samples make no full step of global batch "
+                         f"{global_batch_size(cfg, world_size)}")
+    if cfg.checkpoint_every_steps is not None and cfg.checkpoint_every_steps >= steps * cfg.epochs:
+        raise UsageError(f"--checkpoint-every-steps {cfg.checkpoint_every_steps} is not shorter than the run "
+                         f"({cfg.epochs} epoch(s) of {steps} steps): choose fewer steps, or leave it unset to "
+                         f"checkpoint at each epoch's end")
+    return steps
+
+
 def check_writable_folder(folder: Path, option: str) -> None:
     """`folder` is, or can be created as, a directory this process may write in."""
     if folder.exists() and not folder.is_dir():
@@ -224,7 +244,8 @@ def check_writable_folder(folder: Path, option: str) -> None:
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
     positive = ["vocab_size", "seq_len", "epochs", "grad_accum", "global_batch_size", "per_rank_batch_size",
-                "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb", "powersgd_rank"]
+                "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb", "powersgd_rank",
+                "checkpoint_every_steps"]
     for name in positive:
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -250,6 +271,8 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
                          "fp16 on CPU")
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise UsageError("--amp fp16 needs a CUDA device; use --amp bf16 on CPU")
+    if cfg.train_samples is not None:
+        steps_per_epoch(cfg, world_size, cfg.train_samples)
     if cfg.mlflow_uri and importlib.util.find_spec("mlflow") is None:
         raise UsageError("--mlflow-uri needs MLflow: pip install 'ddp_core[mlflow]' (or leave tracking off)")
     if cfg.cache_dir is not None and cfg.dataset != "synthetic":
@@ -261,22 +284,28 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
 
 
 def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
-    """A new run needs a directory that holds no other run; a resumed one needs its checkpoint. A run that
-    stopped before its first checkpoint completed nothing: the same command starts it again."""
+    """A new run needs a directory that holds no other run; a resumed one needs its checkpoint. The same command
+    continues its own unfinished run: from the last checkpoint (a run stopped by a time limit, requeued by Slurm or
+    restarted by torchrun runs its command again), or from the start if it stopped before any checkpoint."""
     out = Path(cfg.out)
     check_writable_folder(out, "--out")
-    has_checkpoint = (out / CHECKPOINT_NAME).is_file()
-    if cfg.resume and not has_checkpoint:
-        raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME} (the run completed no epoch); "
+    if cfg.resume and not (out / CHECKPOINT_NAME).is_file():
+        raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME} (the run completed no step); "
                          f"run the command without --resume to start it again")
     if cfg.resume or not ((out / "run.json").exists() or (out / "metrics.csv").exists()):
         return
-    if has_checkpoint or not is_unfinished_start_of(out, cfg, world_size):
+    if not is_unfinished(out, cfg, world_size):
         raise UsageError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
 
 
-def is_unfinished_start_of(out: Path, cfg: TrainConfig, world_size: int) -> bool:
-    """Whether `out` holds this very run (same settings and world size), stopped before its first checkpoint."""
+def continues_run(cfg: TrainConfig) -> bool:
+    """Whether this run continues one from its checkpoint: asked to (--resume), or its own unfinished run, which
+    `check_run_dir` let through."""
+    return cfg.resume or (cfg.out is not None and (Path(cfg.out) / CHECKPOINT_NAME).is_file())
+
+
+def is_unfinished(out: Path, cfg: TrainConfig, world_size: int) -> bool:
+    """Whether `out` holds this very run (same settings and world size), stopped before its end."""
     try:
         info = json.loads((out / "run.json").read_text())
         return (info["world_size"] == world_size and not info["end_time"]

@@ -32,7 +32,7 @@ Timeline. The last step of each epoch is also kept whole: its phases and each bu
 time axis (`last_step_timeline`), which the trainer writes to timeline.csv for the run's last epoch.
 
 Steps. Each optimizer step's wall time, from `begin_step` to the end of its optimizer phase, and
-its exposed communication are also kept one by one (`end_epoch`'s second value): the report takes
+its exposed communication are also kept one by one (`summary`'s second value): the report takes
 a median over steps, which a burst of other load on the machine moves far less than a mean.
 
 What this leaves out: when compute and communication share a resource (on a CPU the same cores;
@@ -125,8 +125,9 @@ class EpochTimer:
         """Buckets the last optimizer step all-reduced: one per bucket DDP formed (none when not timed)."""
         return len(self.comm_spans_per_step[-1]) if self.enabled and self.comm_spans_per_step else None
 
-    def end_epoch(self) -> tuple[dict[str, float], dict[str, list[float]]]:
-        """Seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank); and per
+    def summary(self) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Of the steps since `begin_epoch` (all of the epoch's at its end, those so far at a mid-epoch checkpoint):
+        seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank); and per
         step, `step_time_s` and `comm_exposed_s` (empty lists when the timers are off)."""
         if not self.enabled:
             totals = {f"{name}_time_s": float("nan") for name in PHASES} | {"comm_total_s": float("nan"),

@@ -211,21 +211,23 @@ class EmulatedCluster:
 
         return subprocess.Popen(self.command(k, argv), preexec_fn=placed, **popen)
 
-    def torchrun(self, k: int, ranks_per_node: int, program: list[str]) -> list[str]:
+    def torchrun(self, k: int, ranks_per_node: int, program: list[str], max_restarts: int = 0) -> list[str]:
         """The torchrun agent of node k: static rendezvous at node0, ranks k*M ... k*M+M-1 on this node."""
+        restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
         return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nodes}",
                 f"--nproc-per-node={ranks_per_node}", f"--node-rank={k}", "--master-addr=node0",
-                f"--master-port={MASTER_PORT}", *program]
+                f"--master-port={MASTER_PORT}", *restarts, *program]
 
-    def launch(self, ranks_per_node: int, program: list[str], log_dir: Path) -> list[subprocess.Popen]:
+    def launch(self, ranks_per_node: int, program: list[str], log_dir: Path,
+               max_restarts: int = 0) -> list[subprocess.Popen]:
         """torchrun agents of `program` on every node: node 0's first, its output readable from its stdout (text),
         then node k's, its output in log_dir/node<k>.log. The cluster's teardown kills whichever still runs."""
         others = []
         for k in range(1, self.nodes):
             with open(log_dir / f"node{k}.log", "w") as log:
-                others.append(self.start(k, self.torchrun(k, ranks_per_node, program), stdout=log,
+                others.append(self.start(k, self.torchrun(k, ranks_per_node, program, max_restarts), stdout=log,
                                          stderr=subprocess.STDOUT))
-        leader = self.start(0, self.torchrun(0, ranks_per_node, program), stdout=subprocess.PIPE,
+        leader = self.start(0, self.torchrun(0, ranks_per_node, program, max_restarts), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
         return [leader, *others]
 
@@ -278,8 +280,9 @@ def run_emulated(plan: Plan) -> bool:
         print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s), link "
               f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
-        print(shell_command(["torchrun", *cluster.torchrun(0, ranks_per_node, program)[3:]]), flush=True)
-        leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir)
+        print(shell_command(["torchrun", *cluster.torchrun(0, ranks_per_node, program, plan.max_restarts)[3:]]),
+              flush=True)
+        leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
         follow_trainer(leader)
         cluster.wait(others, plan.run_dir)
     return True

@@ -37,6 +37,7 @@ class Plan:
     train_args: list[str]
     action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
     link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
+    max_restarts: int = 0  # times torchrun starts the ranks again after one failed
 
 
 def _positive_int(value) -> bool:
@@ -49,15 +50,19 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
 
 
 def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
-            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None) -> Plan:
+            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None, max_restarts=0) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing.
 
     Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
-    accuracy move from run to run, the yardstick the report holds every difference against."""
+    accuracy move from run to run, the yardstick the report holds every difference against.
+    With max_restarts, torchrun starts the ranks again when one fails, and they continue from the run's last
+    checkpoint: a run that must finish, not one that is measured (the restart's time is not in its epochs)."""
     if not _positive_int(world_size):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
     if not _positive_int(repeat):
         raise ExperimentError(f"repeat must be a positive integer, got {repeat!r}")
+    if not (_positive_int(max_restarts) or max_restarts == 0) or isinstance(max_restarts, bool):
+        raise ExperimentError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
     if not _positive_int(nodes) or world_size % nodes:
@@ -103,7 +108,7 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             check_gpus(cfg, world_size, visible_gpus())
         except UsageError as exc:
             raise ExperimentError(str(exc)) from None
-    return Plan(world_size, nodes, run_dir, args, action, link_rate)
+    return Plan(world_size, nodes, run_dir, args, action, link_rate, max_restarts)
 
 
 def network_of(run_dir: Path) -> dict | None:
@@ -118,13 +123,15 @@ def refuse_interrupted(plan: Plan) -> None:
                               f"choose another experiment name")
 
 
-def launch_command(world_size: int, *program: str) -> list[str]:
-    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more.
-    PROGRAM is `-m MODULE` or a script; by default the trainer."""
+def launch_command(world_size: int, *program: str, max_restarts: int = 0) -> list[str]:
+    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more or when
+    it is to restart the ranks after a failure. PROGRAM is `-m MODULE` or a script; by default the trainer."""
     program = program or ("-m", "ddp_core.train")
-    if world_size == 1:
+    if world_size == 1 and not max_restarts:
         return [sys.executable, *program]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}", *program]
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+            *restarts, *program]
 
 
 def stop_with_parent() -> None:
@@ -144,7 +151,7 @@ def run_local(plan: Plan) -> bool:
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
     refuse_interrupted(plan)
-    command = [*launch_command(plan.world_size), *trainer_args(plan)]
+    command = [*launch_command(plan.world_size, max_restarts=plan.max_restarts), *trainer_args(plan)]
     print(shell_command(["python", *command[1:]]), flush=True)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=stop_with_parent if sys.platform == "linux" else None) as proc:

@@ -4,12 +4,14 @@ The job's final state comes from Slurm's records (`squeue` while it is queued or
 `sacct`, or `sacct -c` where only job completion logging is on, or `scontrol show job`), never
 from an exit code alone: `sbatch --wait` returns 0 for a job cancelled while pending.
 The job id is kept in the run directory, so running the notebook again attaches to a job that is
-still queued or running instead of submitting it twice.
+still queued or running instead of submitting it twice. A job that Slurm requeues (its time limit near,
+or preempted) keeps its id and continues the same run from its checkpoint: it is followed to its end.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ from ddp_core.paths import REPO_ROOT
 
 SBATCH_SCRIPT = REPO_ROOT / "slurm" / "ddp_train.sbatch"
 JOB_ID_FILE = "slurm_job_id"
+ATTEMPT_LINE = re.compile(r"^ddp_train: job \d+ \(attempt \d+\)", re.MULTILINE)  # printed by SBATCH_SCRIPT
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}
 
@@ -44,31 +47,47 @@ def sbatch_command(plan: Plan, *, gpus_per_rank: int, cpus_per_rank: int, extra_
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(state, exit code) of a job, e.g. ("RUNNING", ""), ("FAILED", "1:0"); ("UNKNOWN", "") if Slurm forgot it."""
+    """(state, exit code) of a job, e.g. ("RUNNING", ""), ("FAILED", "1:0"); ("UNKNOWN", "") if Slurm forgot it.
+    Of a requeued job, the records may hold every attempt in turn: its state is the last one's."""
     queued = _slurm("squeue", "--noheader", "--jobs", job_id, "--format=%T")
     if queued.returncode == 0 and queued.stdout.strip():
         return queued.stdout.split()[0], ""
     for sacct in (["sacct"], ["sacct", "-c"]):
         done = _slurm(*sacct, "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
                       "--format=JobID,State,ExitCode")
-        for line in done.stdout.splitlines():
-            fields = line.split("|")
-            if done.returncode == 0 and len(fields) == 3 and fields[0] == job_id:
-                return fields[1].split()[0], fields[2]
+        attempts = [line.split("|") for line in done.stdout.splitlines()]
+        attempts = [fields for fields in attempts if done.returncode == 0 and len(fields) == 3 and fields[0] == job_id]
+        if attempts:
+            return attempts[-1][1].split()[0], attempts[-1][2]
     shown = _slurm("scontrol", "show", "job", job_id)
     fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
     return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "")
 
 
-def wait_for(job_id: str, poll_s: float) -> tuple[str, str]:
-    """Poll until the job has left the queue and Slurm has recorded how it ended."""
-    last = None
+def attempts_started(log: Path) -> int:
+    """How many times the batch script has started: each attempt of a requeued job says so in the job's log, which
+    it appends to."""
+    try:
+        return len(ATTEMPT_LINE.findall(log.read_text(errors="replace")))
+    except OSError:
+        return 0
+
+
+def wait_for(job_id: str, poll_s: float, log: Path) -> tuple[str, str]:
+    """Poll until the job has left the queue and Slurm has recorded how it ended, through its requeues."""
+    last_state, last_attempt = None, 1
     while True:
         state, exit_code = job_state(job_id)
-        if state != last:
+        if state != last_state:
             print(f"job {job_id}: {state}", flush=True)
-            last = state
+            last_state = state
+        attempt = attempts_started(log)
+        if attempt > last_attempt:
+            print(f"job {job_id}: attempt {attempt} started (requeued), continuing from the checkpoint", flush=True)
+            last_attempt = attempt
         if state not in ACTIVE_STATES | {"UNKNOWN"}:
+            if last_attempt > 1:
+                print(f"job {job_id}: {state} after {last_attempt} attempts", flush=True)
             return state, exit_code
         time.sleep(poll_s)
 
@@ -98,7 +117,8 @@ def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sba
         refuse_interrupted(plan)
         command = sbatch_command(plan, gpus_per_rank=gpus_per_rank, cpus_per_rank=cpus_per_rank,
                                  extra_args=sbatch_args.split())
-        env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes))
+        env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes),
+                   DDP_MAX_RESTARTS=str(plan.max_restarts))
         submitted = subprocess.run(command, capture_output=True, text=True, env=env)
         if submitted.returncode != 0:
             raise ExperimentError("sbatch refused the job: " + " ".join(submitted.stderr.split()))
@@ -108,7 +128,7 @@ def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sba
     if not wait:
         print("not waiting (wait=False): run this notebook again with the same parameters to collect the results")
         return False
-    state, exit_code = wait_for(job_id, poll_s)
+    state, exit_code = wait_for(job_id, poll_s, plan.run_dir / f"slurm-{job_id}.out")
     if state != "COMPLETED":
         raise ExperimentError(f"job {job_id} ended {state} (exit code {exit_code or '?'})\n"
                               + failure_report(plan.run_dir, job_id))

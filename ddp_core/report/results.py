@@ -120,6 +120,8 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         metrics = pd.read_csv(metrics_path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ResultsError(f"{metrics_path}: unreadable CSV ({str(exc).strip()})") from None
+    if "resumes" not in metrics.columns:  # written before epochs could resume mid-way: none did
+        metrics["resumes"] = 0
     missing = [c for c in METRICS_COLUMNS if c not in metrics.columns]
     if missing:
         raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")

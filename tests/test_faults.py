@@ -1,0 +1,127 @@
+"""Faults cost steps, not the run: a run told to stop (SIGTERM, as a Slurm time limit or preemption sends it)
+checkpoints inside its epoch and the same command continues it exactly; with torchrun's restarts on, a rank killed
+outright is replaced and the run finishes by itself with the same results."""
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import TINY_SYNTHETIC, read_metrics, run_training
+from ddp_core.launch.local import launch_command
+
+pytestmark = pytest.mark.slow  # every test here trains more than a few steps
+
+# Two ranks with dropout: an exact continuation needs each rank's random state as well as its place in the data.
+RUN = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 8, "--train-samples", 2400, "--eval-samples", 32,
+       "--epochs", 2]
+LEARNING = ["epoch", "steps", "train_samples", "train_loss", "val_loss", "val_accuracy", "lr"]
+
+
+def trainer(*args) -> list[str]:
+    return [str(a) for a in [*RUN, *args]]
+
+
+def learning_curve(run_dir) -> list[list[float]]:
+    return [[float(row[k]) for k in LEARNING] for row in read_metrics(run_dir)]
+
+
+def assert_same_training(run_dir, reference_dir):
+    """The same rows of learning and the same final model, to 1e-6."""
+    for ours, theirs in zip(learning_curve(run_dir), learning_curve(reference_dir), strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-6)
+    ours, theirs = (torch.load(d / "checkpoint.pt", weights_only=False)["model"] for d in (run_dir, reference_dir))
+    for name, value in theirs.items():
+        torch.testing.assert_close(ours[name], value, rtol=1e-6, atol=1e-6, msg=f"{name} differs")
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, isolated_env):
+    """The run, never interrupted."""
+    folder = tmp_path_factory.mktemp("straight")
+    run_training([*trainer(), "--out", folder / "run"], cwd=folder, env=isolated_env, nproc=2)
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, isolated_env):
+    """The run sent SIGTERM in its second epoch, torchrun and both ranks at once as Slurm's scancel does:
+    (run directory, what it printed, exit code)."""
+    folder = tmp_path_factory.mktemp("stopped")
+    proc = subprocess.Popen(launch_command(2) + trainer("--out", folder / "run"), cwd=folder, env=isolated_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if line.startswith("ddp_core: epoch 1:"):
+            os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=120)
+    return folder / "run", "".join(printed), proc.returncode
+
+
+def copy_of(run_dir, tmp_path):
+    return shutil.copytree(run_dir, tmp_path / "run")
+
+
+def test_a_run_stopped_mid_epoch_continues_exactly_with_its_own_command(stopped, straight, tmp_path, isolated_env):
+    run_dir, printed, code = stopped
+    stop = re.search(r"ddp_core: stopped by SIGTERM at epoch 2, step (\d+) of (\d+): checkpoint written", printed)
+    assert code != 0 and stop and 0 < int(stop[1]) < int(stop[2]), printed
+    assert [row["epoch"] for row in read_metrics(run_dir)] == ["1"]
+
+    resumed = copy_of(run_dir, tmp_path)
+    run_training([*trainer(), "--out", resumed], cwd=tmp_path, env=isolated_env, nproc=2)
+    assert_same_training(resumed, straight)
+    assert [row["resumes"] for row in read_metrics(resumed)] == ["0", "1"]
+    assert steps_of(resumed) == steps_of(straight)
+    assert len(json.loads((resumed / "run.json").read_text())["resumed_at"]) == 1
+
+
+def steps_of(run_dir) -> list[tuple[str, str]]:
+    """(epoch, step) of every row of steps.csv."""
+    with open(run_dir / "steps.csv", newline="") as f:
+        return [(row["epoch"], row["step"]) for row in csv.DictReader(f)]
+
+
+def test_a_damaged_mid_epoch_checkpoint_is_named_in_one_line_and_nothing_is_overwritten(stopped, tmp_path,
+                                                                                         isolated_env):
+    run_dir = copy_of(stopped[0], tmp_path)
+    checkpoint = run_dir / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:5000])
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    proc = run_training([*trainer(), "--out", run_dir], cwd=tmp_path, env=isolated_env, nproc=2, expect_ok=False)
+    assert proc.returncode != 0
+    assert proc.stderr.count(f"ddp_core.train: error: {checkpoint} is unreadable (truncated or corrupt)") == 1
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+
+
+def test_a_rank_killed_with_restarts_on_is_replaced_and_the_run_finishes_the_same(straight, tmp_path, isolated_env):
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "output.log", "w") as log:
+        agent = subprocess.Popen(launch_command(2, max_restarts=1) + trainer("--checkpoint-every-steps", 50, "--out",
+                                                                             run_dir),
+                                 cwd=tmp_path, env=isolated_env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while not (run_dir / "checkpoint.pt").exists():  # the first checkpoint, 50 steps into epoch 1
+                assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "output.log").read_text()
+                time.sleep(0.1)
+            ranks = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+            assert len(ranks) == 2
+            os.kill(int(ranks[-1]), signal.SIGKILL)
+            agent.wait(timeout=300)
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    output = (tmp_path / "output.log").read_text()
+    assert agent.returncode == 0, output
+    assert_same_training(run_dir, straight)
+    assert len(json.loads((run_dir / "run.json").read_text())["resumed_at"]) == 1
