@@ -40,8 +40,9 @@ class Plan:
     max_restarts: int = 0  # times torchrun starts the ranks again after one failed
 
 
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _int_at_least(value, minimum: int) -> bool:
+    """An int (not a bool) of at least `minimum`: what a count in a notebook parameter must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def run_dir_name(world_size: int, repeat: int = 1) -> str:
@@ -57,15 +58,15 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
     accuracy move from run to run, the yardstick the report holds every difference against.
     With max_restarts, torchrun starts the ranks again when one fails, and they continue from the run's last
     checkpoint: a run that must finish, not one that is measured (the restart's time is not in its epochs)."""
-    if not _positive_int(world_size):
+    if not _int_at_least(world_size, 1):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
-    if not _positive_int(repeat):
+    if not _int_at_least(repeat, 1):
         raise ExperimentError(f"repeat must be a positive integer, got {repeat!r}")
-    if not (_positive_int(max_restarts) or max_restarts == 0) or isinstance(max_restarts, bool):
+    if not _int_at_least(max_restarts, 0):
         raise ExperimentError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
-    if not _positive_int(nodes) or world_size % nodes:
+    if not _int_at_least(nodes, 1) or world_size % nodes:
         raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
     if launcher == "local" and nodes != 1:
         raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm' "

@@ -55,8 +55,10 @@ def job_state(job_id: str) -> tuple[str, str]:
     for sacct in (["sacct"], ["sacct", "-c"]):
         done = _slurm(*sacct, "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
                       "--format=JobID,State,ExitCode")
-        attempts = [line.split("|") for line in done.stdout.splitlines()]
-        attempts = [fields for fields in attempts if done.returncode == 0 and len(fields) == 3 and fields[0] == job_id]
+        if done.returncode != 0:
+            continue
+        attempts = [fields for fields in (line.split("|") for line in done.stdout.splitlines())
+                    if len(fields) == 3 and fields[0] == job_id]
         if attempts:
             return attempts[-1][1].split()[0], attempts[-1][2]
     shown = _slurm("scontrol", "show", "job", job_id)
