@@ -20,3 +20,18 @@ def test_padding_does_not_change_the_prediction():
 def test_presets_have_the_sizes_the_report_quotes(preset, low, high):
     cfg = ModelConfig.from_preset(preset, vocab_size=20000, max_len=256, num_classes=2)
     assert low <= count_parameters(TransformerClassifier(cfg)) <= high
+
+
+def test_int32_token_ids_train_exactly_as_int64_ones():
+    """The trainer feeds the ids as the data stores them (int32), without a per-step conversion to int64."""
+    cfg = ModelConfig.from_preset("small", vocab_size=100, max_len=16, num_classes=2)
+    ids = torch.randint(0, 100, (4, 16), dtype=torch.int32)
+    results = []
+    for batch in (ids, ids.long()):
+        torch.manual_seed(0)
+        model = TransformerClassifier(cfg)
+        loss = torch.nn.functional.cross_entropy(model(batch), torch.tensor([0, 1, 1, 0]))
+        loss.backward()
+        results.append([loss.detach()] + [p.grad for p in model.parameters()])
+    for from_int32, from_int64 in zip(*results):
+        torch.testing.assert_close(from_int32, from_int64, rtol=0, atol=0)
