@@ -34,7 +34,7 @@ TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-reco
 # failing at once on dpkg's lock.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: test test-fast report reference single-device book pdf install
+.PHONY: test test-fast report reference single-device peers step-profile book pdf install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,10 +68,11 @@ $(QUIET_KERNELS):
 	@mkdir -p $(@D) && echo 'c.IPKernelApp.log_level = "CRITICAL"' > $@
 
 # The reference results, made anew on this machine: every study retrained, the checkpoints left out (the
-# book needs none). Commit them with the code they were made with. The single-device measurements stay: they
-# come from other machines too (make single-device).
+# book needs none). Commit them with the code they were made with. The measurements of single devices, of the
+# peers and of a step's operators stay: they come from other machines too (make single-device, peers, step-profile).
 reference: | $(VENV)/.installed
-	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device -exec rm -rf {} +
+	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device ! -name peers \
+		! -name step_profile -exec rm -rf {} +
 	$(MAKE) report RESULTS_DIR=$(REFERENCE) STUDIES=
 	find $(REFERENCE) -name checkpoint.pt -delete
 
@@ -81,6 +82,15 @@ reference: | $(VENV)/.installed
 SINGLE_DEVICE_ARGS ?= --presets small --batch-sizes 8 32 --amp off bf16
 single-device: | $(VENV)/.installed
 	$(BIN)/python benchmarks/single_device.py --results-dir $(RESULTS_DIR) $(SINGLE_DEVICE_ARGS)
+
+# ddp_core against the loop of PyTorch's DDP tutorial and an Accelerate loop, interleaved, at 1 and 2 ranks, into
+# $(RESULTS_DIR)/peers/<device> (about 15 minutes on 2 cores); PEERS_ARGS: python -m benchmarks.peers --help.
+peers: | $(VENV)/.installed
+	$(BIN)/python -m benchmarks.peers --results-dir $(RESULTS_DIR) $(PEERS_ARGS)
+
+# Where a training step's time goes, operator by operator (torch.profiler), into $(RESULTS_DIR)/step_profile/<device>.
+step-profile: | $(VENV)/.installed
+	$(BIN)/python -m benchmarks.step_profile --results-dir $(RESULTS_DIR)
 
 book: $(VENV)/.installed $(MATHJAX)
 	$(build_book)

@@ -375,8 +375,8 @@ def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: Dis
     loss_sum = torch.tensor(done.loss_sum, dtype=torch.float64, device=rt.device)
     first_bad_step = torch.tensor(batch.steps if done.first_bad_step is None else done.first_bad_step,
                                   device=rt.device)
-    timer.begin_epoch()
     start = time.perf_counter()
+    timer.begin_epoch()  # after `start`: the steps' times, counted from here, add up to no more than the epoch's
     for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
                      disable=not (rt.leader and cfg.progress), file=sys.stderr):
         step_loss = train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,

@@ -31,9 +31,12 @@ future's callback, which on a GPU runs on a stream that waits for the NCCL kerne
 Timeline. The last step of each epoch is also kept whole: its phases and each bucket's all-reduce on one
 time axis (`last_step_timeline`), which the trainer writes to timeline.csv for the run's last epoch.
 
-Steps. Each optimizer step's wall time, from `begin_step` to the end of its optimizer phase, and
-its exposed communication are also kept one by one (`summary`'s second value): the report takes
-a median over steps, which a burst of other load on the machine moves far less than a mean.
+Steps. Each optimizer step's wall time and its exposed communication are also kept one by one
+(`summary`'s second value): the report takes a median over steps, which a burst of other load on
+the machine moves far less than a mean. A step's time runs from the end of the step before it (the
+epoch's start, for its first) to the end of its optimizer phase, so it holds whatever the loop does
+between steps too, and the steps of an epoch add up to its time: a loop timed from outside, step end
+to step end (`benchmarks/peers.py` times other loops so), is measured the same way.
 
 What this leaves out: when compute and communication share a resource (on a CPU the same cores;
 on a GPU the SMs and memory bandwidth that NCCL kernels use), communication also slows the
@@ -53,7 +56,9 @@ import torch
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
-class _Clock:
+class Clock:
+    """Timestamps on the timeline that limits throughput: the device stream on a GPU, perf_counter on a CPU."""
+
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.origin = None
@@ -80,7 +85,7 @@ class EpochTimer:
 
     def __init__(self, device: torch.device, enabled: bool = True):
         self.enabled = enabled
-        self.clock = _Clock(device)
+        self.clock = Clock(device)
         self.begin_epoch()
 
     def begin_epoch(self) -> None:
@@ -141,8 +146,8 @@ class EpochTimer:
         totals["comm_total_s"] = union_length([span for spans in step_spans for span in spans])
         exposed = [max(b for _, b in spans) - max(a for a, _ in spans) if spans else 0.0 for spans in step_spans]
         totals["comm_exposed_s"] = sum(exposed)
-        step_ends = [end for _, end in self.phase_spans["optimizer"]]
-        steps = {"step_time_s": [sec(end) - sec(start) for start, end in zip(self.step_starts, step_ends, strict=True)],
+        step_ends = [sec(end) for _, end in self.phase_spans["optimizer"]]
+        steps = {"step_time_s": [end - start for start, end in zip([0.0] + step_ends, step_ends)],
                  "comm_exposed_s": exposed}
         self.last_step_timeline = self._timeline(len(self.step_starts) - 1, step_spans[-1] if step_spans else [])
         return totals, steps

@@ -1,0 +1,119 @@
+"""Where a training step's time goes, operator by operator: the trainer's own steps under torch.profiler.
+
+    python -m benchmarks.step_profile                   # into results/step_profile/<device>
+    python -m benchmarks.step_profile --steps 30 --results-dir reference
+
+It trains the default profile's model and batch (small preset, IMDB, sequence length 128, 32 samples a step)
+with the trainer's `train_epoch`, timers off, one rank: an epoch of warm-up, then an epoch of `--steps` steps
+profiled. Each operator's self time (the time spent in it, not in the operators it calls) is summed and
+divided by the steps, and each operator is put in a category (`CATEGORIES`); the matrix products carry the
+FLOPs the profiler counts from their shapes. One large matrix product is timed on the same device, the
+rate the model's own products are held against.
+
+Output: RESULTS_DIR/step_profile/<device>/operators.csv (category, operator, calls_per_step,
+self_s_per_step, flops_per_step), device.json (provenance, the workload, the profiled steps' wall time and
+the large product's rate). The book's chapter on one device shows them.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.single_device import matmul_tflops, measurement_name, positive_int, synchronize, trainer_epoch
+from ddp_core.engine.config import OneLineParser, UsageError, parse_args
+from ddp_core.engine.data import load_data
+from ddp_core.engine.model_cost import training_flops
+from ddp_core.engine.run_files import environment, now_iso, save_atomic
+from ddp_core.engine.runtime import place_process, resolve_runtime
+from ddp_core.paths import RESULTS_DIR
+from ddp_core.train import model_config
+
+# An operator's category by the first pattern its name contains; any other operator is "other elementwise".
+CATEGORIES = (
+    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm")),
+    ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::_safe_softmax")),
+    ("normalisation and activations", ("layer_norm", "aten::gelu")),
+    ("dropout", ("bernoulli", "dropout")),
+    ("optimizer", ("adam",)),
+    ("embeddings", ("embedding",)),
+    ("loss", ("nll_loss", "log_softmax")),
+    ("copies and conversions", ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat")),
+)
+OTHER = "other elementwise"
+
+
+def category(operator: str) -> str:
+    return next((name for name, patterns in CATEGORIES if any(p in operator for p in patterns)), OTHER)
+
+
+def options(argv: list[str] | None = None):
+    parser = OneLineParser(prog="step_profile", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=positive_int, default=20, help="optimizer steps profiled")
+    parser.add_argument("--dataset", choices=["imdb", "synthetic"], default="imdb")
+    parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
+                        help="the profile goes to RESULTS_DIR/step_profile/<device>")
+    return parser.parse_args(argv)
+
+
+def operator_rows(prof, steps: int) -> pd.DataFrame:
+    """One row per operator that spent time of its own, per step, largest first."""
+    rows = [{"category": category(e.key), "operator": e.key, "calls_per_step": e.count / steps,
+             "self_s_per_step": e.self_cpu_time_total / 1e6 / steps, "flops_per_step": e.flops / steps}
+            for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    return pd.DataFrame(rows).sort_values("self_s_per_step", ascending=False, ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        opts = options(argv)
+        cfg = parse_args(["--dataset", opts.dataset, "--preset", "small", "--seq-len", "128",
+                          "--global-batch-size", "32", "--train-samples", str(32 * opts.steps), "--eval-samples", "32",
+                          "--seed", "0", "--no-timers", "--no-progress"], world_size=1)
+        rt = resolve_runtime(cfg)
+        info = environment(rt.device)
+        out = opts.results_dir / "step_profile" / measurement_name(rt, info, compiled=False)
+        if out.exists() and any(out.iterdir()):
+            raise UsageError(f"{out} already holds a profile of this device; remove it to profile again, or choose "
+                             f"another --results-dir")
+        data = load_data(cfg)
+    except UsageError as exc:
+        print(f"step_profile: error: {exc}", file=sys.stderr)
+        return 2
+    place_process(rt)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
+    with tempfile.TemporaryDirectory() as store:
+        dist.init_process_group(rt.backend, init_method=f"file://{store}/group", rank=0, world_size=1)
+        try:
+            epoch = trainer_epoch(cfg, rt, data, timers=False, in_ddp=False)
+            epoch()  # warm-up
+            with profile(activities=activities, with_flops=True) as prof:
+                synchronize(rt.device)
+                start = time.perf_counter()
+                epoch()
+                synchronize(rt.device)
+                seconds = time.perf_counter() - start
+        finally:
+            dist.destroy_process_group()
+    out.mkdir(parents=True, exist_ok=True)
+    operator_rows(prof, opts.steps).to_csv(out / "operators.csv", index=False)
+    save_atomic(info | dict(command=sys.argv, device=str(rt.device), threads=torch.get_num_threads(),
+                            preset=cfg.preset, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
+                            dataset=cfg.dataset, steps=opts.steps, step_s=seconds / opts.steps,
+                            model_flops_per_step=training_flops(vars(model_config(cfg, data.num_classes)),
+                                                                cfg.seq_len) * cfg.global_batch_size,
+                            matmul_tflops=matmul_tflops(rt.device, "off"), measured_on=now_iso()),
+                out / "device.json")
+    print(f"step_profile: {seconds / opts.steps * 1e3:.1f} ms a step profiled into {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
