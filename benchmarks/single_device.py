@@ -93,6 +93,16 @@ def measurement_name(rt: Runtime, info: dict, compiled: bool) -> str:
     return device + ("-compiled" if compiled else "")
 
 
+def new_measurement_folder(results_dir: Path, kind: str, name: str) -> Path:
+    """RESULTS_DIR/KIND/NAME for a new measurement; one that already holds a measurement is refused, never
+    overwritten."""
+    out = results_dir / kind / name
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} already holds a measurement of this device; remove it to measure again, or choose "
+                         f"another --results-dir")
+    return out
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -176,14 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = [train_config(opts, preset, amp, batch)
                    for preset in opts.presets for amp in opts.amp for batch in opts.batch_sizes]
         rt = resolve_runtime(configs[0])
+        info = environment(rt.device)
+        out = new_measurement_folder(opts.results_dir, "single_device", measurement_name(rt, info, opts.compile))
     except UsageError as exc:
         print(f"single_device: error: {exc}", file=sys.stderr)
-        return 2
-    info = environment(rt.device)
-    out = opts.results_dir / "single_device" / measurement_name(rt, info, opts.compile)
-    if out.exists() and any(out.iterdir()):
-        print(f"single_device: error: {out} already holds a measurement of this device; remove it to measure "
-              f"again, or choose another --results-dir", file=sys.stderr)
         return 2
     place_process(rt)
     out.mkdir(parents=True, exist_ok=True)

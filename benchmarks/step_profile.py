@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.single_device import matmul_tflops, measurement_name, positive_int, synchronize, trainer_epoch
+from benchmarks.single_device import (matmul_tflops, measurement_name, new_measurement_folder, positive_int,
+                                      synchronize, trainer_epoch)
 from ddp_core.engine.config import OneLineParser, UsageError, parse_args
 from ddp_core.engine.data import load_data
 from ddp_core.engine.model_cost import training_flops
@@ -36,7 +37,8 @@ from ddp_core.engine.runtime import place_process, resolve_runtime
 from ddp_core.paths import RESULTS_DIR
 from ddp_core.train import model_config
 
-# An operator's category by the first pattern its name contains; any other operator is "other elementwise".
+# An operator's category by the first pattern its name contains; any other is OTHER (elementwise arithmetic,
+# filling tensors with zeros, autograd's own nodes).
 CATEGORIES = (
     ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm")),
     ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::_safe_softmax")),
@@ -47,7 +49,7 @@ CATEGORIES = (
     ("loss", ("nll_loss", "log_softmax")),
     ("copies and conversions", ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat")),
 )
-OTHER = "other elementwise"
+OTHER = "other operators"
 
 
 def category(operator: str) -> str:
@@ -79,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--seed", "0", "--no-timers", "--no-progress"], world_size=1)
         rt = resolve_runtime(cfg)
         info = environment(rt.device)
-        out = opts.results_dir / "step_profile" / measurement_name(rt, info, compiled=False)
-        if out.exists() and any(out.iterdir()):
-            raise UsageError(f"{out} already holds a profile of this device; remove it to profile again, or choose "
-                             f"another --results-dir")
+        out = new_measurement_folder(opts.results_dir, "step_profile", measurement_name(rt, info, compiled=False))
         data = load_data(cfg)
     except UsageError as exc:
         print(f"step_profile: error: {exc}", file=sys.stderr)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.single_device import measurement_name, positive_int
+from benchmarks.single_device import measurement_name, new_measurement_folder, positive_int
 from ddp_core.engine.config import OneLineParser, UsageError, parse_args
 from ddp_core.engine.data import load_data
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
@@ -39,8 +39,8 @@ from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 LOOPS = {"ddp_core": "ddp_core.train", "tutorial": "benchmarks.peers.tutorial_loop",
          "accelerate": "benchmarks.peers.accelerate_loop"}
 EPOCHS = 4
-# The default profile's model and batch on IMDB, with --train-samples samples an epoch.
-WORKLOAD = ["--dataset", "imdb", "--preset", "small", "--seq-len", "128", "--eval-samples", "64", "--global-batch-size", "32", "--lr", "0.003", "--warmup-steps", "30",
+# The default profile's model and batch, with --dataset and --train-samples samples an epoch.
+WORKLOAD = ["--preset", "small", "--seq-len", "128", "--eval-samples", "64", "--global-batch-size", "32", "--lr", "0.003", "--warmup-steps", "30",
             "--epochs", str(EPOCHS), "--seed", "0"]
 DDP_CORE_FLAGS = ["--no-progress"]  # its progress bar goes to a log no one reads here
 
@@ -51,6 +51,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
                         help="the measurement goes to RESULTS_DIR/peers/<device>")
+    parser.add_argument("--dataset", choices=["imdb", "synthetic"], default="imdb")
     parser.add_argument("--train-samples", type=positive_int, default=1024, help="samples each epoch trains on")
     return parser.parse_args(argv)
 
@@ -69,7 +70,7 @@ def run_steps(loop: str, ranks: int, workload: list[str], scratch: Path) -> pd.D
 def main(argv: list[str] | None = None) -> int:
     try:
         opts = options(argv)
-        workload = [*WORKLOAD, "--train-samples", str(opts.train_samples)]
+        workload = [*WORKLOAD, "--dataset", opts.dataset, "--train-samples", str(opts.train_samples)]
         for ranks in opts.ranks:
             parse_args(workload, world_size=ranks)  # every world size divides the batch, before anything runs
         if importlib.util.find_spec("accelerate") is None:
@@ -77,10 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(workload, world_size=1)
         rt = resolve_runtime(cfg)
         info = environment(rt.device)
-        out = opts.results_dir / "peers" / measurement_name(rt, info, compiled=False)
-        if out.exists() and any(out.iterdir()):
-            raise UsageError(f"{out} already holds a measurement of this device; remove it to measure again, or "
-                             f"choose another --results-dir")
+        out = new_measurement_folder(opts.results_dir, "peers", measurement_name(rt, info, compiled=False))
         load_data(cfg)  # the token cache every loop then reads alike; a missing dataset stops here
     except UsageError as exc:
         print(f"peers: error: {exc}", file=sys.stderr)

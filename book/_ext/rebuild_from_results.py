@@ -5,8 +5,8 @@ links, and what hangs on them, right at every build.
   runs of it ($DDP_CORE_RESULTS_DIR/<study>, default results/<study>) when there are any, and else to
   the reference runs shipped in the repository (reference/<study>): a fresh clone builds the book
   before anything was trained, and `make report STUDIES=...` replaces only the studies it ran.
-- `book/results/single_device/<device>` links to each device's single-device measurement
-  (benchmarks/single_device.py): the reference ones, each replaced by the user's own of the same device.
+- `book/results/<measurement>/<device>` links to each device's measurement of `MEASUREMENTS` (the benchmarks
+  single_device.py, peers and step_profile): the reference ones, each replaced by the user's own of the same device.
 - The runs are written out as one tidy table, `_generated/all_runs.csv` (one row per run and epoch,
   the study, the run's settings and where it ran as columns), which the results chapter offers.
 - The book has a page per run of the strong-scaling study only (the other studies' runs are many, and
@@ -25,6 +25,9 @@ import os
 from pathlib import Path
 
 from sphinx.errors import ExtensionError
+
+
+MEASUREMENTS = ("single_device", "peers", "step_profile")
 
 
 def link_and_tabulate(app):
@@ -49,7 +52,8 @@ def link_and_tabulate(app):
         if link.is_symlink():
             link.unlink()
         link.symlink_to(target.resolve())
-    link_measurements(folder / "single_device", [project / "reference" / "single_device", results / "single_device"])
+    for measurement in MEASUREMENTS:
+        link_measurements(folder / measurement, [project / "reference" / measurement, results / measurement])
     try:
         table = study_tables(folder, list(studies))
     except ResultsError as exc:

@@ -243,23 +243,31 @@ class Measurement:
     epochs: pd.DataFrame
 
 
-def read_measurement(folder: str | Path) -> Measurement:
+def read_device_files(folder: str | Path, table: str, what: str) -> tuple[str, dict, pd.DataFrame]:
+    """A benchmark's measurement of one device (single_device.py, peers, step_profile): the folder's name, which
+    names the device, its device.json and its table `table`."""
     folder = Path(folder)
     try:
-        info = json.loads((folder / "device.json").read_text())
-        epochs = pd.read_csv(folder / "epochs.csv")
+        return folder.name, json.loads((folder / "device.json").read_text()), pd.read_csv(folder / table)
     except (OSError, ValueError) as exc:
-        raise ResultsError(f"{folder}: not a finished single-device measurement ({exc})") from None
-    return Measurement(folder.name, info, epochs)
+        raise ResultsError(f"{folder}: not a finished {what} ({exc})") from None
 
 
-def load_measurements(folder: str | Path) -> list[Measurement]:
-    """Every measurement under `folder` (a subfolder per device), the CPU ones first."""
+def load_per_device(folder: str | Path, read) -> list:
+    """`read` of every subfolder of `folder` that holds a device.json (a device each), the CPU ones first."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ResultsError(f"{folder}: no such results folder")
-    found = [read_measurement(sub) for sub in sorted(folder.iterdir()) if (sub / "device.json").exists()]
-    return sorted(found, key=lambda m: (m.info["device"] != "cpu", m.name))
+    found = [read(sub) for sub in sorted(folder.iterdir()) if (sub / "device.json").exists()]
+    return sorted(found, key=lambda m: (not m.name.startswith("cpu"), m.name))
+
+
+def read_measurement(folder: str | Path) -> Measurement:
+    return Measurement(*read_device_files(folder, "epochs.csv", "single-device measurement"))
+
+
+def load_measurements(folder: str | Path) -> list[Measurement]:
+    return load_per_device(folder, read_measurement)
 
 
 def run_on_folder(prog: str, report, load=load_experiment, argv: list[str] | None = None) -> int:

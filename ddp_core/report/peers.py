@@ -1,0 +1,137 @@
+"""ddp_core against the loops a user would write instead (the loop of PyTorch's DDP tutorial, a loop in
+Accelerate), from the measurement of `benchmarks/peers` (a folder per device: steps.csv, device.json).
+
+    python -m ddp_core.report.peers results/peers/cpu     # prints the table
+
+A run's step time is the median of its steps after the first epoch (a burst of other load moves a median far
+less than a mean). A round ran every loop once at each world size, back to back; its ratio is a peer's step
+time over ddp_core's at the same world size, so above 1 means ddp_core is faster. The ratio is given as the
+median over the rounds with its range, and whether ddp_core is faster is the one verdict function's call
+(`verdict.compare`, the rounds paired) against the noise floor: the spread of one loop's run medians over the
+rounds, as a median over the loops and world sizes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
+from ddp_core.report.tables import one_row_each, rank_label
+from ddp_core.report.verdict import Comparison, compare, noise_floor
+
+# benchmarks/peers's loops other than ddp_core, as the page names them
+PEERS = {"tutorial": "DDP tutorial loop", "accelerate": "Accelerate loop"}
+# The engine's goal against each peer: a median ratio of at least GOAL_MEDIAN, no round below GOAL_LOWEST.
+GOAL_MEDIAN, GOAL_LOWEST = 1.00, 0.97
+
+
+@dataclass
+class PeerMeasurement:
+    name: str  # the device, as benchmarks/peers names its folder
+    info: dict
+    steps: pd.DataFrame
+
+
+def read_peers(folder: str | Path) -> PeerMeasurement:
+    return PeerMeasurement(*read_device_files(folder, "steps.csv", "peers measurement"))
+
+
+def load_peer_measurements(folder: str | Path) -> list[PeerMeasurement]:
+    return load_per_device(folder, read_peers)
+
+
+def run_step_times(m: PeerMeasurement) -> pd.Series:
+    """Each run's median step in seconds, after its first epoch: indexed by loop, ranks and round."""
+    steady = m.steps[m.steps["epoch"] > m.steps["epoch"].min()]
+    return steady.groupby(["loop", "ranks", "round"])["step_time_s"].median()
+
+
+def comparisons(m: PeerMeasurement) -> dict[tuple[str, int], Comparison]:
+    """(peer, ranks) -> the peer's step time over ddp_core's, round by round: "higher" means ddp_core is faster.
+    Only rounds that ran both loops are paired."""
+    times = run_step_times(m)
+    floor = noise_floor([list(group) for _, group in times.groupby(["loop", "ranks"])])
+    found = {}
+    for peer in PEERS:
+        for ranks in sorted(m.steps["ranks"].unique()):
+            if (peer, ranks) not in times.index.droplevel("round") or ("ddp_core", ranks) not in \
+                    times.index.droplevel("round"):
+                continue
+            both = pd.concat([times[peer, ranks], times["ddp_core", ranks]], axis=1, join="inner")
+            found[peer, int(ranks)] = compare(list(both.iloc[:, 0]), list(both.iloc[:, 1]), floor)
+    return found
+
+
+def speed_table(m: PeerMeasurement) -> pd.DataFrame:
+    """Per peer and world size: both loops' median step (over the rounds), the ratio's median and range over the
+    rounds, and the verdict on ddp_core."""
+    times = run_step_times(m).groupby(["loop", "ranks"]).median()
+    rows = []
+    for (peer, ranks), c in comparisons(m).items():
+        rows.append({"peer": peer, "ranks": ranks, "peer_step_ms": times[peer, ranks] * 1e3,
+                     "ddp_core_step_ms": times["ddp_core", ranks] * 1e3, "ratio": c.ratio, "low": c.low,
+                     "high": c.high, "rounds": c.pairs, "verdict": verdict_words(c)})
+    return pd.DataFrame(rows)
+
+
+def verdict_words(c: Comparison) -> str:
+    """What the rounds say of ddp_core against the peer, in the table's words."""
+    return {"higher": "ddp_core faster", "lower": "ddp_core slower"}.get(c.verdict, c.verdict)
+
+
+def speed_markdown(m: PeerMeasurement) -> str:
+    table = speed_table(m)
+    table.index = [f"{PEERS[p][0].upper()}{PEERS[p][1:]}, {rank_label(n)}" for p, n in zip(table["peer"], table["ranks"])]
+    table["ratio_text"] = [f"{mid:.2f} ({low:.2f}–{high:.2f})" for mid, low, high in
+                           zip(table["ratio"], table["low"], table["high"])]
+    columns = {"peer_step_ms": ("Its median step (ms)", "{:.1f}"),
+               "ddp_core_step_ms": ("ddp_core's median step (ms)", "{:.1f}"),
+               "ratio_text": ("ddp_core's speed relative to it (median, range over rounds)", "{}"),
+               "verdict": ("Verdict", "{}")}
+    return one_row_each(table, columns, "Loop, world size")
+
+
+def findings(m: PeerMeasurement) -> dict:
+    """What the page says around the table: provenance, the workload and the noise floor."""
+    info, found = m.info, comparisons(m)
+    floor = next(iter(found.values())).floor if found else float("nan")
+    return {"device": info["device_name"], "torch": info["torch"], "accelerate": info["accelerate"],
+            "measured_on": info["start_time"][:10], "commit": (info["git_commit"] or "unknown")[:10],
+            "rounds": m.steps["round"].nunique(), "epochs": info["epochs"], "floor": f"{floor:.1%}",
+            "samples": info["workload"][info["workload"].index("--train-samples") + 1]}
+
+
+def goal_sentence(m: PeerMeasurement) -> str:
+    """Whether ddp_core met its goal against each peer at each world size: a median ratio of at least GOAL_MEDIAN
+    and no round below GOAL_LOWEST."""
+    met, missed = [], []
+    for (peer, ranks), c in comparisons(m).items():
+        where = f"the {PEERS[peer]} at {rank_label(ranks)}"
+        if round(c.ratio, 2) >= GOAL_MEDIAN and round(c.low, 2) >= GOAL_LOWEST:
+            met.append(where)
+        else:
+            missed.append(f"{where} (median {c.ratio:.2f}, lowest round {c.low:.2f})")
+    goal = (f"The engine's goal, at least as fast as each peer (a median ratio of at least {GOAL_MEDIAN:.2f}, no "
+            f"round below {GOAL_LOWEST:.2f}), was ")
+    if not missed:
+        return goal + "met against every peer at every world size."
+    if not met:
+        return goal + "missed against every peer: " + _listed(missed) + "."
+    return goal + "met against " + _listed(met) + "; missed against " + _listed(missed) + "."
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def print_summary(m: PeerMeasurement) -> None:
+    print(speed_markdown(m))
+    print(goal_sentence(m))
+
+
+if __name__ == "__main__":
+    sys.exit(run_on_folder("ddp_core.report.peers", print_summary, load=read_peers))

@@ -1,0 +1,101 @@
+"""Where a training step's time goes, by category of operator, from the profile of `benchmarks/step_profile`
+(a folder per device: operators.csv, device.json).
+
+    python -m ddp_core.report.step_profile results/step_profile/cpu     # prints the table
+
+Each operator's self time per step (its own, not that of the operators it calls) falls in one category; the
+time of the profiled step that no operator spent (Python, the loop, the profiler's own bookkeeping) is its
+own row, so the rows add up to the step. The matrix products' rate is their FLOPs (counted by the profiler
+from their shapes) over their time; the model's rate is the cost model's FLOPs per step over the step's wall
+time; both are held against the rate one large matrix product reached on the same device.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ddp_core.engine.model_shape import PRESETS
+from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
+from ddp_core.report.tables import one_row_each
+
+OUTSIDE = "outside any operator (Python, the loop, the profiler)"
+
+
+@dataclass
+class StepProfile:
+    name: str  # the device, as benchmarks/step_profile names its folder
+    info: dict
+    operators: pd.DataFrame
+
+
+def read_step_profile(folder: str | Path) -> StepProfile:
+    return StepProfile(*read_device_files(folder, "operators.csv", "step profile"))
+
+
+def load_step_profiles(folder: str | Path) -> list[StepProfile]:
+    return load_per_device(folder, read_step_profile)
+
+
+def category_table(p: StepProfile) -> pd.DataFrame:
+    """Per category, largest first, then the time outside operators: milliseconds per step, share of the step,
+    the largest operator in it, and for the matrix products their rate in GFLOP/s."""
+    ops = p.operators
+    by_category = ops.groupby("category").agg(seconds=("self_s_per_step", "sum"), flops=("flops_per_step", "sum"))
+    by_category["largest"] = ops.loc[ops.groupby("category")["self_s_per_step"].idxmax()].set_index("category")[
+        "operator"]
+    by_category = by_category.sort_values("seconds", ascending=False)
+    step = p.info["step_s"]
+    outside = pd.DataFrame({"seconds": [step - by_category["seconds"].sum()], "flops": [0.0], "largest": [""]},
+                           index=[OUTSIDE])
+    table = pd.concat([by_category, outside])
+    table["ms"] = table["seconds"] * 1e3
+    table["share_pct"] = table["seconds"] / step * 100
+    table["gflops"] = (table["flops"] / table["seconds"] / 1e9).where(table.index == "matrix products")
+    return table
+
+
+def short_name(operator: str) -> str:
+    """An operator's name short enough for a table column: `aten::_scaled_dot_product_flash_attention_for_cpu`
+    reads `flash_attention`."""
+    for noise in ("aten::", "_scaled_dot_product_", "_for_cpu"):
+        operator = operator.replace(noise, "")
+    return operator
+
+
+def category_markdown(p: StepProfile) -> str:
+    table = category_table(p)
+    table["largest"] = [f"`{short_name(name)}`" if name else "" for name in table["largest"]]
+    table.index = [name[0].upper() + name[1:] for name in table.index]
+    columns = {"ms": ("Time per step (ms)", "{:.1f}"), "share_pct": ("Share of the step (%)", "{:.0f}"),
+               "gflops": ("Rate (GFLOP/s)", "{:.0f}"), "largest": ("Largest operator", "{}")}
+    return one_row_each(table, columns, "Operators")
+
+
+def findings(p: StepProfile) -> dict:
+    """The step, its matrix products' and the model's FLOP rates against one large product's, with provenance."""
+    info, table = p.info, category_table(p)
+    products = table.loc["matrix products"]
+    large = info["matmul_tflops"] * 1e3  # GFLOP/s
+    model = info["model_flops_per_step"] / info["step_s"] / 1e9
+    return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
+            "measured_on": info["measured_on"][:10], "commit": (info["git_commit"] or "unknown")[:10],
+            "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
+            "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_gflops": f"{large:.0f}",
+            "products_gflops": f"{products['gflops']:.0f}", "products_share": f"{products['gflops'] / large:.0%}",
+            "products_time_share": f"{products['share_pct']:.0f} %",
+            "model_gflops": f"{model:.0f}", "model_share": f"{model / large:.0%}",
+            "products_note": f": the model's products are small, {PRESETS[info['preset']]['d_model']} wide"
+            if products["gflops"] < 0.8 * large else ""}
+
+
+def print_summary(p: StepProfile) -> None:
+    print(category_markdown(p))
+    print(findings(p))
+
+
+if __name__ == "__main__":
+    sys.exit(run_on_folder("ddp_core.report.step_profile", print_summary, load=read_step_profile))
