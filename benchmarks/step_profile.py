@@ -38,13 +38,14 @@ from ddp_core.paths import RESULTS_DIR
 from ddp_core.train import model_config
 
 # An operator's category by the first pattern its name contains; any other is OTHER (elementwise arithmetic,
-# filling tensors with zeros, autograd's own nodes).
+# filling tensors with zeros, views).
 CATEGORIES = (
     ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm")),
     ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::_safe_softmax")),
     ("normalisation and activations", ("layer_norm", "aten::gelu")),
     ("dropout", ("bernoulli", "dropout")),
-    ("optimizer", ("adam",)),
+    ("optimizer", ("adam", "Optimizer.")),
+    ("autograd's own work", ("autograd::", "Backward0", "Backward1")),
     ("embeddings", ("embedding",)),
     ("loss", ("nll_loss", "log_softmax")),
     ("copies and conversions", ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat")),
@@ -65,11 +66,15 @@ def options(argv: list[str] | None = None):
     return parser.parse_args(argv)
 
 
-def operator_rows(prof, steps: int) -> pd.DataFrame:
-    """One row per operator that spent time of its own, per step, largest first."""
+def operator_rows(prof, steps: int, on_gpu: bool) -> pd.DataFrame:
+    """One row per operator that spent time of its own, per step, largest first: on a GPU the time of the kernels
+    it launched, else its time on the CPU."""
+    def own_seconds(e) -> float:
+        return (e.self_device_time_total if on_gpu else e.self_cpu_time_total) / 1e6 / steps
+
     rows = [{"category": category(e.key), "operator": e.key, "calls_per_step": e.count / steps,
-             "self_s_per_step": e.self_cpu_time_total / 1e6 / steps, "flops_per_step": e.flops / steps}
-            for e in prof.key_averages() if e.self_cpu_time_total > 0]
+             "self_s_per_step": own_seconds(e), "flops_per_step": e.flops / steps}
+            for e in prof.key_averages() if own_seconds(e) > 0]
     return pd.DataFrame(rows).sort_values("self_s_per_step", ascending=False, ignore_index=True)
 
 
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             dist.destroy_process_group()
     out.mkdir(parents=True, exist_ok=True)
-    operator_rows(prof, opts.steps).to_csv(out / "operators.csv", index=False)
+    operator_rows(prof, opts.steps, rt.device.type == "cuda").to_csv(out / "operators.csv", index=False)
     save_atomic(info | dict(command=sys.argv, device=str(rt.device), threads=torch.get_num_threads(),
                             preset=cfg.preset, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
                             dataset=cfg.dataset, steps=opts.steps, step_s=seconds / opts.steps,

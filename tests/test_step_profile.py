@@ -20,6 +20,9 @@ from ddp_core.report.step_profile import OUTSIDE, StepProfile, category_table
     ("aten::gelu_backward", "normalisation and activations"), ("aten::bernoulli_", "dropout"),
     ("aten::_fused_adamw_", "optimizer"), ("aten::embedding_dense_backward", "embeddings"),
     ("aten::copy_", "copies and conversions"), ("aten::mul", OTHER), ("aten::fill_", OTHER),
+    ("Optimizer.step#AdamW.step", "optimizer"),
+    ("autograd::engine::evaluate_function: AddmmBackward0", "autograd's own work"),
+    ("ScaledDotProductFlashAttentionForCpuBackward0", "autograd's own work"),
 ])
 def test_each_operator_is_counted_in_the_category_a_reader_expects(operator, expected):
     assert category(operator) == expected
