@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.step_profile import OTHER, category
 from conftest import REPO
-from ddp_core.report.step_profile import OUTSIDE, StepProfile, category_table
+from ddp_core.report.step_profile import OUTSIDE, StepProfile, category_table, short_name
 
 
 @pytest.mark.parametrize("operator,expected", [
@@ -56,3 +56,11 @@ def test_the_profiled_products_carry_the_cost_models_flops_but_the_fused_attenti
     products = operators.loc[operators["category"] == "matrix products", "flops_per_step"].sum()
     attention = 3 * info["batch_size"] * info["seq_len"] * 4 * 2 * info["seq_len"] * 128  # small: 2 layers, 128 wide
     assert products == pytest.approx(info["model_flops_per_step"] - attention, rel=0.01)
+
+
+@pytest.mark.parametrize("operator,shown", [
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "`flash_attention` (backward)"),
+    ("autograd::engine::evaluate_function: AddmmBackward0", "`AddmmBackward0`"), ("aten::mm", "`mm`"),
+])
+def test_an_operators_name_is_short_enough_for_the_tables_column(operator, shown):
+    assert short_name(operator) == shown

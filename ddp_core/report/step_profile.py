@@ -61,7 +61,7 @@ def short_name(operator: str) -> str:
     """An operator's name as markdown short enough for a table column:
     `aten::_scaled_dot_product_flash_attention_for_cpu_backward` reads `flash_attention` (backward), which a narrow
     column can break."""
-    for noise in ("aten::", "_scaled_dot_product_", "_for_cpu"):
+    for noise in ("autograd::engine::evaluate_function: ", "aten::", "_scaled_dot_product_", "_for_cpu"):
         operator = operator.replace(noise, "")
     name, backward, _ = operator.partition("_backward")
     return f"`{name}`" + (" (backward)" if backward else "") if name else ""
