@@ -40,8 +40,8 @@ LOOPS = {"ddp_core": "ddp_core.train", "tutorial": "benchmarks.peers.tutorial_lo
          "accelerate": "benchmarks.peers.accelerate_loop"}
 EPOCHS = 4
 # The default profile's model and batch, with --dataset and --train-samples samples an epoch.
-WORKLOAD = ["--preset", "small", "--seq-len", "128", "--eval-samples", "64", "--global-batch-size", "32", "--lr", "0.003", "--warmup-steps", "30",
-            "--epochs", str(EPOCHS), "--seed", "0"]
+WORKLOAD = ["--preset", "small", "--seq-len", "128", "--eval-samples", "64", "--global-batch-size", "32",
+            "--lr", "0.003", "--warmup-steps", "30", "--epochs", str(EPOCHS), "--seed", "0"]
 DDP_CORE_FLAGS = ["--no-progress"]  # its progress bar goes to a log no one reads here
 
 

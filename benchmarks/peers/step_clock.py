@@ -16,6 +16,7 @@ from ddp_core.engine.timers import Clock
 class StepClock:
     def __init__(self, device: torch.device):
         self.clock = Clock(device)
+        self.clock.reset()  # every timestamp is read as seconds from here
         self.epochs: list[tuple[int, object, list]] = []  # (epoch, its start, its step ends)
 
     def start_epoch(self, epoch: int) -> None:
@@ -31,9 +32,8 @@ class StepClock:
             torch.cuda.synchronize()
         rows = []
         for epoch, start, ends in self.epochs:
-            self.clock.origin = start
-            seconds = [self.clock.seconds(end) for end in ends]
+            seconds = [self.clock.seconds(stamp) for stamp in [start, *ends]]
             rows += [{"epoch": epoch, "step": k + 1, "step_time_s": b - a}
-                     for k, (a, b) in enumerate(zip([0.0] + seconds, seconds))]
+                     for k, (a, b) in enumerate(zip(seconds, seconds[1:]))]
         Path(out).mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_csv(Path(out) / "steps.csv", index=False)

@@ -36,7 +36,7 @@ Steps. Each optimizer step's wall time and its exposed communication are also ke
 the machine moves far less than a mean. A step's time runs from the end of the step before it (the
 epoch's start, for its first) to the end of its optimizer phase, so it holds whatever the loop does
 between steps too, and the steps of an epoch add up to its time: a loop timed from outside, step end
-to step end (`benchmarks/peers.py` times other loops so), is measured the same way.
+to step end (`benchmarks/peers/step_clock.py` times other loops so), is measured the same way.
 
 What this leaves out: when compute and communication share a resource (on a CPU the same cores;
 on a GPU the SMs and memory bandwidth that NCCL kernels use), communication also slows the

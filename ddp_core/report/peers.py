@@ -7,8 +7,8 @@ A run's step time is the median of its steps after the first epoch (a burst of o
 less than a mean). A round ran every loop once at each world size, back to back; its ratio is a peer's step
 time over ddp_core's at the same world size, so above 1 means ddp_core is faster. The ratio is given as the
 median over the rounds with its range, and whether ddp_core is faster is the one verdict function's call
-(`verdict.compare`, the rounds paired) against the noise floor: the spread of one loop's run medians over the
-rounds, as a median over the loops and world sizes.
+(`verdict.compare`, the rounds paired) against the noise floor of its world size: the spread of one loop's run
+medians over the rounds, as a median over the loops at that world size.
 """
 
 from __future__ import annotations
