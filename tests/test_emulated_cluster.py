@@ -79,8 +79,10 @@ def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
 
 
 def start_cluster_process(tmp_path) -> subprocess.Popen:
-    """A process that brings up a 2-node cluster, says so, and waits in it."""
-    code = ("from ddp_core.launch.emulated import EmulatedCluster\nimport time\n"
+    """A process that brings up a 2-node cluster, says so, and waits in it. Ctrl-C raises KeyboardInterrupt in it
+    as in a terminal, even when the suite runs in a background job (whose children inherit SIGINT ignored)."""
+    code = ("from ddp_core.launch.emulated import EmulatedCluster\nimport signal, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "with EmulatedCluster(nodes=2, link_rate='100mbit'):\n    print('up', flush=True)\n    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
