@@ -84,7 +84,7 @@ single-device: | $(VENV)/.installed
 	$(BIN)/python benchmarks/single_device.py --results-dir $(RESULTS_DIR) $(SINGLE_DEVICE_ARGS)
 
 # ddp_core against the loop of PyTorch's DDP tutorial and an Accelerate loop, interleaved, at 1 and 2 ranks, into
-# $(RESULTS_DIR)/peers/<device> (about 15 minutes on 2 cores); PEERS_ARGS: python -m benchmarks.peers --help.
+# $(RESULTS_DIR)/peers/<device> (about 18 minutes on 2 cores); PEERS_ARGS: python -m benchmarks.peers --help.
 peers: | $(VENV)/.installed
 	$(BIN)/python -m benchmarks.peers --results-dir $(RESULTS_DIR) $(PEERS_ARGS)
 

@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from benchmarks.peers.__main__ import EPOCHS, LOOPS
+from benchmarks.peers.__main__ import EPOCHS, LOOPS, PEERS, round_order
 from conftest import REPO
 from ddp_core.report.peers import PeerMeasurement, comparisons, goal_sentence, speed_table
 
@@ -48,6 +48,17 @@ def test_a_world_size_that_does_not_divide_the_batch_is_refused_before_any_run(t
                          isolated_env)
     assert proc.returncode == 2 and "does not divide by world size 3" in proc.stderr
     assert not (tmp_path / "peers").exists()
+
+
+def test_each_peer_runs_right_beside_ddp_core_on_either_side_in_turn():
+    rounds = [round_order(r, [1, 2]) for r in range(2)]
+    for order in rounds:
+        assert sorted(order) == sorted((loop, n) for loop in LOOPS for n in (1, 2))
+        for peer in PEERS:
+            for n in (1, 2):
+                assert abs(order.index((peer, n)) - order.index(("ddp_core", n))) == 1, (peer, n, order)
+    for peer in PEERS:
+        assert {order.index((peer, 1)) < order.index(("ddp_core", 1)) for order in rounds} == {True, False}
 
 
 def measurement(step_ms: dict[str, list[float]], ranks: int = 1) -> PeerMeasurement:

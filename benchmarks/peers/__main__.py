@@ -2,11 +2,13 @@
 Face Accelerate, the same model on the same encoded tensors, at 1 and 2 ranks on this machine.
 
     python -m benchmarks.peers                        # into results/peers/<device>
-    python -m benchmarks.peers --rounds 5 --ranks 1 2 --results-dir reference
+    python -m benchmarks.peers --rounds 6 --ranks 1 2 --results-dir reference
 
 Each round runs every loop once at every world size, each run a fresh set of processes under torchrun (at 1
-rank too: the tutorial's loop needs its environment, and all loops pay the same start-up), the loops' order
-reversed every round so that a slow spell of a shared machine falls on all of them alike. A run trains the
+rank too: the tutorial's loop needs its environment, and all loops pay the same start-up). ddp_core runs between
+its two peers, so that each ratio compares two runs made one right after the other: this machine's slow spells
+last tens of seconds, and a run two places away may fall on the other side of one. The peers swap sides, and
+the world sizes their order, every round. A run trains the
 workload below for EPOCHS epochs and writes each step's time, step end to step end (ddp_core's steps.csv,
 `step_clock.py` for the others); the first epoch is warm-up. A round's ratio is a peer's median step over
 ddp_core's, so above 1 means ddp_core is faster; the book's chapter on one device gives its median and range
@@ -38,6 +40,7 @@ from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 
 LOOPS = {"ddp_core": "ddp_core.train", "tutorial": "benchmarks.peers.tutorial_loop",
          "accelerate": "benchmarks.peers.accelerate_loop"}
+PEERS = [loop for loop in LOOPS if loop != "ddp_core"]
 EPOCHS = 4
 # The default profile's model and batch, with --dataset and --train-samples samples an epoch.
 WORKLOAD = ["--preset", "small", "--seq-len", "128", "--eval-samples", "64", "--global-batch-size", "32",
@@ -47,7 +50,7 @@ DDP_CORE_FLAGS = ["--no-progress"]  # its progress bar goes to a log no one read
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="peers", description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=6)
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
                         help="the measurement goes to RESULTS_DIR/peers/<device>")
@@ -65,6 +68,12 @@ def run_steps(loop: str, ranks: int, workload: list[str], scratch: Path) -> pd.D
     if done.returncode:
         raise RuntimeError(f"{loop} at {ranks} rank(s) failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return pd.read_csv(out / "steps.csv")[["epoch", "step", "step_time_s"]]
+
+
+def round_order(round_: int, ranks: list[int]) -> list[tuple[str, int]]:
+    """The runs of one round, (loop, world size): ddp_core between its peers at each world size."""
+    first, last = PEERS if round_ % 2 == 0 else PEERS[::-1]
+    return [(loop, n) for n in (ranks if round_ % 2 == 0 else ranks[::-1]) for loop in (first, "ddp_core", last)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(opts.rounds):
-            order = [(loop, ranks) for ranks in opts.ranks for loop in LOOPS]
-            for loop, ranks in order if round_ % 2 == 0 else order[::-1]:
+            for loop, ranks in round_order(round_, opts.ranks):
                 steps = run_steps(loop, ranks, workload, Path(tmp))
                 rows.append(steps.assign(loop=loop, ranks=ranks, round=round_))
                 pd.concat(rows)[["loop", "ranks", "round", "epoch", "step", "step_time_s"]].to_csv(
