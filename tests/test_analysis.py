@@ -115,6 +115,13 @@ def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(expe
     assert found["target_sentence"].startswith("It meets" if error.abs().max() <= 0.10 else "It misses")
 
 
+def test_a_prediction_without_a_benchmark_at_any_run_s_world_size_says_so_in_one_line(experiment):
+    with pytest.raises(ResultsError) as refused:
+        prediction.predict(experiment, allreduce={8: experiment.allreduce[max(experiment.allreduce)]})
+    assert "needs a run and an all-reduce benchmark at the same world size" in str(refused.value)
+    assert "benchmarks at [8]" in str(refused.value) and "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("predicted, says", [
     ([1.05, 0.95], "It meets that target: its largest error is 5.0%, at 2 ranks; yet every predicted speedup lies "
                    "within the range of the measured repeats, so this machine cannot tell"),

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
-from ddp_core.report.results import Experiment, RunInfo, run_on_folder
+from ddp_core.report.results import Experiment, ResultsError, RunInfo, run_on_folder
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.scaling import scaling_table
 
@@ -100,10 +100,12 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
     fits = {n: fit_alpha_beta(bench) for n, bench in benchmarks.items()}
     step_s = table["step_time_s"]
     one = experiment.runs[1]
+    predictable = sorted(set(fits) & set(experiment.runs))
+    if not predictable:
+        raise ResultsError(f"{experiment.folder}: the cost model needs a run and an all-reduce benchmark at the same "
+                           f"world size; it has runs at {sorted(experiment.runs)} and benchmarks at {sorted(fits)}")
     rows = []
-    for n in sorted(fits):
-        if n not in experiment.runs:
-            continue
+    for n in predictable:
         info = experiment.runs[n]
         buckets = [measured_allreduce_s(benchmarks[n], size, fits[n]) for size in bucket_sizes(info.model)]
         comm = sum(buckets)
