@@ -36,6 +36,7 @@ from ddp_core.engine.config import OneLineParser, UsageError, parse_args
 from ddp_core.engine.data import load_data
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import resolve_runtime
+from ddp_core.launch.local import launch_command
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 
 LOOPS = {"ddp_core": "ddp_core.train", "tutorial": "benchmarks.peers.tutorial_loop",
@@ -62,8 +63,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 def run_steps(loop: str, ranks: int, workload: list[str], scratch: Path) -> pd.DataFrame:
     out = scratch / f"{loop}-{ranks}"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", LOOPS[loop], *workload, *(DDP_CORE_FLAGS if loop == "ddp_core" else []), "--out", str(out)]
+    command = [*launch_command(ranks, "-m", LOOPS[loop], torchrun=True), *workload,
+               *(DDP_CORE_FLAGS if loop == "ddp_core" else []), "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{loop} at {ranks} rank(s) failed (exit {done.returncode}):\n{done.stderr[-3000:]}")

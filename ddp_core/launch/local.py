@@ -124,11 +124,12 @@ def refuse_interrupted(plan: Plan) -> None:
                               f"choose another experiment name")
 
 
-def launch_command(world_size: int, *program: str, max_restarts: int = 0) -> list[str]:
-    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more or when
-    it is to restart the ranks after a failure. PROGRAM is `-m MODULE` or a script; by default the trainer."""
+def launch_command(world_size: int, *program: str, max_restarts: int = 0, torchrun: bool = False) -> list[str]:
+    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more, when it
+    is to restart the ranks after a failure, or when asked (a program that needs torchrun's environment at 1 rank
+    too). PROGRAM is `-m MODULE` or a script; by default the trainer."""
     program = program or ("-m", "ddp_core.train")
-    if world_size == 1 and not max_restarts:
+    if world_size == 1 and not max_restarts and not torchrun:
         return [sys.executable, *program]
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
