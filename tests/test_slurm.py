@@ -64,20 +64,16 @@ def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_pat
 
 
 @contextmanager
-def requeued_jobs_released():
-    """Slurm holds a requeued job for about two minutes before it may start again (its BeginTime), so that its
-    nodes can clean up; the test releases each one at once, as an administrator may, to keep the suite short."""
+def polled_in_background(poll, every_s: float):
+    """`poll()` every `every_s` seconds in a thread while the block runs, until it returns True."""
     done = threading.Event()
 
-    def release():
-        while not done.wait(0.5):
-            pending = subprocess.run(["squeue", "--noheader", "--states=PENDING", "--format=%i %r"],
-                                     capture_output=True, text=True).stdout
-            for job, reason in (line.split() for line in pending.splitlines()):
-                if reason == "BeginTime":
-                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+    def loop():
+        while not done.wait(every_s):
+            if poll():
+                return
 
-    thread = threading.Thread(target=release, daemon=True)
+    thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
         yield
@@ -86,27 +82,32 @@ def requeued_jobs_released():
         thread.join()
 
 
-@contextmanager
+def requeued_jobs_released():
+    """Slurm holds a requeued job for about two minutes before it may start again (its BeginTime), so that its
+    nodes can clean up; the test releases each one at once, as an administrator may, to keep the suite short."""
+    def release() -> bool:
+        pending = subprocess.run(["squeue", "--noheader", "--states=PENDING", "--format=%i %r"],
+                                 capture_output=True, text=True).stdout
+        for job, reason in (line.split() for line in pending.splitlines()):
+            if reason == "BeginTime":
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        return False
+
+    return polled_in_background(release, every_s=0.5)
+
+
 def time_limit_warned_once(run_dir):
     """Ahead of a job's time limit Slurm sends its batch script USR1 (slurm/ddp_train.sbatch: --signal=B:USR1@120)
     at one of the controller's checks, every 30 s. The test sends the same signal the same way (scancel --batch) as
     soon as the first attempt's trainer has started, so the attempt is cut short however fast this machine trains."""
-    done = threading.Event()
+    def warn() -> bool:
+        if not ((run_dir / "run.json").is_file() and (run_dir / "slurm_job_id").is_file()):
+            return False
+        job = (run_dir / "slurm_job_id").read_text().strip()
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], capture_output=True)
+        return True
 
-    def warn():
-        while not done.wait(0.2):
-            if (run_dir / "run.json").is_file() and (run_dir / "slurm_job_id").is_file():
-                job = (run_dir / "slurm_job_id").read_text().strip()
-                subprocess.run(["scancel", "--signal=USR1", "--batch", job], capture_output=True)
-                return
-
-    thread = threading.Thread(target=warn, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    return polled_in_background(warn, every_s=0.2)
 
 
 def test_a_job_warned_of_its_time_limit_is_requeued_and_finishes_as_if_never_stopped(slurm_cluster, tmp_path):
