@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 import jupytext
@@ -84,12 +85,19 @@ def polled_in_background(poll, every_s: float):
 
 def requeued_jobs_released():
     """Slurm holds a requeued job for about two minutes before it may start again (its BeginTime), so that its
-    nodes can clean up; the test releases each one at once, as an administrator may, to keep the suite short."""
+    nodes can clean up; the test releases each one three seconds after it sees it held, as an administrator may,
+    to keep the suite short. Not at once: a node refuses an attempt whose credential was made in the second the
+    last one was revoked ("Job credential revoked"), and the job ends FAILED."""
+    held_since = {}
+
     def release() -> bool:
         pending = subprocess.run(["squeue", "--noheader", "--states=PENDING", "--format=%i %r"],
                                  capture_output=True, text=True).stdout
-        for job, reason in (line.split() for line in pending.splitlines()):
-            if reason == "BeginTime":
+        held = {job for job, reason in (line.split() for line in pending.splitlines()) if reason == "BeginTime"}
+        for job in held_since.keys() - held:
+            del held_since[job]
+        for job in held:
+            if time.monotonic() - held_since.setdefault(job, time.monotonic()) >= 3:
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         return False
 
