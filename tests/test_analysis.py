@@ -65,6 +65,14 @@ def test_speedup_and_efficiency_are_the_median_step_per_sample_of_one_rank_over_
     assert found["final_val_accuracy_nmax"] == csv_of(folder, largest)["val_accuracy"].iloc[-1]
 
 
+def test_a_run_stopped_after_its_first_epoch_is_shown_with_that_epoch(folder):
+    stopped = csv_of(folder, 4).iloc[:1]
+    stopped.to_csv(folder / "n4" / "metrics.csv", index=False)
+    found = scaling.findings(load_experiment(folder))
+    assert found["epoch_time_s_nmax"] == stopped["epoch_time_s"].iloc[0]
+    assert found["final_val_accuracy_nmax"] == stopped["val_accuracy"].iloc[0]
+
+
 def add_repeats(folder, step_times: dict[int, list[float]]):
     """Repeats 2.. of every world size as copies of the first with other seeds, and each repeat k's every step
     set to step_times[n][k - 1] seconds."""

@@ -132,29 +132,6 @@ def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].endswith("run as root (sudo), or use launcher='local'")
 
 
-@pytest.mark.slow
-def test_a_study_over_emulated_links_trains_and_benchmarks_each_link(tmp_path, in_env):
-    from ddp_core.studies.run import run_studies
-    from ddp_core.studies.study_list import parse_study
-
-    study = parse_study("links", {
-        "title": "Links", "profile": "tiny", "settings": {"train_samples": 64, "epochs": 2}, "world_sizes": [2],
-        "ranks_per_node": 1, "allreduce": True,
-        "variants": {"unshaped": {}, "100mbit": {"link_rate": "100mbit"}}})
-    run_studies([study], str(tmp_path), allreduce_args="--max-bytes 4194304")
-
-    largest = {}
-    for variant, rate in (("unshaped", None), ("100mbit", "100mbit")):
-        network = json.loads((tmp_path / "links" / variant / "n2" / "network.json").read_text())
-        assert (network["nodes"], network["link_rate"]) == (2, rate)
-        assert len(read_metrics(tmp_path / "links" / variant / "n2")) == 2
-        benchmark = (tmp_path / "links" / variant / "allreduce-n2" / "allreduce.csv").read_text().splitlines()
-        largest[variant] = float(benchmark[-1].split(",")[2])
-    # 4 MiB each way takes 0.34 s at 100 Mbit/s; unshaped, a few milliseconds
-    assert largest["100mbit"] > 10 * largest["unshaped"]
-    assert nothing_left(os.getpid())
-
-
 def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_why():
     code = ("from ddp_core.studies.run import can_run_here\nfrom ddp_core.studies.study_list import load_study_list\n"
             "studies, why = can_run_here(list(load_study_list('tests/studies-tiny.yml').values()))\n"

@@ -42,6 +42,13 @@ def test_each_run_keeps_its_executed_notebook_next_to_its_csvs(project):
         assert (project / "_build" / "html" / "results" / "scaling" / f"n{n}" / "run_experiment.html").is_file()
 
 
+def test_the_book_shows_the_projects_own_runs_and_offers_every_epoch_of_them_as_one_csv(project):
+    assert (project / "book" / "results" / "scaling").resolve() == (project / "results" / "scaling").resolve()
+    [table] = (project / "_build" / "html").glob("_downloads/*/all_runs.csv")
+    epochs = sum(len(pd.read_csv(metrics)) for metrics in (project / "results").glob("**/metrics.csv"))
+    assert len(pd.read_csv(table)) == epochs
+
+
 def test_theory_page_renders_its_equations_with_local_mathjax(project):
     site = project / "_build" / "html"
     theory = (site / "theory.html").read_text()
@@ -223,3 +230,15 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
     assert table.loc["unshaped", "speedup"] == pytest.approx(one_node / per_sample(folder / "unshaped" / "n2"))
     network = json.loads((folder / "100mbit" / "n2" / "network.json").read_text())
     assert table.loc["100 Mbit/s", "measured_gbit_s"] == pytest.approx(network["measured_gbit_s"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
+def test_each_link_of_the_link_study_trains_and_benchmarks_over_two_nodes_at_its_rate(project):
+    folder = project / "results" / "link_bandwidth"
+    for variant, rate in (("unshaped", None), ("1gbit", "1gbit"), ("100mbit", "100mbit")):
+        network = json.loads((folder / variant / "n2" / "network.json").read_text())
+        assert (network["nodes"], network["ranks_per_node"], network["link_rate"]) == (2, 1, rate)
+    largest = {variant: pd.read_csv(folder / variant / "allreduce-n2" / "allreduce.csv")["time_s"].iloc[-1]
+               for variant in ("unshaped", "100mbit")}
+    # 1 MiB each way (the tests' largest message) takes 84 ms at 100 Mbit/s; unshaped, a few milliseconds
+    assert largest["100mbit"] > 10 * largest["unshaped"]

@@ -119,7 +119,7 @@ def time_limit_warned_once(run_dir):
 
 
 def test_a_job_warned_of_its_time_limit_is_requeued_and_finishes_as_if_never_stopped(slurm_cluster, tmp_path):
-    long_run = {"train_samples": 10000, "eval_samples": 64, "global_batch_size": 16, "dropout": 0.1}
+    long_run = {"train_samples": 4000, "eval_samples": 64, "global_batch_size": 16, "dropout": 0.1}
     run_dir = tmp_path / "results" / "limit" / "n2"
     with requeued_jobs_released(), time_limit_warned_once(run_dir):
         printed = run_notebook(tmp_path, timeout=900, launcher="slurm", world_size=2, experiment="limit",
