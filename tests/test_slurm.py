@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
+from ddp_core.studies.run import kernel_on_unix_sockets
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
@@ -44,6 +45,7 @@ def run_notebook(tmp_path, timeout=300, **parameters):
     jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
     output = tmp_path / f"executed-{len(list(tmp_path.glob('executed-*')))}.ipynb"
     papermill.execute_notebook(notebook, output, cwd=tmp_path, progress_bar=False, execution_timeout=timeout,
+                               config=kernel_on_unix_sockets(str(tmp_path)),
                                parameters={"profile": "tiny", "results_dir": str(tmp_path / "results"),
                                            "poll_seconds": 0.5, **parameters})
     return "\n".join(out.get("text", "") for cell in jupytext.read(output).cells for out in cell.get("outputs", []))

@@ -19,6 +19,7 @@ import argparse
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,15 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     return planned
 
 
+def kernel_on_unix_sockets(folder: str):
+    """The notebook kernel's settings: its channels on Unix sockets in `folder`, not on TCP ports. A TCP kernel is
+    given ports that were free when they were chosen, and the trainers' gloo connections, which take ports of the
+    same range, sometimes take one first: 'Address already in use', and the kernel's heartbeat dies."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "ip": f"{folder}/kernel"}})
+
+
 def execute_run_notebook(run: Run, results_dir: str) -> None:
     """The run notebook, executed by papermill into the run's folder; a failure leaves it as *.failed.ipynb."""
     import jupytext
@@ -63,8 +73,10 @@ def execute_run_notebook(run: Run, results_dir: str) -> None:
                       experiment=run.experiment, results_dir=results_dir, launcher=run.launcher, nodes=run.nodes or 1,
                       link_rate=run.link_rate)
     try:
-        executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
-                                              progress_bar=False, extra_arguments=QUIET_KERNEL)
+        with tempfile.TemporaryDirectory(prefix="ddp-kernel-") as sockets:
+            executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
+                                                  progress_bar=False, extra_arguments=QUIET_KERNEL,
+                                                  config=kernel_on_unix_sockets(sockets))
     except papermill.PapermillExecutionError as exc:
         raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
                          f" (the notebook: {failed})") from None
