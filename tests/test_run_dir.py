@@ -4,59 +4,70 @@ in a working rerun or in one line that says what to do."""
 import gzip
 import json
 import math
+import shutil
 
 import pytest
 
-from conftest import TINY_SYNTHETIC, one_line_error, read_metrics
+from conftest import TINY_SYNTHETIC, one_line_error, read_metrics, run_training
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
 RUN = [*TINY_SYNTHETIC, "--global-batch-size", 16, "--train-samples", 128, "--eval-samples", 32]
 
 
-def stopped_before_first_checkpoint(train, run_dir):
+@pytest.fixture(scope="module")
+def one_epoch_run(tmp_path_factory, isolated_env):
+    """RUN trained for one epoch, once for the module: each test damages its own copy."""
+    folder = tmp_path_factory.mktemp("one_epoch")
+    run_training([*RUN, "--epochs", 1, "--out", folder / "run"], cwd=folder, env=isolated_env)
+    return folder / "run"
+
+
+@pytest.fixture
+def run_dir(one_epoch_run, tmp_path):
+    return shutil.copytree(one_epoch_run, tmp_path / "run")
+
+
+def stopped_before_first_checkpoint(run_dir):
     """A run killed after writing epoch 1's row but before its checkpoint: run.json unfinished, no checkpoint."""
-    train(*RUN, "--epochs", 1, "--out", run_dir)
     (run_dir / "checkpoint.pt").unlink()
     info = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps(info | {"end_time": None}))
 
 
-def test_the_same_command_starts_a_run_that_stopped_before_its_first_checkpoint_again(train, tmp_path):
-    stopped_before_first_checkpoint(train, tmp_path / "run")
-    train(*RUN, "--epochs", 2, "--out", tmp_path / "run")
-    assert [row["epoch"] for row in read_metrics(tmp_path / "run")] == ["1", "2"]
+def test_the_same_command_starts_a_run_that_stopped_before_its_first_checkpoint_again(train, run_dir):
+    stopped_before_first_checkpoint(run_dir)
+    train(*RUN, "--epochs", 2, "--out", run_dir)
+    assert [row["epoch"] for row in read_metrics(run_dir)] == ["1", "2"]
 
 
-def test_resuming_a_run_without_checkpoint_says_to_rerun_it(train, tmp_path):
-    stopped_before_first_checkpoint(train, tmp_path / "run")
-    error = one_line_error(train(*RUN, "--epochs", 2, "--out", tmp_path / "run", "--resume", expect_ok=False))
+def test_resuming_a_run_without_checkpoint_says_to_rerun_it(train, run_dir):
+    stopped_before_first_checkpoint(run_dir)
+    error = one_line_error(train(*RUN, "--epochs", 2, "--out", run_dir, "--resume", expect_ok=False))
     assert "(the run completed no step); run the command without --resume to start it again" in error
 
 
-def test_another_command_never_takes_over_a_stopped_run(train, tmp_path):
-    stopped_before_first_checkpoint(train, tmp_path / "run")
-    before = (tmp_path / "run" / "metrics.csv").read_text()
-    error = one_line_error(train(*RUN, "--epochs", 2, "--lr", "0.01", "--out", tmp_path / "run", expect_ok=False))
+def test_another_command_never_takes_over_a_stopped_run(train, run_dir):
+    stopped_before_first_checkpoint(run_dir)
+    before = (run_dir / "metrics.csv").read_text()
+    error = one_line_error(train(*RUN, "--epochs", 2, "--lr", "0.01", "--out", run_dir, expect_ok=False))
     assert "already holds a run" in error
-    assert (tmp_path / "run" / "metrics.csv").read_text() == before
+    assert (run_dir / "metrics.csv").read_text() == before
 
 
-def test_a_truncated_checkpoint_is_named_in_one_line(train, tmp_path):
-    train(*RUN, "--epochs", 1, "--out", tmp_path / "run")
-    checkpoint = tmp_path / "run" / "checkpoint.pt"
+def test_a_truncated_checkpoint_is_named_in_one_line(train, run_dir):
+    checkpoint = run_dir / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    error = one_line_error(train(*RUN, "--epochs", 2, "--out", tmp_path / "run", "--resume", expect_ok=False))
+    error = one_line_error(train(*RUN, "--epochs", 2, "--out", run_dir, "--resume", expect_ok=False))
     assert f"{checkpoint} is unreadable (truncated or corrupt)" in error
 
 
-def test_a_missing_run_json_is_written_anew_on_resume(train, tmp_path):
-    train(*RUN, "--epochs", 1, "--out", tmp_path / "run")
-    (tmp_path / "run" / "run.json").unlink()
-    train(*RUN, "--epochs", 2, "--out", tmp_path / "run", "--resume")
-    info = json.loads((tmp_path / "run" / "run.json").read_text())
+def test_a_missing_run_json_is_written_anew_on_resume(train, run_dir):
+    (run_dir / "run.json").unlink()
+    train(*RUN, "--epochs", 2, "--out", run_dir, "--resume")
+    info = json.loads((run_dir / "run.json").read_text())
     assert info["world_size"] == 1 and info["end_time"] and len(info["resumed_at"]) == 1
-    assert [row["epoch"] for row in read_metrics(tmp_path / "run")] == ["1", "2"]
+    assert [row["epoch"] for row in read_metrics(run_dir)] == ["1", "2"]
 
 
 def test_a_corrupt_token_cache_is_rebuilt(train, tmp_path):
