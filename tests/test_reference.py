@@ -80,7 +80,8 @@ def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_traini
 @pytest.mark.slow
 def test_the_pdf_shows_the_reference_runs_with_its_equations_and_figures(clone):
     def steady_epoch_s(n: int) -> float:  # over the epochs after the first of every repeat
-        repeats = pd.concat(pd.read_csv(run / "metrics.csv") for run in [REFERENCE / f"n{n}", *REFERENCE.glob(f"n{n}-r*")])
+        runs = [REFERENCE / f"n{n}", *REFERENCE.glob(f"n{n}-r*")]
+        repeats = pd.concat(pd.read_csv(run / "metrics.csv") for run in runs)
         return repeats[repeats["epoch"] > 1]["epoch_time_s"].mean()
 
     tex = pdf_text(clone)

@@ -248,6 +248,8 @@ def test_each_link_of_the_link_study_trains_and_benchmarks_over_two_nodes_at_its
     for variant, rate in (("unshaped", None), ("1gbit", "1gbit"), ("100mbit", "100mbit")):
         network = json.loads((folder / variant / "n2" / "network.json").read_text())
         assert (network["nodes"], network["ranks_per_node"], network["link_rate"]) == (2, 1, rate)
+        epochs = json.loads((folder / variant / "n2" / "run.json").read_text())["config"]["epochs"]
+        assert len(metrics_of(folder / variant / "n2")) == epochs
     largest = {variant: pd.read_csv(folder / variant / "allreduce-n2" / "allreduce.csv")["time_s"].iloc[-1]
                for variant in ("unshaped", "100mbit")}
     # On 2 ranks a ring all-reduce sends the whole message (the tests' largest: 1 MiB) each way: 84 ms at 100 Mbit/s.

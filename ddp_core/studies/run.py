@@ -53,8 +53,8 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
 
 def kernel_on_unix_sockets(folder: str):
     """The notebook kernel's settings: its channels on Unix sockets in `folder`, not on TCP ports. A TCP kernel is
-    given ports that were free when they were chosen, and the trainers' gloo connections, which take ports of the
-    same range, sometimes take one first: 'Address already in use', and the kernel's heartbeat dies."""
+    given ports that were free when they were chosen and binds them later; another process (another kernel, a
+    trainer's connections) sometimes takes one first: 'Address already in use', and that channel is dead."""
     from traitlets.config import Config
 
     return Config({"KernelManager": {"transport": "ipc", "ip": f"{folder}/kernel"}})
