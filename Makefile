@@ -20,6 +20,8 @@ STUDY_LIST ?= notebooks/studies.yml
 PROFILE ?=
 STUDIES ?= $(if $(PROFILE),scaling)
 RESULTS_DIR ?= results
+# WORLD_SIZES="1": only the runs of that many ranks (a machine with one GPU); a later call trains the rest.
+WORLD_SIZES ?=
 # Options for the all-reduce benchmark behind the cost model (ddp_core/bench/allreduce.py).
 ALLREDUCE_ARGS ?=
 # The reference results shipped in the repository (`make reference` makes them anew). The book shows, for
@@ -57,7 +59,8 @@ build_book = $(BIN)/jupyter-book build book -W --keep-going
 # per run or benchmark with its time, then the book's warnings only.
 report: $(MATHJAX) | $(VENV)/.installed $(QUIET_KERNELS)
 	$(BIN)/python -m ddp_core.studies.run --study-list $(STUDY_LIST) --results-dir $(RESULTS_DIR) \
-		--allreduce-args "$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) $(STUDIES)
+		--allreduce-args "$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) \
+		$(if $(WORLD_SIZES),--world-sizes $(WORLD_SIZES)) $(STUDIES)
 	@echo "building the book (make book shows Sphinx's progress)"
 	@IPYTHONDIR=$(abspath $(dir $(QUIET_KERNELS))..) $(build_book) -q
 	@echo "HTML: _build/html/index.html"

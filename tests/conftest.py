@@ -49,10 +49,12 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def isolated_env(tmp_path_factory) -> dict:
-    """No network, a private token cache and Hugging Face cache, one thread per rank."""
+    """No network, a private token cache and Hugging Face cache, one thread per rank, and a private temporary
+    folder: what a process the test kills leaves there (a notebook kernel's sockets) goes with the test's files."""
     scratch = tmp_path_factory.mktemp("caches")
+    (scratch / "tmp").mkdir()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(scratch / "hf"), DDP_CORE_CACHE_DIR=str(scratch / "tokens"),
-               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TMPDIR=str(scratch / "tmp"))
     env.pop("DDP_CORE_DATA_DIR", None)
     return env
 

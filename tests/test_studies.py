@@ -21,7 +21,7 @@ from ddp_core.report.compute_ratio import cores_per_rank
 from ddp_core.report.provenance import studies_overview_markdown
 from ddp_core.report.results import load_experiment, load_study
 from ddp_core.studies.run import plan_runs
-from ddp_core.studies.study_list import load_study_list
+from ddp_core.studies.study_list import at_world_sizes, load_study_list
 
 STUDIES = load_study_list()
 RUNNER = [sys.executable, "-m", "ddp_core.studies.run"]
@@ -67,6 +67,22 @@ def test_every_study_of_the_report_is_in_the_tests_study_list_or_left_out_for_a_
     assert tiny == [name for name in STUDIES if name not in LEFT_OUT_OF_THE_TINY_REPORT]
     assert set(LEFT_OUT_OF_THE_TINY_REPORT) < set(STUDIES)
     assert all(kept.split(":")[0] in tiny for kept in LEFT_OUT_OF_THE_TINY_REPORT.values())
+
+
+def test_a_machine_with_one_gpu_trains_the_one_rank_runs_of_every_repeat_and_no_all_reduce_benchmark(tmp_path):
+    studies = at_world_sizes([STUDIES["scaling"], STUDIES["batch_size"]], [1])
+    folders = [run.folder for run, _ in plan_runs(studies, str(tmp_path))]
+    assert sorted(folders) == sorted(f"{study}/n1{repeat}" for study in ("scaling", "batch_size/b8", "batch_size/b32")
+                                     for repeat in ("", "-r2", "-r3"))
+    assert [study.allreduce_world_sizes for study in studies] == [[], []]
+
+
+def test_world_sizes_no_chosen_study_has_are_refused_in_one_line(tmp_path, isolated_env):
+    proc = run_studies(["scaling", "weak_scaling", "--world-sizes", "3", "--results-dir", "results"], cwd=tmp_path,
+                       env=isolated_env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "ddp_core.studies.run: error: no run of scaling, weak_scaling has 3 rank(s)"
+    assert not (tmp_path / "results").exists()
 
 
 GOOD = {"title": "t", "profile": "tiny", "world_sizes": [1]}

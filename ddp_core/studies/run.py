@@ -27,7 +27,8 @@ from pathlib import Path
 from ddp_core.launch.emulated import EmulatedCluster, check_can_emulate
 from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
-from ddp_core.studies.study_list import STUDY_LIST, Run, Study, StudyError, interleaved, load_study_list, select
+from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
+                                        select)
 
 RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
     parser.add_argument("--profile", default=None,
                         help="base profile of every chosen study instead of its own (e.g. gpu); its settings still apply")
+    parser.add_argument("--world-sizes", nargs="+", type=int, metavar="N",
+                        help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
+                             "later call, which reuses these")
     args = parser.parse_args(argv)
     try:
         studies = select(load_study_list(args.study_list), args.studies)
@@ -186,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             studies, skipped = can_run_here(studies)
             if skipped:
                 print(f"ddp_core.studies.run: {skipped}; the book shows their reference runs", flush=True)
+        if args.world_sizes:
+            studies = at_world_sizes(studies, args.world_sizes)
         if args.profile:
             studies = [replace(study, profile=args.profile) for study in studies]
         run_studies(studies, args.results_dir, args.allreduce_args)

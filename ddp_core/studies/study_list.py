@@ -12,7 +12,7 @@ the list is read, so a bad entry fails in one line before any run starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -153,6 +153,21 @@ def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:
     if not isinstance(entries, dict) or not entries:
         raise StudyError(f"{path}: the study list is a mapping of study name to study")
     return {name: parse_study(name, entry) for name, entry in entries.items()}
+
+
+def at_world_sizes(studies: list[Study], sizes: list[int]) -> list[Study]:
+    """The studies' runs of `sizes` ranks only: a machine with one GPU trains the 1-rank runs, a node with four the
+    others later into the same folders, where the runner reuses what is finished."""
+    kept = []
+    for study in studies:
+        variants = tuple(replace(variant, world_sizes=tuple(n for n in variant.world_sizes if n in sizes))
+                         for variant in study.variants)
+        if any(variant.world_sizes for variant in variants):
+            kept.append(replace(study, variants=tuple(variant for variant in variants if variant.world_sizes)))
+    if not kept:
+        raise StudyError(f"no run of {', '.join(study.name for study in studies)} has "
+                         f"{' or '.join(map(str, sizes))} rank(s)")
+    return kept
 
 
 def select(studies: dict[str, Study], names: list[str]) -> list[Study]:
