@@ -3,8 +3,9 @@
     python -m benchmarks.step_profile                   # into results/step_profile/<device>
     python -m benchmarks.step_profile --steps 30 --results-dir reference
 
-It trains the default profile's model and batch (small preset, IMDB, sequence length 128, 32 samples a step)
-with the trainer's `train_epoch`, timers off, one rank: an epoch of warm-up, then an epoch of `--steps` steps
+It trains the default profile's model and batch (small preset, IMDB, sequence length 128, 32 samples a step;
+on a GPU `--preset large --amp bf16 --batch-size 128` is the workload worth a look) with the trainer's
+`train_epoch`, timers off, one rank: an epoch of warm-up, then an epoch of `--steps` steps
 profiled. Each operator's self time (the time spent in it, not in the operators it calls) is summed and
 divided by the steps, and each operator is put in a category (`CATEGORIES`); the matrix products carry the
 FLOPs the profiler counts from their shapes. One large matrix product is timed on the same device, the
@@ -32,6 +33,7 @@ from benchmarks.single_device import (matmul_tflops, measurement_name, new_measu
 from ddp_core.engine.config import OneLineParser, UsageError, parse_args
 from ddp_core.engine.data import load_data
 from ddp_core.engine.model_cost import training_flops
+from ddp_core.engine.model_shape import PRESETS
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
 from ddp_core.paths import RESULTS_DIR
@@ -61,6 +63,9 @@ def options(argv: list[str] | None = None):
     parser = OneLineParser(prog="step_profile", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=positive_int, default=20, help="optimizer steps profiled")
     parser.add_argument("--dataset", choices=["imdb", "synthetic"], default="imdb")
+    parser.add_argument("--preset", choices=list(PRESETS), default="small")
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="samples per step")
     parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
                         help="the profile goes to RESULTS_DIR/step_profile/<device>")
     return parser.parse_args(argv)
@@ -81,9 +86,10 @@ def operator_rows(prof, steps: int, on_gpu: bool) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     try:
         opts = options(argv)
-        cfg = parse_args(["--dataset", opts.dataset, "--preset", "small", "--seq-len", "128",
-                          "--global-batch-size", "32", "--train-samples", str(32 * opts.steps), "--eval-samples", "32",
-                          "--seed", "0", "--no-timers", "--no-progress"], world_size=1)
+        cfg = parse_args(["--dataset", opts.dataset, "--preset", opts.preset, "--amp", opts.amp, "--seq-len", "128",
+                          "--global-batch-size", str(opts.batch_size), "--train-samples",
+                          str(opts.batch_size * opts.steps), "--eval-samples", str(opts.batch_size), "--seed", "0",
+                          "--no-timers", "--no-progress"], world_size=1)
         rt = resolve_runtime(cfg)
         info = environment(rt.device)
         out = new_measurement_folder(opts.results_dir, "step_profile", measurement_name(rt, info, compiled=False))
@@ -109,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     operator_rows(prof, opts.steps, rt.device.type == "cuda").to_csv(out / "operators.csv", index=False)
     save_atomic(info | dict(command=sys.argv, device=str(rt.device), threads=torch.get_num_threads(),
-                            preset=cfg.preset, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
+                            preset=cfg.preset, amp=cfg.amp, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
                             dataset=cfg.dataset, steps=opts.steps, step_s=seconds / opts.steps,
                             model_flops_per_step=training_flops(vars(model_config(cfg, data.num_classes)),
                                                                 cfg.seq_len) * cfg.global_batch_size,
-                            matmul_tflops=matmul_tflops(rt.device, "off"), measured_on=now_iso()),
+                            matmul_tflops=matmul_tflops(rt.device, cfg.amp), measured_on=now_iso()),
                 out / "device.json")
     print(f"step_profile: {seconds / opts.steps * 1e3:.1f} ms a step profiled into {out}")
     return 0

@@ -1,13 +1,16 @@
 """The CSV and run.json that every chapter of the report reads."""
 
 import json
+import os
+import shutil
 import subprocess
+import sys
 import time
 
 import pandas as pd
 import pytest
 
-from conftest import TINY_SYNTHETIC, read_metrics, run_training
+from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
 from ddp_core.engine.run_files import METRICS_COLUMNS, STEPS_COLUMNS
 from ddp_core.launch.local import launch_command
 
@@ -75,10 +78,21 @@ def test_communication_is_zero_on_one_rank_and_exposed_never_exceeds_total(runs)
 def test_run_json_records_provenance(runs):
     info = json.loads((runs / "n2" / "run.json").read_text())
     for key in ["config", "world_size", "backend", "device_name", "threads_per_rank", "torch", "cuda", "nccl",
-                "hostname", "git_commit", "parameters", "start_time", "end_time"]:
+                "gpu_driver", "hostname", "git_commit", "parameters", "start_time", "end_time"]:
         assert key in info, key
     assert info["world_size"] == 2 and info["backend"] == "gloo" and info["config"]["grad_accum"] == 2
     assert info["parameters"] > 0 and info["end_time"] >= info["start_time"]
+
+
+def test_a_copy_of_the_code_without_its_git_folder_records_the_commit_it_was_copied_from(tmp_path):
+    shutil.copytree(REPO / "ddp_core", tmp_path / "ddp_core")
+    said = "0123456789abcdef0123456789abcdef01234567"
+    read = "from ddp_core.engine.run_files import git_commit; print(git_commit())"
+    commits = [subprocess.run([sys.executable, "-c", read], cwd=code, capture_output=True, text=True, check=True,
+                              env=dict(os.environ, PYTHONPATH=str(code), DDP_CORE_GIT_COMMIT=said)).stdout.strip()
+               for code in (tmp_path, REPO)]
+    assert commits[0] == said
+    assert commits[1] != said and len(commits[1].removesuffix("-dirty")) == 40, "a checkout names its own commit"
 
 
 def test_killed_run_keeps_a_valid_csv_of_completed_epochs_and_resumes(train, tmp_path, isolated_env):

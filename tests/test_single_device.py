@@ -124,3 +124,22 @@ def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():
     assert "does not judge their difference" in sentence
     other_cpu = replace(measured, info=measured.info | {"cpu_extensions": ["avx2", "amx_bf16"]})
     assert "another CPU under the same name" in baseline_sentence(other_cpu, experiment)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("part", ["trainer", "studies"])
+def test_the_gpu_sessions_trainings_ask_for_a_gpu_in_one_line_on_a_machine_without(tmp_path, isolated_env, part):
+    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", part, str(tmp_path / "results")], cwd=REPO,
+                          env=isolated_env | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("--device cuda needs a CUDA GPU per local rank: 1 local "
+                                                        "rank(s), 0 GPU(s) (on a machine without, use --device cpu "
+                                                        "and --backend gloo, or auto)")
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_gpu_session_refuses_a_part_it_does_not_have(tmp_path):
+    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "everything", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (2, "gpu_session.sh: no part 'everything' (trainer, measure, studies, "
+                                                 "compiled or profile)\n")

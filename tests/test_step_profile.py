@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.step_profile import OTHER, category
 from conftest import REPO
-from ddp_core.report.step_profile import OUTSIDE, StepProfile, category_table, short_name
+from ddp_core.report.step_profile import OUTSIDE, StepProfile, category_table, findings, read_step_profile, short_name
 
 
 @pytest.mark.parametrize("operator,expected", [
@@ -47,7 +47,7 @@ def test_the_rows_add_up_to_the_step_and_the_products_rate_is_their_flops_over_t
 @pytest.mark.slow
 def test_the_profiled_products_carry_the_cost_models_flops_but_the_fused_attentions(tmp_path, isolated_env):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.step_profile", "--steps", "2", "--dataset", "synthetic",
-                           "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env, capture_output=True,
+                           "--batch-size", "8", "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     folder = tmp_path / "step_profile" / "cpu"
@@ -56,6 +56,8 @@ def test_the_profiled_products_carry_the_cost_models_flops_but_the_fused_attenti
     products = operators.loc[operators["category"] == "matrix products", "flops_per_step"].sum()
     attention = 3 * info["batch_size"] * info["seq_len"] * 4 * 2 * info["seq_len"] * 128  # small: 2 layers, 128 wide
     assert products == pytest.approx(info["model_flops_per_step"] - attention, rel=0.01)
+    assert info["batch_size"] == 8
+    assert findings(read_step_profile(folder))["model"] == "small model in fp32"
 
 
 @pytest.mark.parametrize("operator,shown", [

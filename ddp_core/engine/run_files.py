@@ -73,7 +73,9 @@ def now_iso() -> str:
 
 def git_commit() -> str | None:
     """The commit of the ddp_core checkout, with `-dirty` when its tracked files have uncommitted changes.
-    Results kept in the repository (reference/) are output, not code: they do not count."""
+    Results kept in the repository (reference/) are output, not code: they do not count. A copy of the checkout
+    without its .git folder (sent to a GPU machine, say) has no commit of its own: DDP_CORE_GIT_COMMIT names the
+    one it was copied from."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
@@ -81,8 +83,17 @@ def git_commit() -> str | None:
                                 ":(top,exclude)reference"], cwd=here,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("DDP_CORE_GIT_COMMIT")
     return commit + ("-dirty" if dirty else "")
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version, which torch does not report."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "--id=0"],
+                              capture_output=True, text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def cpu_model() -> str:
@@ -120,6 +131,7 @@ def environment(device) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": None,
+        "gpu_driver": None,
         "device_name": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_extensions": cpu_extensions(),
@@ -128,4 +140,5 @@ def environment(device) -> dict:
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        info["gpu_driver"] = gpu_driver()
     return info

@@ -18,7 +18,8 @@ from ddp_core.report.tables import in_words, one_row_each, rank_label
 # is left out, it would not fit a page.
 PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
               "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
-              "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL", "git_commit": "Code commit",
+              "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL",
+              "gpu_driver": "GPU driver", "git_commit": "Code commit",
               "parameters": "Model parameters", "start_time": "Started (UTC)", "end_time": "Ended (UTC)"}
 
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The measurements behind the report's GPU results, on a machine with one GPU, in parts that each fit a job of
+# ten minutes on an H100 (times below are forecasts from the cost model at 40 % of the bf16 peak, not readings):
+#
+#   bash benchmarks/gpu_session.sh trainer  RESULTS_DIR  # every preset in fp32 and bf16: --check, then 2 epochs (~2 min)
+#   bash benchmarks/gpu_session.sh measure  RESULTS_DIR  # make single-device on every preset, batch 32/128/256 (~4 min)
+#   bash benchmarks/gpu_session.sh studies  RESULTS_DIR  # the gpu profile's 1-GPU runs, 3 repeats (~6 min)
+#   bash benchmarks/gpu_session.sh compiled RESULTS_DIR  # the large preset in bf16 under torch.compile (~4 min)
+#   bash benchmarks/gpu_session.sh profile  RESULTS_DIR  # where a step of the large preset in bf16 goes (~1 min)
+#
+# It runs the project from this folder with the python on PATH (or PYTHON), nothing installed: the trainer needs
+# torch and datasets, the studies papermill, jupytext, nbclient and ipykernel too. The data come from
+# DDP_CORE_DATA_DIR (no internet needed). A part never overwrites what an earlier call measured: the trainer
+# reuses a finished run, the runner too, and the benchmarks refuse a folder that holds a measurement.
+set -euo pipefail
+part=${1:?which part: trainer, measure, studies, compiled or profile}
+results=${2:?the results folder}
+python=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+case $part in
+trainer)
+    for preset in small medium large; do
+        for amp in off bf16; do
+            args=(--dataset imdb --preset "$preset" --amp "$amp" --device cuda --train-samples 4096 --eval-samples 1024
+                  --global-batch-size 64 --epochs 2 --no-progress --out "$results/gpu_trainer/$preset-$amp")
+            "$python" -m ddp_core.train "${args[@]}" --check
+            "$python" -m ddp_core.train "${args[@]}"
+        done
+    done ;;
+measure)
+    "$python" benchmarks/single_device.py --results-dir "$results" --presets small medium large \
+        --batch-sizes 32 128 256 --amp off bf16 ;;
+studies)
+    "$python" -m ddp_core.studies.run scaling --profile gpu --world-sizes 1 --results-dir "$results" ;;
+compiled)
+    "$python" benchmarks/single_device.py --results-dir "$results" --presets large --batch-sizes 128 256 --amp bf16 \
+        --compile ;;
+profile)
+    "$python" -m benchmarks.step_profile --results-dir "$results" --preset large --amp bf16 --batch-size 128 ;;
+*)
+    echo "gpu_session.sh: no part '$part' (trainer, measure, studies, compiled or profile)" >&2
+    exit 2 ;;
+esac
