@@ -175,7 +175,8 @@ def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
             seconds = time.perf_counter() - start
             if round_ >= 0:
                 rows.append(dict(preset=cfg.preset, amp=cfg.amp, batch_size=cfg.per_rank_batch_size,
-                                 seq_len=cfg.seq_len, flops_per_sample=flops_per_sample, loop=loop, round=round_,
+                                 seq_len=cfg.seq_len, vocab_size=cfg.vocab_size, num_classes=data.num_classes,
+                                 flops_per_sample=flops_per_sample, loop=loop, round=round_,
                                  samples=len(data.train_labels), seconds=seconds))
     return rows
 

@@ -16,7 +16,9 @@ from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
 from ddp_core.engine.model_cost import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, training_flops
 from ddp_core.launch.local import launch_command
 from ddp_core.report.cost_model import fit_alpha_beta
-from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, FORECAST_GPUS, forecast, nvlink_fit
+from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, FORECAST_GPUS, forecast, measured_forecast, nvlink_fit
+from ddp_core.report.prediction import measured_forecast_markdown
+from ddp_core.report.results import Measurement
 
 
 @pytest.mark.slow
@@ -77,6 +79,36 @@ def test_nvlink_forecast_is_sourced_and_brackets_the_speedup_between_its_two_ove
     # A step slower than the break-even compute pays off with no overlap at all, by the model's own terms.
     pays = ahead["compute_bound_ms"] > ahead["break_even_compute_ms"]
     assert (pays == (ahead["speedup_no_overlap"] > 1)).all()
+
+
+def gpu_epochs(preset: str, batch: int, timed_seconds: list[float], plain_seconds: float = 9.0) -> list[dict]:
+    """A single-device measurement's rows of one configuration: the trainer timed, and a plain loop beside it."""
+    shape = dict(preset=preset, amp="bf16", batch_size=batch, seq_len=128, vocab_size=20000, num_classes=2)
+    return [shape | dict(loop="timed", round=i, samples=batch * 10, seconds=s) for i, s in enumerate(timed_seconds)] + [
+        shape | dict(loop="plain", round=0, samples=batch * 10, seconds=plain_seconds)]
+
+
+def test_the_forecast_from_a_measured_gpu_takes_both_steps_from_the_trainers_timed_epochs():
+    rows = gpu_epochs("small", 32, [0.1, 0.3]) + gpu_epochs("small", 128, [0.5, 0.7]) + gpu_epochs("large", 256, [1.0])
+    info = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "git_commit": "0123456789ab",
+            "start_time": "2026-11-24T10:00:00+00:00"}
+    m = Measurement("cuda-test", info, pd.DataFrame(rows))
+    ahead = measured_forecast(m, world_size=4)
+    assert list(ahead["batch_per_gpu"]) == [32], "a pair of batch sizes b and 4 b is needed"
+    row = ahead.iloc[0]
+    whole_ms, share_ms = 1.2 / 2560 * 128 * 1e3, 0.4 / 640 * 32 * 1e3  # seconds over samples, times the batch
+    buckets = [nvlink_fit(4).allreduce_s(size) * 1e3 for size in
+               bucket_sizes(vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2)))]
+    assert (row["one_gpu_ms"], row["per_gpu_ms"]) == (pytest.approx(whole_ms), pytest.approx(share_ms))
+    assert row["comm_ms"] == pytest.approx(sum(buckets))
+    assert row["speedup_no_overlap"] == pytest.approx(whole_ms / (share_ms + sum(buckets)))
+    assert row["speedup_last_bucket_only"] == pytest.approx(whole_ms / (share_ms + buckets[-1]))
+    table = measured_forecast_markdown([m]).splitlines()
+    assert table[0] == "**NVIDIA H100 80GB HBM3** (measured on 2026-11-24 by code commit 0123456789)."
+    cells = [cell.strip() for cell in table[-1].split("|")[1:-1]]
+    assert cells == ["small, bf16, 32", f"{whole_ms:.3g}", f"{share_ms:.3g}", f"{sum(buckets):.3g}",
+                     f"{whole_ms / (share_ms + sum(buckets)):.2f}", f"{whole_ms / (share_ms + buckets[-1]):.2f}"]
+    assert measured_forecast_markdown([]).startswith("No GPU among these results was timed at a batch and at 4 times")
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

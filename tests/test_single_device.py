@@ -11,7 +11,11 @@ import torch
 
 from benchmarks.single_device import LOOPS
 from conftest import REPO
+from ddp_core.engine.config import TrainConfig
+from ddp_core.engine.model_cost import bucket_sizes
+from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.report.comparisons import WARMUP_STEPS
+from ddp_core.report.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.report.results import Measurement, load_experiment, read_measurement
 from ddp_core.report.single_device import baseline_sentence, ratio_sentence, ratio_table, throughput_table
 
@@ -40,6 +44,15 @@ def test_every_loop_is_timed_every_round_for_every_configuration(measured):
     assert len(counts) == 2 * len(LOOPS) and (counts == 2).all()
     assert (epochs["seconds"] > 0).all()
     assert set(epochs.groupby("batch_size")["samples"].first().items()) == {(4, 12), (8, 24)}
+
+
+def test_a_measurement_at_a_batch_and_twice_it_forecasts_two_gpus_for_the_model_it_trained(measured):
+    _, folder = measured
+    ahead = measured_forecast(read_measurement(folder), world_size=2)
+    assert list(ahead["batch_per_gpu"]) == [4]
+    trained = ModelConfig.from_preset("tiny", vocab_size=TrainConfig().vocab_size, max_len=16, num_classes=2)
+    expected = sum(nvlink_fit(2).allreduce_s(size) for size in bucket_sizes(vars(trained))) * 1e3
+    assert ahead["comm_ms"].iloc[0] == pytest.approx(expected)
 
 
 def test_the_measurement_names_its_device_code_and_ceiling(measured):

@@ -47,8 +47,8 @@ def test_the_rows_add_up_to_the_step_and_the_products_rate_is_their_flops_over_t
 @pytest.mark.slow
 def test_the_profiled_products_carry_the_cost_models_flops_but_the_fused_attentions(tmp_path, isolated_env):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.step_profile", "--steps", "2", "--dataset", "synthetic",
-                           "--batch-size", "8", "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env, capture_output=True,
-                          text=True, timeout=600)
+                           "--batch-size", "8", "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     folder = tmp_path / "step_profile" / "cpu"
     info, operators = json.loads((folder / "device.json").read_text()), pd.read_csv(folder / "operators.csv")

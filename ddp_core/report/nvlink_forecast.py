@@ -14,6 +14,11 @@ benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_cor
   faster, so compute times from it are lower bounds and the speedups derived from them are the
   pessimistic end: a slower real GPU step only makes DDP look better.
 
+`measured_forecast` takes the compute from a GPU instead: a single-device measurement
+(`benchmarks/single_device.py`) that timed one GPU at a batch b and at N b gives the step of the whole batch
+on one GPU and the step of each GPU's share on N of them, both measured; only the all-reduce comes from
+the published fit.
+
 Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
 bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
 by the two scenarios of `ddp_core.report.cost_model`: none, or all but the last bucket hidden.
@@ -28,8 +33,9 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_flops
+from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta
-from ddp_core.report.results import Experiment, run_on_folder
+from ddp_core.report.results import Experiment, Measurement, run_on_folder
 
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
@@ -84,6 +90,33 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
             row[f"speedup_no_overlap_mfu{mfu:.0%}"] = real / (real / n + comm)
         rows.append(row)
     return pd.DataFrame(rows).set_index("preset")
+
+
+def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
+    """Per preset, precision and batch b per GPU that the measurement timed at b and at `world_size` b: the step of
+    the whole batch on one GPU, the step of its share on each GPU (the trainer with its timers, as a run trains;
+    its samples over its seconds, summed over the rounds), the all-reduce of the model's gradients over NVLink
+    by the published fit, and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
+    fit = nvlink_fit(world_size)
+    timed = m.epochs[m.epochs["loop"] == "timed"].groupby(["preset", "amp", "batch_size"])
+    sums = timed[["samples", "seconds"]].sum()
+    step_s = sums["seconds"] / sums["samples"] * sums.index.get_level_values("batch_size")
+    workload = timed[["seq_len", "vocab_size", "num_classes"]].first()
+    rows = []
+    for (preset, amp, batch), share_s in step_s.items():
+        whole = (preset, amp, batch * world_size)
+        if whole not in step_s.index:
+            continue
+        shape = workload.loc[(preset, amp, batch)]
+        model = ModelConfig.from_preset(preset, vocab_size=int(shape["vocab_size"]), max_len=int(shape["seq_len"]),
+                                        num_classes=int(shape["num_classes"]))
+        buckets = [fit.allreduce_s(size) for size in bucket_sizes(vars(model))]
+        one_gpu_s = step_s[whole]
+        rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_gpu_s * 1e3,
+                         per_gpu_ms=share_s * 1e3, comm_ms=sum(buckets) * 1e3, last_bucket_ms=buckets[-1] * 1e3,
+                         speedup_no_overlap=one_gpu_s / (share_s + sum(buckets)),
+                         speedup_last_bucket_only=one_gpu_s / (share_s + buckets[-1])))
+    return pd.DataFrame(rows)
 
 
 def print_forecast(experiment: Experiment) -> None:

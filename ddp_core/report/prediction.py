@@ -10,9 +10,10 @@ import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, predict
-from ddp_core.report.nvlink_forecast import FORECAST_GPUS, MFU_SCENARIOS, forecast, nvlink_fit, peak_gemm_flops_per_s
-from ddp_core.report.results import Experiment
-from ddp_core.report.tables import counted, quantities_by_column
+from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, MFU_SCENARIOS, forecast, measured_forecast, nvlink_fit,
+                                             peak_gemm_flops_per_s)
+from ddp_core.report.results import Experiment, Measurement
+from ddp_core.report.tables import counted, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
@@ -223,3 +224,30 @@ def forecast_markdown(experiment: Experiment) -> str:
     cells = ahead.apply(lambda column: column.map(
         "{:,}".format if column.name in ("parameters", "buckets") else "{:.3g}".format))
     return cells.rename(columns=FORECAST_LABELS).T.to_markdown(disable_numparse=True)
+
+
+MEASURED_FORECAST_COLUMNS = {
+    "one_gpu_ms": ("Step of the whole batch, one GPU (ms)", "{:.3g}"),
+    "per_gpu_ms": ("Step of its share, each GPU (ms)", "{:.3g}"), "comm_ms": ("All-reduce (ms)", "{:.3g}"),
+    "speedup_no_overlap": ("Speedup, no overlap", "{:.2f}"),
+    "speedup_last_bucket_only": ("Speedup, last bucket only", "{:.2f}")}
+
+
+def measured_forecast_markdown(gpus: list[Measurement]) -> str:
+    """Per GPU measured, the forecast of `measured_forecast` as a table after a line on where its steps come from;
+    a sentence instead where no GPU was timed at a batch and at four times it."""
+    sections = []
+    for m in gpus:
+        ahead = measured_forecast(m)
+        if ahead.empty:
+            continue
+        ahead["configuration"] = [f"{row.preset}, {'bf16' if row.amp == 'bf16' else 'fp32'}, {row.batch_per_gpu}"
+                                  for row in ahead.itertuples()]
+        sections += [f"**{m.info['device_name']}**{', compiled' if m.info.get('compile') else ''} (measured on "
+                     f"{m.info['start_time'][:10]} by code commit {(m.info['git_commit'] or 'unknown')[:10]}).",
+                     one_row_each(ahead.set_index("configuration"), MEASURED_FORECAST_COLUMNS,
+                                  "Model, precision, batch per GPU (samples)")]
+    return "\n\n".join(sections) or (
+        f"No GPU among these results was timed at a batch and at {FORECAST_GPUS} times it, so this forecast has no "
+        f"measured steps yet: on a machine with one GPU, `bash benchmarks/gpu_session.sh measure RESULTS_DIR` times "
+        f"them.")
