@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The measurements behind the report's GPU results, on a machine with one GPU, in parts that each fit a job of
-# ten minutes on an H100 (times below are forecasts from the cost model at 40 % of the bf16 peak, not readings):
+# ten minutes on an H100 (the times below are estimates from the cost model's FLOPs, not readings):
 #
-#   bash benchmarks/gpu_session.sh trainer  RESULTS_DIR  # every preset in fp32 and bf16: --check, then 2 epochs (~2 min)
+#   bash benchmarks/gpu_session.sh trainer  RESULTS_DIR  # every preset, fp32 and bf16: --check, 2 epochs (~2 min)
 #   bash benchmarks/gpu_session.sh measure  RESULTS_DIR  # make single-device on every preset, batch 32/128/256 (~4 min)
 #   bash benchmarks/gpu_session.sh studies  RESULTS_DIR  # the gpu profile's 1-GPU runs, 3 repeats (~6 min)
-#   bash benchmarks/gpu_session.sh compiled RESULTS_DIR  # the large preset in bf16 under torch.compile (~4 min)
+#   bash benchmarks/gpu_session.sh compiled RESULTS_DIR  # the large preset, bf16, batch 128, compiled (~4 min)
 #   bash benchmarks/gpu_session.sh profile  RESULTS_DIR  # where a step of the large preset in bf16 goes (~1 min)
 #
 # It runs the project from this folder with the python on PATH (or PYTHON), nothing installed: the trainer needs
@@ -34,7 +34,7 @@ measure)
 studies)
     "$python" -m ddp_core.studies.run scaling --profile gpu --world-sizes 1 --results-dir "$results" ;;
 compiled)
-    "$python" benchmarks/single_device.py --results-dir "$results" --presets large --batch-sizes 128 256 --amp bf16 \
+    "$python" benchmarks/single_device.py --results-dir "$results" --presets large --batch-sizes 128 --amp bf16 \
         --compile ;;
 profile)
     "$python" -m benchmarks.step_profile --results-dir "$results" --preset large --amp bf16 --batch-size 128 ;;
