@@ -11,7 +11,7 @@ import pytest
 from matplotlib.container import BarContainer
 
 from conftest import REPO
-from ddp_core.report import discussion, prediction, scaling
+from ddp_core.report import discussion, prediction, provenance, scaling
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.results import ResultsError, load_experiment
 from ddp_core.report.verdict import compare
@@ -162,6 +162,19 @@ def test_tables_have_a_column_per_world_size_and_words_with_units_as_headers(fol
     assert "Epoch time (s)" in labels and "Peak memory, largest rank and repeat (MB)" in labels
     epoch_time = rows[labels.index("Epoch time (s)")].split("|")[2].strip()
     assert epoch_time == f"{csv_of(folder, 1).query('epoch > 1')['epoch_time_s'].mean():.2f}"
+
+
+def test_the_setup_table_says_a_gpu_runs_driver_is_unknown_where_it_was_not_recorded(folder):
+    def setup_row(label: str) -> str:
+        rows = provenance.shared_markdown(load_experiment(folder)).splitlines()
+        return next(row.split("|")[2].strip() for row in rows if row.split("|")[1].strip() == label)
+
+    assert setup_row("GPU driver") == "none"  # runs on CPUs
+    assert setup_row("`--dataset`") == "imdb"  # settings in code, so that LaTeX keeps the two dashes
+    for n in WORLD_SIZES:
+        info = json.loads((folder / f"n{n}" / "run.json").read_text())
+        (folder / f"n{n}" / "run.json").write_text(json.dumps(info | {"device": "cuda:0", "gpu_driver": None}))
+    assert setup_row("GPU driver") == "unknown"
 
 
 def test_a_slow_round_slows_both_sides_of_its_pairs_and_leaves_the_speedup_as_it_was(folder):

@@ -108,7 +108,7 @@ def test_the_forecast_from_a_measured_gpu_takes_both_steps_from_the_trainers_tim
     cells = [cell.strip() for cell in table[-1].split("|")[1:-1]]
     assert cells == ["small, bf16, 32", f"{whole_ms:.3g}", f"{share_ms:.3g}", f"{sum(buckets):.3g}",
                      f"{whole_ms / (share_ms + sum(buckets)):.2f}", f"{whole_ms / (share_ms + buckets[-1]):.2f}"]
-    assert measured_forecast_markdown([]).startswith("No GPU among these results was timed at a batch and at 4 times")
+    assert measured_forecast_markdown([]).startswith("The results shown hold no GPU timed at a batch and at 4 times")
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

@@ -248,6 +248,6 @@ def measured_forecast_markdown(gpus: list[Measurement]) -> str:
                      one_row_each(ahead.set_index("configuration"), MEASURED_FORECAST_COLUMNS,
                                   "Model, precision, batch per GPU (samples)")]
     return "\n\n".join(sections) or (
-        f"No GPU among these results was timed at a batch and at {FORECAST_GPUS} times it, so this forecast has no "
-        f"measured steps yet: on a machine with one GPU, `bash benchmarks/gpu_session.sh measure RESULTS_DIR` times "
-        f"them.")
+        f"The results shown hold no GPU timed at a batch and at {FORECAST_GPUS} times it, so there is no measured "
+        f"forecast yet. On a machine with one GPU, `bash benchmarks/gpu_session.sh measure RESULTS_DIR` times "
+        f"batches of 32, 128 and 256 samples; the pair 32 and 128 gives this table.")

@@ -57,9 +57,9 @@ def setup_findings(experiment: Experiment) -> dict:
     }
 
 
-def _shown(key: str, value) -> str:
-    if value is None:
-        return "none"
+def _shown(key: str, value, on_gpu: bool = False) -> str:
+    if value is None:  # a GPU run whose driver was not recorded (made before it was, or without nvidia-smi)
+        return "unknown" if key == "gpu_driver" and on_gpu else "none"
     if key == "git_commit":
         return value[:10] + ("-dirty" if value.endswith("-dirty") else "")
     if key.endswith("_time"):
@@ -78,8 +78,8 @@ def _resolved(run, key: str, value):
 
 def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
     """Every run's provenance in words and its settings under their command-line names: run name -> {label: value}."""
-    return {run.name: {label: _shown(key, run.raw.get(key)) for key, label in PROVENANCE.items()}
-            | {"--" + key.replace("_", "-"): _shown(key, _resolved(run, key, value))
+    return {run.name: {label: _shown(key, run.raw.get(key), run.on_gpu) for key, label in PROVENANCE.items()}
+            | {f"`--{key.replace('_', '-')}`": _shown(key, _resolved(run, key, value))
                for key, value in run.config.items() if key not in NOT_SETTINGS and key not in PROVENANCE}
             for run in experiment.all_runs}
 

@@ -86,7 +86,7 @@ def findings(p: StepProfile) -> dict:
     return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
             "measured_on": info["measured_on"][:10], "commit": (info["git_commit"] or "unknown")[:10],
             "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
-            "model": f"{info['preset']} model" + (" in bf16" if info.get("amp") == "bf16" else " in fp32"),
+            "model": f"{info['preset']} preset" + (" in bf16" if info.get("amp") == "bf16" else " in fp32"),
             "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_gflops": f"{large:.0f}",
             "products_gflops": f"{products['gflops']:.0f}", "products_share": f"{products['gflops'] / large:.0%}",
             "products_time_share": f"{products['share_pct']:.0f} %",
