@@ -83,7 +83,8 @@ def test_nvlink_forecast_is_sourced_and_brackets_the_speedup_between_its_two_ove
 
 def gpu_epochs(preset: str, batch: int, timed_seconds: list[float], plain_seconds: float = 9.0) -> list[dict]:
     """A single-device measurement's rows of one configuration: the trainer timed, and a plain loop beside it."""
-    shape = dict(preset=preset, amp="bf16", batch_size=batch, seq_len=128, vocab_size=20000, num_classes=2)
+    shape = dict(preset=preset, amp="bf16", batch_size=batch, seq_len=128, vocab_size=20000, num_classes=2,
+                 flops_per_sample=1e9)
     return [shape | dict(loop="timed", round=i, samples=batch * 10, seconds=s) for i, s in enumerate(timed_seconds)] + [
         shape | dict(loop="plain", round=0, samples=batch * 10, seconds=plain_seconds)]
 
@@ -91,7 +92,7 @@ def gpu_epochs(preset: str, batch: int, timed_seconds: list[float], plain_second
 def test_the_forecast_from_a_measured_gpu_takes_both_steps_from_the_trainers_timed_epochs():
     rows = gpu_epochs("small", 32, [0.1, 0.3]) + gpu_epochs("small", 128, [0.5, 0.7]) + gpu_epochs("large", 256, [1.0])
     info = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "git_commit": "0123456789ab",
-            "start_time": "2026-11-24T10:00:00+00:00"}
+            "start_time": "2026-11-24T10:00:00+00:00", "matmul_tflops": {"bf16": 500.0}}
     m = Measurement("cuda-test", info, pd.DataFrame(rows))
     ahead = measured_forecast(m, world_size=4)
     assert list(ahead["batch_per_gpu"]) == [32], "a pair of batch sizes b and 4 b is needed"

@@ -36,6 +36,7 @@ from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_fl
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta
 from ddp_core.report.results import Experiment, Measurement, run_on_folder
+from ddp_core.report.single_device import CONFIG, throughput_table
 
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
@@ -98,10 +99,9 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
     its samples over its seconds, summed over the rounds), the all-reduce of the model's gradients over NVLink
     by the published fit, and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
     fit = nvlink_fit(world_size)
-    timed = m.epochs[m.epochs["loop"] == "timed"].groupby(["preset", "amp", "batch_size"])
-    sums = timed[["samples", "seconds"]].sum()
-    step_s = sums["seconds"] / sums["samples"] * sums.index.get_level_values("batch_size")
-    workload = timed[["seq_len", "vocab_size", "num_classes"]].first()
+    rates = throughput_table(m)["samples_per_s_timed"]
+    step_s = rates.index.get_level_values("batch_size") / rates
+    workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
     rows = []
     for (preset, amp, batch), share_s in step_s.items():
         whole = (preset, amp, batch * world_size)

@@ -13,6 +13,7 @@ from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, pre
 from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, MFU_SCENARIOS, forecast, measured_forecast, nvlink_fit,
                                              peak_gemm_flops_per_s)
 from ddp_core.report.results import Experiment, Measurement
+from ddp_core.report.single_device import precision_name
 from ddp_core.report.tables import counted, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
@@ -241,7 +242,7 @@ def measured_forecast_markdown(gpus: list[Measurement]) -> str:
         ahead = measured_forecast(m)
         if ahead.empty:
             continue
-        ahead["configuration"] = [f"{row.preset}, {'bf16' if row.amp == 'bf16' else 'fp32'}, {row.batch_per_gpu}"
+        ahead["configuration"] = [f"{row.preset}, {precision_name(row.amp)}, {row.batch_per_gpu}"
                                   for row in ahead.itertuples()]
         sections += [f"**{m.info['device_name']}**{', compiled' if m.info.get('compile') else ''} (measured on "
                      f"{m.info['start_time'][:10]} by code commit {(m.info['git_commit'] or 'unknown')[:10]}).",

@@ -87,13 +87,14 @@ def ratio_sentence(m: Measurement, name: str) -> str:
             f"{counted(len(verdicts), 'configuration')}: {', '.join(counts[:-1])} and {counts[-1]}.")
 
 
-def _precision(amp: str) -> str:
+def precision_name(amp: str) -> str:
+    """A run's --amp as a reader names the precision."""
     return "bf16" if amp == "bf16" else "fp32"
 
 
 def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
-    table.index = [f"{preset}, {_precision(amp)}, batch {batch}" for preset, amp, batch in table.index]
+    table.index = [f"{preset}, {precision_name(amp)}, batch {batch}" for preset, amp, batch in table.index]
     return table
 
 
@@ -132,7 +133,7 @@ def findings(m: Measurement) -> dict:
         "cuda": f"; CUDA {info['cuda']}" if info.get("cuda") and info["device"] != "cpu" else "",
         "measured_on": info["start_time"][:10], "commit": (info["git_commit"] or "unknown")[:10],
         "rounds": m.epochs["round"].nunique(),
-        "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {_precision(amp)}"
+        "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {precision_name(amp)}"
                                for amp, tflops in info["matmul_tflops"].items()),
         "peak": f"; the datasheet's dense bf16 peak is {peak:g} TFLOP/s" if peak
         else "; MFU against a datasheet peak is not given for a device without one",
@@ -159,7 +160,7 @@ def baseline_sentence(m: Measurement, scaling: Experiment) -> str:
     times = run_times(scaling).query("world_size == 1")
     measured_on = sorted({run.raw["start_time"][:10] for run in scaling.repeats[1]})
     return (f"The strong-scaling study's 1-rank runs train the same model at the same precision and batch "
-            f"({key[0]}, {_precision(key[1])}, {key[2]} samples): {1 / times['time_per_sample_s'].median():.1f} "
+            f"({key[0]}, {precision_name(key[1])}, {key[2]} samples): {1 / times['time_per_sample_s'].median():.1f} "
             f"samples/s, from the median of their {counted(len(times), 'repeat')}' median steps, measured on "
             f"{', '.join(measured_on)}; ddp_core with its timers, as those runs have them, reached "
             f"{table.loc[key, 'samples_per_s_timed']:.1f} here, measured on {m.info['start_time'][:10]}. They ran at "

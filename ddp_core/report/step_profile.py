@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
+from ddp_core.report.single_device import precision_name
 from ddp_core.report.tables import one_row_each
 
 OUTSIDE = "outside any operator (the loop, the profiler)"
@@ -86,7 +87,7 @@ def findings(p: StepProfile) -> dict:
     return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
             "measured_on": info["measured_on"][:10], "commit": (info["git_commit"] or "unknown")[:10],
             "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
-            "model": f"{info['preset']} preset" + (" in bf16" if info.get("amp") == "bf16" else " in fp32"),
+            "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
             "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_gflops": f"{large:.0f}",
             "products_gflops": f"{products['gflops']:.0f}", "products_share": f"{products['gflops'] / large:.0%}",
             "products_time_share": f"{products['share_pct']:.0f} %",
