@@ -46,7 +46,7 @@ from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS, append_rows, drop_rows_after,
-                                      environment, now_iso, save_atomic)
+                                      MachineClock, environment, machine_activity, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
@@ -108,6 +108,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     ddp_model = wrap_ddp(state.model, cfg, rt, timer)
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
+    started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
         done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, stop, out, cfg, rt, progress)
         progress = None  # only the first epoch of a resumed run continues from a checkpoint's progress
@@ -124,12 +125,14 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
             save_atomic(state.checkpoint(epoch, cfg, rt), out / CHECKPOINT_NAME)
             print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
                   f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s", flush=True)
+    ended = MachineClock.now()
+    run_cpu_s, = all_reduce([ended.process_s - started.process_s], dist.ReduceOp.SUM, rt)
     if rt.leader:
         if timer.last_step_timeline:
             (out / "timeline.csv").unlink(missing_ok=True)
             append_rows(out / "timeline.csv", timer.last_step_timeline, TIMELINE_COLUMNS)
-        save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step()},
-                    out / "run.json")
+        save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step(),
+                                "machine": machine_activity(started, ended, run_cpu_s)}, out / "run.json")
         track.finish()
 
 

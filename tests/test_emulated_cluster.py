@@ -1,5 +1,6 @@
 """Nodes emulated as network namespaces: DDP across them trains what it trains on one machine, the links run at the
-rate they were set to, and nothing of a cluster outlives it. Real namespaces, links and processes: root only."""
+rate they were set to, a node computes at the CPU share it was given, and nothing of a cluster outlives it. Real
+namespaces, links, control groups and processes: root only."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from conftest import REPO, read_metrics
+from ddp_core.launch.cpu_share import CpuShareError, find_controller
 from ddp_core.launch.emulated import EmulatedCluster, leftovers
 from ddp_core.launch.local import ExperimentError, prepare, run_local
 
@@ -47,7 +49,7 @@ def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, i
     from ddp_core.launch.emulated import run_emulated
 
     one_machine, two_nodes = plan(tmp_path, "local", "local"), plan(tmp_path, "nodes", "emulated", nodes=2,
-                                                                      link_rate="1gbit")
+                                                                      link_rate="1gbit", cpus_per_node=0.5)
     run_local(one_machine)
     run_emulated(two_nodes)
 
@@ -55,7 +57,9 @@ def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, i
         for key in LEARNING:
             assert float(emulated[key]) == pytest.approx(float(local[key]), abs=1e-6), key
     network = json.loads((two_nodes.run_dir / "network.json").read_text())
-    assert network["nodes"] == 2 and network["ranks_per_node"] == 1
+    assert network["nodes"] == 2 and network["ranks_per_node"] == 1 and network["cpus_per_node"] == 0.5
+    for node in network["node_cpu"]:  # each node trained at its share: it ran, and the kernel held it to the quota
+        assert node["cpu_s"] > 0 and 0 < node["throttled_periods"] <= node["periods"]
     assert json.loads((two_nodes.run_dir / "run.json").read_text())["local_world_size"] == 1
     assert nothing_left(os.getpid())
 
@@ -83,10 +87,10 @@ def start_cluster_process(tmp_path) -> subprocess.Popen:
     as in a terminal, even when the suite runs in a background job (whose children inherit SIGINT ignored)."""
     code = ("from ddp_core.launch.emulated import EmulatedCluster\nimport signal, time\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "with EmulatedCluster(nodes=2, link_rate='100mbit'):\n    print('up', flush=True)\n    time.sleep(600)\n")
+            "with EmulatedCluster(nodes=2, link_rate='100mbit', cpus_per_node=0.5):\n    print('up', flush=True)\n    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
-    assert owned_by(proc.pid)["namespaces"]
+    assert owned_by(proc.pid)["namespaces"] and owned_by(proc.pid)["cpu groups"]
     return proc
 
 
@@ -114,6 +118,11 @@ def test_what_a_killed_cluster_left_is_swept_by_the_next(tmp_path):
     (dict(nodes=2, link_rate="fast"), "link_rate must be a rate such as 100mbit"),
     (dict(nodes=3), "nodes must be a positive integer that divides world_size 2"),
     (dict(launcher="local", link_rate="1gbit"), "link_rate sets the links of an emulated cluster"),
+    (dict(nodes=2, cpus_per_node=0), "cpus_per_node must be a positive number of cores"),
+    (dict(nodes=2, cpus_per_node="half"), "cpus_per_node must be a positive number of cores"),
+    (dict(nodes=2, cpus_per_node=len(os.sched_getaffinity(0))), "more than the"),
+    (dict(nodes=2, cpus_per_node=0.01), "below the kernel's smallest quota"),
+    (dict(launcher="local", cpus_per_node=0.5), "cpus_per_node sets the compute of an emulated cluster's nodes"),
 ])
 def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, in_env, kw, fragment):
     launcher = kw.pop("launcher", "emulated")
@@ -139,5 +148,42 @@ def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                           cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     kept, why = proc.stdout.strip().splitlines()
-    assert "link_bandwidth" not in kept.split() and "scaling" in kept.split()
-    assert why.startswith("not training link_bandwidth, bucket_size: an emulated cluster creates")
+    assert "nodes" not in kept.split() and "scaling" in kept.split()
+    assert why.startswith("not training nodes, bucket_size: an emulated cluster creates")
+
+
+BUSY_HALF_A_SECOND = [sys.executable, "-c", "import time\nstart = time.process_time()\n"
+                      "while time.process_time() - start < 0.5: pass"]
+
+
+def wall_time_on(cluster: EmulatedCluster) -> float:
+    start = time.perf_counter()
+    assert cluster.start(0, BUSY_HALF_A_SECOND).wait(timeout=60) == 0
+    return time.perf_counter() - start
+
+
+def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it_was_throttled():
+    with EmulatedCluster(nodes=1) as free:
+        unconstrained = wall_time_on(free)
+    with EmulatedCluster(nodes=1, cpus_per_node=0.25) as quarter:
+        quarter.limit_cpu()
+        constrained = wall_time_on(quarter)
+        node, = quarter.cpu_stats()
+    assert 2.5 < constrained / unconstrained < 8, (constrained, unconstrained)  # 4 on a quiet machine
+    assert node["cpu_s"] == pytest.approx(0.5, abs=0.25)
+    assert node["throttled_periods"] > 0.5 * node["periods"] > 0 and node["throttled_s"] > 0.5 * constrained
+    assert nothing_left(os.getpid())
+
+
+def test_before_training_starts_a_node_runs_unconstrained():
+    with EmulatedCluster(nodes=1, cpus_per_node=0.25) as cluster:
+        wall_time_on(cluster)
+        assert cluster.cpu_stats()[0]["throttled_periods"] == 0
+
+
+def test_a_machine_without_a_cpu_controller_is_refused_in_one_line(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n")
+    with pytest.raises(CpuShareError, match="no cgroup CPU controller is mounted") as refused:
+        find_controller(mounts)
+    assert "\n" not in str(refused.value)

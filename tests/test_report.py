@@ -228,7 +228,7 @@ def test_each_study_page_shows_its_figure_or_table(project, name):
 def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(project):
     from ddp_core.report.network import link_table
 
-    folder = project / "results" / "link_bandwidth"
+    folder = project / "results" / "nodes"
     table = link_table(load_study(folder)).set_index("link")
 
     def per_sample(run_dir):
@@ -240,11 +240,15 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
     assert table.loc["unshaped", "speedup"] == pytest.approx(one_node / per_sample(folder / "unshaped" / "n2"))
     network = json.loads((folder / "100mbit" / "n2" / "network.json").read_text())
     assert table.loc["100 Mbit/s", "measured_gbit_s"] == pytest.approx(network["measured_gbit_s"])
+    # each node has the one node's CPU share: a rank's compute is predicted as the one node's over the nodes
+    one = metrics_of(folder / "one_node" / "n1").iloc[1:]
+    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]).mean()
+    assert table["predicted_compute_s"].tolist() == pytest.approx([one_node_compute / 2] * len(table))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_each_link_of_the_link_study_trains_and_benchmarks_over_two_nodes_at_its_rate(project):
-    folder = project / "results" / "link_bandwidth"
+    folder = project / "results" / "nodes"
     for variant, rate in (("unshaped", None), ("1gbit", "1gbit"), ("100mbit", "100mbit")):
         network = json.loads((folder / variant / "n2" / "network.json").read_text())
         assert (network["nodes"], network["ranks_per_node"], network["link_rate"]) == (2, 1, rate)

@@ -2,6 +2,7 @@
 runs, reuses a finished run and resumes an interrupted one; each study's findings are what its CSVs say."""
 
 import json
+from dataclasses import replace
 import os
 import signal
 import subprocess
@@ -229,14 +230,12 @@ def test_weak_scaling_speedup_is_throughput_over_the_one_rank_throughput():
     assert found["weak_global_batch_nmax"] == n * found["weak_per_rank_batch"]
 
 
-def test_the_cost_model_gives_a_rank_of_its_own_core_until_the_cores_run_out():
-    own = load_experiment(REFERENCE / "own_cores")
-    cores = own.baseline.cpu_count
-    for n, run in own.runs.items():
-        assert run.threads_per_rank == 1
-        assert cores_per_rank(run) == min(1, cores / n)
-    found = scaling_studies.own_cores_findings(load_experiment(REFERENCE / "scaling"), own)
-    assert found["ranks_with_own_core"] == cores
+def test_the_cost_model_gives_a_rank_its_part_of_the_shared_cores_or_its_emulated_nodes_share():
+    scaling = load_experiment(REFERENCE / "scaling")
+    for n, run in scaling.runs.items():
+        assert cores_per_rank(run) == min(run.threads_per_rank, run.cpu_count / n)
+    on_a_node = scaling.runs[4].raw | {"network": {"nodes": 2, "ranks_per_node": 2, "cpus_per_node": 0.5}}
+    assert cores_per_rank(replace(scaling.runs[4], raw=on_a_node)) == 0.25
 
 
 def test_the_batch_sweep_ratio_is_one_ranks_compute_over_the_all_reduce_time():

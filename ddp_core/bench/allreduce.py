@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ddp_core.engine.config import TrainConfig, world_size_from_env
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
+from ddp_core.launch.local import ALLREDUCE_READY_LINE
 
 COLUMNS = ["size_bytes", "iterations", "time_s", "algbw_GBps", "busbw_GBps", "world_size"]
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     device = rt.device
     dist.init_process_group(rt.backend)
     leader = dist.get_rank() == 0
+    dist.barrier()
+    if leader:  # every rank has started: an emulated cluster sets its nodes' CPU shares now
+        print(ALLREDUCE_READY_LINE, flush=True)
     rows = []
     try:
         for size in sizes(opts.min_bytes, opts.max_bytes):

@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import subprocess
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -142,3 +143,34 @@ def environment(device) -> dict:
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["gpu_driver"] = gpu_driver()
     return info
+
+
+@dataclass(frozen=True)
+class MachineClock:
+    """This machine's CPU time at one moment (/proc/stat, every core), and this process's own."""
+    wall_s: float
+    busy_s: float  # user, nice, system, irq and softirq time of all cores: what every process and the kernel ran
+    steal_s: float  # time the hypervisor ran something else while a core of this virtual machine wanted to run
+    process_s: float
+
+    @classmethod
+    def now(cls) -> MachineClock:
+        import time
+
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        tick = os.sysconf("SC_CLK_TCK")
+        return cls(time.perf_counter(), (user + nice + system + irq + softirq) / tick, steal / tick,
+                   time.process_time())
+
+
+def machine_activity(start: MachineClock, end: MachineClock, run_cpu_s: float) -> dict:
+    """What the machine did while a run trained: the CPU time of its own processes (`run_cpu_s`, every rank's),
+    that of everything else, the time the hypervisor stole, and the load at the end. A run disturbed by other work
+    shows here, where its epoch times only look slow."""
+    wall = end.wall_s - start.wall_s
+    busy = end.busy_s - start.busy_s
+    load_1min, load_5min, _ = (float(v) for v in Path("/proc/loadavg").read_text().split()[:3])
+    return {"wall_s": wall, "run_cpu_s": run_cpu_s, "other_cpu_s": max(0.0, busy - run_cpu_s),
+            "steal_cpu_s": end.steal_s - start.steal_s, "cores": os.cpu_count(),
+            "load_1min": load_1min, "load_5min": load_5min}

@@ -12,11 +12,14 @@ The link's rate is a token bucket (`tc ... tbf`) on what each node sends, so a n
 rate and, in a ring all-reduce, receives as much from its neighbour: a full-duplex link of that rate per node.
 `netem` (latency, loss) is absent from this machine's kernel, so the latency is that of the veth pair.
 
+With `cpus_per_node`, each node also has compute of its own: a CPU share enforced by the kernel's bandwidth
+control (`ddp_core/launch/cpu_share.py`), so that N nodes have N times the compute of one, as N machines would.
+
 Addresses come from 198.18.0.0/15, the range RFC 2544 sets aside for benchmarks; the namespaces have no route
 beyond their own subnet and the bridge has no address, so no packet leaves them.
 
 The cluster is torn down on every way out of its `with` block (end, error, Ctrl-C): processes still in its
-namespaces are killed, then the namespaces, the links and the hosts files are removed. A cluster whose owner
+namespaces are killed, then the namespaces, the links, the hosts files and the CPU groups are removed. A cluster whose owner
 was killed (kill -9) is swept by the next one: the owner's process id is part of every name.
 """
 
@@ -29,9 +32,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ddp_core.engine.run_files import save_atomic
+from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, NodeCpu, check_shares, find_controller, remove_group
 from ddp_core.launch.local import (NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted,
                                    shell_command, stop_with_parent, trainer_args)
 
@@ -61,8 +66,9 @@ def rate_bits_per_s(link_rate: str | None) -> float | None:
     return float(match["value"]) * UNITS[match["unit"]]
 
 
-def check_can_emulate(nodes: int, link_rate: str | None) -> None:
-    """Refuse, before anything is created, what cannot work here: not root, no ip/tc/unshare, a bad rate."""
+def check_can_emulate(nodes: int, link_rate: str | None, cpus_per_node: float | None = None) -> None:
+    """Refuse, before anything is created, what cannot work here: not root, no ip/tc/unshare, a bad rate, a CPU share
+    that is not positive or that the machine's cores cannot give every node, no writable CPU controller."""
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"an emulated cluster has 1 to {MAX_NODES} nodes, got {nodes!r}")
     rate_bits_per_s(link_rate)
@@ -75,6 +81,12 @@ def check_can_emulate(nodes: int, link_rate: str | None) -> None:
     if os.geteuid() != 0:
         raise ClusterError("an emulated cluster creates network namespaces and links: run as root (sudo), or use "
                            "launcher='local'")
+    if cpus_per_node is not None:
+        try:
+            check_shares(nodes, cpus_per_node)
+            find_controller()
+        except CpuShareError as exc:
+            raise ClusterError(str(exc)) from None
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -105,8 +117,16 @@ def _remove_namespace(namespace: str) -> None:
     shutil.rmtree(NETNS_ETC / namespace, ignore_errors=True)
 
 
+def _cpu_controller():
+    """The CPU controller when this machine has a writable one (a cluster without CPU shares needs none)."""
+    try:
+        return find_controller()
+    except CpuShareError:
+        return None
+
+
 def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
-    """The namespaces, links and hosts-file folders of clusters whose owner process is gone."""
+    """The namespaces, links, hosts-file folders and CPU groups of clusters whose owner process is gone."""
     def orphaned(name: str) -> bool:
         match = NAME.match(name)
         return bool(match) and not owner_alive(int(match["owner"], 16))
@@ -114,8 +134,10 @@ def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
     namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
     links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", "show", check=False).stdout.splitlines()]
     folders = [p.name for p in NETNS_ETC.iterdir()] if NETNS_ETC.is_dir() else []
+    controller = _cpu_controller()
+    groups = controller.groups() if controller else []
     return {"namespaces": [n for n in namespaces if orphaned(n)], "links": [n for n in links if orphaned(n)],
-            "hosts files": [n for n in folders if orphaned(n)]}
+            "hosts files": [n for n in folders if orphaned(n)], "cpu groups": [n for n in groups if orphaned(n)]}
 
 
 def sweep_leftovers() -> None:
@@ -125,6 +147,8 @@ def sweep_leftovers() -> None:
         _remove_namespace(namespace)
     for link in left["links"]:
         _ip("link", "delete", link, check=False)
+    for group in left["cpu groups"]:
+        remove_group(find_controller(), group)
 
 
 def _burst_bytes(bits_per_s: float) -> int:
@@ -133,13 +157,16 @@ def _burst_bytes(bits_per_s: float) -> int:
 
 
 class EmulatedCluster:
-    """`nodes` network namespaces on one bridge, each sending at most `link_rate` (None: unshaped)."""
+    """`nodes` network namespaces on one bridge, each sending at most `link_rate` (None: unshaped) and, with
+    `cpus_per_node`, computing on at most that many cores (None: the machine's cores, shared)."""
 
-    def __init__(self, nodes: int, link_rate: str | None = None):
-        check_can_emulate(nodes, link_rate)
-        self.nodes, self.link_rate = nodes, link_rate
+    def __init__(self, nodes: int, link_rate: str | None = None, cpus_per_node: float | None = None):
+        check_can_emulate(nodes, link_rate, cpus_per_node)
+        self.nodes, self.link_rate, self.cpus_per_node = nodes, link_rate, cpus_per_node
         self.base = f"{PREFIX}{os.getpid():06x}{next(_sequence) % 36:x}"
         self.bridge = f"{self.base}br"
+        controller = find_controller() if cpus_per_node is not None else None
+        self.cpu = [NodeCpu(controller, self.namespace(k), cpus_per_node) for k in range(nodes)] if controller else []
 
     def namespace(self, k: int) -> str:
         return f"{self.base}-n{k}"
@@ -164,6 +191,8 @@ class EmulatedCluster:
         hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(k)} node{k}\n" for k in range(self.nodes))
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("link", "set", self.bridge, "up")
+        for node_cpu in self.cpu:
+            node_cpu.create()
         for k in range(self.nodes):
             namespace, veth = self.namespace(k), f"{self.base}v{k}"
             (NETNS_ETC / namespace).mkdir(parents=True, exist_ok=True)
@@ -187,6 +216,18 @@ class EmulatedCluster:
             _remove_namespace(self.namespace(k))
             _ip("link", "delete", f"{self.base}v{k}", check=False)
         _ip("link", "delete", self.bridge, check=False)
+        for node_cpu in self.cpu:
+            node_cpu.remove()
+
+    def limit_cpu(self) -> None:
+        """Every node at its CPU share from now on (a cluster without shares: nothing)."""
+        for node_cpu in self.cpu:
+            node_cpu.limit()
+
+    def cpu_stats(self) -> list[dict]:
+        """Per node, since `limit_cpu`: the CPU seconds it used, the periods it ran in, and how often and how long in
+        all it was throttled."""
+        return [node_cpu.stats() for node_cpu in self.cpu]
 
     def command(self, k: int, argv: list[str]) -> list[str]:
         """`argv` run on node k: in its namespace, with its hostname, and gloo on its link."""
@@ -202,11 +243,13 @@ class EmulatedCluster:
         return set(usable[k * share:(k + 1) * share])
 
     def start(self, k: int, argv: list[str], **popen) -> subprocess.Popen:
-        """`argv` started on node k, on its cores; it receives SIGTERM if this process dies."""
+        """`argv` started on node k, on its cores and in its CPU group; it receives SIGTERM if this process dies."""
         cores = self.cores(k)
 
         def placed():
             os.sched_setaffinity(0, cores)
+            if self.cpu:
+                self.cpu[k].enter()
             stop_with_parent()
 
         return subprocess.Popen(self.command(k, argv), preexec_fn=placed, **popen)
@@ -263,27 +306,39 @@ class EmulatedCluster:
 def run_emulated(plan: Plan) -> bool:
     """Train across an emulated cluster of `plan.nodes` nodes at `plan.link_rate`, the world size split evenly
     among them: node 0's epoch lines are echoed, each other node's output goes to node<k>.log in the run directory,
-    and network.json records the nodes and the rate the link was set to and measured at before training."""
+    and network.json records the nodes, the rate the link was set to and measured at before training, each node's
+    CPU share and, after training, the CPU each node used and how often the kernel throttled it."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
     refuse_interrupted(plan)
     ranks_per_node = plan.world_size // plan.nodes
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    with EmulatedCluster(plan.nodes, plan.link_rate) as cluster:
+    with EmulatedCluster(plan.nodes, plan.link_rate, plan.cpus_per_node) as cluster:
         measured = cluster.measure_link_gbit_s() if plan.nodes > 1 else None
         rate = rate_bits_per_s(plan.link_rate)
-        save_atomic({"nodes": plan.nodes, "ranks_per_node": ranks_per_node, "link_rate": plan.link_rate,
-                     "link_rate_gbit_s": rate / 1e9 if rate else None,
-                     "measured_gbit_s": measured, "addresses": [cluster.address(k) for k in range(plan.nodes)]},
-                    plan.run_dir / NETWORK_FILE)
-        print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s), link "
+        network = {"nodes": plan.nodes, "ranks_per_node": ranks_per_node, "link_rate": plan.link_rate,
+                   "link_rate_gbit_s": rate / 1e9 if rate else None, "measured_gbit_s": measured,
+                   "addresses": [cluster.address(k) for k in range(plan.nodes)],
+                   "cpus_per_node": plan.cpus_per_node, "cpu_period_ms": PERIOD_US / 1000}
+        save_atomic(network, plan.run_dir / NETWORK_FILE)
+        share = f", {plan.cpus_per_node:g} core(s) each" if plan.cpus_per_node else ""
+        print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s){share}, link "
               f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
         print(shell_command(["torchrun", *cluster.torchrun(0, ranks_per_node, program, plan.max_restarts)[3:]]),
               flush=True)
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
-        follow_trainer(leader)
-        cluster.wait(others, plan.run_dir)
-    return True
+        limited = []
 
+        def limit_once_training_starts():
+            if not limited:
+                cluster.limit_cpu()
+                limited.append(time.perf_counter())
+
+        follow_trainer(leader, on_start=limit_once_training_starts)
+        cluster.wait(others, plan.run_dir)
+        if cluster.cpu and limited:
+            save_atomic(network | {"limited_wall_s": time.perf_counter() - limited[0], "node_cpu": cluster.cpu_stats()},
+                        plan.run_dir / NETWORK_FILE)
+    return True

@@ -37,6 +37,7 @@ class Plan:
     train_args: list[str]
     action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
     link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
+    cpus_per_node: float | None = None  # launcher "emulated": each node's CPU share in cores, None the shared cores
     max_restarts: int = 0  # times torchrun starts the ranks again after one failed
 
 
@@ -51,7 +52,8 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
 
 
 def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
-            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None, max_restarts=0) -> Plan:
+            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None, cpus_per_node=None,
+            max_restarts=0) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing.
 
     Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
@@ -73,10 +75,13 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
                               f"(a cluster) or 'emulated' (nodes emulated on this machine)")
     if launcher != "emulated" and link_rate is not None:
         raise ExperimentError(f"link_rate sets the links of an emulated cluster; launcher {launcher!r} has none")
+    if launcher != "emulated" and cpus_per_node is not None:
+        raise ExperimentError(f"cpus_per_node sets the compute of an emulated cluster's nodes; launcher {launcher!r} "
+                              f"has none")
     if launcher == "emulated":
         from ddp_core.launch.emulated import check_can_emulate
 
-        check_can_emulate(nodes, link_rate)
+        check_can_emulate(nodes, link_rate, cpus_per_node)
     run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
     try:
         settings = load_profile(profile) | (overrides or {})
@@ -92,9 +97,11 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed) or 'world size'}); "
                                   f"choose another experiment name")
         network = network_of(run_dir)
-        if network and (network["nodes"], network["link_rate"]) != (nodes, link_rate):
+        if network and ((network["nodes"], network["link_rate"], network.get("cpus_per_node"))
+                        != (nodes, link_rate, cpus_per_node)):
             raise ExperimentError(f"{run_dir} holds a run on {network['nodes']} emulated node(s) at link rate "
-                                  f"{network['link_rate']}; choose another experiment name")
+                                  f"{network['link_rate']} with {network.get('cpus_per_node') or 'shared'} cores "
+                                  f"each; choose another experiment name")
         finished = info.get("end_time") and info["config"]["epochs"] >= cfg.epochs
         if finished:
             action = "reuse"
@@ -109,7 +116,7 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             check_gpus(cfg, world_size, visible_gpus())
         except UsageError as exc:
             raise ExperimentError(str(exc)) from None
-    return Plan(world_size, nodes, run_dir, args, action, link_rate, max_restarts)
+    return Plan(world_size, nodes, run_dir, args, action, link_rate, cpus_per_node, max_restarts)
 
 
 def network_of(run_dir: Path) -> dict | None:
@@ -188,12 +195,19 @@ def trainer_args(plan: Plan) -> list[str]:
                                                                               else [])]
 
 
-def follow_trainer(proc: subprocess.Popen) -> None:
-    """Echo the trainer's own lines (epochs, run directory) as they come; raise its one error line if it refused,
-    or the end of its output if it failed otherwise."""
+# Lines after which every rank has started (imports, data): an emulated cluster's nodes get their CPU shares then.
+RUN_DIRECTORY_LINE = "ddp_core: run directory"  # the trainer's rank 0 has loaded everything and starts to train
+ALLREDUCE_READY_LINE = "bench_allreduce: every rank is ready"
+
+
+def follow_trainer(proc: subprocess.Popen, on_start=None) -> None:
+    """Echo the trainer's own lines (epochs, run directory) as they come, calling `on_start` at its run directory's
+    line; raise its one error line if it refused, or the end of its output if it failed otherwise."""
     tail, refusal = deque(maxlen=20), None
     for line in proc.stdout:
         tail.append(line.rstrip())
+        if line.startswith(RUN_DIRECTORY_LINE) and on_start:
+            on_start()
         if line.startswith("ddp_core:"):
             print(line.rstrip(), flush=True)
         elif line.startswith(ERROR_PREFIX):

@@ -21,6 +21,11 @@ def rank_share_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
 
 
 def cores_per_rank(run: RunInfo) -> float:
+    """The CPU a rank computes on: a device of its own on a GPU; its node's share on an emulated node with one;
+    else its threads, or its part of the cores when the ranks on the machine outnumber them."""
     if run.on_gpu:
         return 1.0
+    share = run.raw.get("network", {}).get("cpus_per_node")
+    if share:
+        return min(run.threads_per_rank, share / run.raw["network"]["ranks_per_node"])
     return min(run.threads_per_rank, run.cpu_count / run.ranks_on_machine)

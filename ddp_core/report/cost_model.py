@@ -10,7 +10,8 @@ counts alike, from bytes to hundreds of MB).
 Prediction for N ranks, from the 1-rank run and the fit alone, except for one measured input:
 - compute per step: the 1-rank run's compute per step (its timed phases but the communication, the
   same compute every chapter divides), scaled by the per-rank batch (b_N / b_1), and by the share
-  of the machine a rank gets. On a GPU each rank has its own device (factor 1). On a CPU the ranks
+  of the machine a rank gets. On a GPU each rank has its own device (factor 1); on emulated nodes with
+  a CPU share each rank has its node's share, as the 1-node run had (factor 1). Else the ranks
   share the cores: a rank gets min(threads_per_rank, cores / ranks on the node) of them, against
   the 1-rank run's, and the compute is taken to scale inversely with that.
 - communication per step: the all-reduce time of each DDP gradient bucket, read off the measured

@@ -19,7 +19,7 @@ from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compar
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment, joined
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import in_words, quantities_by_column
+from ddp_core.report.tables import in_words, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
 
@@ -145,6 +145,99 @@ def link_findings(study: dict[str, Experiment]) -> dict:
             f"measured repeats."),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
+
+
+def nodes_figure(study: dict[str, Experiment]):
+    """The speedup over one node against the number of nodes, per link, beside the ideal N and the cost model's
+    prediction; and a step's compute and exposed all-reduce against the nodes, beside the one node's compute / N."""
+    table = link_table(study)
+    one = scaling_table(study[BASELINE]).loc[1]
+    nodes = [1, *sorted(table["world_size"].unique())]
+    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 4))
+    speed.plot(nodes, nodes, ":", color="gray", label="ideal: N")
+    parts.plot(nodes, [one["compute_per_step_s"] * 1e3 / n for n in nodes], ":", color="gray",
+               label="one node's compute / N")
+    for i, (link, rows) in enumerate(table.groupby("link", sort=False)):
+        error = [[0, *(rows["speedup"] - rows["speedup_low"])], [0, *(rows["speedup_high"] - rows["speedup"])]]
+        speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3,
+                       color=f"C{i}", label=f"{link}, measured (bar: range)")
+        speed.plot(rows["world_size"], rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6,
+                   label=f"{link}, predicted")
+        parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
+                   label=f"compute, {link}")
+        parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}",
+                   label=f"exposed all-reduce, {link}")
+    speed.set(xscale="log", yscale="log", xticks=nodes, xticklabels=nodes, yticks=nodes, yticklabels=nodes,
+              xlabel="nodes", ylabel="speedup over one node", title="Speedup against nodes")
+    parts.set(xscale="log", yscale="log", xticks=nodes, xticklabels=nodes, xlabel="nodes",
+              ylabel="ms per step (mean, steady epochs)", title="Where a step's time goes")
+    speed.legend(fontsize=7)
+    parts.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def nodes_findings(study: dict[str, Experiment]) -> dict:
+    """The numbers of the headline: each node's share, the speedup and efficiency of the fastest and the slowest
+    link at the most nodes, with their ranges and the verdict word, and the prediction's largest error."""
+    table = link_table(study)
+    links = link_experiments(study)
+    most = int(table["world_size"].max())
+    network = next(run.raw["network"] for run in study[BASELINE].all_runs)
+    found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
+             "ideal_cores": network["cpus_per_node"] * most}
+    for end, experiment in (("fastest", next(iter(links.values()))), ("slowest", list(links.values())[-1])):
+        row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
+        found |= {f"{end}_link": link_label(experiment), f"{end}_speedup": row["speedup"],
+                  f"{end}_speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}",
+                  f"{end}_efficiency": row["efficiency"],
+                  f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
+    return found
+
+
+def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per run on nodes with a CPU share: how far its nodes got the share they were set, and what else the machine
+    did. `used_share` is a node's CPU over the periods it ran in, against its share: 1 for a node that computed all
+    the time, less where it waited for the network inside a period. `throttled` is the share of those periods in
+    which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
+    process on the machine (the launcher, the kernel's network work) and the time the hypervisor took."""
+    rows = []
+    for variant, experiment in study.items():
+        for run in experiment.all_runs:
+            network, machine = run.raw["network"], run.raw.get("machine")
+            nodes = network.get("node_cpu")
+            if not nodes:
+                continue
+            period_s = network["cpu_period_ms"] / 1e3
+            used = [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"] for node in nodes]
+            rows.append(dict(
+                link=link_label(experiment) if variant != BASELINE else "none", nodes=network["nodes"], run=run.name,
+                used_share_low=min(used), used_share=float(np.median(used)),
+                throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
+                other_cores=machine["other_cpu_s"] / machine["wall_s"] if machine else np.nan,
+                stolen=machine["steal_cpu_s"] / (machine["wall_s"] * machine["cores"]) if machine else np.nan))
+    table = pd.DataFrame(rows)
+    table["disturbed"] = ((table["nodes"] == 1) & (table["used_share_low"] < SHARE_GOT)) | (table["stolen"] > STOLEN)
+    return table
+
+
+SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
+STOLEN = 0.02  # of the machine's cores taken by the hypervisor: more, and the run is called disturbed
+
+
+def fidelity_markdown(study: dict[str, Experiment]) -> str:
+    summary = fidelity_table(study).groupby(["link", "nodes"], sort=False).agg(
+        runs=("run", "size"), used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
+        throttled=("throttled", "median"), other_cores=("other_cores", "median"), stolen=("stolen", "max"),
+        disturbed=("disturbed", "sum")).reset_index()
+    return one_row_each(summary, {
+        "link": ("Link", "{}"), "nodes": ("Nodes", "{}"), "runs": ("Runs", "{}"),
+        "used_share": ("Quota used, median (%)", "{:.0%}"),
+        "used_share_low": ("Quota used, lowest node (%)", "{:.0%}"),
+        "throttled": ("Periods throttled (%)", "{:.0%}"),
+        "other_cores": ("Other processes (cores)", "{:.2f}"),
+        "stolen": ("Stolen, highest (%)", "{:.1%}"),
+        "disturbed": ("Disturbed runs", "{}")}, index_name=None)
 
 
 def _links_phrase(labels: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""The studies of how DDP scales: weak against strong scaling, ranks with their own cores, batch size,
+"""The studies of how DDP scales: weak against strong scaling, batch size,
 model size. Reads each study's `Experiment`s (`load_study`); offers per study `<study>_findings` for its
 page's glue, `*_markdown` tables, `*_figure`s, and the DataFrames they are made from (`*_table`).
 """
@@ -10,13 +10,12 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
-from ddp_core.report.cost_model import predict
 from ddp_core.report.results import Experiment
 from ddp_core.report.comparisons import (compare_speedups, compare_times, paired_sides, speedup_comparisons,
                                          time_ratio_sentence)
 from ddp_core.report.verdict import compare, noise_floor
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import counted, quantities_by_column, rank_label
+from ddp_core.report.tables import quantities_by_column, rank_label
 
 
 def _speedup(experiment: Experiment, n: int) -> str:
@@ -88,90 +87,6 @@ def speedups_figure(experiments: dict[str, Experiment], title: str, predicted: d
 def weak_scaling_figure(strong: Experiment, weak: Experiment):
     return speedups_figure({"strong (global batch fixed)": strong, "weak (per-rank batch fixed)": weak},
                            "Speedup: strong T1/TN against weak N t1/tN")
-
-
-# Ranks with their own cores ----------------------------------------------------------------------------------
-
-def own_cores_findings(shared: Experiment, own: Experiment) -> dict:
-    cores, threads = own.baseline.cpu_count, own.baseline.threads_per_rank
-    s, o = scaling_table(shared), scaling_table(own)
-    n = max(set(s.index) & set(o.index))
-    predicted_shared, predicted_own = predict(shared), predict(own, shared.allreduce)
-    enough = cores // threads
-    c = compare_speedups(own, shared, n)
-    speedups = (f"At {n} ranks the speedup is {_speedup(own, n)} with a core per rank and {_speedup(shared, n)} when "
-                f"the ranks divide the cores; own over shared is {c.value()}")
-    if not c.decided:
-        verdict = f"{speedups}: {c.why_undecided()}."
-    else:
-        verdict = f"{speedups}: a core per rank scales {c.judged('worse', 'better')}" + (
-            f", against a 1-rank baseline of one thread where the shared setup's uses "
-            f"{counted(shared.baseline.threads_per_rank, 'thread')}." if c.verdict == "higher" else ".")
-    return {"cores": cores, "own_threads": threads, "shared_threads_1": shared.baseline.threads_per_rank,
-            "identical_runs_sentence": _identical_runs_sentence(shared, own),
-            "ranks_with_own_core": enough, "own_largest": n,
-            "cores_run_out_sentence": (
-                f"With {threads} thread per rank and {cores} cores, up to {enough} ranks each have a core of their "
-                f"own; " + (f"at {n} ranks, {n * threads / cores:.0f} ranks share each core, and the setup is no "
-                            f"longer the GPU node's." if n * threads > cores else "every run here had its own.")),
-            "own_speedup_nmax": float(o.loc[n, "speedup"]), "shared_speedup_nmax": float(s.loc[n, "speedup"]),
-            "own_vs_shared_sentence": verdict,
-            "own_predicted_nmax": float(predicted_own.loc[n, "predicted_speedup"]),
-            "shared_predicted_nmax": float(predicted_shared.loc[n, "predicted_speedup"]),
-            "own_prediction_error_nmax": float(abs(predicted_own.loc[n, "error"])),
-            "shared_prediction_error_nmax": float(abs(predicted_shared.loc[n, "error"]))}
-
-
-def _identical_runs_sentence(shared: Experiment, own: Experiment) -> str:
-    """Where both studies ran the same threads per rank, their steps are the same computation: what the verdict
-    says of them is what this machine's noise says."""
-    same = [n for n in sorted(set(shared.runs) & set(own.runs))
-            if n > 1 and shared.runs[n].threads_per_rank == own.runs[n].threads_per_rank]
-    if not same:
-        return "No world size ran with the same threads per rank in both studies."
-    sentences = []
-    for n in same:
-        c = compare_times(own, shared, n, n)
-        sentences.append(f"at {n} ranks, {time_ratio_sentence(c, 'this study', 'the strong-scaling study')}")
-    return (f"At {' and '.join(map(str, same))} ranks both studies ran {counted(shared.runs[same[0]].threads_per_rank, 'thread')}"
-            f" per rank, the same computation per step; only the 1-rank baseline differs. As a check of the "
-            f"yardstick: " + "; ".join(sentences) + ".")
-
-
-OWN_CORES_ROWS = [
-    ("Threads per rank", "threads_per_rank", 1, "{:.0f}"),
-    ("Step time, median (ms)", "step_time_s", 1e3, "{:.1f}"),
-    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
-    ("of which compute, measured (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
-    ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
-    ("Speedup, measured", "speedup", 1, "{:.2f}"),
-    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
-    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
-    ("Speedup, predicted", "predicted_speedup", 1, "{:.2f}"),
-]
-
-
-def _with_prediction(experiment: Experiment, allreduce) -> pd.DataFrame:
-    table = scaling_table(experiment)
-    prediction = predict(experiment, allreduce)
-    table["threads_per_rank"] = [experiment.runs[n].threads_per_rank for n in table.index]
-    table["predicted_compute_s"] = prediction["predicted_compute_s"].reindex(table.index)
-    table["predicted_speedup"] = prediction["predicted_speedup"].reindex(table.index)
-    table.loc[1, ["predicted_compute_s", "predicted_speedup"]] = [table.loc[1, "compute_per_step_s"], 1.0]
-    return table
-
-
-def own_cores_markdown(shared: Experiment, own: Experiment) -> str:
-    tables = {"shared": _with_prediction(shared, shared.allreduce), "own cores": _with_prediction(own, shared.allreduce)}
-    names = [f"{label}, {rank_label(n)}" for label, t in tables.items() for n in t.index]
-    return quantities_by_column(pd.concat(tables.values(), ignore_index=True), OWN_CORES_ROWS, names)
-
-
-def own_cores_figure(shared: Experiment, own: Experiment):
-    predicted = {"cores shared": predict(shared)["predicted_speedup"],
-                 "a core per rank": predict(own, shared.allreduce)["predicted_speedup"]}
-    return speedups_figure({"cores shared": shared, "a core per rank": own}, "Speedup, measured and predicted",
-                           predicted)
 
 
 # Batch size --------------------------------------------------------------------------------------------------

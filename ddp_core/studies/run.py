@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ddp_core.launch.emulated import EmulatedCluster, check_can_emulate
-from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
+from ddp_core.launch.local import ALLREDUCE_READY_LINE, ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
                                         select)
@@ -44,7 +44,7 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     for run in interleaved(studies):
         try:
             plan = prepare(world_size=run.world_size, launcher=run.launcher, nodes=run.nodes or 1,
-                           link_rate=run.link_rate, results_dir=results_dir, experiment=run.experiment,
+                           link_rate=run.link_rate, cpus_per_node=run.cpus_per_node, results_dir=results_dir, experiment=run.experiment,
                            profile=run.profile, overrides=run.settings, repeat=run.repeat)
         except ExperimentError as exc:
             raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
@@ -72,7 +72,7 @@ def execute_run_notebook(run: Run, results_dir: str) -> None:
     failed = run_dir / NOTEBOOK_NAME.replace(".ipynb", ".failed.ipynb")
     parameters = dict(world_size=run.world_size, profile=run.profile, overrides=run.settings, repeat=run.repeat,
                       experiment=run.experiment, results_dir=results_dir, launcher=run.launcher, nodes=run.nodes or 1,
-                      link_rate=run.link_rate)
+                      link_rate=run.link_rate, cpus_per_node=run.cpus_per_node)
     try:
         with tempfile.TemporaryDirectory(prefix="ddp-kernel-") as sockets:
             executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
@@ -114,22 +114,29 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
             out = Path(results_dir) / study.experiment(variant) / f"allreduce-n{n}"
             if not (out / "allreduce.csv").exists():
                 start = time.perf_counter()
-                benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, variant.link_rate, out,
-                                     [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)])
+                benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, variant.link_rate,
+                                     variant.cpus_per_node, out, [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)])
                 print(f"{study.experiment(variant)}: all-reduce benchmark on {n} ranks over "
                       f"{n // study.ranks_per_node} emulated nodes: done in {time.perf_counter() - start:.0f} s",
                       flush=True)
 
 
-def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None, out: Path, args: list[str]) -> None:
+def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None, cpus_per_node: float | None,
+                         out: Path, args: list[str]) -> None:
+    """The all-reduce benchmark on the nodes the study trains on: their links and, where set, their CPU shares (gloo
+    sums the buckets on the CPU)."""
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with EmulatedCluster(nodes, link_rate) as cluster:
+        with EmulatedCluster(nodes, link_rate, cpus_per_node) as cluster:
             leader, *others = cluster.launch(ranks_per_node, ["-m", "ddp_core.bench.allreduce", "--out", str(out),
                                                               *args], out)
-            output, _ = leader.communicate()
-            if leader.returncode != 0:
-                tail = "\n".join(output.strip().splitlines()[-10:])
+            output = []
+            for line in leader.stdout:
+                output.append(line)
+                if line.startswith(ALLREDUCE_READY_LINE):
+                    cluster.limit_cpu()
+            if leader.wait() != 0:
+                tail = "".join(output[-10:]).strip()
                 raise StudyError(f"the all-reduce benchmark in {out} failed on node 0; its last lines:\n{tail}")
             cluster.wait(others, out)
     except ExperimentError as exc:

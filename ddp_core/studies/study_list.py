@@ -22,8 +22,8 @@ from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
 STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce", "quantize",
-              "ranks_per_node", "link_rate"}
-VARIANT_KEYS = {"settings", "world_sizes", "link_rate"}
+              "ranks_per_node", "link_rate", "cpus_per_node"}
+VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node"}
 
 
 class StudyError(Exception):
@@ -40,6 +40,7 @@ class Run:
     repeat: int
     nodes: int | None = None  # an emulated cluster's nodes (None: the ranks run on this machine)
     link_rate: str | None = None  # the emulated links' rate (None: unshaped)
+    cpus_per_node: float | None = None  # the emulated nodes' CPU share (None: the machine's cores, shared)
 
     @property
     def folder(self) -> str:
@@ -56,6 +57,7 @@ class Variant:
     settings: dict
     world_sizes: tuple[int, ...]
     link_rate: str | None = None
+    cpus_per_node: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ class Study:
     def runs(self) -> list[Run]:
         """Repeat by repeat, every variant and world size once per repeat (see `interleaved`)."""
         return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat,
-                    n // self.ranks_per_node if self.ranks_per_node else None, variant.link_rate)
+                    n // self.ranks_per_node if self.ranks_per_node else None, variant.link_rate,
+                    variant.cpus_per_node)
                 for repeat in range(1, self.repeats + 1) for variant in self.variants for n in variant.world_sizes]
 
     @property
@@ -132,12 +135,14 @@ def parse_study(name: str, entry) -> Study:
             raise StudyError(f"{vwhere}: no world_sizes (give them to the study or to each variant)")
         settings = common | _mapping(variant.get("settings", {}), f"{vwhere}: settings")
         link_rate = variant.get("link_rate", entry.get("link_rate"))
-        if link_rate is not None and ranks_per_node is None:
-            raise StudyError(f"{vwhere}: link_rate sets an emulated cluster's links; give the study ranks_per_node")
+        cpus_per_node = variant.get("cpus_per_node", entry.get("cpus_per_node"))
+        for key, value in (("link_rate", link_rate), ("cpus_per_node", cpus_per_node)):
+            if value is not None and ranks_per_node is None:
+                raise StudyError(f"{vwhere}: {key} sets an emulated cluster's nodes; give the study ranks_per_node")
         sizes = _world_sizes(sizes, vwhere)
         if ranks_per_node and any(n % ranks_per_node for n in sizes):
             raise StudyError(f"{vwhere}: every world size must be a multiple of ranks_per_node {ranks_per_node}")
-        variants.append(Variant(str(variant_name), settings, sizes, link_rate))
+        variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node))
     return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
                  bool(entry.get("allreduce", False)), bool(entry.get("quantize", False)), ranks_per_node)
 

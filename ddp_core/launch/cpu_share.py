@@ -1,0 +1,174 @@
+"""A node's compute: a bounded share of this machine's CPU, so that N emulated nodes have N times the compute of one.
+
+Linux's CPU bandwidth control (CFS quotas) lets the processes of a control group run at most `quota` of CPU time in
+every `period` of wall time: a share of 0.25 with a 10 ms period is 2.5 ms of CPU per 10 ms, a quarter core however
+many threads want it. Each node of an emulated cluster gets such a group, as Mininet's CPU-limited hosts do
+(Handigol et al., CoNEXT 2012), so that 8 nodes of a quarter core on 2 cores are 8 times the compute of 1.
+
+A node's processes join its group when they start, but the quota holds from `limit()` on: the launcher calls it
+once training starts (the trainer's rank 0 has its run directory, every rank has loaded torch and the data), so
+that start-up, seconds of imports that no timer measures, does not take four times as long at a quarter core.
+
+The period is short (PERIOD_US): a rank that used up its quota waits for the next period, and in a synchronous
+all-reduce its peers wait with it, so the longest stall, period x (1 - share), should stay small against a step.
+Its weight is high (WEIGHT), so that the nodes get their quota before other processes of the machine (the notebook
+kernel, the runner) get what is left: the quota, not the scheduler's fairness, sets their compute.
+
+Both cgroup versions: v1 (`cpu.cfs_quota_us` in the `cpu` hierarchy, usage from `cpuacct`) and v2 (`cpu.max`,
+`cpu.stat`). A group is named like the cluster's namespaces, so the sweep of a killed owner's leftovers finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PERIOD_US = 10_000  # a tenth of the kernel's default: a throttled rank stalls its peers 7.5 ms at most
+WEIGHT = 10_000  # v2 cpu.weight's maximum; v1 cpu.shares takes the same number (its default is 1024)
+MOUNTS = Path("/proc/self/mounts")
+
+
+class CpuShareError(Exception):
+    """This machine cannot bound a node's CPU, in one line."""
+
+
+@dataclass(frozen=True)
+class CpuController:
+    """Where node groups go: `quota_root` holds the quota (and, on v2, the usage); `usage_root` the usage."""
+    version: int
+    quota_root: Path
+    usage_root: Path
+
+    def groups(self) -> list[str]:
+        """Names of the groups directly under the controller's roots."""
+        roots = {self.quota_root, self.usage_root}
+        return sorted({p.name for root in roots if root.is_dir() for p in root.iterdir() if p.is_dir()})
+
+
+def find_controller(mounts: Path = MOUNTS, own_cgroup: Path = Path("/proc/self/cgroup")) -> CpuController:
+    """The CPU controller this process may create groups under, or a one-line refusal."""
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    for line in mounts.read_text().splitlines():
+        _, where, kind, options, *_ = line.split()
+        if kind == "cgroup":
+            for name in ("cpu", "cpuacct"):
+                if name in options.split(","):
+                    v1[name] = Path(where)
+        elif kind == "cgroup2":
+            v2 = Path(where)
+    if "cpu" in v1 and "cpuacct" in v1:
+        controller = CpuController(1, v1["cpu"], v1["cpuacct"])
+    elif v2 is not None and "cpu" in _words(v2 / "cgroup.controllers"):
+        path = next((line.split("::", 1)[1] for line in own_cgroup.read_text().splitlines() if line.startswith("0::")),
+                    "/")
+        root = v2 / path.lstrip("/")
+        if "cpu" not in _words(root / "cgroup.subtree_control"):
+            try:
+                (root / "cgroup.subtree_control").write_text("+cpu")
+            except OSError as exc:
+                raise CpuShareError(f"cannot enable the cpu controller under {root} ({exc.strerror}): run as root "
+                                    f"in a cgroup whose children may use it, or leave cpus_per_node unset") from None
+        controller = CpuController(2, root, root)
+    else:
+        raise CpuShareError("no cgroup CPU controller is mounted (cgroup v1 cpu and cpuacct, or v2 with cpu): "
+                            "nodes cannot get a CPU share here; leave cpus_per_node unset")
+    if not (os.access(controller.quota_root, os.W_OK) and os.access(controller.usage_root, os.W_OK)):
+        raise CpuShareError(f"cannot create control groups under {controller.quota_root}: run as root, or leave "
+                            f"cpus_per_node unset")
+    return controller
+
+
+def _words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
+
+
+def check_shares(nodes: int, cpus_per_node) -> None:
+    """A share is a positive number of cores, and the nodes' shares fit in this machine's usable cores."""
+    if isinstance(cpus_per_node, bool) or not isinstance(cpus_per_node, (int, float)) or not cpus_per_node > 0:
+        raise CpuShareError(f"cpus_per_node must be a positive number of cores (e.g. 0.25), got {cpus_per_node!r}")
+    cores = len(os.sched_getaffinity(0))
+    if nodes * cpus_per_node > cores + 1e-9:
+        raise CpuShareError(f"{nodes} nodes x {cpus_per_node} cores = {nodes * cpus_per_node:g} cores, more than "
+                            f"the {cores} this machine can use: fewer nodes or a smaller cpus_per_node")
+    if cpus_per_node * PERIOD_US < 1000:
+        raise CpuShareError(f"cpus_per_node {cpus_per_node} is below the kernel's smallest quota, 1 ms per "
+                            f"{PERIOD_US // 1000} ms period ({1000 / PERIOD_US:g} cores)")
+
+
+class NodeCpu:
+    """One node's control group: at most `cpus` cores of CPU time, its usage and throttling read back."""
+
+    def __init__(self, controller: CpuController, name: str, cpus: float):
+        self.controller, self.name, self.cpus = controller, name, cpus
+        self.dirs = sorted({controller.quota_root / name, controller.usage_root / name})
+        self.quota_dir, self.usage_dir = controller.quota_root / name, controller.usage_root / name
+
+    def create(self) -> None:
+        """The group, its weight and its period, without a quota yet."""
+        for folder in self.dirs:
+            folder.mkdir()
+        self.at_limit = None
+        if self.controller.version == 1:
+            (self.quota_dir / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.quota_dir / "cpu.shares").write_text(str(WEIGHT))
+        else:
+            (self.quota_dir / "cpu.max").write_text(f"max {PERIOD_US}")
+            (self.quota_dir / "cpu.weight").write_text(str(WEIGHT))
+
+    def limit(self) -> None:
+        """The quota from now on; `stats` counts from here."""
+        quota = round(self.cpus * PERIOD_US)
+        if self.controller.version == 1:
+            (self.quota_dir / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (self.quota_dir / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        self.at_limit = self._counters()
+
+    def enter(self) -> None:
+        """Move the calling process into the group (in a child before it executes); its children follow."""
+        for folder in self.dirs:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+    def stats(self) -> dict:
+        """Since `limit`: CPU seconds used, the periods in which the group ran, in how many of them it was throttled,
+        and for how long in all."""
+        now = self._counters()
+        return {key: value - self.at_limit[key] for key, value in now.items()} if self.at_limit else now
+
+    def _counters(self) -> dict:
+        stat = dict(line.split() for line in (self.quota_dir / "cpu.stat").read_text().splitlines() if line.strip())
+        if self.controller.version == 1:
+            cpu_s = int((self.usage_dir / "cpuacct.usage").read_text()) / 1e9
+            throttled_s = int(stat["throttled_time"]) / 1e9
+        else:
+            cpu_s = int(stat["usage_usec"]) / 1e6
+            throttled_s = int(stat["throttled_usec"]) / 1e6
+        return {"cpu_s": cpu_s, "periods": int(stat["nr_periods"]), "throttled_periods": int(stat["nr_throttled"]),
+                "throttled_s": throttled_s}
+
+    def remove(self) -> None:
+        remove_group(self.controller, self.name)
+
+
+def remove_group(controller: CpuController, name: str) -> None:
+    """Kill what still runs in the group, then remove it (the kernel refuses while a process is in it)."""
+    for folder in sorted({controller.quota_root / name, controller.usage_root / name}):
+        for _ in range(50):
+            if not folder.exists():
+                break
+            for pid in _words(folder / "cgroup.procs"):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                folder.rmdir()
+            except OSError:
+                time.sleep(0.02)  # a killed process leaves its group a moment later
