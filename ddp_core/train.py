@@ -51,6 +51,7 @@ from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
+from ddp_core.launch.local import RUN_FINISHED_LINE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +135,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step(),
                                 "machine": machine_activity(started, ended, run_cpu_s)}, out / "run.json")
         track.finish()
+        print(RUN_FINISHED_LINE, flush=True)
 
 
 @dataclass

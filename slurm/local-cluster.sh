@@ -2,6 +2,7 @@
 # A real single-node Slurm on this machine, for the tests and CI: munged + slurmctld + slurmd, no systemd.
 #
 #   slurm/local-cluster.sh start    # installs the Debian packages when missing (needs root), starts the daemons
+#   slurm/local-cluster.sh install  # only installs the Debian packages when missing (needs root)
 #   slurm/local-cluster.sh stop     # stops them by their PID files
 #   slurm/local-cluster.sh env      # prints the variables a client needs: eval "$(slurm/local-cluster.sh env)"
 #
@@ -104,7 +105,8 @@ stop() {
 
 case "${1:-}" in
     start) start ;;
+    install) install_packages ;;
     stop) stop ;;
     env) print_env ;;
-    *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;
+    *) echo "usage: $0 start|install|stop|env" >&2; exit 2 ;;
 esac

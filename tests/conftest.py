@@ -142,6 +142,24 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: order.get(item.path.name, len(BOOK_TESTS)))
 
 
+# The skips CI may show (`.ci/run` sets DDP_CORE_CI=1): CI runs as root, with the real data, and the tests install
+# Slurm and TeX themselves, so the only skips left are about hardware that CI's machine lacks.
+SKIPS_ALLOWED_IN_CI = ("this machine has a GPU",)
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(f"{report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    unexpected = [skip for skip in _skipped if not any(reason in skip for reason in SKIPS_ALLOWED_IN_CI)]
+    if os.environ.get("DDP_CORE_CI") and unexpected and not hasattr(session.config, "workerinput"):
+        print("\nSkipped in CI, where every test but those needing a GPU must run:\n  " + "\n  ".join(unexpected))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def runnable_tiny_studies() -> dict:
     """The tiny studies this machine can run: those on an emulated cluster need root."""
     from ddp_core.studies.study_list import load_study_list

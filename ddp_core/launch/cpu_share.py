@@ -5,9 +5,10 @@ every `period` of wall time: a share of 0.25 with a 10 ms period is 2.5 ms of CP
 many threads want it. Each node of an emulated cluster gets such a group, as Mininet's CPU-limited hosts do
 (Handigol et al., CoNEXT 2012), so that 8 nodes of a quarter core on 2 cores are 8 times the compute of 1.
 
-A node's processes join its group when they start, but the quota holds from `limit()` on: the launcher calls it
-once training starts (the trainer's rank 0 has its run directory, every rank has loaded torch and the data), so
-that start-up, seconds of imports that no timer measures, does not take four times as long at a quarter core.
+A node's processes join its group when they start, but the quota holds only from `limit()` to `release()`: the
+launcher calls them when training starts (the trainer's rank 0 has its run directory, every rank has loaded torch
+and the data) and when the run's files are written, so that start-up and shutdown, seconds of imports and
+teardown that no timer measures, do not take four times as long at a quarter core.
 
 The period is short (PERIOD_US): a rank that used up its quota waits for the next period, and in a synchronous
 all-reduce its peers wait with it, so the longest stall, period x (1 - share), should stay small against a step.
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PERIOD_US = 10_000  # a tenth of the kernel's default: a throttled rank stalls its peers 7.5 ms at most
+PERIOD_US = 10_000  # a tenth of the kernel's default (benchmarks/cpu_period.py measures both)
 WEIGHT = 10_000  # v2 cpu.weight's maximum; v1 cpu.shares takes the same number (its default is 1024)
 MOUNTS = Path("/proc/self/mounts")
 
@@ -105,8 +106,8 @@ def check_shares(nodes: int, cpus_per_node) -> None:
 class NodeCpu:
     """One node's control group: at most `cpus` cores of CPU time, its usage and throttling read back."""
 
-    def __init__(self, controller: CpuController, name: str, cpus: float):
-        self.controller, self.name, self.cpus = controller, name, cpus
+    def __init__(self, controller: CpuController, name: str, cpus: float, period_us: int = PERIOD_US):
+        self.controller, self.name, self.cpus, self.period_us = controller, name, cpus, period_us
         self.dirs = sorted({controller.quota_root / name, controller.usage_root / name})
         self.quota_dir, self.usage_dir = controller.quota_root / name, controller.usage_root / name
 
@@ -114,22 +115,30 @@ class NodeCpu:
         """The group, its weight and its period, without a quota yet."""
         for folder in self.dirs:
             folder.mkdir()
-        self.at_limit = None
+        self.at_limit = self.at_release = None
         if self.controller.version == 1:
-            (self.quota_dir / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.quota_dir / "cpu.cfs_period_us").write_text(str(self.period_us))
             (self.quota_dir / "cpu.shares").write_text(str(WEIGHT))
         else:
-            (self.quota_dir / "cpu.max").write_text(f"max {PERIOD_US}")
+            (self.quota_dir / "cpu.max").write_text(f"max {self.period_us}")
             (self.quota_dir / "cpu.weight").write_text(str(WEIGHT))
 
     def limit(self) -> None:
         """The quota from now on; `stats` counts from here."""
-        quota = round(self.cpus * PERIOD_US)
+        quota = round(self.cpus * self.period_us)
         if self.controller.version == 1:
             (self.quota_dir / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (self.quota_dir / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-        self.at_limit = self._counters()
+            (self.quota_dir / "cpu.max").write_text(f"{quota} {self.period_us}")
+        self.at_limit, self.at_release = self._counters(), None
+
+    def release(self) -> None:
+        """No quota from now on; `stats` stays what it was here."""
+        self.at_release = self.stats()
+        if self.controller.version == 1:
+            (self.quota_dir / "cpu.cfs_quota_us").write_text("-1")
+        else:
+            (self.quota_dir / "cpu.max").write_text(f"max {self.period_us}")
 
     def enter(self) -> None:
         """Move the calling process into the group (in a child before it executes); its children follow."""
@@ -137,8 +146,10 @@ class NodeCpu:
             (folder / "cgroup.procs").write_text(str(os.getpid()))
 
     def stats(self) -> dict:
-        """Since `limit`: CPU seconds used, the periods in which the group ran, in how many of them it was throttled,
-        and for how long in all."""
+        """From `limit` to `release` (or now): CPU seconds used, the periods in which the group ran, in how many of
+        them it was throttled, and for how long in all."""
+        if self.at_release:
+            return self.at_release
         now = self._counters()
         return {key: value - self.at_limit[key] for key, value in now.items()} if self.at_limit else now
 

@@ -160,13 +160,16 @@ class EmulatedCluster:
     """`nodes` network namespaces on one bridge, each sending at most `link_rate` (None: unshaped) and, with
     `cpus_per_node`, computing on at most that many cores (None: the machine's cores, shared)."""
 
-    def __init__(self, nodes: int, link_rate: str | None = None, cpus_per_node: float | None = None):
+    def __init__(self, nodes: int, link_rate: str | None = None, cpus_per_node: float | None = None,
+                 cpu_period_us: int = PERIOD_US):
         check_can_emulate(nodes, link_rate, cpus_per_node)
         self.nodes, self.link_rate, self.cpus_per_node = nodes, link_rate, cpus_per_node
         self.base = f"{PREFIX}{os.getpid():06x}{next(_sequence) % 36:x}"
         self.bridge = f"{self.base}br"
         controller = find_controller() if cpus_per_node is not None else None
-        self.cpu = [NodeCpu(controller, self.namespace(k), cpus_per_node) for k in range(nodes)] if controller else []
+        self.cpu = [NodeCpu(controller, self.namespace(k), cpus_per_node, cpu_period_us)
+                    for k in range(nodes)] if controller else []
+        self.limited_at = self.limited_s = None
 
     def namespace(self, k: int) -> str:
         return f"{self.base}-n{k}"
@@ -221,13 +224,20 @@ class EmulatedCluster:
 
     def limit_cpu(self) -> None:
         """Every node at its CPU share from now on (a cluster without shares: nothing)."""
+        self.limited_at = time.perf_counter()
         for node_cpu in self.cpu:
             node_cpu.limit()
 
-    def cpu_stats(self) -> list[dict]:
-        """Per node, since `limit_cpu`: the CPU seconds it used, the periods it ran in, and how often and how long in
-        all it was throttled."""
-        return [node_cpu.stats() for node_cpu in self.cpu]
+    def release_cpu(self) -> None:
+        """Every node unconstrained again, its use of the share kept for `cpu_use`."""
+        self.limited_s = time.perf_counter() - self.limited_at
+        for node_cpu in self.cpu:
+            node_cpu.release()
+
+    def cpu_use(self) -> dict:
+        """From `limit_cpu` to `release_cpu`: the seconds, and per node the CPU seconds it used, the periods it ran
+        in, and how often and how long in all it was throttled."""
+        return {"limited_wall_s": self.limited_s, "node_cpu": [node_cpu.stats() for node_cpu in self.cpu]}
 
     def command(self, k: int, argv: list[str]) -> list[str]:
         """`argv` run on node k: in its namespace, with its hostname, and gloo on its link."""
@@ -329,16 +339,8 @@ def run_emulated(plan: Plan) -> bool:
         print(shell_command(["torchrun", *cluster.torchrun(0, ranks_per_node, program, plan.max_restarts)[3:]]),
               flush=True)
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
-        limited = []
-
-        def limit_once_training_starts():
-            if not limited:
-                cluster.limit_cpu()
-                limited.append(time.perf_counter())
-
-        follow_trainer(leader, on_start=limit_once_training_starts)
+        follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
         cluster.wait(others, plan.run_dir)
-        if cluster.cpu and limited:
-            save_atomic(network | {"limited_wall_s": time.perf_counter() - limited[0], "node_cpu": cluster.cpu_stats()},
-                        plan.run_dir / NETWORK_FILE)
+        if cluster.cpu and cluster.limited_s is not None:
+            save_atomic(network | cluster.cpu_use(), plan.run_dir / NETWORK_FILE)
     return True

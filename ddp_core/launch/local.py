@@ -195,19 +195,24 @@ def trainer_args(plan: Plan) -> list[str]:
                                                                               else [])]
 
 
-# Lines after which every rank has started (imports, data): an emulated cluster's nodes get their CPU shares then.
+# Lines that frame what is measured: an emulated cluster's nodes compute at their CPU shares from the first (every
+# rank has started: imports, data) to the last (the run's files are written; the processes only exit after it).
 RUN_DIRECTORY_LINE = "ddp_core: run directory"  # the trainer's rank 0 has loaded everything and starts to train
+RUN_FINISHED_LINE = "ddp_core: run finished"
 ALLREDUCE_READY_LINE = "bench_allreduce: every rank is ready"
 
 
-def follow_trainer(proc: subprocess.Popen, on_start=None) -> None:
+def follow_trainer(proc: subprocess.Popen, on_start=None, on_finish=None) -> None:
     """Echo the trainer's own lines (epochs, run directory) as they come, calling `on_start` at its run directory's
-    line; raise its one error line if it refused, or the end of its output if it failed otherwise."""
+    line and `on_finish` once its files are written; raise its one error line if it refused, or the end of its
+    output if it failed otherwise."""
     tail, refusal = deque(maxlen=20), None
     for line in proc.stdout:
         tail.append(line.rstrip())
         if line.startswith(RUN_DIRECTORY_LINE) and on_start:
             on_start()
+        if line.startswith(RUN_FINISHED_LINE) and on_finish:
+            on_finish()
         if line.startswith("ddp_core:"):
             print(line.rstrip(), flush=True)
         elif line.startswith(ERROR_PREFIX):

@@ -68,6 +68,8 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 predicted_comm_s=prediction.loc[n, "predicted_comm_s"] if n in prediction.index else np.nan,
                 predicted_compute_s=prediction.loc[n, "predicted_compute_s"] if n in prediction.index else np.nan,
                 compute_per_step_s=row["compute_per_step_s"],
+                compute_to_comm_ratio=row["compute_to_comm_ratio"],
+                break_even_ratio=row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"] / (n - 1),
                 predicted_speedup=prediction.loc[n, "predicted_speedup"] if n in prediction.index else np.nan,
                 prediction_error=prediction.loc[n, "error"] if n in prediction.index else np.nan))
     return pd.DataFrame(rows)
@@ -87,6 +89,8 @@ LINK_ROWS = [
     ("All-reduce per step, predicted from the benchmark (ms)", "predicted_comm_s", 1e3, "{:.0f}"),
     ("Speedup, predicted", "predicted_speedup", 1, "{:.2f}"),
     ("Error of the predicted speedup (%)", "prediction_error", 100, "{:+.0f}"),
+    ("$R_N = (T_c/N)/T_\\text{comm}$", "compute_to_comm_ratio", 1, "{:.2f}"),
+    ("Break-even $R_N = f/(N-1)$", "break_even_ratio", 1, "{:.2f}"),
 ]
 
 
@@ -179,7 +183,8 @@ def nodes_figure(study: dict[str, Experiment]):
 
 def nodes_findings(study: dict[str, Experiment]) -> dict:
     """The numbers of the headline: each node's share, the speedup and efficiency of the fastest and the slowest
-    link at the most nodes, with their ranges and the verdict word, and the prediction's largest error."""
+    link at the most nodes, with their ranges and the verdict word; and at how many of the (link, nodes) points the
+    theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
     table = link_table(study)
     links = link_experiments(study)
     most = int(table["world_size"].max())
@@ -192,7 +197,8 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
                   f"{end}_speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}",
                   f"{end}_efficiency": row["efficiency"],
                   f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
-    return found
+    theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
+    return found | {"points": len(table), "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:

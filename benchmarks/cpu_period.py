@@ -1,0 +1,73 @@
+"""How the period of an emulated node's CPU quota moves a DDP step: the nodes study's run on 4 nodes of a quarter
+core over unshaped links, with the quota's period at 10 ms (the project's) and 100 ms (the kernel's default), and
+at 5 ms, round by round.
+
+    python benchmarks/cpu_period.py --results-dir results/cpu_period     # root; about 6 minutes on 2 cores
+
+A node that has spent its quota waits for the next period, however many cores are idle, and in a synchronous
+all-reduce every other node waits with it: the longer the period, the longer such a stall (up to the period less
+the quota). A shorter period costs the kernel more work per second. Prints each period's step, the median over
+the rounds of each run's median step, and its ratio to the 10 ms runs', paired round by round, with the verdict
+of the report's one verdict function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ddp_core.launch.emulated import EmulatedCluster
+from ddp_core.launch.local import follow_trainer, prepare, trainer_args
+from ddp_core.report.comparisons import WARMUP_STEPS
+from ddp_core.report.verdict import compare, noise_floor
+from ddp_core.studies.study_list import load_study_list
+
+PERIODS_MS = (10, 100, 5)
+NODES, CPUS_PER_NODE = 4, 0.25
+
+
+def median_step(run_dir: Path) -> float:
+    return float(pd.read_csv(run_dir / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median())
+
+
+def train(results_dir: Path, period_ms: int, repeat: int) -> float:
+    """One run of the nodes study's settings at this period; its median step."""
+    study = load_study_list()["nodes"]
+    plan = prepare(world_size=NODES, launcher="emulated", nodes=NODES, cpus_per_node=CPUS_PER_NODE,
+                   results_dir=str(results_dir), experiment=f"period-{period_ms}ms", profile=study.profile,
+                   overrides=study.variants[0].settings, repeat=repeat)
+    if plan.action != "reuse":
+        with EmulatedCluster(NODES, None, CPUS_PER_NODE, cpu_period_us=period_ms * 1000) as cluster:
+            leader, *others = cluster.launch(1, ["-m", "ddp_core.train", *trainer_args(plan)], plan.run_dir)
+            follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
+            cluster.wait(others, plan.run_dir)
+    return median_step(plan.run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results-dir", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    opts = parser.parse_args(argv)
+    steps = {period: [] for period in PERIODS_MS}
+    for repeat in range(1, opts.rounds + 1):
+        order = PERIODS_MS if repeat % 2 else PERIODS_MS[::-1]
+        for period in order:
+            steps[period].append(train(opts.results_dir, period, repeat))
+    floor = noise_floor(list(steps.values()))
+    rows = []
+    for period, times in steps.items():
+        c = compare(times, steps[10], floor)
+        rows.append(dict(period_ms=period, median_step_ms=pd.Series(times).median() * 1e3, ratio_to_10ms=c.ratio,
+                         low=c.low, high=c.high, verdict=c.says("faster", "slower")))
+    table = pd.DataFrame(rows)
+    table.to_csv(opts.results_dir / "cpu_period.csv", index=False)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
