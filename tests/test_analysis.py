@@ -147,8 +147,10 @@ def test_the_prediction_is_judged_against_its_target_and_the_spread_of_the_repea
 
 def test_figures_draw_each_world_size_from_its_csv(folder, experiment):
     accuracy = scaling.accuracy_figure(experiment)
-    lines = accuracy.axes[0].get_lines()
-    assert [list(line.get_ydata()) for line in lines] == [list(csv_of(folder, n)["val_accuracy"]) for n in WORLD_SIZES]
+    *runs, chance = accuracy.axes[0].get_lines()
+    assert [list(line.get_ydata()) for line in runs] == [list(csv_of(folder, n)["val_accuracy"]) for n in WORLD_SIZES]
+    classes = json.loads((folder / "n1" / "run.json").read_text())["model"]["num_classes"]
+    assert list(chance.get_ydata()) == [1 / classes] * 2 and chance.get_label().startswith("chance")
     speedup = scaling.speedup_figure(experiment)
     measured = next(c for c in speedup.axes[0].containers if isinstance(c, BarContainer))
     table = scaling.scaling_table(experiment)
@@ -175,6 +177,16 @@ def test_the_setup_table_says_a_gpu_runs_driver_is_unknown_where_it_was_not_reco
         info = json.loads((folder / f"n{n}" / "run.json").read_text())
         (folder / f"n{n}" / "run.json").write_text(json.dumps(info | {"device": "cuda:0", "gpu_driver": None}))
     assert setup_row("GPU driver") == "unknown"
+
+
+def test_the_setup_table_names_the_cpus_extensions_and_a_run_says_what_else_the_machine_did(folder):
+    rows = provenance.shared_markdown(load_experiment(folder)).splitlines()
+    extensions = next(row.split("|")[2].strip() for row in rows if "extensions" in row)
+    recorded = json.loads((folder / "n1" / "run.json").read_text())["cpu_extensions"]
+    assert extensions == (", ".join(f"`{name}`" for name in recorded) or "none of AVX2, AVX-512, AMX")
+    machine = {"wall_s": 10.0, "run_cpu_s": 15.0, "other_cpu_s": 5.0, "steal_cpu_s": 0.4, "cores": 2}
+    summary = provenance.run_summary(json.loads((folder / "n1" / "run.json").read_text()) | {"machine": machine})
+    assert "other processes used 0.50 of the machine's 2 cores and the hypervisor took 2.0% of them" in summary
 
 
 def test_a_slow_round_slows_both_sides_of_its_pairs_and_leaves_the_speedup_as_it_was(folder):

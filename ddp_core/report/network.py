@@ -17,6 +17,8 @@ from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compar
                                          final_accuracies, run_times, speedup_comparisons, steady_phases,
                                          time_floor, time_ratio_sentence)
 from ddp_core.report.cost_model import predict
+from ddp_core.report.figures import chance_line
+from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
 from ddp_core.report.results import Experiment, joined
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words, one_row_each, quantities_by_column
@@ -145,8 +147,8 @@ def link_findings(study: dict[str, Experiment]) -> dict:
         "link_speedup_sentence": " ".join(sentences),
         "link_prediction_sentence": (
             f"Its largest error is {worst['prediction_error']:+.0%}, at {int(worst['world_size'])} nodes on the "
-            f"{worst['link']} link; {len(inside)} of its {len(table)} predictions lie within the range of the "
-            f"measured repeats."),
+            f"{worst['link']} link; {len(inside)} of its {len(table)} predictions "
+            f"{'lies' if len(inside) == 1 else 'lie'} within the range of the measured repeats."),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
 
@@ -157,7 +159,7 @@ def nodes_figure(study: dict[str, Experiment]):
     table = link_table(study)
     one = scaling_table(study[BASELINE]).loc[1]
     nodes = [1, *sorted(table["world_size"].unique())]
-    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 5.2))
     speed.plot(nodes, nodes, ":", color="gray", label="ideal: N")
     parts.plot(nodes, [one["compute_per_step_s"] * 1e3 / n for n in nodes], ":", color="gray",
                label="one node's compute / N")
@@ -171,19 +173,23 @@ def nodes_figure(study: dict[str, Experiment]):
                    label=f"compute, {link}")
         parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}",
                    label=f"exposed all-reduce, {link}")
-    speed.set(xscale="log", yscale="log", xticks=nodes, xticklabels=nodes, yticks=nodes, yticklabels=nodes,
-              xlabel="nodes", ylabel="speedup over one node", title="Speedup against nodes")
-    parts.set(xscale="log", yscale="log", xticks=nodes, xticklabels=nodes, xlabel="nodes",
-              ylabel="ms per step (mean, steady epochs)", title="Where a step's time goes")
-    speed.legend(fontsize=7)
-    parts.legend(fontsize=7)
+    speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node",
+              title="Speedup against nodes")
+    speed.set_yticks(nodes, [str(n) for n in nodes])
+    parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
+              title="Where a step's time goes")
+    for ax in (speed, parts):
+        ax.set_xticks(nodes, [str(n) for n in nodes])
+        ax.minorticks_off()
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 
 
 def nodes_findings(study: dict[str, Experiment]) -> dict:
     """The numbers of the headline: each node's share, the speedup and efficiency of the fastest and the slowest
-    link at the most nodes, with their ranges and the verdict word; and at how many of the (link, nodes) points the
+    link at the most nodes, with their ranges and the verdict word, a step's compute against one node's / N and
+    its exposed all-reduce; and at how many of the (link, nodes) points the
     theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
     table = link_table(study)
     links = link_experiments(study)
@@ -196,9 +202,41 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
         found |= {f"{end}_link": link_label(experiment), f"{end}_speedup": row["speedup"],
                   f"{end}_speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}",
                   f"{end}_efficiency": row["efficiency"],
+                  f"{end}_compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
+                  f"{end}_exposed_ms": row["comm_exposed_per_step_s"] * 1e3, f"{end}_step_ms": row["mean_step_s"] * 1e3,
                   f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
     return found | {"points": len(table), "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
+
+
+# The real configuration the nodes study models: the prediction chapter's forecast for this preset on
+# nvlink_forecast.FORECAST_GPUS A100s over NVLink, at this model FLOP utilisation.
+SCALE_MODEL_PRESET, SCALE_MODEL_MFU = "large", 0.4
+
+
+def scale_model_findings(study: dict[str, Experiment]) -> dict:
+    """The emulated link whose N nodes have the compute-to-communication ratio R_N closest to the one the prediction
+    chapter forecasts for SCALE_MODEL_PRESET on N A100s over NVLink (the same workload: sequence, vocabulary, global
+    batch), and the efficiency measured there against the forecast's bounds: every bucket exposed, or only the
+    last. "within", "below" or "above" says where the measured median falls. N is the forecast's number of GPUs,
+    or the study's most nodes where it has no run at that many."""
+    links = link_table(study)
+    n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
+    table = links.query("world_size == @n")
+    one = study[BASELINE].baseline
+    ahead = forecast(one.model, one.global_batch_size, n).loc[SCALE_MODEL_PRESET]
+    compute_ms = ahead["compute_bound_ms"] / SCALE_MODEL_MFU
+    target = compute_ms / n / ahead["comm_ms"]
+    bounds = [compute_ms / (compute_ms / n + exposed) / n for exposed in (ahead["comm_ms"], ahead["last_bucket_ms"])]
+    closest = table.loc[np.log(table["compute_to_comm_ratio"] / target).abs().idxmin()]
+    measured = closest["efficiency"]
+    return {"scale_gpus": n, "scale_preset": SCALE_MODEL_PRESET, "scale_mfu": SCALE_MODEL_MFU,
+            "scale_target_ratio": target, "scale_link": closest["link"], "scale_ratio": closest["compute_to_comm_ratio"],
+            "scale_efficiency": measured,
+            "scale_efficiency_range": f"{closest['speedup_low'] / n:.0%} to {closest['speedup_high'] / n:.0%}",
+            "scale_forecast_low": bounds[0], "scale_forecast_high": bounds[1],
+            "scale_place": "within" if bounds[0] <= measured <= bounds[1] else "below" if measured < bounds[0]
+            else "above"}
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -208,7 +246,8 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
     process on the machine (the launcher, the kernel's network work) and the time the hypervisor took."""
     rows = []
-    for variant, experiment in study.items():
+    for variant in [BASELINE, *link_experiments(study)]:  # the one node first, then the links, fastest first
+        experiment = study[variant]
         for run in experiment.all_runs:
             network, machine = run.raw["network"], run.raw.get("machine")
             nodes = network.get("node_cpu")
@@ -217,7 +256,8 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
             period_s = network["cpu_period_ms"] / 1e3
             used = [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"] for node in nodes]
             rows.append(dict(
-                link=link_label(experiment) if variant != BASELINE else "none", nodes=network["nodes"], run=run.name,
+                link=link_label(experiment) if variant != BASELINE else "none", nodes=network["nodes"],
+                run=f"{variant}/{run.name}",
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
                 other_cores=machine["other_cpu_s"] / machine["wall_s"] if machine else np.nan,
@@ -231,19 +271,24 @@ SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at l
 STOLEN = 0.02  # of the machine's cores taken by the hypervisor: more, and the run is called disturbed
 
 
+def disturbed_runs(study: dict[str, Experiment]) -> str:
+    """The runs `fidelity_table` calls disturbed, by folder, or "none"."""
+    table = fidelity_table(study)
+    return ", ".join(f"`{name}`" for name in table.loc[table["disturbed"], "run"]) or "none"
+
+
 def fidelity_markdown(study: dict[str, Experiment]) -> str:
     summary = fidelity_table(study).groupby(["link", "nodes"], sort=False).agg(
         runs=("run", "size"), used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
         throttled=("throttled", "median"), other_cores=("other_cores", "median"), stolen=("stolen", "max"),
         disturbed=("disturbed", "sum")).reset_index()
+    percent = ["used_share_low", "used_share", "throttled", "stolen"]
+    summary[percent] *= 100
     return one_row_each(summary, {
         "link": ("Link", "{}"), "nodes": ("Nodes", "{}"), "runs": ("Runs", "{}"),
-        "used_share": ("Quota used, median (%)", "{:.0%}"),
-        "used_share_low": ("Quota used, lowest node (%)", "{:.0%}"),
-        "throttled": ("Periods throttled (%)", "{:.0%}"),
-        "other_cores": ("Other processes (cores)", "{:.2f}"),
-        "stolen": ("Stolen, highest (%)", "{:.1%}"),
-        "disturbed": ("Disturbed runs", "{}")}, index_name=None)
+        "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest node (%)", "{:.0f}"),
+        "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
+        "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
 
 
 def _links_phrase(labels: list[str]) -> str:
@@ -428,6 +473,8 @@ def compression_figure(study: dict[str, Experiment]):
     acc_ax.bar(x, table["final_val_accuracy"], color="C2",
                yerr=[table["final_val_accuracy"] - table["accuracy_low"],
                      table["accuracy_high"] - table["final_val_accuracy"]], capsize=4)
+    chance_line(acc_ax, next(iter(study.values())).baseline.model["num_classes"])
+    acc_ax.legend(fontsize=8)
     acc_ax.set(xticks=x, xticklabels=names, ylabel="accuracy", title="Final validation accuracy (bar: range)")
     fig.tight_layout()
     return fig

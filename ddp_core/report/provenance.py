@@ -12,12 +12,13 @@ import pandas as pd
 
 from ddp_core.engine.config import load_profile
 from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder
+from ddp_core.report.figures import chance_line
 from ddp_core.report.tables import in_words, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # is left out, it would not fit a page.
 PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
-              "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
+              "cpu_extensions": "Vector and matrix extensions", "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
               "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL",
               "gpu_driver": "GPU driver", "git_commit": "Code commit",
               "parameters": "Model parameters", "start_time": "Started (UTC)", "end_time": "Ended (UTC)"}
@@ -62,6 +63,8 @@ def _shown(key: str, value, on_gpu: bool = False) -> str:
         return "unknown" if key == "gpu_driver" and on_gpu else "none"
     if key == "git_commit":
         return value[:10] + ("-dirty" if value.endswith("-dirty") else "")
+    if key == "cpu_extensions":
+        return ", ".join(f"`{name}`" for name in value) or "none of AVX2, AVX-512, AMX"
     if key.endswith("_time"):
         return value[:19].replace("T", " ")
     return f"{value:,}" if key == "parameters" else str(value)
@@ -101,8 +104,12 @@ def per_run_markdown(experiment: Experiment) -> str:
 
 
 def run_summary(info: dict) -> str:
+    machine = info.get("machine")
+    beside = (f"; while it trained, other processes used {machine['other_cpu_s'] / machine['wall_s']:.2f} of the "
+              f"machine's {machine['cores']} cores and the hypervisor took "
+              f"{machine['steal_cpu_s'] / (machine['wall_s'] * machine['cores']):.1%} of them" if machine else "")
     return (f"{rank_label(info['world_size'])}, {info['backend']} on {info['device_name']}, torch {info['torch']}, "
-            f"{info['parameters']:,} parameters; started {info['start_time'][:19].replace('T', ' ')} UTC")
+            f"{info['parameters']:,} parameters; started {info['start_time'][:19].replace('T', ' ')} UTC" + beside)
 
 
 RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
@@ -116,14 +123,16 @@ def run_epochs_markdown(metrics: pd.DataFrame) -> str:
     return one_row_each(metrics.set_index("epoch"), RUN_EPOCH_COLUMNS, "Epoch")
 
 
-def learning_curves_figure(metrics: pd.DataFrame):
-    """One run's loss and validation accuracy per epoch."""
+def learning_curves_figure(metrics: pd.DataFrame, num_classes: int):
+    """One run's loss and validation accuracy per epoch, the accuracy beside chance."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.2))
     loss_ax.plot(metrics["epoch"], metrics["train_loss"], "o-", label="train")
     loss_ax.plot(metrics["epoch"], metrics["val_loss"], "s-", label="validation")
     loss_ax.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
     loss_ax.legend()
-    acc_ax.plot(metrics["epoch"], metrics["val_accuracy"], "s-", color="C2")
+    acc_ax.plot(metrics["epoch"], metrics["val_accuracy"], "s-", color="C2", label="validation")
+    chance_line(acc_ax, num_classes)
+    acc_ax.legend()
     acc_ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
     for ax in (loss_ax, acc_ax):
         ax.set_xticks(metrics["epoch"])

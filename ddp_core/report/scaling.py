@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ddp_core.report.figures import chance_line
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.results import Experiment, run_on_folder
 from ddp_core.report.comparisons import WARMUP_EPOCHS, run_times, speedup_comparisons, steady_phases
@@ -197,6 +198,7 @@ def accuracy_figure(experiment: Experiment):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for n, rows, label in _each_run(metrics):
         ax.plot(rows["epoch"], rows["val_accuracy"], "o-", color=colors[n], label=label, alpha=0.8)
+    chance_line(ax, experiment.baseline.model["num_classes"])
     ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy per epoch (each repeat)")
     ax.set_xticks(sorted(metrics["epoch"].unique()))
     ax.legend(fontsize=8)

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
+from ddp_core.report.figures import chance_line
 from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
                                          final_accuracies, run_times, time_floor, time_ratio_sentence)
 from ddp_core.report.scaling import scaling_table
@@ -79,6 +80,7 @@ def large_batch_figure(study: dict[str, Experiment]):
             loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", alpha=0.7, label=label)
             acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", alpha=0.7, label=label)
     loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss (each repeat)")
+    chance_line(acc, next(iter(study.values())).baseline.model["num_classes"])
     acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy (each repeat)")
     for ax in (loss, acc):
         ax.set_xticks(sorted(first_run(next(iter(study.values())))["epoch"]))  # whole epochs, never 1.5
