@@ -170,18 +170,21 @@ def nodes_figure(study: dict[str, Experiment]):
         speed.plot(rows["world_size"], rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6,
                    label=f"{link}, predicted")
         parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
-                   label=f"compute, {link}")
+                   markersize=8 - 2 * i, label=f"compute, {link}")
         parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}",
                    label=f"exposed all-reduce, {link}")
     speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node",
               title="Speedup against nodes")
     speed.set_yticks(nodes, [str(n) for n in nodes])
     parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
-              title="Where a step's time goes")
+              title="Compute and exposed all-reduce per step")
+    low, high = parts.get_ylim()
+    ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000) if low <= t <= high]
     for ax in (speed, parts):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    parts.set_yticks(ticks, [str(t) for t in ticks])
     fig.tight_layout()
     return fig
 
@@ -194,9 +197,13 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
     links = link_experiments(study)
     most = int(table["world_size"].max())
-    network = next(run.raw["network"] for run in study[BASELINE].all_runs)
+    one = study[BASELINE].baseline
+    network = one.raw["network"]
     found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
-             "ideal_cores": network["cpus_per_node"] * most}
+             "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
+             "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
+             "prediction_errors": ("all positive" if (table["prediction_error"] > 0).all() else "all negative"
+                                   if (table["prediction_error"] < 0).all() else "of both signs")}
     for end, experiment in (("fastest", next(iter(links.values()))), ("slowest", list(links.values())[-1])):
         row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
         found |= {f"{end}_link": link_label(experiment), f"{end}_speedup": row["speedup"],
@@ -204,9 +211,33 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
                   f"{end}_efficiency": row["efficiency"],
                   f"{end}_compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
                   f"{end}_exposed_ms": row["comm_exposed_per_step_s"] * 1e3, f"{end}_step_ms": row["mean_step_s"] * 1e3,
+                  f"{end}_comm_ms": row["comm_total_per_step_s"] * 1e3,
+                  f"{end}_benchmark_ms": row["predicted_comm_s"] * 1e3,
                   f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
-    return found | {"points": len(table), "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
+    return found | {"points": len(table), "faster_points": int((table["speedup"] > 1).sum()),
+                    "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
+
+
+def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per link and each doubling of the nodes (N/2 to N): the time per sample at N over that at N/2, repeat by
+    repeat, with its range and the verdict: where it is no visible difference, the added nodes bought nothing."""
+    rows = []
+    for link, experiment in link_experiments(study).items():
+        sizes = sorted(experiment.runs)
+        floor = time_floor(experiment)
+        for half, n in zip(sizes, sizes[1:]):
+            c = compare_times(experiment, experiment, n, half, floor=floor)
+            rows.append(dict(link=link_label(experiment), doubling=f"{half} to {n}", ratio=c.ratio, low=c.low,
+                             high=c.high, verdict=c.says("faster", "slower")))
+    return pd.DataFrame(rows)
+
+
+def doubling_markdown(study: dict[str, Experiment]) -> str:
+    return one_row_each(doubling_table(study), {
+        "link": ("Link", "{}"), "doubling": ("Nodes", "{}"),
+        "ratio": ("Time per sample, after / before (median)", "{:.2f}"), "low": ("lowest", "{:.2f}"),
+        "high": ("highest", "{:.2f}"), "verdict": ("Verdict", "{}")})
 
 
 # The real configuration the nodes study models: the prediction chapter's forecast for this preset on
@@ -218,8 +249,10 @@ def scale_model_findings(study: dict[str, Experiment]) -> dict:
     """The emulated link whose N nodes have the compute-to-communication ratio R_N closest to the one the prediction
     chapter forecasts for SCALE_MODEL_PRESET on N A100s over NVLink (the same workload: sequence, vocabulary, global
     batch), and the efficiency measured there against the forecast's bounds: every bucket exposed, or only the
-    last. "within", "below" or "above" says where the measured median falls. N is the forecast's number of GPUs,
-    or the study's most nodes where it has no run at that many."""
+    last. "within", "below" or "above" says where the measured median falls. Both ratios are taken alike, a rank's
+    compute T_c/N over the all-reduce of the gradient's buckets as a benchmark times it (NCCL's published curve
+    there, `ddp_core.bench.allreduce` over the emulated links here), not the all-reduce time inside the runs. N is
+    the forecast's number of GPUs, or the study's most nodes where it has no run at that many."""
     links = link_table(study)
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links.query("world_size == @n")
@@ -228,10 +261,11 @@ def scale_model_findings(study: dict[str, Experiment]) -> dict:
     compute_ms = ahead["compute_bound_ms"] / SCALE_MODEL_MFU
     target = compute_ms / n / ahead["comm_ms"]
     bounds = [compute_ms / (compute_ms / n + exposed) / n for exposed in (ahead["comm_ms"], ahead["last_bucket_ms"])]
-    closest = table.loc[np.log(table["compute_to_comm_ratio"] / target).abs().idxmin()]
+    ratios = table["predicted_compute_s"] / table["predicted_comm_s"]
+    closest = table.loc[np.log(ratios / target).abs().idxmin()]
     measured = closest["efficiency"]
     return {"scale_gpus": n, "scale_preset": SCALE_MODEL_PRESET, "scale_mfu": SCALE_MODEL_MFU,
-            "scale_target_ratio": target, "scale_link": closest["link"], "scale_ratio": closest["compute_to_comm_ratio"],
+            "scale_target_ratio": target, "scale_link": closest["link"], "scale_ratio": ratios[closest.name],
             "scale_efficiency": measured,
             "scale_efficiency_range": f"{closest['speedup_low'] / n:.0%} to {closest['speedup_high'] / n:.0%}",
             "scale_forecast_low": bounds[0], "scale_forecast_high": bounds[1],
@@ -279,13 +313,13 @@ def disturbed_runs(study: dict[str, Experiment]) -> str:
 
 def fidelity_markdown(study: dict[str, Experiment]) -> str:
     summary = fidelity_table(study).groupby(["link", "nodes"], sort=False).agg(
-        runs=("run", "size"), used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
+        used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
         throttled=("throttled", "median"), other_cores=("other_cores", "median"), stolen=("stolen", "max"),
         disturbed=("disturbed", "sum")).reset_index()
     percent = ["used_share_low", "used_share", "throttled", "stolen"]
     summary[percent] *= 100
     return one_row_each(summary, {
-        "link": ("Link", "{}"), "nodes": ("Nodes", "{}"), "runs": ("Runs", "{}"),
+        "link": ("Link", "{}"), "nodes": ("Nodes", "{}"),
         "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest node (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
         "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
