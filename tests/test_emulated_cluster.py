@@ -187,3 +187,31 @@ def test_a_machine_without_a_cpu_controller_is_refused_in_one_line(tmp_path):
     with pytest.raises(CpuShareError, match="no cgroup CPU controller is mounted") as refused:
         find_controller(mounts)
     assert "\n" not in str(refused.value)
+
+
+def test_on_cgroup_v2_a_node_writes_cpu_max_and_reads_cpu_stat(tmp_path):
+    """This machine mounts cgroup v1; the v2 files, as the kernel documents them (cgroup-v2.rst: cpu.max
+    "$MAX $PERIOD", cpu.stat usage_usec, nr_periods, nr_throttled, throttled_usec), laid out in a folder."""
+    from ddp_core.launch.cpu_share import NodeCpu
+
+    mounts, own = tmp_path / "mounts", tmp_path / "cgroup"
+    root = tmp_path / "unified"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    mounts.write_text(f"cgroup2 {root} cgroup2 rw,nosuid 0 0\n")
+    own.write_text("0::/\n")
+    controller = find_controller(mounts, own)
+    assert (controller.version, controller.quota_root) == (2, root)
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu"
+    node = NodeCpu(controller, "ddc000001a-n0", 0.25)
+    node.create()
+    assert (root / node.name / "cpu.max").read_text() == "max 10000"
+    stat = "usage_usec {}\nuser_usec 0\nsystem_usec 0\nnr_periods {}\nnr_throttled {}\nthrottled_usec {}\n"
+    (root / node.name / "cpu.stat").write_text(stat.format(1_000_000, 10, 0, 0))
+    node.limit()
+    assert (root / node.name / "cpu.max").read_text() == "2500 10000"
+    (root / node.name / "cpu.stat").write_text(stat.format(1_500_000, 210, 180, 1_200_000))
+    assert node.stats() == {"cpu_s": 0.5, "periods": 200, "throttled_periods": 180, "throttled_s": 1.2}
+    node.release()
+    assert (root / node.name / "cpu.max").read_text() == "max 10000"
