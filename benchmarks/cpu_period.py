@@ -40,6 +40,7 @@ def train(results_dir: Path, period_ms: int, repeat: int) -> float:
                    results_dir=str(results_dir), experiment=f"period-{period_ms}ms", profile=study.profile,
                    overrides=study.variants[0].settings, repeat=repeat)
     if plan.action != "reuse":
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
         with EmulatedCluster(NODES, None, CPUS_PER_NODE, cpu_period_us=period_ms * 1000) as cluster:
             leader, *others = cluster.launch(1, ["-m", "ddp_core.train", *trainer_args(plan)], plan.run_dir)
             follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
