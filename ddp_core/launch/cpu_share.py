@@ -48,6 +48,10 @@ class CpuController:
         roots = {self.quota_root, self.usage_root}
         return sorted({p.name for root in roots if root.is_dir() for p in root.iterdir() if p.is_dir()})
 
+    def folders(self, name: str) -> list[Path]:
+        """Group `name`'s folders: one on v2, one per hierarchy (cpu, cpuacct) on v1."""
+        return sorted({self.quota_root / name, self.usage_root / name})
+
 
 def find_controller(mounts: Path = MOUNTS, own_cgroup: Path = Path("/proc/self/cgroup")) -> CpuController:
     """The CPU controller this process may create groups under, or a one-line refusal."""
@@ -108,7 +112,7 @@ class NodeCpu:
 
     def __init__(self, controller: CpuController, name: str, cpus: float, period_us: int = PERIOD_US):
         self.controller, self.name, self.cpus, self.period_us = controller, name, cpus, period_us
-        self.dirs = sorted({controller.quota_root / name, controller.usage_root / name})
+        self.dirs = controller.folders(name)
         self.quota_dir, self.usage_dir = controller.quota_root / name, controller.usage_root / name
 
     def create(self) -> None:
@@ -170,7 +174,7 @@ class NodeCpu:
 
 def remove_group(controller: CpuController, name: str) -> None:
     """Kill what still runs in the group, then remove it (the kernel refuses while a process is in it)."""
-    for folder in sorted({controller.quota_root / name, controller.usage_root / name}):
+    for folder in controller.folders(name):
         for _ in range(50):
             if not folder.exists():
                 break

@@ -147,8 +147,10 @@ def sweep_leftovers() -> None:
         _remove_namespace(namespace)
     for link in left["links"]:
         _ip("link", "delete", link, check=False)
-    for group in left["cpu groups"]:
-        remove_group(find_controller(), group)
+    if left["cpu groups"]:
+        controller = find_controller()
+        for group in left["cpu groups"]:
+            remove_group(controller, group)
 
 
 def _burst_bytes(bits_per_s: float) -> int:

@@ -19,7 +19,7 @@ from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compar
 from ddp_core.report.cost_model import predict
 from ddp_core.report.figures import chance_line
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
-from ddp_core.report.results import Experiment, joined
+from ddp_core.report.results import Experiment, joined, machine_use
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words, one_row_each, quantities_by_column
 
@@ -283,7 +283,7 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant in [BASELINE, *link_experiments(study)]:  # the one node first, then the links, fastest first
         experiment = study[variant]
         for run in experiment.all_runs:
-            network, machine = run.raw["network"], run.raw.get("machine")
+            network, use = run.raw["network"], machine_use(run.raw)
             nodes = network.get("node_cpu")
             if not nodes:
                 continue
@@ -294,8 +294,7 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 run=f"{variant}/{run.name}",
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
-                other_cores=machine["other_cpu_s"] / machine["wall_s"] if machine else np.nan,
-                stolen=machine["steal_cpu_s"] / (machine["wall_s"] * machine["cores"]) if machine else np.nan))
+                other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan))
     table = pd.DataFrame(rows)
     table["disturbed"] = ((table["nodes"] == 1) & (table["used_share_low"] < SHARE_GOT)) | (table["stolen"] > STOLEN)
     return table

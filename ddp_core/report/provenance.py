@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.config import load_profile
-from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder
+from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder, machine_use
 from ddp_core.report.figures import chance_line
 from ddp_core.report.tables import in_words, one_row_each, rank_label
 
@@ -104,10 +104,9 @@ def per_run_markdown(experiment: Experiment) -> str:
 
 
 def run_summary(info: dict) -> str:
-    machine = info.get("machine")
-    beside = (f"; while it trained, other processes used {machine['other_cpu_s'] / machine['wall_s']:.2f} of the "
-              f"machine's {machine['cores']} cores and the hypervisor took "
-              f"{machine['steal_cpu_s'] / (machine['wall_s'] * machine['cores']):.1%} of them" if machine else "")
+    use = machine_use(info)
+    beside = (f"; while it trained, other processes used {use['other_cores']:.2f} of the machine's {use['cores']} "
+              f"cores and the hypervisor took {use['stolen']:.1%} of them" if use else "")
     return (f"{rank_label(info['world_size'])}, {info['backend']} on {info['device_name']}, torch {info['torch']}, "
             f"{info['parameters']:,} parameters; started {info['start_time'][:19].replace('T', ' ')} UTC" + beside)
 

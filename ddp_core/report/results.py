@@ -71,6 +71,17 @@ class RunInfo:
         return self.per_rank_batch_size * self.model["max_len"]
 
 
+def machine_use(info: dict) -> dict | None:
+    """What else the machine did while a run trained (run.json's `machine`), per unit: the cores other processes
+    used on average, and the share of the machine's cores the hypervisor took; None for a run made before it was
+    recorded."""
+    machine = info.get("machine")
+    if not machine:
+        return None
+    return {"cores": machine["cores"], "other_cores": machine["other_cpu_s"] / machine["wall_s"],
+            "stolen": machine["steal_cpu_s"] / (machine["wall_s"] * machine["cores"])}
+
+
 @dataclass
 class Experiment:
     folder: Path
