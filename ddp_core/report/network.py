@@ -21,7 +21,7 @@ from ddp_core.report.figures import chance_line
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
 from ddp_core.report.results import Experiment, joined, machine_use
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import in_words, one_row_each, quantities_by_column
+from ddp_core.report.tables import counted, in_words, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
 
@@ -199,7 +199,11 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     most = int(table["world_size"].max())
     one = study[BASELINE].baseline
     network = one.raw["network"]
+    nodes = [1, *sorted(table["world_size"].unique())]
     found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
+             "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
+             "train_samples": one.config["train_samples"], "epochs": one.config["epochs"],
+             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "runs_each": counted(len(study[BASELINE].all_runs), "run"),
              "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
              "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              "prediction_errors": ("all positive" if (table["prediction_error"] > 0).all() else "all negative"
