@@ -122,7 +122,7 @@ def test_the_shapes_the_report_counts_are_the_models_own(preset):
 
 def test_the_report_costs_a_model_without_importing_torch():
     """A book page starts without torch (seconds per page, several pages per build)."""
-    modules = [f"ddp_core.report.{name}" for name in ("discussion", "prediction", "scaling_studies",
+    modules = [f"ddp_core.report.{name}" for name in ("discussion", "prediction", "network",
                                                        "training_studies", "intro", "provenance", "single_device")]
     check = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,

@@ -16,7 +16,7 @@ import yaml
 
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES
 from ddp_core.engine.config import global_batch_size, parse_args
-from ddp_core.report import scaling_studies, training_studies
+from ddp_core.report import training_studies
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.compute_ratio import cores_per_rank
 from ddp_core.report.provenance import studies_overview_markdown
@@ -71,18 +71,18 @@ def test_every_study_of_the_report_is_in_the_tests_study_list_or_left_out_for_a_
 
 
 def test_a_machine_with_one_gpu_trains_the_one_rank_runs_of_every_repeat_and_no_all_reduce_benchmark(tmp_path):
-    studies = at_world_sizes([STUDIES["scaling"], STUDIES["batch_size"]], [1])
+    studies = at_world_sizes([STUDIES["scaling"], STUDIES["precision"]], [1])
     folders = [run.folder for run, _ in plan_runs(studies, str(tmp_path))]
-    assert sorted(folders) == sorted(f"{study}/n1{repeat}" for study in ("scaling", "batch_size/b8", "batch_size/b32")
+    assert sorted(folders) == sorted(f"{study}/n1{repeat}" for study in ("scaling", "precision/fp32", "precision/bf16")
                                      for repeat in ("", "-r2", "-r3"))
     assert [study.allreduce_world_sizes for study in studies] == [[], []]
 
 
 def test_world_sizes_no_chosen_study_has_are_refused_in_one_line(tmp_path, isolated_env):
-    proc = run_studies(["scaling", "weak_scaling", "--world-sizes", "3", "--results-dir", "results"], cwd=tmp_path,
+    proc = run_studies(["scaling", "ag_news", "--world-sizes", "3", "--results-dir", "results"], cwd=tmp_path,
                        env=isolated_env)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "ddp_core.studies.run: error: no run of scaling, weak_scaling has 3 rank(s)"
+    assert proc.stderr.strip() == "ddp_core.studies.run: error: no run of scaling, ag_news has 3 rank(s)"
     assert not (tmp_path / "results").exists()
 
 
@@ -109,9 +109,9 @@ def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path
 
 
 def test_an_unknown_study_name_is_refused_with_the_names_there_are(tmp_path, isolated_env):
-    proc = run_studies(["weak_scaling", "wek_scaling"], cwd=tmp_path, env=isolated_env)
+    proc = run_studies(["ag_news", "ag_nwes"], cwd=tmp_path, env=isolated_env)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("ddp_core.studies.run: error: no study 'wek_scaling'; the studies are: "
+    assert proc.stderr.strip() == ("ddp_core.studies.run: error: no study 'ag_nwes'; the studies are: "
                                    + ", ".join(STUDIES))
 
 
@@ -138,18 +138,18 @@ def test_the_gpu_profile_on_a_machine_without_gpus_is_refused_in_one_line_before
 
 
 def test_the_overview_says_which_studies_show_the_readers_runs_and_which_the_reference(tmp_path):
-    studies = {name: STUDIES[name] for name in ("scaling", "weak_scaling")}
+    studies = {name: STUDIES[name] for name in ("scaling", "ag_news")}
     (tmp_path / "reference" / "scaling").mkdir(parents=True)
-    (tmp_path / "mine" / "weak_scaling").mkdir(parents=True)
+    (tmp_path / "mine" / "ag_news").mkdir(parents=True)
     links = tmp_path / "book_results"
     links.mkdir()
     (links / "scaling").symlink_to(tmp_path / "reference" / "scaling")
-    (links / "weak_scaling").symlink_to(tmp_path / "mine" / "weak_scaling")
+    (links / "ag_news").symlink_to(tmp_path / "mine" / "ag_news")
     table = studies_overview_markdown(links, studies)
-    assert table.endswith("Shown from runs made in this project: Weak scaling; every other study from the "
+    assert table.endswith("Shown from runs made in this project: Strong scaling on AG News; every other study from the "
                           "reference results shipped with the report.")
-    (links / "weak_scaling").unlink()
-    (links / "weak_scaling").symlink_to(tmp_path / "reference" / "scaling")
+    (links / "ag_news").unlink()
+    (links / "ag_news").symlink_to(tmp_path / "reference" / "scaling")
     assert studies_overview_markdown(links, studies).endswith("from the reference results shipped with the report "
                                                               "(`reference/`).")
 
@@ -220,49 +220,12 @@ def time_per_sample(folder) -> float:
     return steps.median() / json.loads((folder / "run.json").read_text())["global_batch_size"]
 
 
-def test_weak_scaling_speedup_is_throughput_over_the_one_rank_throughput():
-    found = scaling_studies.weak_scaling_findings(load_experiment(REFERENCE / "scaling"),
-                                                  load_experiment(REFERENCE / "weak_scaling"))
-    n = found["weak_largest"]
-    weak = REFERENCE / "weak_scaling"
-    assert found["weak_speedup_nmax"] == pytest.approx(paired_median(
-        [time_per_sample(run) for run in repeats(weak, 1)], [time_per_sample(run) for run in repeats(weak, n)]))
-    assert found["weak_global_batch_nmax"] == n * found["weak_per_rank_batch"]
-
-
 def test_the_cost_model_gives_a_rank_its_part_of_the_shared_cores_or_its_emulated_nodes_share():
     scaling = load_experiment(REFERENCE / "scaling")
     for n, run in scaling.runs.items():
         assert cores_per_rank(run) == min(run.threads_per_rank, run.cpu_count / n)
     on_a_node = scaling.runs[4].raw | {"network": {"nodes": 2, "ranks_per_node": 2, "cpus_per_node": 0.5}}
     assert cores_per_rank(replace(scaling.runs[4], raw=on_a_node)) == 0.25
-
-
-def test_the_batch_sweep_ratio_is_one_ranks_compute_over_the_all_reduce_time():
-    """R_N = (T_c/N) / T_comm: the 1-rank runs' compute per step (at the same per-rank batch, so T_c/N is all of it)
-    over the N-rank runs' all-reduce per step, each the mean over its runs' steady epochs."""
-    def per_step(runs, column) -> float:
-        epochs = pd.concat([metrics_of(run).pipe(lambda m: m[m["epoch"] > 1] if len(m) > 1 else m) for run in runs])
-        return float((epochs[column] / epochs["steps"]).mean())
-
-    sweep = scaling_studies.batch_sweep_table(load_study(REFERENCE / "batch_size"))
-    for _, row in sweep[sweep["world_size"] > 1].iterrows():
-        variant = REFERENCE / "batch_size" / f"b{row['per_rank_batch']:.0f}"
-        ones = repeats(variant, 1)
-        compute = sum(per_step(ones, column) for column in ("forward_time_s", "backward_time_s", "optimizer_time_s"))
-        assert row["compute_to_comm_ratio"] == pytest.approx(
-            compute / per_step(repeats(variant, int(row["world_size"])), "comm_total_s"))
-
-
-def test_large_batch_findings_are_each_variants_last_accuracy_against_the_baseline():
-    folder = REFERENCE / "large_batch"
-    found = training_studies.large_batch_findings(load_study(folder))
-    last = {variant: [metrics_of(run)["val_accuracy"].iloc[-1] for run in repeats(folder / variant, 1)]
-            for variant in ("baseline", "same_lr", "linear_lr", "linear_lr_warmup")}
-    for variant in ("same_lr", "linear_lr", "linear_lr_warmup"):
-        assert found[f"lb_{variant}_accuracy"] == pytest.approx(pd.Series(last[variant]).median())
-        assert found[f"lb_{variant}_verdict"].startswith(f"{paired_median(last[variant], last['baseline']):.2f} (")
-    assert found["lb_steps_base"] == metrics_of(folder / "baseline" / "n1")["steps"].sum()
 
 
 def test_precision_ratio_is_bf16_over_fp32_median_step():

@@ -1,5 +1,4 @@
-"""The studies of what is trained and how fast: large batches and their learning rate, gradient accumulation
-against DDP, bf16 against fp32, and int8 inference after training. Reads each study's `Experiment`s
+"""The studies of what is trained and how fast: gradient accumulation against DDP, bf16 against fp32, and int8 inference after training. Reads each study's `Experiment`s
 (`load_study`); offers per study `<study>_findings` for its page's glue, a `*_table` (DataFrame), its
 `*_markdown` and, where the page has one, a `*_figure`.
 """
@@ -18,75 +17,6 @@ from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compar
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import configurations_as_columns, counted, in_words
 from ddp_core.report.verdict import compare, noise_floor
-
-
-def first_run(experiment: Experiment) -> pd.DataFrame:
-    """The epochs of an experiment's first run (lowest seed), in order."""
-    return experiment.metrics[experiment.metrics["run"] == experiment.baseline.name].sort_values("epoch")
-
-
-# Large batch -------------------------------------------------------------------------------------------------
-
-def large_batch_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per variant: its batch, learning rate and steps, and the median over its repeats of the final
-    training loss and validation accuracy, with the accuracy's lowest and highest repeat."""
-    rows = {}
-    for variant, e in study.items():
-        run, metrics = e.baseline, first_run(e)
-        last = e.metrics.sort_values("epoch").groupby("run").last()
-        rows[variant] = dict(global_batch=run.global_batch_size, lr=run.config["lr"],
-                             warmup_steps=run.config["warmup_steps"], steps=int(metrics["steps"].sum()),
-                             final_train_loss=last["train_loss"].median(),
-                             final_val_accuracy=last["val_accuracy"].median(),
-                             accuracy_low=last["val_accuracy"].min(), accuracy_high=last["val_accuracy"].max())
-    return pd.DataFrame(rows).T
-
-
-LARGE_BATCH_COLUMNS = {"global_batch": ("Global batch (samples)", "{:.0f}"), "lr": ("Peak learning rate", "{:g}"),
-                       "warmup_steps": ("Warm-up (steps)", "{:.0f}"), "steps": ("Optimizer steps in all", "{:.0f}"),
-                       "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
-                       "final_val_accuracy": ("Final validation accuracy, median of the repeats", "{:.3f}"),
-                       "accuracy_low": ("lowest, over repeats", "{:.3f}"),
-                       "accuracy_high": ("highest, over repeats", "{:.3f}")}
-
-
-def large_batch_markdown(study: dict[str, Experiment]) -> str:
-    table = large_batch_table(study)
-    return configurations_as_columns(table, LARGE_BATCH_COLUMNS)
-
-
-def large_batch_findings(study: dict[str, Experiment]) -> dict:
-    table = large_batch_table(study)
-    base_name = table.index[0]
-    base = table.iloc[0]
-    found = {"lb_factor": int(table["global_batch"].max() / base["global_batch"]),
-             "lb_epochs": int(study[base_name].metrics["epoch"].max()),
-             "lb_steps_base": int(base["steps"]), "lb_steps_large": int(table["steps"].iloc[1:].min()),
-             "lb_baseline_accuracy": median(final_accuracies(study[base_name], 1))}
-    floor = accuracy_floor(*study.values())  # one floor for every comparison of the page
-    for variant in table.index:
-        found[f"lb_{variant}_accuracy"] = median(final_accuracies(study[variant], 1))
-        found[f"lb_{variant}_verdict"] = accuracy_phrase(
-            compare_accuracies(study[variant], study[base_name], floor=floor), "the baseline's")
-    return found
-
-
-def large_batch_figure(study: dict[str, Experiment]):
-    """Every repeat's curves, a colour per variant, named as the table names it."""
-    fig, (loss, acc) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for i, (variant, e) in enumerate(study.items()):
-        for k, (_, rows) in enumerate(e.metrics.sort_values("epoch").groupby("run")):
-            label = in_words(variant) if k == 0 else None
-            loss.plot(rows["epoch"], rows["train_loss"], "o-", color=f"C{i}", alpha=0.7, label=label)
-            acc.plot(rows["epoch"], rows["val_accuracy"], "o-", color=f"C{i}", alpha=0.7, label=label)
-    loss.set(xlabel="epoch", ylabel="cross-entropy", title="Training loss (each repeat)")
-    chance_line(acc, next(iter(study.values())).baseline.model["num_classes"])
-    acc.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy (each repeat)")
-    for ax in (loss, acc):
-        ax.set_xticks(sorted(first_run(next(iter(study.values())))["epoch"]))  # whole epochs, never 1.5
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
 
 
 # Gradient accumulation against DDP ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Train the studies of the study list: every run through the run notebook, then the benchmarks beside them.
 
     python -m ddp_core.studies.run                       # every study of notebooks/studies.yml
-    python -m ddp_core.studies.run weak_scaling precision --results-dir results
+    python -m ddp_core.studies.run nodes precision --results-dir results
     python -m ddp_core.studies.run scaling --profile gpu     # the strong-scaling study on this node's GPUs
 
 The runs train round by round: round k is repeat k of every chosen study, variant and world size, so
