@@ -78,6 +78,7 @@ reference: | $(VENV)/.installed
 	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device ! -name peers \
 		! -name step_profile ! -name cpu_period -exec rm -rf {} +
 	$(MAKE) report RESULTS_DIR=$(REFERENCE) STUDIES=
+	cp _build/headline.png $(REFERENCE)/headline.png
 	find $(REFERENCE) -name checkpoint.pt -delete
 
 # Training throughput, MFU and the overheads of ddp_core and of DDP on this machine's device (a GPU if there

@@ -15,8 +15,11 @@ def test_the_links_of_a_study_are_named_right_for_any_mix(labels, phrase):
     assert _links_phrase(labels) == phrase
 
 
-@pytest.mark.parametrize("loss, says", [(0.690, "has barely learned"), (0.40, "the model has learned")])
-def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss, says):
-    from ddp_core.report.network import _learning_sentence
+@pytest.mark.parametrize("loss, classes, says", [(0.690, 2, "has barely learned"), (0.40, 2, "has learned"),
+                                                 (0.710, 2, "has not learned"), (1.34, 4, "has barely learned"),
+                                                 (1.0, 4, "has learned")])
+def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss, classes, says):
+    from ddp_core.report.network import learned
 
-    assert says in _learning_sentence(loss, 2)
+    assert learned(loss, classes) == says
+

@@ -13,6 +13,7 @@ import pytest
 from benchmarks.single_device import LOOPS
 from conftest import REPO, copy_project
 from ddp_core.report import discussion, prediction, provenance, scaling
+from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.results import load_experiment, load_measurements, load_study, tidy_runs
 from ddp_core.report.single_device import throughput_table
 from ddp_core.studies.study_list import load_study_list
@@ -79,13 +80,13 @@ def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_traini
 
 @pytest.mark.slow
 def test_the_pdf_shows_the_reference_runs_with_its_equations_and_figures(clone):
-    def steady_epoch_s(n: int) -> float:  # over the epochs after the first of every repeat
+    def step_s(n: int) -> float:  # the median over the repeats of each run's median step after its warm-up steps
         runs = [REFERENCE / f"n{n}", *REFERENCE.glob(f"n{n}-r*")]
-        repeats = pd.concat(pd.read_csv(run / "metrics.csv") for run in runs)
-        return repeats[repeats["epoch"] > 1]["epoch_time_s"].mean()
+        return pd.Series([pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                          for run in runs]).median()
 
     tex = pdf_text(clone)
-    assert f"one epoch takes {steady_epoch_s(4):.2f} s, against {steady_epoch_s(1):.2f} s on one rank" in tex
+    assert f"a step of the global batch takes {step_s(4):.3f} s, against {step_s(1):.3f} s on one rank" in tex
     assert tex.count(r"\begin{equation*}") + tex.count(r"\[") >= 8
     assert r"T_\text{ring}(S, N) = 2(N-1)\,\alpha" in tex
     latex = clone / "_build" / "latex"

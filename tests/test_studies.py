@@ -234,4 +234,16 @@ def test_precision_ratio_is_bf16_over_fp32_median_step():
     ratio = paired_median([time_per_sample(run) for run in repeats(folder / "bf16", 1)],
                           [time_per_sample(run) for run in repeats(folder / "fp32", 1)])
     assert found["precision_time_ratio"] == pytest.approx(ratio)
-    assert found["precision_speed_sentence"].startswith(f"bf16 took {ratio:.2f} (")
+    assert found["precision_speed_value"].startswith(f"{ratio:.2f} (")
+
+
+@pytest.mark.parametrize("on_gpu, extensions, says", [
+    (False, ["avx2", "avx512f", "avx512_bf16"], "has bf16 instructions"), (False, ["avx2"], "has no bf16 instructions"),
+    (False, [], "has no bf16 instructions"), (False, None, "did not record its extensions"),
+    (True, None, "has bf16 instructions")])
+def test_the_precision_page_says_whether_the_processor_computes_in_bf16(on_gpu, extensions, says):
+    from types import SimpleNamespace
+
+    from ddp_core.report.training_studies import bf16_support
+
+    assert bf16_support(SimpleNamespace(on_gpu=on_gpu, raw={"cpu_extensions": extensions})) == says

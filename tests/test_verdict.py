@@ -1,10 +1,12 @@
 """The one yardstick: two sides' repeats, paired by the time they ran, give a ratio, its range and a verdict."""
 
 import math
+import random
+import statistics
 
 import pytest
 
-from ddp_core.report.verdict import MIN_REPEATS, compare, noise_floor
+from ddp_core.report.verdict import MIN_REPEATS, Z, compare, error_rates, noise_floor
 
 
 def test_a_ratio_every_pair_agrees_on_and_beyond_the_floor_gets_a_direction():
@@ -37,13 +39,45 @@ def test_sides_with_unequal_repeats_are_refused():
         compare([1, 2, 3], [1, 2], floor=0.05)
 
 
-def test_the_noise_floor_is_the_typical_spread_of_repeats_of_one_configuration():
-    assert noise_floor([[90, 100, 110], [100, 104, 102], [50, 60, 70]]) == pytest.approx(0.2)
-    assert noise_floor([[100, 110], [7]]) == pytest.approx(10 / 105)
+def test_a_round_that_slows_every_configuration_leaves_the_noise_floor_at_zero():
+    # round 2 ran while the machine was twice as slow: pairing cancels it, so it is no noise
+    assert noise_floor([[1.0, 2.0, 1.0], [3.0, 6.0, 3.0], [5.0, 10.0, 5.0]]) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_with_two_configurations_the_floor_is_z_standard_deviations_of_their_pairs_log_ratios():
+    a, b = [100.0, 130.0, 90.0, 120.0], [110.0, 125.0, 100.0, 115.0]
+    log_ratios = [math.log(x / y) for x, y in zip(a, b)]
+    assert noise_floor([a, b]) == pytest.approx(math.exp(Z * statistics.stdev(log_ratios)) - 1)
+
+
+def test_the_floor_pools_the_noise_of_every_configuration_round_by_round():
+    """Three configurations, a round effect and noise: the residual of a configuration + round fit, by hand."""
+    table = [[10.0, 12.0, 11.0], [20.0, 26.0, 21.0], [40.0, 47.0, 45.0]]
+    logs = [[math.log(v) for v in row] for row in table]
+    grand = sum(map(sum, logs)) / 9
+    rows = [sum(row) / 3 for row in logs]
+    cols = [sum(row[j] for row in logs) / 3 for j in range(3)]
+    residual_ss = sum((logs[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(3) for j in range(3))
+    s = math.sqrt(residual_ss / 4)  # (3 - 1) * (3 - 1) degrees of freedom
+    assert noise_floor(table) == pytest.approx(math.exp(Z * math.sqrt(2) * s) - 1)
+
+
+def test_no_floor_without_two_configurations_and_two_rounds():
+    assert math.isnan(noise_floor([[100, 110, 120]]))
     assert math.isnan(noise_floor([[100], [7]]))
 
 
 def test_a_quantity_a_configuration_does_not_have_leaves_the_noise_floor_alone():
-    """One rank has no all-reduce: its zeros (or NaN ratios) are no spread of repeats."""
-    assert noise_floor([[0.0, 0.0, 0.0], [90, 100, 110]]) == pytest.approx(0.2)
-    assert noise_floor([[math.nan] * 3, [90, 100, 110]]) == pytest.approx(0.2)
+    """One rank has no all-reduce: its zeros (or NaN ratios) are no noise of repeats."""
+    runs = [[90.0, 100.0, 110.0], [100.0, 104.0, 102.0]]
+    assert noise_floor([[0.0, 0.0, 0.0], *runs]) == pytest.approx(noise_floor(runs))
+    assert noise_floor([[math.nan] * 3, *runs]) == pytest.approx(noise_floor(runs))
+
+
+def test_the_rule_rarely_calls_identical_configurations_different_and_finds_a_large_planted_effect():
+    rng = random.Random(1)
+    runs = [[100 * (1 + 0.5 * k) * rng.lognormvariate(0, 0.03) for k in range(3)] for _ in range(4)]
+    rates = error_rates(runs, [0.0, 0.05, 0.5], draws=1000)
+    assert rates[0.0] < 0.05  # identical configurations: a direction in fewer than 1 comparison in 20
+    assert rates[0.05] < rates[0.5]
+    assert rates[0.5] > 0.9  # 1.5 times as long, against a noise of about 3 %: found nearly always

@@ -7,12 +7,14 @@ this way on every page; the `*_phrase`/`*_sentence` helpers word the outcome for
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, rank_share_s
-from ddp_core.report.tables import counted, one_row_each
-from ddp_core.report.verdict import MIN_REPEATS, Comparison, compare, noise_floor
+from ddp_core.report.tables import one_row_each
+from ddp_core.report.verdict import DRAWS, MIN_REPEATS, Z, Comparison, compare, error_rates, noise_floor
 
 WARMUP_STEPS = 5  # a run's first steps pay for start-up (allocator, DDP's bucket rebuild, cold caches)
 WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is left out of its phases
@@ -67,8 +69,11 @@ def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") ->
 
 
 def _pooled_floor(*sides: dict[int, list[float]]) -> float:
-    """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`."""
-    return noise_floor([values for per_size in sides for values in per_size.values()])
+    """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`; an experiment
+    compared with itself (two of its world sizes) counts once, or its configurations would pass for twice the
+    evidence."""
+    distinct = [s for i, s in enumerate(sides) if all(s is not other for other in sides[:i])]
+    return noise_floor([values for per_size in distinct for values in per_size.values()])
 
 
 def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
@@ -92,7 +97,8 @@ def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
     def speedups(sides: dict[int, list[float]]) -> list[float]:
         return [t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))]
 
-    sides_a, sides_b = paired_sides(a), paired_sides(b)
+    sides_a = paired_sides(a)
+    sides_b = sides_a if b is a else paired_sides(b)
     return compare(*_paired(speedups(sides_a), speedups(sides_b)), _pooled_floor(sides_a, sides_b))
 
 
@@ -106,7 +112,8 @@ def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int =
     """A's time per sample (or another quantity of `run_times`) at `a_ranks` against B's at `b_ranks`, repeat by
     repeat ("lower": A is faster), held against `floor`, by default the noise floor of that quantity over the
     configurations of both experiments (a page that compares several pairs passes one floor for all)."""
-    sides_a, sides_b = paired_sides(a, quantity), paired_sides(b, quantity)  # each experiment's runs read once
+    sides_a = paired_sides(a, quantity)  # each experiment's runs read once
+    sides_b = sides_a if b is a else paired_sides(b, quantity)
     return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
                    _pooled_floor(sides_a, sides_b) if floor is None else floor)
 
@@ -117,10 +124,39 @@ def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
     return [float(last[run.name]) for run in experiment.repeats[world_size]]
 
 
+def chance_bar(run) -> tuple[float, float]:
+    """Chance accuracy (1/classes), and the accuracy that a classifier at chance exceeds on the run's evaluation
+    set about 1 time in 40: chance plus Z binomial standard errors (NaN where the set size is not recorded)."""
+    chance = 1 / run.model["num_classes"]
+    samples = run.config.get("eval_samples")
+    return chance, chance + Z * math.sqrt(chance * (1 - chance) / samples) if samples else float("nan")
+
+
+def against_chance(experiment: Experiment, world_size: int) -> str:
+    """Whether the repeats' final accuracies at `world_size` lie above what chance reaches on the evaluation set."""
+    _, bar = chance_bar(experiment.repeats[world_size][0])
+    accuracies = final_accuracies(experiment, world_size)
+    above = sum(accuracy > bar for accuracy in accuracies)
+    if math.isnan(bar):
+        return "not judged against chance (the evaluation set's size is not recorded)"
+    if above == len(accuracies):
+        return "above chance in every repeat"
+    return "at chance in every repeat" if above == 0 else f"above chance in {above} of {len(accuracies)} repeats"
+
+
+def chance_glue(key: str, experiment: Experiment, world_size: int) -> dict:
+    """For a page's glue: the evaluation set's size, chance, the bar a guess rarely passes, and `against_chance`."""
+    run = experiment.repeats[world_size][0]
+    chance, bar = chance_bar(run)
+    return {f"{key}_eval_samples": run.config.get("eval_samples"), f"{key}_chance": chance, f"{key}_chance_bar": bar,
+            f"{key}_vs_chance": against_chance(experiment, world_size)}
+
+
 def accuracy_floor(*experiments: Experiment) -> float:
     """How far apart the final accuracies of repeats (other seeds) of one configuration land, over the world sizes
-    of all `experiments`."""
-    return noise_floor([final_accuracies(e, n) for e in experiments for n in e.repeats])
+    of all `experiments` (one compared with itself counts once)."""
+    distinct = [e for i, e in enumerate(experiments) if all(e is not other for other in experiments[:i])]
+    return noise_floor([final_accuracies(e, n) for e in distinct for n in e.repeats])
 
 
 def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
@@ -132,24 +168,44 @@ def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: 
                    accuracy_floor(a, b) if floor is None else floor)
 
 
-def accuracy_phrase(c: Comparison, of_what: str) -> str:
-    """'0.99 (0.98 to 1.00 over 3 repeats) times the baseline's: lower', or why there is no verdict; 'the same as
-    the baseline's in every repeat' when every pair was equal."""
-    if c.low == c.high == 1:
-        return f"the same as {of_what} in every repeat ({counted(c.pairs, 'pair')})"
-    return f"{c.value()} times {of_what}: " + c.judged("lower", "higher")
+def accuracy_glue(key: str, c: Comparison) -> dict:
+    """A comparison of final accuracies for a page's glue: `<key>_value` and `<key>_verdict` ('higher (beyond the
+    noise floor of 2.0%)' or why there is none), for "A's accuracy is {value} times B's: {verdict}"."""
+    return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("lower", "higher")}
 
 
-def time_ratio_sentence(c: Comparison, a: str, b: str) -> str:
-    """'A took 0.85 (0.80 to 0.90 over 3 repeats) times as long per sample as B: faster' and its other outcomes."""
-    verdict = c.judged("faster", "slower")
-    return f"{a} took {c.value()} times as long per sample as {b}: {verdict}"
+def time_glue(key: str, c: Comparison) -> dict:
+    """A comparison of times for a page's glue: `<key>_value`, '0.85 (0.80 to 0.90 over 3 repeats)', and
+    `<key>_verdict`, 'faster (beyond the noise floor of 5.0%)' or why there is none; the page writes the sentence
+    around them ("A took {value} times as long per sample as B: {verdict}.")."""
+    return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("faster", "slower")}
+
+
+PLANTED_EFFECTS = [0.0, 0.05, 0.1, 0.2, 0.5]
+
+
+def rule_rates_table(experiment: Experiment) -> pd.DataFrame:
+    """Per planted effect, the share of comparisons the rule calls in its direction (at 0: in either), on rounds
+    drawn from this experiment's runs (`verdict.error_rates`)."""
+    rates = error_rates(list(paired_sides(experiment).values()), PLANTED_EFFECTS)
+    return pd.DataFrame({"effect": list(rates), "called": list(rates.values())})
+
+
+RULE_RATE_COLUMNS = {"effect": ("Planted effect: side A takes longer by", "{:.0%}"),
+                     "called": ("Comparisons called in its direction (at 0 %: in either)", "{:.1%}")}
+
+
+def rule_rates_markdown(experiment: Experiment) -> str:
+    return one_row_each(rule_rates_table(experiment), RULE_RATE_COLUMNS)
 
 
 def noise_findings(experiment: Experiment) -> dict:
-    """The yardstick of this build, for the methods chapter: the noise floor and what it rests on."""
+    """The yardstick of this build, for the methods chapter: the noise floor, what it rests on, and how often the
+    rule calls identical configurations different."""
     sides = list(paired_sides(experiment).values())
+    rates = rule_rates_table(experiment).set_index("effect")["called"]
     return {"noise_floor": noise_floor(sides), "noise_repeats": min(len(side) for side in sides),
+            "noise_configurations": len(sides), "floor_z": Z, "rule_draws": DRAWS, "identical_called": rates[0.0],
             "min_repeats": MIN_REPEATS, "warmup_steps": WARMUP_STEPS}
 
 

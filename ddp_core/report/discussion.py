@@ -14,7 +14,7 @@ from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.tables import counted
 from ddp_core.report.verdict import Comparison, compare, noise_floor
-from ddp_core.report.comparisons import accuracy_phrase, compare_accuracies, paired_sides, speedup_comparisons
+from ddp_core.report.comparisons import accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons
 from ddp_core.report.scaling import scaling_table
 
 CPU, GPU = "this CPU", "A100 + NVLink"
@@ -40,28 +40,22 @@ def measurement_findings(experiment: Experiment) -> dict:
     divided = rank_compute_s(one["compute_per_step_s"], base, biggest)
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
-        "verdict_sentence": verdict_sentence(experiment),
+        "speedup_value_nmax": speedup_comparisons(experiment)[largest].value(),
+        "speedup_verdict_nmax": speedup_comparisons(experiment)[largest].judged("slower", "faster"),
         "step_1_ms": float(one["mean_step_s"] * 1e3), "step_nmax_ms": float(big["mean_step_s"] * 1e3),
         "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
-        "lost_sentence": _lost_sentence(lost, lost_compute, lost_comm, other),
+        "lost_ms": float(lost * 1e3), "lost_compute_ms": float(lost_compute * 1e3),
+        "lost_comm_ms": float(lost_comm * 1e3), "lost_other_ms": float(other * 1e3),
         "main_cause": "slower computation on each rank" if lost_compute > lost_comm else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
         "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
-        "accuracy_sentence": accuracy_sentence(experiment), "dropout": base.model["dropout"],
+        **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),
+        "dropout": base.model["dropout"],
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
         "threads_n1": counted(experiment.runs[1].threads_per_rank, "thread"),
         "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
         "divided_verdict": _divided_verdict(experiment, largest),
     }
-
-
-def _lost_sentence(lost: float, compute: float, comm: float, other: float) -> str:
-    """The mean step's excess over T1/N in three parts that add up to it, in milliseconds."""
-    if lost <= 0:
-        return f"is {-lost * 1e3:.1f} ms faster than that ideal."
-    return (f"loses {lost * 1e3:.1f} ms: {compute * 1e3:.1f} ms of computation that did not shrink as 1/N, "
-            f"{comm * 1e3:.1f} ms of communication that backward could not hide, and {other * 1e3:.1f} ms outside "
-            f"the timed phases.")
 
 
 def _divided_verdict(experiment: Experiment, n: int) -> str:
@@ -77,25 +71,6 @@ def _divided_verdict(experiment: Experiment, n: int) -> str:
         ", as the ranks also slow each other down beyond sharing the cores (caches, memory bandwidth, and the "
         "all-reduce running on the same cores)" if c.verdict == "higher" else
         "; single-threaded ranks got more out of each core than the baseline's threads did"))
-
-
-def accuracy_sentence(experiment: Experiment) -> str:
-    """Each world size's final accuracy against one rank's, repeat k with repeat k (the same seed)."""
-    comparisons = {n: compare_accuracies(experiment, experiment, n, 1) for n in experiment.repeats if n > 1}
-    one_rank = "one rank's"
-    return " ".join(f"At {n} ranks the final validation accuracy is {accuracy_phrase(c, one_rank)}."
-                    for n, c in comparisons.items())
-
-
-def verdict_sentence(experiment: Experiment) -> str:
-    """Whether DDP was faster than one rank at each world size, as the one verdict function judges it."""
-    comparisons = {n: c for n, c in speedup_comparisons(experiment).items() if n > 1}
-    decided = [f"{c.says('slower', 'faster')} at {n} ranks, speedup {c.value()}" for n, c in comparisons.items()
-               if c.decided]
-    sentences = ["Against one rank, DDP made training " + ", and ".join(decided) + "."] if decided else []
-    sentences += [f"At {n} ranks the speedup is {c.value()}: {c.why_undecided()}." for n, c in comparisons.items()
-                  if not c.decided]
-    return " ".join(sentences)
 
 
 def _benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
@@ -147,17 +122,15 @@ def payoff_findings(experiment: Experiment) -> dict:
     return {
         "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
         "ratio_n_model": ratio,
-        "theory_verdict": "above it, so the theory predicts a speedup above 1" if predicts_gain
-        else "below it, so the theory predicts a slowdown",
-        "theory_held_sentence": _theory_held_sentence(predicts_gain, measured),
+        "theory_side": "above" if predicts_gain else "below",
+        "theory_prediction": "a speedup above 1" if predicts_gain else "a slowdown",
+        "measured_speedup_value": measured.value(),
+        "theory_outcome": theory_outcome(predicts_gain, measured),
         "cost_model_speedup": float(predict(experiment).loc[n, "predicted_speedup"]),
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
         "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
-        "fewest_sentence": (f"The {fewest[CPU]} preset needs the fewest tokens per rank on both kinds of rank."
-                            if fewest[CPU] == fewest[GPU] else
-                            f"The fewest tokens per rank are needed by the {fewest[CPU]} preset on the CPU and by the "
-                            f"{fewest[GPU]} preset on the A100s."),
+        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
         "smallest_embedding_share": min(embedding_share.values()),
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
@@ -168,18 +141,12 @@ def payoff_findings(experiment: Experiment) -> dict:
     }
 
 
-def _theory_held_sentence(predicts_gain: bool, measured: Comparison) -> str:
-    """Whether the measured speedup (through the one verdict function) agrees with the theory's prediction."""
+def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:
+    """Whether the measured speedup (through the one verdict function) bears the theory's prediction out: 'as the
+    theory predicts', 'against the theory's prediction', or why the runs cannot tell."""
     if not measured.decided:
-        return (f"The measured speedup, {measured.value()}, can neither confirm nor refute it: "
-                f"{measured.why_undecided()}.")
-    outcome = f"The measured speedup is {measured.value()}, {measured.says('a slowdown', 'a gain')}"
-    if (measured.verdict == "higher") == predicts_gain:
-        return f"{outcome}, as the theory predicts."
-    if predicts_gain:
-        return (f"{outcome}: the theory fails here, where its assumption fails. It assumes that each rank computes "
-                f"1/N of the 1-rank compute; on shared cores a rank computes far longer than that (previous section).")
-    return f"{outcome}, against the theory's prediction."
+        return f"the runs can neither confirm nor refute it ({measured.why_undecided()})"
+    return "as the theory predicts" if (measured.verdict == "higher") == predicts_gain else "against the theory's prediction"
 
 
 def findings(experiment: Experiment) -> dict:

@@ -3,10 +3,21 @@ offers `findings` for the page's glue, the headline of the chapters that derive 
 
 from __future__ import annotations
 
-from ddp_core.report.discussion import payoff_findings, verdict_sentence
-from ddp_core.report.results import Experiment
+from pathlib import Path
+
+from ddp_core.report.comparisons import speedup_comparisons
+from ddp_core.report.discussion import payoff_findings
+from ddp_core.report.results import Experiment, book_results_folder
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words
+
+def save_headline(figure) -> Path:
+    """The headline figure as a file of its own, for the README: each build of the book writes it into the
+    project's `_build/`, and `make reference` keeps it beside the reference results."""
+    path = book_results_folder().parents[1] / "_build" / "headline.png"
+    path.parent.mkdir(exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
 
 
 def findings(experiment: Experiment) -> dict:
@@ -18,7 +29,16 @@ def findings(experiment: Experiment) -> dict:
         "global_batch": one.global_batch_size, "device": one.device_name, "cpu_count": one.cpu_count,
         "backend": one.backend,
         "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
-        "verdict": verdict_sentence(experiment),
+        "largest": experiment.largest,
+        "speedup_value_nmax": speedup_comparisons(experiment)[experiment.largest].value(),
+        "speedup_verdict_nmax": speedup_comparisons(experiment)[experiment.largest].judged("slower", "faster"),
         "shared": "every rank ran on a GPU of its own" if one.on_gpu else
         f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
     } | {key: payoff[key] for key in ("ideal_consequence", "ratio_n_model", "break_even_ratio", "n_model")}
+
+
+def studies_findings(studies: dict) -> dict:
+    """The studies beyond the results chapter's (`scaling`), from the study list itself: the overview the first page
+    gives can then never leave one out."""
+    titles = [study.title for name, study in studies.items() if name != "scaling"]
+    return {"study_count": len(titles), "study_titles": "; ".join(titles)}

@@ -13,13 +13,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
+from ddp_core.report.comparisons import (accuracy_floor, accuracy_glue, chance_glue, compare_accuracies, compare_times,
                                          final_accuracies, run_times, speedup_comparisons, steady_phases,
-                                         time_floor, time_ratio_sentence)
+                                         time_floor, time_glue)
 from ddp_core.report.cost_model import predict
 from ddp_core.report.figures import chance_line
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
-from ddp_core.report.results import Experiment, joined, machine_use
+from ddp_core.report.results import STOLEN, Experiment, joined, machine_use
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import counted, in_words, one_row_each, quantities_by_column
 
@@ -206,6 +206,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
              "share_got": SHARE_GOT, "stolen_limit": STOLEN, "runs_each": counted(len(study[BASELINE].all_runs), "run"),
              "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
              "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
+             **chance_glue("one_node", study[BASELINE], 1),
              "prediction_errors": ("all positive" if (table["prediction_error"] > 0).all() else "all negative"
                                    if (table["prediction_error"] < 0).all() else "of both signs")}
     for end, experiment in (("fastest", next(iter(links.values()))), ("slowest", list(links.values())[-1])):
@@ -218,6 +219,8 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
                   f"{end}_comm_ms": row["comm_total_per_step_s"] * 1e3,
                   f"{end}_benchmark_ms": row["predicted_comm_s"] * 1e3,
                   f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
+    inflation = sorted([found["fastest_compute_inflation"], found["slowest_compute_inflation"]])
+    found["compute_inflation_range"] = f"{inflation[0]:.2f} to {inflation[1]:.2f}"
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
     return found | {"points": len(table), "faster_points": int((table["speedup"] > 1).sum()),
                     "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
@@ -305,7 +308,6 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
-STOLEN = 0.02  # of the machine's cores taken by the hypervisor: more, and the run is called disturbed
 
 
 def disturbed_runs(study: dict[str, Experiment]) -> str:
@@ -323,7 +325,7 @@ def fidelity_markdown(study: dict[str, Experiment]) -> str:
     summary[percent] *= 100
     return one_row_each(summary, {
         "link": ("Link", "{}"), "nodes": ("Nodes", "{}"),
-        "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest node (%)", "{:.0f}"),
+        "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
         "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
 
@@ -394,8 +396,7 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
              "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}", "timeline_sentence": timeline_sentence(study)}
     for variant in ("one_bucket", "one_mib_buckets"):
         c = compare_times(study[variant], default, n, n, floor=floor)
-        found[f"{variant}_sentence"] = time_ratio_sentence(c, f"With {in_words(variant)}, a step", "with PyTorch's "
-                                                           "default buckets") + "."
+        found |= time_glue(variant, c)
     return found
 
 
@@ -476,27 +477,23 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
     found = {"compression_nodes": n, "compression_link": link_label(base),
              "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
              "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"]}
-    found["compression_learning_sentence"] = _learning_sentence(compression_table(study).loc["fp32", "final_train_loss"],
-                                                                base.baseline.model["num_classes"])
+    loss, classes = compression_table(study).loc["fp32", "final_train_loss"], base.baseline.model["num_classes"]
+    found |= {"compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
+              "compression_learned": learned(loss, classes)}
     for variant in ("fp16", "powersgd"):
         e = study[variant]
-        found[f"{variant}_time_sentence"] = time_ratio_sentence(
-            compare_times(e, base, n, n, floor=time_noise), f"A step with {in_words(variant)}", "with fp32") + "."
-        found[f"{variant}_accuracy_sentence"] = accuracy_phrase(
-            compare_accuracies(e, base, n, n, floor=accuracy_noise), "fp32's")
+        found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))
+        found |= accuracy_glue(f"{variant}_accuracy", compare_accuracies(e, base, n, n, floor=accuracy_noise))
     return found
 
 
-def _learning_sentence(train_loss: float, classes: int) -> str:
-    """Whether the runs trained long enough for accuracy to say anything: their loss against a guess's, ln(classes)."""
-    guess = float(np.log(classes))
-    if train_loss > 0.95 * guess:
-        return (f"In so few steps the model has barely learned: its final training loss with fp32, "
-                f"{train_loss:.3f}, is that of a uniform guess among {classes} classes ({guess:.3f}), so the "
-                f"accuracies below compare models that are all near chance, and the cost of compression to "
-                f"accuracy, if any, cannot show here.")
-    return (f"The final training loss with fp32, {train_loss:.3f}, is below a uniform guess's ({guess:.3f}): the "
-            f"model has learned, and the accuracies compare what each hook let it learn.")
+def learned(train_loss: float, classes: int) -> str:
+    """Whether the runs trained long enough for accuracy to say anything: 'has not learned' at or above a uniform
+    guess's loss, ln(classes); 'has barely learned' within 5 % below it; 'has learned' below that."""
+    guess = np.log(classes)
+    if train_loss >= guess:
+        return "has not learned"
+    return "has barely learned" if train_loss > 0.95 * guess else "has learned"
 
 
 def compression_figure(study: dict[str, Experiment]):

@@ -7,8 +7,8 @@ A run's step time is the median of its steps after the first epoch (a burst of o
 less than a mean). A round ran every loop once at each world size, back to back; its ratio is a peer's step
 time over ddp_core's at the same world size, so above 1 means ddp_core is faster. The ratio is given as the
 median over the rounds with its range, and whether ddp_core is faster is the one verdict function's call
-(`verdict.compare`, the rounds paired) against the noise floor of its world size: the spread of one loop's run
-medians over the rounds, as a median over the loops at that world size.
+(`verdict.compare`, the rounds paired) against the noise floor of its world size: what pairing by rounds leaves of
+the loops' run medians there (`verdict.noise_floor`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def run_step_times(m: PeerMeasurement) -> pd.Series:
 
 def comparisons(m: PeerMeasurement) -> dict[tuple[str, int], Comparison]:
     """(peer, ranks) -> the peer's step time over ddp_core's, round by round: "higher" means ddp_core is faster.
-    Only rounds that ran both loops are paired; each world size is held against its own noise floor, since its
-    runs spread by their own amount."""
+    Only rounds that ran both loops are paired; each world size is held against its own noise floor (the noise
+    that pairing by rounds leaves of its loops' times), since its runs spread by their own amount."""
     times = run_step_times(m)
     found = {}
     for ranks in sorted(m.steps["ranks"].unique()):
@@ -134,7 +134,7 @@ def goal_sentence(m: PeerMeasurement) -> str:
              (("met", met), ("not shown", not_shown), ("missed", missed)) if items]
     sentence = goal + "; ".join(parts) + "."
     if floors:
-        sentence += (f" At {_listed([rank_label(n) for n in floors])}, runs of one loop spread by "
+        sentence += (f" At {_listed([rank_label(n) for n in floors])}, the noise floor is "
                      f"{_listed([f'{floor:.1%}' for floor in floors.values()])}, more than the "
                      f"{1 - GOAL_LOWEST:.0%} a round may fall short: noise alone puts rounds below "
                      f"{GOAL_LOWEST:.2f} there.")

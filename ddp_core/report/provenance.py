@@ -11,17 +11,18 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.config import load_profile
-from ddp_core.report.results import NOT_SETTINGS, Experiment, book_results_folder, machine_use
+from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, STOLEN, Experiment, book_results_folder, machine_use,
+                                     read_run)
 from ddp_core.report.figures import chance_line
 from ddp_core.report.tables import in_words, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
-# is left out, it would not fit a page.
+# and the end time are left out: they would not fit a page (the run order table gives the start times).
 PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
               "cpu_extensions": "Vector and matrix extensions", "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
               "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL",
               "gpu_driver": "GPU driver", "git_commit": "Code commit",
-              "parameters": "Model parameters", "start_time": "Started (UTC)", "end_time": "Ended (UTC)"}
+              "parameters": "Model parameters", "start_time": "Started (UTC)"}
 
 
 def shown_folder(experiment: Experiment) -> tuple[str, str]:
@@ -187,3 +188,43 @@ def studies_overview_markdown(results: Path, studies: dict) -> str:
         shown = (f"Shown from runs made in this project: {', '.join(mine)}; every other study from the reference "
                  f"results shipped with the report.")
     return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True) + "\n\n" + shown
+
+
+def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
+    """Per study, what else the machine did while its runs trained (run.json's `machine`): the median and largest
+    number of cores other processes used, the largest share the hypervisor took, and the runs that count as
+    disturbed. On an emulated cluster the kernel's work for the links counts as other processes, so there only
+    the hypervisor's share can call a run disturbed (the nodes study also checks each node's CPU share)."""
+    rows = []
+    for name, study in studies.items():
+        uses = []
+        for info_path in sorted((results / name).glob("**/run.json")):
+            _, info = read_run(info_path.parent)
+            use = machine_use(info)
+            if use is None:
+                continue
+            emulated = "network" in info
+            disturbed = use["stolen"] > STOLEN or (not emulated and use["other_cores"] > OTHER_CORES)
+            uses.append(use | {"run": info_path.parent.relative_to(results / name).as_posix(), "disturbed": disturbed})
+        if not uses:
+            continue
+        table = pd.DataFrame(uses)
+        rows.append({"study": study.title, "runs": len(table), "other_median": table["other_cores"].median(),
+                     "other_most": table["other_cores"].max(), "stolen_most": table["stolen"].max(),
+                     "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none"})
+    return pd.DataFrame(rows).set_index("study")
+
+
+QUIET_MACHINE_COLUMNS = {"runs": ("Runs", "{:.0f}"),
+                         "other_median": ("Cores other processes used, median of the runs", "{:.2f}"),
+                         "other_most": ("most", "{:.2f}"),
+                         "stolen_most": ("Share of the cores the hypervisor took, most", "{:.1%}"),
+                         "disturbed": ("Runs counted as disturbed", "{}")}
+
+
+def quiet_machine_markdown(results: Path, studies: dict) -> str:
+    return one_row_each(quiet_machine_table(results, studies), QUIET_MACHINE_COLUMNS, "Study")
+
+
+def quiet_machine_findings() -> dict:
+    return {"other_cores_limit": OTHER_CORES, "stolen_limit": STOLEN}

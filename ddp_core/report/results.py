@@ -71,6 +71,10 @@ class RunInfo:
         return self.per_rank_batch_size * self.model["max_len"]
 
 
+OTHER_CORES = 0.1  # cores that other processes used, on average, while a run on shared cores trained: more disturbs it
+STOLEN = 0.02  # of the machine's cores taken by the hypervisor while a run trained: more, and the run is disturbed
+
+
 def machine_use(info: dict) -> dict | None:
     """What else the machine did while a run trained (run.json's `machine`), per unit: the cores other processes
     used on average, and the share of the machine's cores the hypervisor took; None for a run made before it was

@@ -22,27 +22,29 @@ import pandas as pd
 from ddp_core.report.figures import chance_line
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.results import Experiment, run_on_folder
-from ddp_core.report.comparisons import WARMUP_EPOCHS, run_times, speedup_comparisons, steady_phases
+from ddp_core.report.comparisons import (WARMUP_EPOCHS, accuracy_glue, against_chance, chance_bar, compare_accuracies, run_times, speedup_comparisons,
+                                         steady_phases)
 from ddp_core.report.tables import counted, in_words, quantities_by_column, rank_label
 
-RESULTS_COLUMNS = ["epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
-                   "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
+RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
+                   "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
 
 
 def scaling_table(experiment: Experiment) -> pd.DataFrame:
     """One row per world size: time, throughput, speedup with its range and verdict, efficiency, compute vs
     communication, accuracy.
 
-    Step time and time per sample are medians of the repeats' median steps; throughput is their inverse. Speedup
+    Step time and time per sample are medians of the repeats' median steps; throughput is their inverse; the
+    epoch time is the median of the repeats' mean steady epochs. Speedup
     is the median of the repeats' T1/TN, its range the lowest and highest of them (`speedup_comparisons`). The
     mean step and its parts are means over the steady epochs of all repeats, so the parts add up to no more than
     it; accuracy and training loss are the medians of the repeats' last epochs.
     """
     metrics = experiment.metrics
     comparisons = speedup_comparisons(experiment)
-    table = steady_phases(metrics).groupby("world_size").agg(
+    steady = steady_phases(metrics)
+    table = steady.groupby("world_size").agg(
         epochs_averaged=("epoch", "size"),
-        epoch_time_s=("epoch_time_s", "mean"),
         mean_step_s=("mean_step_s", "mean"),
         compute_per_step_s=("compute_per_step_s", "mean"),
         comm_total_per_step_s=("comm_total_per_step_s", "mean"),
@@ -51,6 +53,7 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
         data_per_step_s=("data_per_step_s", "mean"),
         peak_memory_mb=("peak_memory_mb", "max"),
     )
+    table["epoch_time_s"] = steady.groupby(["world_size", "run"])["epoch_time_s"].mean().groupby("world_size").median()
     times = run_times(experiment).groupby("world_size")
     table["step_time_s"] = times["step_time_s"].median()
     table["time_per_sample_s"] = times["time_per_sample_s"].median()
@@ -69,6 +72,8 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     table["noise_floor"] = [comparisons[n].floor for n in table.index]
     table["verdict"] = [comparisons[n].says("slower", "faster") for n in table.index]
     table["efficiency"] = table["speedup"] / table.index
+    one_rank_cores = cores_per_rank(experiment.runs[1])
+    table["cores_ideal"] = [n * cores_per_rank(experiment.runs[n]) / one_rank_cores for n in table.index]
     one, comm = experiment.runs[1], table["comm_total_per_step_s"]
     share = [rank_share_s(table.loc[1, "compute_per_step_s"], one, experiment.runs[n]) for n in table.index]
     table["compute_to_comm_ratio"] = compute_to_comm_ratio(pd.Series(share, index=table.index), comm).where(comm > 0)
@@ -92,7 +97,13 @@ def findings(experiment: Experiment) -> dict:
         "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
         "dropout": first.model["dropout"],
         "speedup_value_nmax": speedup_comparisons(experiment)[largest].value(),
+        "speedup_verdict_nmax": speedup_comparisons(experiment)[largest].judged("slower", "faster"),
+        "eval_samples": first.config["eval_samples"],
+        "accuracy_vs_chance_n1": against_chance(experiment, 1),
+        "accuracy_vs_chance_nmax": against_chance(experiment, largest),
     }
+    found["chance"], found["chance_bar"] = chance_bar(first)
+    found |= accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))
     for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb"]:
         found[f"{column}_n1"] = float(table.loc[1, column])
         found[f"{column}_nmax"] = float(table.loc[largest, column])
@@ -102,12 +113,13 @@ def findings(experiment: Experiment) -> dict:
 # What the results table shows, in the reader's words: (row label, column, scale, format).
 RESULTS_ROWS = [
     ("Runs (seeds)", "runs", 1, "{:.0f}"),
-    ("Epoch time (s)", "epoch_time_s", 1, "{:.2f}"),
+    ("Epoch time, median of the repeats (s)", "epoch_time_s", 1, "{:.2f}"),
     ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
     ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
     ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
     ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
+    ("Ideal speedup for the cores the ranks had", "cores_ideal", 1, "{:.2f}"),
     ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
     ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
     ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
@@ -145,7 +157,7 @@ def epoch_time_figure(experiment: Experiment):
     per_epoch.set_xticks(sorted(metrics["epoch"].unique()))
     per_epoch.legend(fontsize=8)
     mean_time.bar([rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
-    mean_time.set(ylabel="seconds", title="Mean epoch time (after warm-up)")
+    mean_time.set(ylabel="seconds", title="Epoch time after warm-up, median of the repeats")
     fig.tight_layout()
     return fig
 
@@ -157,8 +169,9 @@ def speedup_figure(experiment: Experiment):
     fig, (speed, eff) = plt.subplots(1, 2, figsize=(10, 3.6))
     x = np.arange(len(sizes))
     error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
-    speed.bar(x - 0.2, table["speedup"], 0.4, yerr=error, capsize=4, label="measured (bar: range)")
-    speed.bar(x + 0.2, sizes, 0.4, color="lightgray", label="ideal (N)")
+    speed.bar(x - 0.27, table["speedup"], 0.27, yerr=error, capsize=4, label="measured (bar: range)")
+    speed.bar(x, table["cores_ideal"], 0.27, color="darkgray", label="ideal for the cores the ranks had")
+    speed.bar(x + 0.27, sizes, 0.27, color="lightgray", label="ideal with a device per rank (N)")
     speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="T1 / TN", title="Speedup")
     speed.legend(loc="upper left", fontsize=8)
     eff.bar(x, table["efficiency"] * 100, color="C1")

@@ -70,8 +70,8 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
 
 def ratio_sentence(m: Measurement, name: str) -> str:
     """What the measurement says of one ratio over every configuration, for any outcome: per configuration, the
-    rounds' epochs of the two loops paired and judged by the one verdict function, against the spread of every
-    loop's epochs over the rounds."""
+    rounds' epochs of the two loops paired and judged by the one verdict function, against the noise that
+    pairing by rounds leaves of every loop's epochs."""
     seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
     loop, against, words = RATIOS[name]
     floor = noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])

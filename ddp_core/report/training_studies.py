@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from statistics import median
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.report.results import Experiment, ResultsError
-from ddp_core.report.figures import chance_line
-from ddp_core.report.comparisons import (accuracy_floor, accuracy_phrase, compare_accuracies, compare_times,
-                                         final_accuracies, run_times, time_floor, time_ratio_sentence)
+from ddp_core.report.comparisons import (accuracy_glue, chance_glue, compare_accuracies, compare_times,
+                                         final_accuracies, run_times, time_floor, time_glue)
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import configurations_as_columns, counted, in_words
+from ddp_core.report.tables import configurations_as_columns, counted
 from ddp_core.report.verdict import compare, noise_floor
 
 
@@ -81,9 +79,7 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
                    gap <= SAME_MODEL_TOLERANCE else
                    f"more than the {SAME_MODEL_TOLERANCE:g} that rounding explains; they did not train the same "
                    f"model, and the equivalence of the theory chapter does not hold here.")),
-            "accum_time_sentence": time_ratio_sentence(accumulated_c, "Accumulation", "the single pass") + ".",
-            "accum_ddp_time_sentence": time_ratio_sentence(ddp_c, f"DDP on {ddp.largest} ranks", "the single pass")
-            + "."}
+            "accum_ddp_ranks": ddp.largest, **chance_glue("accum", one_batch, 1)} | time_glue("accum_time", accumulated_c) | time_glue("accum_ddp_time", ddp_c)
 
 
 # Mixed precision ---------------------------------------------------------------------------------------------
@@ -111,19 +107,14 @@ def precision_markdown(study: dict[str, Experiment]) -> str:
 BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")
 
 
-def _bf16_sentence(run) -> str:
-    """Whether the CPU the runs had can compute in bf16 at all, from the extensions its run.json recorded."""
-    if run.on_gpu:
-        return f"These runs ran on {run.device_name}."
+def bf16_support(run) -> str:
+    """Whether the processor the runs had computes in bf16, from the extensions its run.json recorded: 'has bf16
+    instructions' (a GPU, or a CPU with one of BF16_INSTRUCTIONS), 'has no bf16 instructions', or 'did not record
+    its extensions'."""
     extensions = run.raw.get("cpu_extensions")
-    if extensions is None:
-        return "The runs did not record the CPU's vector extensions."
-    found = [name for name in BF16_INSTRUCTIONS if name in extensions]
-    if found:
-        return f"This CPU reports {', '.join(found)}: it has bf16 instructions for the kernels to use."
-    return (f"This CPU reports {', '.join(extensions) or 'none of the extensions checked'} but neither "
-            f"{' nor '.join(BF16_INSTRUCTIONS)}: it has no bf16 instructions, and its kernels must convert bf16 "
-            f"values to compute with them.")
+    if run.on_gpu or (extensions and any(name in extensions for name in BF16_INSTRUCTIONS)):
+        return "has bf16 instructions"
+    return "did not record its extensions" if extensions is None else "has no bf16 instructions"
 
 
 def _evaluation_set(run) -> str:
@@ -135,12 +126,14 @@ def _evaluation_set(run) -> str:
 def precision_findings(study: dict[str, Experiment]) -> dict:
     c = compare_times(study["bf16"], study["fp32"])
     return {"precision_device": study["fp32"].baseline.device_name,
-            "precision_cpu_sentence": _bf16_sentence(study["fp32"].baseline),
-            "precision_speed_sentence": time_ratio_sentence(c, "bf16", "fp32") + ".",
+            "precision_bf16_support": bf16_support(study["fp32"].baseline),
+            "precision_extensions": ", ".join(study["fp32"].baseline.raw.get("cpu_extensions") or []) or "none",
+            "bf16_instructions": " or ".join(BF16_INSTRUCTIONS),
+            **time_glue("precision_speed", c),
             "precision_time_ratio": float(c.ratio),
             "precision_eval_set": _evaluation_set(study["fp32"].baseline),
-            "precision_accuracy_verdict": accuracy_phrase(compare_accuracies(study["bf16"], study["fp32"]),
-                                                          "fp32's")}
+            **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
+            **chance_glue("precision", study["fp32"], 1)}
 
 
 # Int8 inference ----------------------------------------------------------------------------------------------
@@ -184,12 +177,6 @@ def quantization_findings(experiment: Experiment) -> dict:
     n_eval = experiment.runs[1].config["eval_samples"]
     least = int8["agreement_with_fp32"].min()
     return {"quant_size_ratio": float(table.loc["int8", "size_mb"] / table.loc["fp32", "size_mb"]),
-            "quant_speed_sentence": (f"int8's latency per batch is {c.value()} times fp32's: "
-                                     + c.judged("int8 answers faster", "int8 answers slower")),
+            **time_glue("quant_speed", c),
             "quant_eval_samples": n_eval, "quant_least_agreement": float(least),
-            "quant_agreement_sentence": (
-                "the two models gave the same answer on every evaluation sample, in every repeat" if least == 1 else
-                f"the two models gave different answers on up to {round((1 - least) * n_eval)} of the {n_eval} "
-                f"evaluation samples ({1 - least:.1%}, the most over {len(int8)} "
-                f"repeat{'s' if len(int8) > 1 else ''}); accuracy alone would hide that, as answers can change "
-                f"in both directions")}
+            "quant_most_differing": round((1 - least) * n_eval), "quant_repeats": counted(len(int8), "repeat")}

@@ -8,16 +8,24 @@ shared. The range of the pairs' ratios is what the runs showed; with three to fi
 t-interval would claim a precision the sample does not have.
 
 A verdict is given only when every pair points the same way and the median ratio lies beyond the noise floor,
-the spread that identical configurations showed between their own repeats (`noise_floor`); anything else is
-"no visible difference", and fewer than MIN_REPEATS pairs give no verdict at all.
+how far from 1 a paired ratio of identical configurations would land (`noise_floor`, from the noise that
+pairing leaves: what a round's drift, shared by every configuration in it, does not explain); anything else is
+"no visible difference", and fewer than MIN_REPEATS pairs give no verdict at all. `error_rates` measures the
+rule itself on the runs it judges: how often it calls a difference between identical configurations, and how
+often it finds a planted one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import median
 
+import numpy as np
+
 MIN_REPEATS = 3
+DRAWS = 2000  # new sets of rounds per planted effect in `error_rates`
+Z = 2.0  # the floor's width in standard deviations of a pair's log-ratio: under normal noise 1 pair in 20 lies beyond
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,10 @@ class Comparison:
         if self.verdict == "too few repeats":
             return (f"with {self.pairs} run{'s' if self.pairs > 1 else ''} of each side, fewer than the "
                     f"{MIN_REPEATS} repeats a verdict needs, this gives no verdict")
-        return (f"within the noise (repeats of one configuration spread by {self._floor_text()}), so no difference "
-                f"can be told")
+        if math.isnan(self.floor):
+            return "with no noise floor to hold it against (no two configurations ran in the same rounds), no verdict"
+        return (f"within the noise (identical configurations reach a ratio {self._floor_text()} from 1), so no "
+                f"difference can be told")
 
 
 def compare(a: list[float], b: list[float], floor: float) -> Comparison:
@@ -78,10 +88,59 @@ def compare(a: list[float], b: list[float], floor: float) -> Comparison:
     return Comparison(ratio, min(ratios), max(ratios), len(ratios), floor, verdict)
 
 
+def _log_table(repeats: list[list[float]]) -> np.ndarray | None:
+    """Logs of the configurations that have a positive value in every round, a row each and a column per round
+    (the rounds all of them ran); None when fewer than two configurations or two rounds are left."""
+    rows = [values for values in repeats if len(values) > 1 and all(v > 0 for v in values)]  # NaN fails v > 0
+    rounds = min((len(values) for values in rows), default=0)
+    if len(rows) < 2 or rounds < 2:
+        return None
+    return np.log([values[:rounds] for values in rows])
+
+
+def _residuals(table: np.ndarray) -> np.ndarray:
+    """What is left of each log value after its configuration's and its round's effect (row and column means)."""
+    return table - table.mean(axis=1, keepdims=True) - table.mean(axis=0, keepdims=True) + table.mean()
+
+
 def noise_floor(repeats: list[list[float]]) -> float:
-    """The spread between repeats of one configuration, (max - min) / median, as a median over configurations:
-    how far apart two runs of the same thing typically land on this machine. A full range, not a half: a ratio
-    of two runs can land that far from 1 when one drew the top of it and the other the bottom."""
-    spreads = [(max(values) - min(values)) / median(values) for values in repeats
-               if len(values) > 1 and median(values) > 0]  # a quantity a configuration lacks (no all-reduce on 1 rank)
-    return median(spreads) if spreads else float("nan")  # nothing repeated: no floor, and no verdict either
+    """How far from 1 a paired ratio of two identical configurations lands on this machine, given the values of
+    several configurations, repeat k of each run in round k.
+
+    The logs are fitted as configuration effect + round effect (a randomized block design: a round's drift is
+    shared by every configuration in it, and pairing cancels it); the residual standard deviation s is the
+    noise pairing leaves. A pair's log-ratio then has standard deviation sqrt(2) s, and the floor is the ratio
+    Z of those away from 1: exp(Z sqrt(2) s) - 1. NaN when the values cannot separate noise from the
+    configurations (one configuration, or one round): no floor, and no verdict."""
+    table = _log_table(repeats)
+    if table is None:
+        return float("nan")
+    degrees = (table.shape[0] - 1) * (table.shape[1] - 1)
+    s = math.sqrt((_residuals(table) ** 2).sum() / degrees)
+    return math.exp(Z * math.sqrt(2) * s) - 1
+
+
+def error_rates(repeats: list[list[float]], effects: list[float], draws: int = DRAWS, seed: int = 0) -> dict:
+    """How the rule behaves on runs like these: per planted effect (0.2: side A takes 1.2 times as long), the
+    share of comparisons of A against B that `compare` calls in the effect's direction; at 0, the share it
+    calls at all (in either direction), which ought to be rare.
+
+    Each draw makes new rounds from the fitted residuals (a residual bootstrap, each residual scaled up for the
+    effects the fit took out), estimates the floor from them as a page would, and compares two of its
+    configurations, the first slowed by the effect."""
+    table = _log_table(repeats)
+    if table is None:
+        return {effect: float("nan") for effect in effects}
+    configurations, rounds = table.shape
+    residuals = _residuals(table).ravel() * math.sqrt(table.size / ((configurations - 1) * (rounds - 1)))
+    rng = np.random.default_rng(seed)
+    found = {}
+    for effect in effects:
+        calls = 0
+        for _ in range(draws):
+            drawn = np.exp(rng.choice(residuals, size=table.shape))
+            floor = noise_floor(drawn.tolist())
+            c = compare(list(drawn[0] * (1 + effect)), list(drawn[1]), floor)
+            calls += c.verdict == "higher" if effect > 0 else c.decided
+        found[effect] = calls / draws
+    return found
