@@ -152,14 +152,17 @@ def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_
     assert why.startswith("not training nodes, bucket_size: an emulated cluster creates")
 
 
-BUSY_HALF_A_SECOND = [sys.executable, "-c", "import time\nstart = time.process_time()\n"
-                      "while time.process_time() - start < 0.5: pass"]
+# Half a CPU-second of work; the process prints the wall time it took, its own start-up left out (under the suite's
+# load, starting Python takes longer than the work).
+BUSY_HALF_A_SECOND = [sys.executable, "-c", "import time\nstart, wall = time.process_time(), time.perf_counter()\n"
+                      "while time.process_time() - start < 0.5: pass\nprint(time.perf_counter() - wall)"]
 
 
 def wall_time_on(cluster: EmulatedCluster) -> float:
-    start = time.perf_counter()
-    assert cluster.start(0, BUSY_HALF_A_SECOND).wait(timeout=60) == 0
-    return time.perf_counter() - start
+    busy = cluster.start(0, BUSY_HALF_A_SECOND, stdout=subprocess.PIPE, text=True)
+    out, _ = busy.communicate(timeout=60)
+    assert busy.returncode == 0
+    return float(out)
 
 
 def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it_was_throttled():
@@ -172,10 +175,12 @@ def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it
         quarter.release_cpu()
         node, = quarter.cpu_use()["node_cpu"]
         released = wall_time_on(quarter)
-    assert 2.5 < constrained / unconstrained < 8, (constrained, unconstrained)  # 4 on a quiet machine
+    # a quarter core gives half a CPU-second in 2 s at the least (a period's slack aside); other load only slows it
+    assert 0.8 * 0.5 / 0.25 < constrained < 8 * 0.5 / 0.25, (constrained, unconstrained)
+    assert unconstrained < 0.8 * constrained, (constrained, unconstrained)  # a quarter of it on a quiet machine
     assert node["cpu_s"] == pytest.approx(0.5, abs=0.25)
     assert node["throttled_periods"] > 0.5 * node["periods"] > 0 and node["throttled_s"] > 0.5 * constrained
-    assert max(before, released) < constrained / 2  # the share holds while a run trains, not as it starts or ends
+    assert max(before, released) < 0.8 * constrained  # the share holds while a run trains, not as it starts or ends
     assert nothing_left(os.getpid())
 
 

@@ -8,6 +8,7 @@ this way on every page; the `*_phrase`/`*_sentence` helpers word the outcome for
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
@@ -159,13 +160,30 @@ def accuracy_floor(*experiments: Experiment) -> float:
     return noise_floor([final_accuracies(e, n) for e in distinct for n in e.repeats])
 
 
+def binomial_floor(accuracy: float, samples: int | None) -> float:
+    """How far from 1 the ratio of two accuracies measured on `samples` evaluation samples lands by the sampling of
+    the evaluation set alone: Z standard errors of the ratio's log, sqrt(2 p (1 - p) / n) / p (0 where unknown)."""
+    if not samples or not 0 < accuracy < 1:
+        return 0.0
+    return math.exp(Z * math.sqrt(2 * accuracy * (1 - accuracy) / samples) / accuracy) - 1
+
+
 def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
                        floor: float | None = None) -> Comparison:
     """A's final accuracy at `a_ranks` against B's at `b_ranks`, repeat k with repeat k (the same seed offset),
-    held against `floor`, by default the spread between seeds over both experiments' configurations (a page that
-    compares several pairs passes one floor for all of them)."""
-    return compare(*_paired(final_accuracies(a, a_ranks), final_accuracies(b, b_ranks)),
-                   accuracy_floor(a, b) if floor is None else floor)
+    held against `floor` (by default the noise over both experiments' configurations; a page that compares several
+    pairs passes one floor for all of them) or against what the evaluation set's size resolves, whichever is wider.
+    Where every repeat of both sides is at chance, the verdict is "at chance": accuracies of guesses are not
+    compared."""
+    side_a, side_b = _paired(final_accuracies(a, a_ranks), final_accuracies(b, b_ranks))
+    run_a, run_b = a.repeats[a_ranks][0], b.repeats[b_ranks][0]
+    resolved = binomial_floor(pd.Series(side_a + side_b).median(),
+                              min(run.config.get("eval_samples") or 0 for run in (run_a, run_b)))
+    c = compare(side_a, side_b, max(accuracy_floor(a, b) if floor is None else floor, resolved))
+    if c.pairs >= MIN_REPEATS and all(x <= chance_bar(run_a)[1] for x in side_a) \
+            and all(y <= chance_bar(run_b)[1] for y in side_b):
+        return replace(c, verdict="at chance")
+    return c
 
 
 def accuracy_glue(key: str, c: Comparison) -> dict:

@@ -35,7 +35,7 @@ class Comparison:
     high: float
     pairs: int
     floor: float  # the noise floor the ratio was held against, as a fraction (0.05: 5 %)
-    verdict: str  # "lower", "higher", "no visible difference" or "too few repeats"
+    verdict: str  # "lower", "higher", "no visible difference", "too few repeats" or, for accuracies, "at chance"
 
     def says(self, lower: str, higher: str) -> str:
         """The verdict in the sentence's words, e.g. says("faster", "slower") for a ratio of times."""
@@ -65,6 +65,8 @@ class Comparison:
         if self.verdict == "too few repeats":
             return (f"with {self.pairs} run{'s' if self.pairs > 1 else ''} of each side, fewer than the "
                     f"{MIN_REPEATS} repeats a verdict needs, this gives no verdict")
+        if self.verdict == "at chance":
+            return "every repeat of both sides is at chance on its evaluation set, so the accuracies compare guesses"
         if math.isnan(self.floor):
             return "with no noise floor to hold it against (no two configurations ran in the same rounds), no verdict"
         return (f"within the noise (identical configurations reach a ratio {self._floor_text()} from 1), so no "
