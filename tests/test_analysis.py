@@ -125,6 +125,10 @@ def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(expe
     null = (1 / predicted["measured_speedup"] - 1).abs()
     meets = error.abs().max() <= 0.10 and parts.max() <= 0.10 and error.abs().max() < null.max()
     assert found["meets_target"] == ("meets" if meets else "misses")
+    worst = predicted.loc[found["worst_n"]]
+    for part in ("step", "comm", "compute"):
+        assert found[f"worst_{part}_gap_ms"] == pytest.approx(
+            (worst[f"predicted_{part}_s"] - worst[f"measured_{part}_s"]) * 1e3)
     assert found["null_max_error"] == pytest.approx((1 / predicted["measured_speedup"] - 1).abs().max())
 
 
@@ -314,13 +318,15 @@ def test_the_discussion_says_whether_the_theory_held_for_every_outcome(predicts_
     assert discussion.theory_outcome(predicts_gain, compare(ratios, [1.0] * 3, 0.05)).startswith(says)
 
 
-@pytest.mark.parametrize("exposed,last,says", [
-    (0.5, 0.8, "the prediction exposes that bucket instead, and equals the best-case scenario"),
-    (0.9, 0.8, "so the prediction takes the measured fraction."),
-], ids=["less than the last bucket", "more than the last bucket"])
+@pytest.mark.parametrize("exposed,last,says", [(0.5, 0.8, "the last bucket"), (0.9, 0.8, "the measured share")],
+                         ids=["less than the last bucket", "more than the last bucket"])
 def test_the_prediction_says_which_exposure_it_used(exposed, last, says):
-    row = pd.Series({"exposed_fraction": exposed, "last_bucket_share": last})
-    assert says in prediction._exposure_sentence(row, 4)
+    assert prediction.exposure_source(pd.Series({"exposed_fraction": exposed, "last_bucket_share": last})) == says
+
+
+@pytest.mark.parametrize("threads, says", [(4, "more than"), (2, "as many as"), (1, "fewer than")])
+def test_the_chapter_says_whether_the_ranks_threads_outnumbered_the_cores(threads, says):
+    assert prediction.threads_against_cores(threads, 2) == says
 
 
 def test_the_predicted_exposure_is_never_below_the_last_bucket(experiment):

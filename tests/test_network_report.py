@@ -23,3 +23,17 @@ def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss,
 
     assert learned(loss, classes) == says
 
+
+
+def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_inside_the_repeats():
+    from conftest import REPO
+    from ddp_core.report.network import link_findings, link_table
+    from ddp_core.report.results import load_study
+
+    study = load_study(REPO / "reference" / "nodes")
+    table, found = link_table(study), link_findings(study)
+    worst = table.loc[table["prediction_error"].abs().idxmax()]
+    assert (found["worst_prediction_error"], found["worst_prediction_nodes"], found["worst_prediction_link"]) == (
+        worst["prediction_error"], worst["world_size"], worst["link"])
+    inside = ((table["speedup_low"] <= table["predicted_speedup"]) & (table["predicted_speedup"] <= table["speedup_high"]))
+    assert (found["predictions_inside"], found["predictions"]) == (inside.sum(), len(table))

@@ -190,7 +190,7 @@ def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project
     assert worst < 1e-4
     found = training_studies.accumulation_findings(load_study(folder))
     assert found["accum_loss_gap"] == pytest.approx(worst)
-    assert "they train the same model" in found["accum_same_sentence"]
+    assert found["accum_same_model"] == "the same model"
 
 
 def test_int8_quantization_shrinks_the_model_and_fp32_scores_what_training_reported(project):
@@ -324,3 +324,17 @@ def test_a_run_the_machine_disturbed_is_named_in_the_methods_chapter(project, tm
     assert table.loc[STUDIES["scaling"].title, "disturbed"] == "`n4`"
     assert table.loc[STUDIES["nodes"].title, "disturbed"] == "`one_node/n1`"
     assert table.loc[STUDIES["nodes"].title, "stolen_most"] == pytest.approx(STOLEN * 2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny bucket study runs on emulated nodes, which need root")
+def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step(project):
+    from ddp_core.report.network import bucket_findings
+
+    folder = project / "results" / "bucket_size"
+    found = bucket_findings(load_study(folder))
+    for variant in ("one_bucket", "default_buckets", "one_mib_buckets"):
+        run = folder / variant / "n2"
+        assert found[f"{variant}_drawn_ms"] == pytest.approx(pd.read_csv(run / "timeline.csv")["end_s"].max() * 1e3)
+        steps = pd.read_csv(run / "steps.csv")["step_time_s"]
+        steady = steps.iloc[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps
+        assert found[f"{variant}_median_ms"] == pytest.approx(steady.median() * 1e3)

@@ -4,6 +4,7 @@ runs, reuses a finished run and resumes an interrupted one; each study's finding
 import json
 from dataclasses import replace
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from ddp_core.engine.config import global_batch_size, parse_args
 from ddp_core.report import training_studies
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.compute_ratio import cores_per_rank
-from ddp_core.report.provenance import studies_overview_markdown
+from ddp_core.report.provenance import studies_overview_markdown, study_setup_findings
 from ddp_core.report.results import load_experiment, load_study
 from ddp_core.studies.run import plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
@@ -247,3 +248,20 @@ def test_the_precision_page_says_whether_the_processor_computes_in_bf16(on_gpu, 
     from ddp_core.report.training_studies import bf16_support
 
     assert bf16_support(SimpleNamespace(on_gpu=on_gpu, raw={"cpu_extensions": extensions})) == says
+
+
+def test_a_study_page_states_how_many_runs_of_how_many_epochs_ran_where(tmp_path, monkeypatch):
+    folder = shutil.copytree(REFERENCE / "precision", tmp_path / "project" / "reference" / "precision")
+    (tmp_path / "project" / "book").mkdir()
+    (tmp_path / "project" / "_config.yml").write_text("")
+    study = load_study(folder)
+    runs = sorted(folder.glob("*/n1*/run.json"))
+    info = json.loads(runs[0].read_text())
+    epochs = {len(metrics_of(run.parent)) for run in runs}
+    monkeypatch.chdir(tmp_path / "project")  # the page's project: its runs lie in its reference/
+    found = study_setup_findings(*study.values())
+    assert found["setup_runs"] == f"{len(runs)} runs" and found["setup_repeats"] == "3"
+    assert found["setup_epochs"] == " to ".join(map(str, sorted(epochs))) + " epochs"
+    assert (found["setup_device"], found["setup_cores"], found["setup_torch"]) == (
+        info["device_name"], info["cpu_count"], info["torch"])
+    assert found["setup_shown"].startswith("the reference results shipped with the report")

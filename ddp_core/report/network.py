@@ -128,27 +128,16 @@ def link_figure(study: dict[str, Experiment]):
 def link_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
     links = link_experiments(study)
-    fastest, slowest = next(iter(links.values())), list(links.values())[-1]
-    sentences = []
-    for n in sorted(table["world_size"].unique()):  # each link judged as the results chapter judges its speedups
-        first, last = speedup_comparisons(fastest)[n], speedup_comparisons(slowest)[n]
-        sentences.append(
-            f"At {n} nodes the speedup over one node is {first.value()} on the {link_label(fastest)} link, "
-            f"{first.judged('slower than one node', 'faster than one node')}, and {last.value()} at "
-            f"{link_label(slowest)}, {last.judged('slower than one node', 'faster than one node')}.")
     error = table["prediction_error"].abs()
     inside = table[(table["speedup_low"] <= table["predicted_speedup"])
                    & (table["predicted_speedup"] <= table["speedup_high"])]
     worst = table.loc[error.idxmax()]
     return {
         "link_rates": _links_phrase([link_label(e) for e in links.values()]),
-        "link_measured_sentence": "; ".join(f"{link_label(e)}: {_rate_text(measured_gbit_s(e))} measured"
-                                            for e in links.values()),
-        "link_speedup_sentence": " ".join(sentences),
-        "link_prediction_sentence": (
-            f"Its largest error is {worst['prediction_error']:+.0%}, at {int(worst['world_size'])} nodes on the "
-            f"{worst['link']} link; {len(inside)} of its {len(table)} predictions "
-            f"{'lies' if len(inside) == 1 else 'lie'} within the range of the measured repeats."),
+        "links_measured": "; ".join(f"{link_label(e)}: {_rate_text(measured_gbit_s(e))} measured"
+                                    for e in links.values()),
+        "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
+        "worst_prediction_link": worst["link"], "predictions_inside": len(inside), "predictions": len(table),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
 
@@ -393,7 +382,7 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
     floor = time_floor(*study.values())
     found = {"bucket_nodes": n, "bucket_link": link_label(default),
              "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}",
-             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}", "timeline_sentence": timeline_sentence(study)}
+             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}"} | timeline_findings(study)
     for variant in ("one_bucket", "one_mib_buckets"):
         c = compare_times(study[variant], default, n, n, floor=floor)
         found |= time_glue(variant, c)
@@ -405,15 +394,14 @@ def _timeline(experiment: Experiment) -> pd.DataFrame:
     return pd.read_csv(experiment.folder / run.name / "timeline.csv")
 
 
-def timeline_sentence(study: dict[str, Experiment]) -> str:
+def timeline_findings(study: dict[str, Experiment]) -> dict:
     """How long each plotted step took against its run's median step: one step is an example, not a measure."""
-    parts = []
+    found = {}
     for variant, e in study.items():
         timeline, run = _timeline(e), e.repeats[e.largest][0]
-        median = run_times(e).set_index("run").loc[run.name, "step_time_s"]
-        parts.append(f"{timeline['end_s'].max() * 1e3:.0f} ms with {in_words(variant)} (its run's median step: "
-                     f"{median * 1e3:.0f} ms)")
-    return "The steps drawn took " + "; ".join(parts) + "."
+        found[f"{variant}_drawn_ms"] = timeline["end_s"].max() * 1e3
+        found[f"{variant}_median_ms"] = run_times(e).set_index("run").loc[run.name, "step_time_s"] * 1e3
+    return found
 
 
 def timeline_figure(study: dict[str, Experiment]):

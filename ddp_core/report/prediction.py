@@ -41,13 +41,14 @@ def findings(experiment: Experiment) -> dict:
         "bucket_fit_ratio": bucket_fit_error(experiment),
         "max_error": float(prediction["error"].abs().max()), "worst_n": worst,
         **target_findings(prediction),
-        "worst_step_gap": _gap_phrase(step_gap, "the measured step"),
-        "worst_comm_gap": _gap_phrase(comm_gap, "the all-reduce measured during training"),
-        "worst_compute_gap": _gap_phrase(compute_gap, "the measured compute"),
+        "worst_step_gap_ms": float(step_gap * 1e3), "worst_comm_gap_ms": float(comm_gap * 1e3),
+        "worst_compute_gap_ms": float(compute_gap * 1e3),
         "worst_cause": "the communication estimate" if abs(comm_gap) > abs(compute_gap) else "the compute estimate",
         "parts_verdict": "the two errors partly cancel, so the step looks better predicted than its parts"
         if comm_gap * compute_gap < 0 else "the two errors add up",
-        "exposure_sentence": _exposure_sentence(at_worst, worst),
+        "exposed_fraction": float(at_worst["exposed_fraction"]),
+        "last_bucket_share": float(at_worst["last_bucket_share"]),
+        "exposure_source": exposure_source(at_worst),
     } | forecast_findings(experiment) | hardware_findings(experiment, prediction, worst)
 
 
@@ -73,20 +74,10 @@ def target_findings(prediction: pd.DataFrame) -> dict:
             "null_better_at": ", ".join(f"{n} ranks" for n in prediction.index[null_error < error]) or "no world size"}
 
 
-def _exposure_sentence(row: pd.Series, n: int) -> str:
-    """Whether the measured exposed fraction or the last bucket set the prediction's exposure at `n` ranks."""
-    measured = (f"At {n} ranks the runs left {row['exposed_fraction']:.2f} of the all-reduce exposed (a share of "
-                f"the all-reduce measured in training, which sharing the cores stretches); the last bucket is "
-                f"{row['last_bucket_share']:.2f} of it in the benchmark")
-    if row["exposed_fraction"] < row["last_bucket_share"]:
-        return (f"{measured}. Backward cannot hide the last bucket, so the prediction exposes that bucket instead, "
-                f"and equals the best-case scenario: the measured fraction does not enter it.")
-    return f"{measured}, so the prediction takes the measured fraction."
-
-
-def _gap_phrase(seconds: float, against: str) -> str:
-    """'12.3 ms longer than X' or '4.5 ms shorter than X', so that the sentence reads right either way."""
-    return f"{abs(seconds) * 1e3:.1f} ms {'longer' if seconds > 0 else 'shorter'} than {against}"
+def exposure_source(row: pd.Series) -> str:
+    """What sets the prediction's exposed all-reduce: the share the runs left exposed, or, where that is less than
+    the last bucket's share (which backward can never hide), the last bucket."""
+    return "the last bucket" if row["exposed_fraction"] < row["last_bucket_share"] else "the measured share"
 
 
 def forecast_findings(experiment: Experiment) -> dict:
@@ -114,24 +105,20 @@ def hardware_findings(experiment: Experiment, prediction, worst: int) -> dict:
     return {
         "cores": one.cpu_count, "threads_1": counted(one.threads_per_rank, "thread"),
         "threads_worst": counted(runs[worst].threads_per_rank, "thread"),
-        "threads_vs_cores": _threads_phrase(runs[worst].threads_per_rank * runs[worst].local_world_size,
-                                            one.cpu_count),
+        "threads_all": runs[worst].threads_per_rank * runs[worst].local_world_size,
+        "threads_vs_cores": threads_against_cores(runs[worst].threads_per_rank * runs[worst].local_world_size,
+                                                  one.cpu_count),
         "compute_predicted_ms": float(at_worst["predicted_compute_s"] * 1e3),
         "compute_measured_ms": float(at_worst["measured_compute_s"] * 1e3),
         "comm_predicted_ms": float(at_worst["predicted_comm_s"] * 1e3),
         "comm_measured_ms": float(at_worst["measured_comm_s"] * 1e3),
         "comm_slowdown": float(at_worst["measured_comm_s"] / at_worst["predicted_comm_s"]),
-        "hardware_note": "These runs ran on GPUs; the CPU specifics below apply to a run without GPUs."
-        if one.on_gpu else "These runs ran on CPU cores, and three things follow from it.",
+        "ran_on": "GPUs" if one.on_gpu else "CPU cores",
     }
 
 
-def _threads_phrase(threads: int, cores: int) -> str:
-    if threads > cores:
-        return f"the ranks' {threads} threads outnumbered the {cores} cores"
-    if threads == cores:
-        return "one thread per core"
-    return f"{threads} threads for {cores} cores, some of which stayed idle"
+def threads_against_cores(threads: int, cores: int) -> str:
+    return "more than" if threads > cores else "as many as" if threads == cores else "fewer than"
 
 
 def allreduce_figure(experiment: Experiment):

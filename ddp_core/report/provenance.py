@@ -14,7 +14,7 @@ from ddp_core.engine.config import load_profile
 from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, STOLEN, Experiment, book_results_folder, machine_use,
                                      read_run)
 from ddp_core.report.figures import chance_line
-from ddp_core.report.tables import in_words, one_row_each, rank_label
+from ddp_core.report.tables import counted, in_words, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -141,19 +141,17 @@ def learning_curves_figure(metrics: pd.DataFrame, num_classes: int):
 
 
 def study_setup_findings(*experiments: Experiment) -> dict:
-    """Where a study's runs ran and what they are: the sentence with which every study page states its limits."""
+    """Where a study's runs ran and what they are, for the sentence with which every study page states its limits:
+    how many runs, repeats of each configuration and epochs, on which processor and PyTorch, and whose runs."""
     runs = [run for experiment in experiments for run in experiment.all_runs]
     first = runs[0].raw
-    kinds = sorted({shown_folder(experiment)[1] for experiment in experiments})
     epochs = sorted({int(e.metrics.loc[e.metrics["run"] == run.name, "epoch"].max()) for e in experiments
                      for run in e.all_runs})
     repeats = sorted({len(runs) for experiment in experiments for runs in experiment.repeats.values()})
-    return {"setup_sentence": (
-        f"{len(runs)} run{'s' if len(runs) > 1 else ''} ("
-        + ("one of each configuration" if repeats == [1] else f"{' to '.join(map(str, repeats))} of each configuration")
-        + f"), of {' to '.join(map(str, epochs))} epoch{'s' if epochs != [1] else ''} each, on "
-        f"{first['device_name']} ({first['cpu_count']} cores, {first['backend']}), PyTorch {first['torch']}; "
-        f"{' and '.join(kinds)}.")}
+    return {"setup_runs": counted(len(runs), "run"), "setup_repeats": " to ".join(map(str, repeats)),
+            "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"), "setup_device": first["device_name"],
+            "setup_cores": first["cpu_count"], "setup_backend": first["backend"], "setup_torch": first["torch"],
+            "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments}))}
 
 
 def _span(values) -> str:
