@@ -108,8 +108,8 @@ def test_the_speedup_verdict_reads_right_for_every_outcome(folder, speedups, val
     # the 1-rank repeats take 0.1 s a step; so do all repeats of the 4-rank run but for its speedup
     experiment = add_repeats(folder, {1: [0.1] * len(speedups), 4: [0.1 / s for s in speedups]})
     found = discussion.findings(experiment)
-    assert found["speedup_value_nmax"] == value
-    assert found["speedup_verdict_nmax"].startswith(verdict)
+    assert found["speedup_nmax_value"] == value
+    assert found["speedup_nmax_verdict"].startswith(verdict)
 
 
 def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(experiment):

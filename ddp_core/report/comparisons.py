@@ -69,12 +69,15 @@ def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") ->
     return {n: list(rows[quantity]) for n, rows in times.groupby("world_size")}
 
 
+def _distinct(items: tuple) -> list:
+    """`items` with each object once (by identity): an experiment compared with itself (two of its world sizes)
+    counts once in a floor, or its configurations would pass for twice the evidence."""
+    return [item for i, item in enumerate(items) if all(item is not other for other in items[:i])]
+
+
 def _pooled_floor(*sides: dict[int, list[float]]) -> float:
-    """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`; an experiment
-    compared with itself (two of its world sizes) counts once, or its configurations would pass for twice the
-    evidence."""
-    distinct = [s for i, s in enumerate(sides) if all(s is not other for other in sides[:i])]
-    return noise_floor([values for per_size in distinct for values in per_size.values()])
+    """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`."""
+    return noise_floor([values for per_size in _distinct(sides) for values in per_size.values()])
 
 
 def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
@@ -156,8 +159,7 @@ def chance_glue(key: str, experiment: Experiment, world_size: int) -> dict:
 def accuracy_floor(*experiments: Experiment) -> float:
     """How far apart the final accuracies of repeats (other seeds) of one configuration land, over the world sizes
     of all `experiments` (one compared with itself counts once)."""
-    distinct = [e for i, e in enumerate(experiments) if all(e is not other for other in experiments[:i])]
-    return noise_floor([final_accuracies(e, n) for e in distinct for n in e.repeats])
+    return noise_floor([final_accuracies(e, n) for e in _distinct(experiments) for n in e.repeats])
 
 
 def binomial_floor(accuracy: float, samples: int | None) -> float:
@@ -180,8 +182,8 @@ def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: 
     resolved = binomial_floor(pd.Series(side_a + side_b).median(),
                               min(run.config.get("eval_samples") or 0 for run in (run_a, run_b)))
     c = compare(side_a, side_b, max(accuracy_floor(a, b) if floor is None else floor, resolved))
-    if c.pairs >= MIN_REPEATS and all(x <= chance_bar(run_a)[1] for x in side_a) \
-            and all(y <= chance_bar(run_b)[1] for y in side_b):
+    (_, bar_a), (_, bar_b) = chance_bar(run_a), chance_bar(run_b)
+    if c.pairs >= MIN_REPEATS and all(x <= bar_a for x in side_a) and all(y <= bar_b for y in side_b):
         return replace(c, verdict="at chance")
     return c
 
@@ -190,6 +192,12 @@ def accuracy_glue(key: str, c: Comparison) -> dict:
     """A comparison of final accuracies for a page's glue: `<key>_value` and `<key>_verdict` ('higher (beyond the
     noise floor of 2.0%)' or why there is none), for "A's accuracy is {value} times B's: {verdict}"."""
     return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("lower", "higher")}
+
+
+def speedup_glue(key: str, c: Comparison) -> dict:
+    """A speedup (T1/TN, `speedup_comparisons`) for a page's glue: `<key>_value` and `<key>_verdict` ('faster (beyond
+    the noise floor of 10.3%)', or why there is none)."""
+    return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("slower", "faster")}
 
 
 def time_glue(key: str, c: Comparison) -> dict:

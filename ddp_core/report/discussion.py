@@ -14,7 +14,8 @@ from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment
 from ddp_core.report.tables import counted
 from ddp_core.report.verdict import Comparison, compare, noise_floor
-from ddp_core.report.comparisons import accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons
+from ddp_core.report.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
+                                         speedup_glue)
 from ddp_core.report.scaling import scaling_table
 
 CPU, GPU = "this CPU", "A100 + NVLink"
@@ -40,8 +41,7 @@ def measurement_findings(experiment: Experiment) -> dict:
     divided = rank_compute_s(one["compute_per_step_s"], base, biggest)
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
-        "speedup_value_nmax": speedup_comparisons(experiment)[largest].value(),
-        "speedup_verdict_nmax": speedup_comparisons(experiment)[largest].judged("slower", "faster"),
+        **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
         "step_1_ms": float(one["mean_step_s"] * 1e3), "step_nmax_ms": float(big["mean_step_s"] * 1e3),
         "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
         "lost_ms": float(lost * 1e3), "lost_compute_ms": float(lost_compute * 1e3),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_core.report.comparisons import speedup_comparisons
+from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, book_results_folder
 from ddp_core.report.scaling import scaling_table
@@ -30,8 +30,7 @@ def findings(experiment: Experiment) -> dict:
         "backend": one.backend,
         "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
         "largest": experiment.largest,
-        "speedup_value_nmax": speedup_comparisons(experiment)[experiment.largest].value(),
-        "speedup_verdict_nmax": speedup_comparisons(experiment)[experiment.largest].judged("slower", "faster"),
+        **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[experiment.largest]),
         "shared": "every rank ran on a GPU of its own" if one.on_gpu else
         f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
     } | {key: payoff[key] for key in ("ideal_consequence", "ratio_n_model", "break_even_ratio", "n_model")}

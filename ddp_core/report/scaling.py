@@ -22,8 +22,8 @@ import pandas as pd
 from ddp_core.report.figures import chance_line
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.report.results import Experiment, run_on_folder
-from ddp_core.report.comparisons import (WARMUP_EPOCHS, accuracy_glue, against_chance, chance_bar, compare_accuracies, run_times, speedup_comparisons,
-                                         steady_phases)
+from ddp_core.report.comparisons import (WARMUP_EPOCHS, accuracy_glue, against_chance, chance_bar, compare_accuracies,
+                                         run_times, speedup_comparisons, speedup_glue, steady_phases)
 from ddp_core.report.tables import counted, in_words, quantities_by_column, rank_label
 
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
@@ -96,8 +96,7 @@ def findings(experiment: Experiment) -> dict:
         "optimizer_growth_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]),
         "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
         "dropout": first.model["dropout"],
-        "speedup_value_nmax": speedup_comparisons(experiment)[largest].value(),
-        "speedup_verdict_nmax": speedup_comparisons(experiment)[largest].judged("slower", "faster"),
+        **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
         "eval_samples": first.config["eval_samples"],
         "accuracy_vs_chance_n1": against_chance(experiment, 1),
         "accuracy_vs_chance_nmax": against_chance(experiment, largest),
