@@ -46,6 +46,7 @@ from ddp_core.engine.model_cost import training_flops
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest
+from ddp_core.engine.noise_scale import GradientNoise
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.paths import RESULTS_DIR
 from ddp_core.train import TrainingState, batch_plan, model_config, train_epoch
@@ -156,8 +157,8 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
                                  drop_last=True)
     plan = batch_plan(cfg, rt, data)
     epochs = iter(range(1, sys.maxsize))
-    return lambda: train_epoch(model, state, data, sampler, next(epochs), plan, timer, StopRequest(), None, cfg, rt,
-                               None)
+    return lambda: train_epoch(model, state, data, sampler, next(epochs), plan, timer, GradientNoise(), StopRequest(),
+                               None, cfg, rt, None)
 
 
 def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
 import signal
@@ -45,8 +46,9 @@ from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, 
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import ModelConfig
-from ddp_core.engine.run_files import (METRICS_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS, append_rows, drop_rows_after,
-                                      MachineClock, environment, machine_activity, now_iso, save_atomic)
+from ddp_core.engine.noise_scale import GradientNoise, noise_scale
+from ddp_core.engine.run_files import (METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS, append_rows,
+                                      drop_rows_after, MachineClock, environment, machine_activity, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
@@ -106,12 +108,13 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     out, run_info, track = (open_run_dir(cfg, rt, state, first_epoch, batch, resuming) if rt.leader
                             else (None, None, NoTracker()))
     timer = EpochTimer(rt.device, enabled=cfg.timers)
-    ddp_model = wrap_ddp(state.model, cfg, rt, timer)
+    noise = GradientNoise()
+    ddp_model = wrap_ddp(state.model, cfg, rt, timer, noise)
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
-        done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, stop, out, cfg, rt, progress)
+        done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, noise, stop, out, cfg, rt, progress)
         progress = None  # only the first epoch of a resumed run continues from a checkpoint's progress
         stop_if_diverged(epoch, done.first_bad_step, batch, rt)
         eval_start = time.perf_counter()
@@ -160,17 +163,19 @@ class EpochProgress:
     seconds: float = 0.0  # wall time of the steps done (and of the checkpoints written among them)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, as EpochTimer.summary gives them
     step_times: dict[str, list[float]] = field(default_factory=lambda: {"step_time_s": [], "comm_exposed_s": []})
+    grad_sq: tuple[float, float] = (0.0, 0.0)  # summed squared norms of this rank's and the averaged gradients
     rng: dict | None = None  # the generators' states after the last step done; None: the epoch's seed
     resumes: int = 0  # times the epoch continued from a mid-epoch checkpoint
 
     def then(self, steps: int, loss_sum: torch.Tensor, first_bad_step: torch.Tensor, seconds: float, timed,
-             rng: dict | None = None) -> EpochProgress:
-        """This progress followed by what the current attempt did since it began (`timed`: its timer's summary)."""
+             grad_sq: tuple[float, float], rng: dict | None = None) -> EpochProgress:
+        """This progress followed by what the current attempt did since it began (`timed`: its timer's summary,
+        `grad_sq`: its gradient noise sums)."""
         phases, step_times = timed
         return EpochProgress(steps, loss_sum.item(), int(first_bad_step.item()), self.seconds + seconds,
                              {name: self.phases.get(name, 0.0) + value for name, value in phases.items()},
-                             {name: self.step_times[name] + values for name, values in step_times.items()}, rng,
-                             self.resumes)
+                             {name: self.step_times[name] + values for name, values in step_times.items()},
+                             tuple(a + b for a, b in zip(self.grad_sq, grad_sq)), rng, self.resumes)
 
 
 def random_state(device: torch.device) -> dict:
@@ -317,9 +322,16 @@ def new_run_dir(cfg: TrainConfig, world_size: int) -> Path:
     raise UsageError(f"could not create a unique run directory {stem}")
 
 
-def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer: EpochTimer):
+def measures_noise(cfg: TrainConfig, rt: Runtime) -> bool:
+    """Whether the run measures the gradient noise scale: see ddp_core/engine/noise_scale.py for where it cannot."""
+    return cfg.noise_scale and rt.distributed and cfg.comm_hook != "powersgd" and cfg.amp != "fp16"
+
+
+def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer: EpochTimer,
+             noise: GradientNoise):
     """DDP around the model on more than one rank, with the run's bucket size and communication hook, each
-    bucket's all-reduce timed by `timer`; the bare model on one rank."""
+    bucket's all-reduce timed by `timer` and, where the run measures the noise scale, its gradients' squared norms
+    taken by `noise`; the bare model on one rank."""
     if not rt.distributed:
         return model
     # Gradients as views into DDP's buckets: backward writes each gradient where its all-reduce reads it, instead
@@ -327,8 +339,12 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
     ddp_model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
                                         bucket_cap_mb=bucket_cap_mb(cfg, rt, model), gradient_as_bucket_view=True)
     state, hook = communication_hook(cfg)
-    if timer.enabled or hook is not default_hooks.allreduce_hook:
-        ddp_model.register_comm_hook(state, timer.timed(hook) if timer.enabled else hook)
+    if timer.enabled:
+        hook = timer.timed(hook)
+    if measures_noise(cfg, rt):
+        hook = noise.measured(hook)  # outermost: the norms are taken outside the all-reduce's timed span
+    if hook is not default_hooks.allreduce_hook:
+        ddp_model.register_comm_hook(state, hook)
     return ddp_model
 
 
@@ -362,8 +378,8 @@ def communication_hook(cfg: TrainConfig):
 
 
 def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: DistributedSampler, epoch: int,
-                batch: BatchPlan, timer: EpochTimer, stop: StopRequest, out: Path | None, cfg: TrainConfig,
-                rt: Runtime, done: EpochProgress | None) -> EpochProgress:
+                batch: BatchPlan, timer: EpochTimer, noise: GradientNoise, stop: StopRequest, out: Path | None,
+                cfg: TrainConfig, rt: Runtime, done: EpochProgress | None) -> EpochProgress:
     """One pass over this rank's shard, or what is left of it after `done` (a mid-epoch checkpoint's progress).
     Checkpoints inside the epoch every --checkpoint-every-steps steps, and when the ranks agree to stop (then
     raises Stopped). Whether a loss was not finite is checked on the device: it costs no synchronisation."""
@@ -382,6 +398,7 @@ def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: Dis
                                   device=rt.device)
     start = time.perf_counter()
     timer.begin_epoch()  # after `start`: the steps' times, counted from here, add up to no more than the epoch's
+    noise.begin_epoch()
     for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
                      disable=not (rt.leader and cfg.progress), file=sys.stderr):
         step_loss = train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,
@@ -391,14 +408,15 @@ def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: Dis
         stopping = stop.agreed()
         if stopping or (step + 1 < batch.steps and checkpoint_due(state, cfg)):
             so_far = done.then(step + 1, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary(),
-                               random_state(rt.device))
+                               noise.sums(), random_state(rt.device))
             save_mid_epoch_checkpoint(state, epoch, so_far, out, cfg, rt)
             if stopping:
                 raise Stopped(f"stopped by {stop.signal_name or 'a signal to another rank'} at epoch {epoch}, step "
                               f"{step + 1} of {batch.steps}: checkpoint written; the same command continues the run")
     if rt.device.type == "cuda":
         torch.cuda.synchronize(rt.device)
-    return done.then(batch.steps, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary())
+    return done.then(batch.steps, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary(),
+                     noise.sums())
 
 
 def checkpoint_due(state: TrainingState, cfg: TrainConfig) -> bool:
@@ -470,10 +488,13 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
 
 def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: float, val_accuracy: float,
                 state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
-    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times of the slowest rank. An epoch
-    that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps, not of the pause."""
+    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times of the slowest rank, and the
+    gradient noise scale from the squared norms averaged over ranks and steps (empty where it was not measured). An
+    epoch that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps, not of the
+    pause."""
     names = list(done.phases)
-    summed = all_reduce([done.phases[n] for n in names] + [done.loss_sum], dist.ReduceOp.SUM, rt)
+    summed = all_reduce([done.phases[n] for n in names] + list(done.grad_sq) + [done.loss_sum], dist.ReduceOp.SUM,
+                        rt)
     slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device)], dist.ReduceOp.MAX, rt)
     samples = batch.steps * batch.global_batch
     row = {name: value / rt.world_size for name, value in zip(names, summed)}
@@ -483,6 +504,10 @@ def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: flo
         eval_time_s=slowest[1], train_loss=summed[-1] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
         lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2],
         resumes=done.resumes)
+    local_sq, averaged_sq = summed[len(names):len(names) + 2]
+    row.update(noise_scale(local_sq, averaged_sq, done.steps, rt.world_size, batch.micro * cfg.grad_accum)
+               if measures_noise(cfg, rt)
+               else dict.fromkeys(NOISE_COLUMNS, math.nan))
     return row
 
 

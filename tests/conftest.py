@@ -101,6 +101,16 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.fixture(scope="session")
+def hooked(tmp_path_factory, isolated_env):
+    """What tests/hooked_gradients.py saves: one backward pass of the tiny model under each communication hook."""
+    out = tmp_path_factory.mktemp("hooks") / "gradients.pt"
+    subprocess.run([*launch_command(2, str(REPO / "tests" / "hooked_gradients.py")), str(out)], cwd=out.parent,
+                   env=isolated_env, check=True, capture_output=True, timeout=300)
+    import torch  # here, not at the top: most tests never load torch in the test process
+    return torch.load(out, weights_only=False)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     with open(run_dir / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))

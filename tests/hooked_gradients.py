@@ -1,6 +1,7 @@
 """One backward pass of the tiny model through the trainer's DDP wrapper under each communication hook, on 2 ranks:
 rank 0 saves the averaged gradients of each hook, the exact average (each rank's own gradient, summed with a plain
-fp32 all-reduce) and the mean of their magnitudes, to the .pt file named on the command line.
+fp32 all-reduce) and the mean of their magnitudes, and each step's gradient noise sums (summed over the ranks) as the
+trainer measures them, to the .pt file named on the command line.
 
     torchrun --nproc-per-node 2 tests/hooked_gradients.py OUT.pt
 """
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from ddp_core.engine.config import TrainConfig
 from ddp_core.engine.model import TransformerClassifier
 from ddp_core.engine.model_shape import ModelConfig
+from ddp_core.engine.noise_scale import GradientNoise
 from ddp_core.engine.runtime import resolve_runtime
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.train import wrap_ddp
@@ -32,18 +34,23 @@ def fresh_model() -> TransformerClassifier:
                                                          dropout=0.0))
 
 
-def gradients_per_step(cfg: TrainConfig) -> list[dict[str, torch.Tensor]]:
+def gradients_per_step(cfg: TrainConfig) -> tuple[list[dict[str, torch.Tensor]], list[tuple[float, float]]]:
+    """Each step's averaged gradients, and its (Σ_ranks |G_small|², Σ_ranks |G_big|²) as the trainer measures them."""
     rt = resolve_runtime(cfg)
-    timer = EpochTimer(rt.device)
-    model = wrap_ddp(fresh_model(), cfg, rt, timer)
-    steps = []
+    timer, noise = EpochTimer(rt.device), GradientNoise()
+    model = wrap_ddp(fresh_model(), cfg, rt, timer, noise)
+    steps, noise_sums = [], []
     for step in range(STEPS):
         timer.begin_step()
+        noise.begin_epoch()
         ids, labels = batch(rt.rank, step)
         F.cross_entropy(model(ids), labels).backward()
         steps.append({name: p.grad.clone() for name, p in model.module.named_parameters()})
+        sums = torch.tensor(noise.sums(), dtype=torch.float64)
+        dist.all_reduce(sums)
+        noise_sums.append(tuple(sums.tolist()))
         model.zero_grad(set_to_none=True)
-    return steps
+    return steps, noise_sums
 
 
 def exact_average(magnitude: bool = False) -> list[dict[str, torch.Tensor]]:
@@ -67,6 +74,7 @@ if __name__ == "__main__":
     dist.init_process_group("gloo")
     hooks = ("none", "fp16", "powersgd")
     result = {hook: gradients_per_step(TrainConfig(comm_hook=hook, global_batch_size=8)) for hook in hooks}
+    result = {hook: grads for hook, (grads, _) in result.items()} | {"noise_sums": result["none"][1]}
     result["exact"], result["magnitude"] = exact_average(), exact_average(magnitude=True)
     if dist.get_rank() == 0:
         torch.save(result, sys.argv[1])

@@ -2,22 +2,12 @@
 communication hook changes the averaged gradient by no more than its compression allows."""
 
 import json
-import subprocess
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY_SYNTHETIC, REPO, run_training
-from ddp_core.launch.local import launch_command
-
-
-@pytest.fixture(scope="module")
-def hooked(tmp_path_factory, isolated_env):
-    out = tmp_path_factory.mktemp("hooks") / "gradients.pt"
-    subprocess.run([*launch_command(2, str(REPO / "tests" / "hooked_gradients.py")), str(out)], cwd=out.parent,
-                   env=isolated_env, check=True, capture_output=True, timeout=300)
-    return torch.load(out, weights_only=False)
+from conftest import TINY_SYNTHETIC, run_training
 
 
 def test_without_a_hook_ddp_averages_the_ranks_gradients_exactly(hooked):

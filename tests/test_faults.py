@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 # Two ranks with dropout: an exact continuation needs each rank's random state as well as its place in the data.
 RUN = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 8, "--train-samples", 2400, "--eval-samples", 32,
        "--epochs", 2]
-LEARNING = ["epoch", "steps", "train_samples", "train_loss", "val_loss", "val_accuracy", "lr"]
+LEARNING = ["epoch", "steps", "train_samples", "train_loss", "val_loss", "val_accuracy", "lr", "grad_sq_norm",
+            "grad_noise_trace"]
 
 
 def trainer(*args) -> list[str]:

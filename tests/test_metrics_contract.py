@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
-from ddp_core.engine.run_files import METRICS_COLUMNS, STEPS_COLUMNS
+from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS
 from ddp_core.launch.local import launch_command
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
@@ -38,7 +38,7 @@ def test_metrics_have_the_documented_columns_and_types(runs):
         assert list(rows[0]) == METRICS_COLUMNS and set(REQUIRED) <= set(METRICS_COLUMNS)
         assert [int(r["epoch"]) for r in rows] == [1, 2]
         for row in rows:
-            for column in METRICS_COLUMNS:
+            for column in set(METRICS_COLUMNS) - set(NOISE_COLUMNS):
                 value = float(row[column])
                 assert value >= 0, column
                 if column in INTEGERS:
@@ -73,6 +73,14 @@ def test_communication_is_zero_on_one_rank_and_exposed_never_exceeds_total(runs)
     for row in read_metrics(runs / "n2"):
         assert 0 < float(row["comm_exposed_s"]) <= float(row["comm_total_s"])
         assert float(row["comm_exposed_s"]) <= float(row["backward_time_s"])
+
+
+def test_the_gradient_noise_is_measured_on_two_ranks_and_left_empty_on_one(runs):
+    """One rank has one batch size, and the noise scale needs two (ddp_core/engine/noise_scale.py)."""
+    one, two = pd.read_csv(runs / "n1" / "metrics.csv"), pd.read_csv(runs / "n2" / "metrics.csv")
+    assert one[NOISE_COLUMNS].isna().all().all()
+    assert two[["grad_sq_norm", "grad_noise_trace"]].notna().all().all()
+    assert (two["grad_noise_trace"] > 0).all(), "a rank's 16-sample gradient is noisier than the 32-sample average"
 
 
 def test_run_json_records_provenance(runs):

@@ -88,6 +88,9 @@ class TrainConfig:
     compile: bool = setting(False, "compile the model with torch.compile: slower first steps, then fused kernels "
                                    "and fewer launches (meant for GPUs)", resumable=True)
     timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
+    noise_scale: bool = setting(
+        True, "measure the gradient noise scale from each step's gradient before and after the all-reduce, on 2 or "
+              "more ranks (ddp_core/engine/noise_scale.py; --no-noise-scale skips it)", resumable=True)
     checkpoint_every_steps: int | None = setting(
         None, "also checkpoint every this many optimizer steps, inside epochs, so that a stopped or failed run loses "
               "at most that many steps (none: at the end of each epoch, and when the run is told to stop)",

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+# The gradient noise scale's estimates (ddp_core/engine/noise_scale.py): NaN where a run cannot measure them.
+NOISE_COLUMNS = ["grad_sq_norm", "grad_noise_trace", "noise_scale"]
 METRICS_COLUMNS = [
     "epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
     "epoch_time_s", "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s",
     "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
-    "samples_per_s", "peak_memory_mb", "resumes",
+    "samples_per_s", "peak_memory_mb", "resumes", *NOISE_COLUMNS,
 ]
 # steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
