@@ -47,7 +47,8 @@ from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.noise_scale import GradientNoise, noise_scale
-from ddp_core.engine.run_files import (METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS, append_rows,
+from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS,
+                                      append_rows,
                                       drop_rows_after, MachineClock, environment, machine_activity, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest, Stopped
@@ -112,15 +113,17 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     ddp_model = wrap_ddp(state.model, cfg, rt, timer, noise)
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
+    evaluations = Evaluations(state, data, batch, cfg, rt, out)
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
-        done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, noise, stop, out, cfg, rt, progress)
+        done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, noise, evaluations, stop, out, cfg,
+                           rt, progress)
         progress = None  # only the first epoch of a resumed run continues from a checkpoint's progress
         stop_if_diverged(epoch, done.first_bad_step, batch, rt)
-        eval_start = time.perf_counter()
-        val_loss, val_accuracy = evaluate(state.model, data, batch.micro, rt, state.autocast)
-        row = metrics_row(epoch, done, time.perf_counter() - eval_start, val_loss, val_accuracy, state, batch, cfg,
-                          rt)
+        if done.steps == batch.steps:  # else the epoch ended at the target, just evaluated
+            evaluations.run(epoch)
+        val_loss, val_accuracy, eval_time = evaluations.last
+        row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, state, batch, cfg, rt)
         step_rows = steps_rows(epoch, done.step_times, rt)
         if rt.leader:
             append_rows(out / "metrics.csv", [row], METRICS_COLUMNS)
@@ -129,6 +132,11 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
             save_atomic(state.checkpoint(epoch, cfg, rt), out / CHECKPOINT_NAME)
             print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
                   f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s", flush=True)
+        if evaluations.reached_target():
+            if rt.leader:
+                print(f"ddp_core: validation accuracy {val_accuracy:.4f} reached the target {cfg.target_accuracy} "
+                      f"after {state.scheduler.last_epoch} steps: the run ends", flush=True)
+            break
     ended = MachineClock.now()
     run_cpu_s, = all_reduce([ended.process_s - started.process_s], dist.ReduceOp.SUM, rt)
     if rt.leader:
@@ -176,6 +184,35 @@ class EpochProgress:
                              {name: self.phases.get(name, 0.0) + value for name, value in phases.items()},
                              {name: self.step_times[name] + values for name, values in step_times.items()},
                              tuple(a + b for a, b in zip(self.grad_sq, grad_sq)), rng, self.resumes)
+
+
+class Evaluations:
+    """Evaluations on the evaluation set, each a row of evals.csv: at the end of every epoch, every --eval-every-steps
+    optimizer steps inside them, and none after the first that reaches --target-accuracy (the run ends there)."""
+
+    def __init__(self, state: TrainingState, data: EncodedData, batch: BatchPlan, cfg: TrainConfig, rt: Runtime,
+                 out: Path | None):
+        self.state, self.data, self.batch, self.cfg, self.rt, self.out = state, data, batch, cfg, rt, out
+        self.last = None  # (loss, accuracy, seconds) of the last evaluation
+
+    def due(self) -> bool:
+        """Whether the optimizer step just taken is one --eval-every-steps asks an evaluation after."""
+        every = self.cfg.eval_every_steps
+        return every is not None and self.state.scheduler.last_epoch % every == 0
+
+    def run(self, epoch: int) -> float:
+        """Evaluate now and record it; returns the seconds it took. Every rank evaluates its part and all of them get
+        the same accuracy, so they agree on the target without another message."""
+        start = time.perf_counter()
+        val_loss, val_accuracy = evaluate(self.state.model, self.data, self.batch.micro, self.rt, self.state.autocast)
+        self.last = (val_loss, val_accuracy, time.perf_counter() - start)
+        if self.rt.leader:
+            append_rows(self.out / "evals.csv", [{"epoch": epoch, "step": self.state.scheduler.last_epoch,
+                                                  "val_loss": val_loss, "val_accuracy": val_accuracy}], EVALS_COLUMNS)
+        return self.last[2]
+
+    def reached_target(self) -> bool:
+        return self.cfg.target_accuracy is not None and self.last[1] >= self.cfg.target_accuracy
 
 
 def random_state(device: torch.device) -> dict:
@@ -292,6 +329,7 @@ def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoc
     out.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.csv", "steps.csv"):  # rows of epochs after the checkpoint are redone
         drop_rows_after(out / name, first_epoch - 1)
+    drop_rows_after(out / "evals.csv", state.scheduler.last_epoch, column="step")  # and evaluations after its step
     run_info = {"start_time": now_iso(), "resumed_at": [], "config": cfg.to_dict()}
     if resuming:
         try:
@@ -378,11 +416,12 @@ def communication_hook(cfg: TrainConfig):
 
 
 def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: DistributedSampler, epoch: int,
-                batch: BatchPlan, timer: EpochTimer, noise: GradientNoise, stop: StopRequest, out: Path | None,
-                cfg: TrainConfig, rt: Runtime, done: EpochProgress | None) -> EpochProgress:
-    """One pass over this rank's shard, or what is left of it after `done` (a mid-epoch checkpoint's progress).
-    Checkpoints inside the epoch every --checkpoint-every-steps steps, and when the ranks agree to stop (then
-    raises Stopped). Whether a loss was not finite is checked on the device: it costs no synchronisation."""
+                batch: BatchPlan, timer: EpochTimer, noise: GradientNoise, evaluations: Evaluations, stop: StopRequest,
+                out: Path | None, cfg: TrainConfig, rt: Runtime, done: EpochProgress | None) -> EpochProgress:
+    """One pass over this rank's shard, or what is left of it after `done` (a mid-epoch checkpoint's progress), or
+    up to the evaluation inside it that reached the target. Checkpoints inside the epoch every
+    --checkpoint-every-steps steps, and when the ranks agree to stop (then raises Stopped). Whether a loss was not
+    finite is checked on the device: it costs no synchronisation."""
     done = done or EpochProgress()
     if done.rng is None:
         torch.manual_seed(cfg.seed + 1000 * epoch + rt.rank)  # dropout masks a resumed run repeats exactly
@@ -399,23 +438,31 @@ def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: Dis
     start = time.perf_counter()
     timer.begin_epoch()  # after `start`: the steps' times, counted from here, add up to no more than the epoch's
     noise.begin_epoch()
+    evaluating = 0.0  # seconds of the evaluations inside the epoch, left out of its time
+    steps = batch.steps
     for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
                      disable=not (rt.leader and cfg.progress), file=sys.stderr):
         step_loss = train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,
                                state.scaler, state.autocast)
         loss_sum += step_loss
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
+        if step + 1 < batch.steps and evaluations.due():
+            with timer.phase("eval"):
+                evaluating += evaluations.run(epoch)
+            if evaluations.reached_target():
+                steps = step + 1
+                break
         stopping = stop.agreed()
         if stopping or (step + 1 < batch.steps and checkpoint_due(state, cfg)):
-            so_far = done.then(step + 1, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary(),
-                               noise.sums(), random_state(rt.device))
+            so_far = done.then(step + 1, loss_sum, first_bad_step, time.perf_counter() - start - evaluating,
+                               timer.summary(), noise.sums(), random_state(rt.device))
             save_mid_epoch_checkpoint(state, epoch, so_far, out, cfg, rt)
             if stopping:
                 raise Stopped(f"stopped by {stop.signal_name or 'a signal to another rank'} at epoch {epoch}, step "
                               f"{step + 1} of {batch.steps}: checkpoint written; the same command continues the run")
     if rt.device.type == "cuda":
         torch.cuda.synchronize(rt.device)
-    return done.then(batch.steps, loss_sum, first_bad_step, time.perf_counter() - start, timer.summary(),
+    return done.then(steps, loss_sum, first_bad_step, time.perf_counter() - start - evaluating, timer.summary(),
                      noise.sums())
 
 
@@ -496,11 +543,11 @@ def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: flo
     summed = all_reduce([done.phases[n] for n in names] + list(done.grad_sq) + [done.loss_sum], dist.ReduceOp.SUM,
                         rt)
     slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device)], dist.ReduceOp.MAX, rt)
-    samples = batch.steps * batch.global_batch
+    samples = done.steps * batch.global_batch
     row = {name: value / rt.world_size for name, value in zip(names, summed)}
     row.update(
         epoch=epoch, world_size=rt.world_size, global_batch_size=batch.global_batch, per_rank_batch_size=batch.micro,
-        grad_accum=cfg.grad_accum, train_samples=samples, steps=batch.steps, epoch_time_s=slowest[0],
+        grad_accum=cfg.grad_accum, train_samples=samples, steps=done.steps, epoch_time_s=slowest[0],
         eval_time_s=slowest[1], train_loss=summed[-1] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
         lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2],
         resumes=done.resumes)

@@ -63,6 +63,12 @@ class TrainConfig:
     train_samples: int | None = setting(None, "seeded random subset of the training split (none: all of it)")
     eval_samples: int | None = setting(None, "seeded random subset of the evaluation split (none: all of it)")
     epochs: int = setting(1, "passes over the training samples", resumable=True)
+    eval_every_steps: int | None = setting(
+        None, "also evaluate every this many optimizer steps (counted over the run) inside epochs; every evaluation is "
+              "a row of evals.csv, and its time is left out of the epoch's and the steps' times", resumable=True)
+    target_accuracy: float | None = setting(
+        None, "end the run at the first evaluation whose validation accuracy reaches this (inside an epoch with "
+              "--eval-every-steps, else at an epoch's end); none: train every epoch")
     global_batch_size: int | None = setting(
         None, "strong scaling: samples per optimizer step over all ranks", group="batch")
     per_rank_batch_size: int | None = setting(
@@ -246,7 +252,7 @@ def check_writable_folder(folder: Path, option: str) -> None:
 
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
-    positive = ["vocab_size", "seq_len", "epochs", "grad_accum", "global_batch_size", "per_rank_batch_size",
+    positive = ["vocab_size", "seq_len", "epochs", "eval_every_steps", "grad_accum", "global_batch_size", "per_rank_batch_size",
                 "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb", "powersgd_rank",
                 "checkpoint_every_steps"]
     for name in positive:
@@ -259,6 +265,8 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         raise UsageError(f"--lr must be a finite number above 0, got {cfg.lr}")
     if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
         raise UsageError(f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
+    if cfg.target_accuracy is not None and not 0.0 < cfg.target_accuracy <= 1.0:
+        raise UsageError(f"--target-accuracy must be in (0, 1], got {cfg.target_accuracy}")
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise UsageError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.vocab_size < 3:

@@ -28,6 +28,8 @@ METRICS_COLUMNS = [
 ]
 # steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
+# evals.csv: one row per evaluation on the evaluation set, the optimizer steps taken before it counted over the run.
+EVALS_COLUMNS = ["epoch", "step", "val_loss", "val_accuracy"]
 # timeline.csv: the last step of the run on rank 0, its phases and each bucket's all-reduce in seconds from its start.
 TIMELINE_COLUMNS = ["what", "start_s", "end_s"]
 
@@ -44,13 +46,14 @@ def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
         os.fsync(f.fileno())
 
 
-def drop_rows_after(path: Path, last_epoch: int) -> None:
-    """Forget a CSV's rows of epochs after the last checkpoint: a resumed run trains them again."""
+def drop_rows_after(path: Path, last: int, column: str = "epoch") -> None:
+    """Forget a CSV's rows whose `column` is past `last`, the last checkpoint's epoch (or optimizer step): a resumed
+    run trains them again."""
     if not path.exists():
         return
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        rows = [row for row in reader if int(row["epoch"]) <= last_epoch]
+        rows = [row for row in reader if int(row[column]) <= last]
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=reader.fieldnames)

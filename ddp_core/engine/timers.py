@@ -36,7 +36,9 @@ Steps. Each optimizer step's wall time and its exposed communication are also ke
 the machine moves far less than a mean. A step's time runs from the end of the step before it (the
 epoch's start, for its first) to the end of its optimizer phase, so it holds whatever the loop does
 between steps too, and the steps of an epoch add up to its time: a loop timed from outside, step end
-to step end (`benchmarks/peers/step_clock.py` times other loops so), is measured the same way.
+to step end (`benchmarks/peers/step_clock.py` times other loops so), is measured the same way. An
+evaluation inside the epoch (--eval-every-steps), timed as the phase `eval`, is left out of the step
+after it.
 
 What this leaves out: when compute and communication share a resource (on a CPU the same cores;
 on a GPU the SMs and memory bandwidth that NCCL kernels use), communication also slows the
@@ -147,7 +149,9 @@ class EpochTimer:
         exposed = [max(b for _, b in spans) - max(a for a, _ in spans) if spans else 0.0 for spans in step_spans]
         totals["comm_exposed_s"] = sum(exposed)
         step_ends = [sec(end) for _, end in self.phase_spans["optimizer"]]
-        steps = {"step_time_s": [end - start for start, end in zip([0.0] + step_ends, step_ends)],
+        evals = [(sec(a), sec(b)) for a, b in self.phase_spans["eval"]]
+        steps = {"step_time_s": [end - start - sum(b - a for a, b in evals if start <= a < end)
+                                 for start, end in zip([0.0] + step_ends, step_ends)],
                  "comm_exposed_s": exposed}
         self.last_step_timeline = self._timeline(len(self.step_starts) - 1, step_spans[-1] if step_spans else [])
         return totals, steps
