@@ -11,9 +11,9 @@ import pytest
 from matplotlib.container import BarContainer
 
 from conftest import REPO
-from ddp_core.report import discussion, prediction, provenance, scaling
+from ddp_core.report import cost_model, discussion, prediction, provenance, scaling
 from ddp_core.report.comparisons import (WARMUP_STEPS, accuracy_floor, compare_accuracies, compare_times, final_accuracies,
-                                         paired_sides)
+                                         out_of_line, paired_sides, run_times, speedup_comparisons)
 from ddp_core.report.results import ResultsError, load_experiment
 from ddp_core.report.verdict import compare, noise_floor
 
@@ -216,6 +216,28 @@ def test_a_slow_round_slows_both_sides_of_its_pairs_and_leaves_the_speedup_as_it
     assert table.loc[4, "step_time_s"] == pytest.approx(four)  # a median of the repeats: the slow one is left out
 
 
+def test_a_run_its_repeats_call_out_of_line_is_named_and_changes_no_verdict(folder):
+    """One 4-rank repeat ran 1.6 times as long as its two others (something else used the machine): its repeats
+    call it out of line, and the speedup, a median of paired ratios, stays what the other rounds say."""
+    steady = add_repeats(folder, {1: [0.2, 0.2, 0.2], 4: [0.1, 0.1, 0.1]})
+    before = speedup_comparisons(steady)[4]
+    steps = pd.read_csv(folder / "n4-r2" / "steps.csv")
+    steps.assign(step_time_s=0.16).to_csv(folder / "n4-r2" / "steps.csv", index=False)
+    slowed = load_experiment(folder)
+    times = run_times(slowed)
+    flagged = out_of_line(times["step_time_s"], times["world_size"])
+    assert flagged.dropna().to_dict() == {times.index[times["run"] == "n4-r2"][0]: pytest.approx(1.6)}
+    after = speedup_comparisons(slowed)[4]
+    assert (after.verdict, after.ratio) == (before.verdict, pytest.approx(before.ratio)) and after.verdict == "higher"
+
+
+def test_only_a_run_far_from_the_median_of_at_least_three_repeats_is_out_of_line():
+    times = pd.Series([1.0, 1.4, 1.0, 1.0, 0.6, 1.0, 1.0, 2.0])
+    configurations = pd.Series(["a", "a", "a", "b", "b", "b", "c", "c"])
+    flagged = out_of_line(times, configurations)
+    assert flagged.dropna().to_dict() == {4: pytest.approx(0.6)}  # 1.4x is in line; two repeats have no majority
+
+
 def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
     drift, speedups = (1.0, 1.5, 1.2), (1.0, 2.0, 0.8)  # the rounds' slowness, and the 4-rank speedup in each
     experiment = add_repeats(folder, {1: [0.1 * d for d in drift], 4: [0.1 * d / s for d, s in zip(drift, speedups)]})
@@ -297,6 +319,22 @@ def test_the_time_a_step_loses_is_split_into_parts_that_add_up_to_it(folder, exp
     assert found["lost_compute_ms"] + found["lost_comm_ms"] + found["lost_other_ms"] == pytest.approx(lost)
     table = scaling.scaling_table(experiment)
     assert found["lost_comm_ms"] == pytest.approx(table.loc[4, "comm_exposed_per_step_s"] * 1e3)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")  # the fit's R² of a benchmark flat by construction
+def test_the_all_reduce_in_flight_is_split_into_the_benchmarked_transfer_and_waiting(folder):
+    """An all-reduce that the benchmark times at T for every size transfers a step's buckets in buckets x T; the
+    rest of its time in flight is waiting, and a benchmark slower than training leaves no waiting at all."""
+    in_flight = steady_per_step(folder, 4, ["comm_total_s"])
+    buckets = json.loads((folder / "n4" / "run.json").read_text())["allreduces_per_step"]
+    bench_csv = folder / "allreduce-n4" / "allreduce.csv"
+    bench = pd.read_csv(bench_csv)
+    for each_bucket, transfer in [(in_flight / (4 * buckets), in_flight / 4), (in_flight, in_flight)]:
+        bench.assign(time_s=each_bucket).to_csv(bench_csv, index=False)
+        split = cost_model.communication_split(load_experiment(folder)).loc[4]
+        assert split["in_flight_s"] == pytest.approx(in_flight)
+        assert split["transfer_s"] == pytest.approx(transfer)
+        assert split["waiting_s"] == pytest.approx(in_flight - transfer)
 
 
 def test_the_parts_of_the_mean_step_add_up_to_no_more_than_it(experiment):

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ddp_core.report.results import Experiment, ResultsError
+from ddp_core.report.results import OUT_OF_LINE, Experiment, ResultsError
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, rank_share_s
 from ddp_core.report.tables import one_row_each
 from ddp_core.report.verdict import DRAWS, MIN_REPEATS, Z, Comparison, compare, error_rates, noise_floor
@@ -39,6 +39,23 @@ def steady_phases(metrics: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def median_step(step_times: pd.Series) -> float:
+    """A run's step time: the median of its steps after the first WARMUP_STEPS."""
+    return float((step_times.iloc[WARMUP_STEPS:] if len(step_times) > WARMUP_STEPS else step_times).median())
+
+
+def out_of_line(step_times: pd.Series, configurations: pd.Series) -> pd.Series:
+    """Per run (`step_times`: median steps, `configurations`: which runs repeat one another), its step over the
+    median of its configuration's repeats, itself included, where that is OUT_OF_LINE or more (or 1/OUT_OF_LINE or
+    less); NaN where the run is in line, or its configuration has fewer than MIN_REPEATS repeats, too few for a
+    majority to tell which run is out of line."""
+    typical = step_times.groupby(configurations).transform("median")
+    repeats = step_times.groupby(configurations).transform("size")
+    ratio = step_times / typical
+    far = (ratio >= OUT_OF_LINE) | (ratio <= 1 / OUT_OF_LINE)
+    return ratio.where(far & (repeats >= MIN_REPEATS))
+
+
 def run_times(experiment: Experiment) -> pd.DataFrame:
     """One row per run: world size, repeat (1 for the lowest seed), its median step over the steps after its
     first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), its steady
@@ -47,8 +64,7 @@ def run_times(experiment: Experiment) -> pd.DataFrame:
     rows = []
     for n, runs in experiment.repeats.items():
         for repeat, run in enumerate(runs, 1):
-            steps = experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"]
-            step = float((steps.iloc[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps).median())
+            step = median_step(experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"])
             rows.append({"world_size": n, "repeat": repeat, "run": run.name, "step_time_s": step,
                          "time_per_sample_s": step / run.global_batch_size, **phases.loc[run.name]})
     times = pd.DataFrame(rows)

@@ -132,6 +132,18 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
     return pd.DataFrame(rows).set_index("world_size")
 
 
+def communication_split(experiment: Experiment) -> pd.DataFrame:
+    """Per world size with a benchmark, the time an all-reduce was in flight per step (mean), split into the
+    transfer, what the benchmarked all-reduce takes for the step's buckets alone on the machine, and the rest:
+    waiting, for the slowest rank to hand its bucket over and, where ranks share cores, for a core to reduce on.
+    The waiting is never below 0: where training's all-reduce was faster than the benchmark's, all of it is
+    transfer."""
+    prediction = predict(experiment)
+    in_flight = prediction["measured_comm_s"]
+    transfer = prediction["predicted_comm_s"].clip(upper=in_flight)
+    return pd.DataFrame({"in_flight_s": in_flight, "transfer_s": transfer, "waiting_s": in_flight - transfer})
+
+
 def print_prediction(experiment: Experiment) -> None:
     prediction = predict(experiment)
     for n, fit in allreduce_fits(experiment).items():

@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.config import load_profile
-from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, STOLEN, Experiment, book_results_folder, machine_use,
-                                     read_run)
+from ddp_core.report.comparisons import median_step, out_of_line
+from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment, book_results_folder,
+                                     machine_use, read_run, read_steps)
 from ddp_core.report.figures import chance_line
 from ddp_core.report.tables import counted, in_words, one_row_each, rank_label
 
@@ -191,8 +192,10 @@ def studies_overview_markdown(results: Path, studies: dict) -> str:
 def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
     """Per study, what else the machine did while its runs trained (run.json's `machine`): the median and largest
     number of cores other processes used, the largest share the hypervisor took, and the runs that count as
-    disturbed. On an emulated cluster the kernel's work for the links counts as other processes, so there only
-    the hypervisor's share can call a run disturbed (the nodes study also checks each node's CPU share)."""
+    disturbed; and the runs that their own repeats call out of line (`comparisons.out_of_line`), with how many times
+    their repeats' median step theirs was. On an emulated cluster the kernel's work for the links counts as other
+    processes, so there only the hypervisor's share can call a run disturbed (the nodes study also checks each
+    node's CPU share)."""
     rows = []
     for name, study in studies.items():
         uses = []
@@ -203,13 +206,19 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
                 continue
             emulated = "network" in info
             disturbed = use["stolen"] > STOLEN or (not emulated and use["other_cores"] > OTHER_CORES)
-            uses.append(use | {"run": info_path.parent.relative_to(results / name).as_posix(), "disturbed": disturbed})
+            run = info_path.parent.relative_to(results / name)
+            uses.append(use | {"run": run.as_posix(), "disturbed": disturbed,
+                               "configuration": f"{run.parent}/{info['world_size']}",
+                               "step_time_s": median_step(read_steps(info_path.parent)["step_time_s"])})
         if not uses:
             continue
         table = pd.DataFrame(uses)
+        table["out_of_line"] = out_of_line(table["step_time_s"], table["configuration"])
         rows.append({"study": study.title, "runs": len(table), "other_median": table["other_cores"].median(),
                      "other_most": table["other_cores"].max(), "stolen_most": table["stolen"].max(),
-                     "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none"})
+                     "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none",
+                     "out_of_line": ", ".join(f"`{row.run}` ({row.out_of_line:.2f}×)"
+                                              for row in table.dropna(subset=["out_of_line"]).itertuples()) or "none"})
     return pd.DataFrame(rows).set_index("study")
 
 
@@ -217,7 +226,9 @@ QUIET_MACHINE_COLUMNS = {"runs": ("Runs", "{:.0f}"),
                          "other_median": ("Cores other processes used, median of the runs", "{:.2f}"),
                          "other_most": ("most", "{:.2f}"),
                          "stolen_most": ("Share of the cores the hypervisor took, most", "{:.1%}"),
-                         "disturbed": ("Runs counted as disturbed", "{}")}
+                         "disturbed": ("Runs counted as disturbed", "{}"),
+                         "out_of_line": ("Runs out of line with their repeats (their step over the repeats' median)",
+                                         "{}")}
 
 
 def quiet_machine_markdown(results: Path, studies: dict) -> str:
@@ -225,4 +236,4 @@ def quiet_machine_markdown(results: Path, studies: dict) -> str:
 
 
 def quiet_machine_findings() -> dict:
-    return {"other_cores_limit": OTHER_CORES, "stolen_limit": STOLEN}
+    return {"other_cores_limit": OTHER_CORES, "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE}

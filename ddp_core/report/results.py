@@ -73,6 +73,7 @@ class RunInfo:
 
 OTHER_CORES = 0.1  # cores that other processes used, on average, while a run on shared cores trained: more disturbs it
 STOLEN = 0.02  # of the machine's cores taken by the hypervisor while a run trained: more, and the run is disturbed
+OUT_OF_LINE = 1.5  # a run whose median step is this many times its repeats' median, or 1/this of it, is out of line
 
 
 def machine_use(info: dict) -> dict | None:

@@ -80,8 +80,9 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     return table
 
 
-def findings(experiment: Experiment) -> dict:
-    """The numbers and words the results chapter's prose quotes."""
+def findings(experiment: Experiment, communication: pd.DataFrame | None = None) -> dict:
+    """The numbers and words the results chapter's prose quotes; with `communication`, the time in flight split into
+    transfer and waiting (`cost_model.communication_split`: an experiment with all-reduce benchmarks)."""
     table = scaling_table(experiment)
     first, largest = experiment.baseline, experiment.largest
     found = {
@@ -106,6 +107,8 @@ def findings(experiment: Experiment) -> dict:
     for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb"]:
         found[f"{column}_n1"] = float(table.loc[1, column])
         found[f"{column}_nmax"] = float(table.loc[largest, column])
+    for part in ("transfer", "waiting") if communication is not None else ():
+        found[f"{part}_per_step_s_nmax"] = float(communication.loc[largest, f"{part}_s"])
     return found
 
 
@@ -180,11 +183,13 @@ def speedup_figure(experiment: Experiment):
     return fig
 
 
-def time_split_figure(experiment: Experiment):
+def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
     """Per world size, the mean step's time as it adds up (compute with data loading, which is too small to show
     on its own, exposed communication, and the rest of the step outside the timed phases), and beside it
-    all the time an all-reduce was in flight, most of it hidden behind the compute it overlaps."""
+    all the time an all-reduce was in flight, most of it hidden behind the compute it overlaps, split as
+    `communication` (`cost_model.communication_split`) splits it into transfer and waiting."""
     table = scaling_table(experiment)
+    communication = communication.reindex(table.index, fill_value=0.0)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     x = np.arange(len(table))
     timed = table["compute_per_step_s"] + table["data_per_step_s"] + table["comm_exposed_per_step_s"]
@@ -195,8 +200,12 @@ def time_split_figure(experiment: Experiment):
     for (label, seconds), color in zip(stack.items(), ["C0", "C3", "C7"]):
         ax.bar(x - 0.2, seconds * 1e3, 0.38, bottom=bottom, label=label, color=color)
         bottom += seconds.to_numpy() * 1e3
-    ax.bar(x + 0.2, table["comm_total_per_step_s"] * 1e3, 0.38, color="C2", alpha=0.6,
-           label="all-reduce in flight (overlaps compute)")
+    in_flight = {"all-reduce in flight: transfer (as benchmarked)": (communication["transfer_s"], "C2"),
+                 "all-reduce in flight: waiting (slowest rank, a core)": (communication["waiting_s"], "C8")}
+    bottom = np.zeros(len(table))
+    for label, (seconds, color) in in_flight.items():
+        ax.bar(x + 0.2, seconds * 1e3, 0.38, bottom=bottom, color=color, alpha=0.6, label=label)
+        bottom += seconds.to_numpy() * 1e3
     ax.set(xticks=x, xticklabels=[rank_label(n) for n in table.index], ylabel="ms per step (mean)",
            title="Where a step's time goes")
     fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
