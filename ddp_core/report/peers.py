@@ -70,13 +70,14 @@ def comparisons(m: PeerMeasurement) -> dict[tuple[str, int], Comparison]:
 
 def speed_table(m: PeerMeasurement) -> pd.DataFrame:
     """Per peer and world size: both loops' median step (over the rounds), the ratio's median and range over the
-    rounds, and the verdict on ddp_core."""
+    rounds, its noise floor, the verdict on ddp_core and whether it met its goal."""
     times = run_step_times(m).groupby(["loop", "ranks"]).median()
     rows = []
     for (peer, ranks), c in comparisons(m).items():
         rows.append({"peer": peer, "ranks": ranks, "peer_step_ms": times[peer, ranks] * 1e3,
                      "ddp_core_step_ms": times["ddp_core", ranks] * 1e3, "ratio": c.ratio, "low": c.low,
-                     "high": c.high, "rounds": c.pairs, "verdict": verdict_words(c)})
+                     "high": c.high, "rounds": c.pairs, "floor": c.floor, "verdict": verdict_words(c),
+                     "goal": goal_outcome(c)})
     return pd.DataFrame(rows)
 
 
@@ -93,61 +94,37 @@ def speed_markdown(m: PeerMeasurement) -> str:
     columns = {"peer_step_ms": ("The loop's median step (ms)", "{:.1f}"),
                "ddp_core_step_ms": ("ddp_core's median step (ms)", "{:.1f}"),
                "ratio_text": ("ddp_core's speed relative to it (median of the rounds' ratios, range)", "{}"),
-               "verdict": ("Verdict", "{}")}
+               "floor": ("Noise floor", "{:.1%}"), "verdict": ("Verdict", "{}"), "goal": ("Goal", "{}")}
     return one_row_each(table, columns, "Loop, world size")
 
 
 def findings(m: PeerMeasurement) -> dict:
-    """What the page says around the table: provenance, the workload and the noise floor of each world size."""
+    """What the page says around the table: provenance and the workload."""
     info = m.info
-    floors = {ranks: c.floor for (_, ranks), c in comparisons(m).items()}
     return {"device": info["device_name"], "torch": info["torch"], "accelerate": info["accelerate"],
             "measured_on": info["start_time"][:10], "commit": (info["git_commit"] or "unknown")[:10],
             "rounds": m.steps["round"].nunique(), "epochs": info["epochs"],
-            "floors": _listed([f"{floor:.1%} at {rank_label(ranks)}" for ranks, floor in floors.items()]),
             "samples": info["workload"][info["workload"].index("--train-samples") + 1]}
 
 
-def goal_sentence(m: PeerMeasurement) -> str:
-    """Whether ddp_core met its goal against each peer at each world size: a median ratio of at least GOAL_MEDIAN
-    and no round below GOAL_LOWEST. Short of it, the goal is missed where ddp_core is slower beyond the noise or
-    where the noise is narrower than a round may fall short; elsewhere it is not shown: noise alone puts rounds
-    below GOAL_LOWEST there (ddp_core against itself would fall short)."""
-    met, not_shown, missed, floors = [], [], [], {}
-    for (peer, ranks), c in comparisons(m).items():
-        where = f"the {PEERS[peer]} at {rank_label(ranks)}"
-        if round(c.ratio, 2) >= GOAL_MEDIAN and round(c.low, 2) >= GOAL_LOWEST:
-            met.append(where)
-            continue
-        why = "slower beyond the noise" if c.verdict == "lower" else f"within the noise of {c.floor:.1%}"
-        short = f"{where} (median {c.ratio:.2f}, lowest round {c.low:.2f}: {why})"
-        if c.verdict != "lower" and c.floor > 1 - GOAL_LOWEST:
-            not_shown.append(short)
-            floors[ranks] = c.floor
-        else:
-            missed.append(short)
-    goal = (f"The engine's goal, at least as fast as each peer (a median ratio of at least {GOAL_MEDIAN:.2f}, no "
-            f"round below {GOAL_LOWEST:.2f}), was ")
-    if not (not_shown or missed):
-        return goal + "met against every peer at every world size."
-    parts = [f"{outcome} against {_listed(items)}" for outcome, items in
-             (("met", met), ("not shown", not_shown), ("missed", missed)) if items]
-    sentence = goal + "; ".join(parts) + "."
-    if floors:
-        sentence += (f" At {_listed([rank_label(n) for n in floors])}, the noise floor is "
-                     f"{_listed([f'{floor:.1%}' for floor in floors.values()])}, more than the "
-                     f"{1 - GOAL_LOWEST:.0%} a round may fall short: noise alone puts rounds below "
-                     f"{GOAL_LOWEST:.2f} there.")
-    return sentence
+def goal_outcome(c: Comparison) -> str:
+    """Whether ddp_core met its goal against a peer at a world size: "met" with a median ratio of at least
+    GOAL_MEDIAN and no round below GOAL_LOWEST; short of it "missed" where ddp_core is slower beyond the noise or
+    the noise is narrower than a round may fall short, and "not shown" elsewhere: there noise alone puts rounds
+    below GOAL_LOWEST (ddp_core against itself would fall short)."""
+    if round(c.ratio, 2) >= GOAL_MEDIAN and round(c.low, 2) >= GOAL_LOWEST:
+        return "met"
+    if c.verdict != "lower" and c.floor > 1 - GOAL_LOWEST:
+        return "not shown"
+    return "missed"
 
 
-def _listed(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+def goal_findings() -> dict:
+    return {"goal_median": GOAL_MEDIAN, "goal_lowest": GOAL_LOWEST, "goal_shortfall": 1 - GOAL_LOWEST}
 
 
 def print_summary(m: PeerMeasurement) -> None:
     print(speed_markdown(m))
-    print(goal_sentence(m))
 
 
 if __name__ == "__main__":

@@ -214,7 +214,8 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
             continue
         table = pd.DataFrame(uses)
         table["out_of_line"] = out_of_line(table["step_time_s"], table["configuration"])
-        rows.append({"study": study.title, "runs": len(table), "other_median": table["other_cores"].median(),
+        emulated = " (emulated nodes)" if study.ranks_per_node else ""
+        rows.append({"study": study.title + emulated, "runs": len(table), "other_median": table["other_cores"].median(),
                      "other_most": table["other_cores"].max(), "stolen_most": table["stolen"].max(),
                      "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none",
                      "out_of_line": ", ".join(f"`{row.run}` ({row.out_of_line:.2f}×)"
@@ -224,7 +225,7 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
 
 QUIET_MACHINE_COLUMNS = {"runs": ("Runs", "{:.0f}"),
                          "other_median": ("Cores other processes used, median of the runs", "{:.2f}"),
-                         "other_most": ("most", "{:.2f}"),
+                         "other_most": ("Cores other processes used, most", "{:.2f}"),
                          "stolen_most": ("Share of the cores the hypervisor took, most", "{:.1%}"),
                          "disturbed": ("Runs counted as disturbed", "{}"),
                          "out_of_line": ("Runs out of line with their repeats (their step over the repeats' median)",
@@ -236,4 +237,5 @@ def quiet_machine_markdown(results: Path, studies: dict) -> str:
 
 
 def quiet_machine_findings() -> dict:
-    return {"other_cores_limit": OTHER_CORES, "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE}
+    return {"other_cores_limit": OTHER_CORES, "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE,
+            "out_of_line_low": 1 / OUT_OF_LINE}

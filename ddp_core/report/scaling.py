@@ -194,7 +194,7 @@ def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
     x = np.arange(len(table))
     timed = table["compute_per_step_s"] + table["data_per_step_s"] + table["comm_exposed_per_step_s"]
     stack = {"compute and data loading": table["compute_per_step_s"] + table["data_per_step_s"],
-             "exposed communication": table["comm_exposed_per_step_s"],
+             "exposed all-reduce": table["comm_exposed_per_step_s"],
              "outside the timed phases": (table["mean_step_s"] - timed).clip(lower=0)}
     bottom = np.zeros(len(table))
     for (label, seconds), color in zip(stack.items(), ["C0", "C3", "C7"]):

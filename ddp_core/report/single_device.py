@@ -68,23 +68,35 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-def ratio_sentence(m: Measurement, name: str) -> str:
-    """What the measurement says of one ratio over every configuration, for any outcome: per configuration, the
-    rounds' epochs of the two loops paired and judged by the one verdict function, against the noise that
-    pairing by rounds leaves of every loop's epochs."""
+def verdict_table(m: Measurement) -> pd.DataFrame:
+    """Per ratio, what the measurement says of it over every configuration: the range of its medians, the noise
+    floor, and how many configurations the one verdict function calls faster, slower, not told apart, or leaves
+    without a verdict (too few rounds). Per configuration the rounds' epochs of the two loops are paired, against
+    the noise that pairing by rounds leaves of every loop's epochs."""
     seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
-    loop, against, words = RATIOS[name]
     floor = noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
-    verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
-                for _, group in seconds.groupby(CONFIG)]
-    median = ratio_table(m)[f"{name}_median"]
-    counts = [f"{verdicts.count('faster')} faster", f"{verdicts.count('slower')} slower",
-              f"{verdicts.count('no visible difference')} not told apart"]
-    if "too few repeats" in verdicts:
-        counts.append(f"{verdicts.count('too few repeats')} without a verdict (too few rounds)")
-    return (f"{words}: {median.min():.3f} to {median.max():.3f} (median per configuration); by the methods "
-            f"chapter's yardstick (noise floor {floor:.0%}), the first loop against the second, of "
-            f"{counted(len(verdicts), 'configuration')}: {', '.join(counts[:-1])} and {counts[-1]}.")
+    medians = ratio_table(m)
+    rows = []
+    for name, (loop, against, words) in RATIOS.items():
+        verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
+                    for _, group in seconds.groupby(CONFIG)]
+        rows.append({"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
+                     "highest_median": medians[f"{name}_median"].max(), "floor": floor,
+                     **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
+    return pd.DataFrame(rows).set_index("ratio")
+
+
+VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
+                  "too few repeats": "No verdict (few rounds)"}
+
+
+def verdict_markdown(m: Measurement) -> str:
+    table = verdict_table(m)
+    table["medians"] = [f"{low:.3f} to {high:.3f}" for low, high in zip(table["lowest_median"],
+                                                                        table["highest_median"])]
+    columns = {"medians": ("Median per configuration, lowest to highest", "{}"), "floor": ("Noise floor", "{:.0%}")}
+    columns |= {outcome: (label, "{:.0f}") for outcome, label in VERDICT_COUNTS.items()}
+    return one_row_each(table, columns, "Ratio, the first loop against the second (counts: configurations)")
 
 
 def precision_name(amp: str) -> str:
@@ -198,15 +210,9 @@ def _or(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def gpu_sentence(measurements: list[Measurement]) -> str:
-    """Which GPUs the page's figures come from, or that none was measured yet."""
-    gpus = [m.info["device_name"] for m in measurements if m.info["device"] != "cpu"]
-    if gpus:
-        return (f"The CUDA path (CUDA tensors, NCCL, CUDA-event timers) was measured on {', '.join(gpus)}: "
-                f"these are the figures a GPU user's runs start from.")
-    return ("No GPU measurement is among these results yet: every figure here is from a CPU, where MFU has no "
-            "datasheet peak to be measured against. `make single-device RESULTS_DIR=reference` on a machine with "
-            "a GPU adds one.")
+def gpus_measured(measurements: list[Measurement]) -> str:
+    """The GPUs among the measurements, or "none"."""
+    return ", ".join(m.info["device_name"] for m in measurements if m.info["device"] != "cpu") or "none"
 
 
 def print_summary(m: Measurement) -> None:
@@ -216,8 +222,7 @@ def print_summary(m: Measurement) -> None:
     print(f"One large matrix product: {found['matmul']}{found['peak']}.")
     print(_configuration_index(throughput_table(m)).drop(columns="flops_per_sample")
           .to_string(float_format=lambda v: f"{v:.4g}"))
-    for name in RATIOS:
-        print(ratio_sentence(m, name))
+    print(verdict_table(m).to_string(float_format=lambda v: f"{v:.3f}"))
 
 
 if __name__ == "__main__":
