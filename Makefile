@@ -49,7 +49,8 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed $(MATHJAX)
 	$(BIN)/python -m pytest
 
-# The inner loop: every test but those that train more than a few steps or build a book (a few minutes).
+# The inner loop: every test but those that train more than a few steps, start a multi-process job or a notebook, or
+# build a book (58 s on the project's 2-core machine).
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -m "not slow"
 

@@ -138,14 +138,19 @@ REPORT_TESTS = "test_report.py"  # the one file whose tests read the tiny report
 BOOK_TESTS = (REPORT_TESTS, "test_reference.py")  # the files that build a book, the longest first
 
 
+# Fixtures that train or benchmark on several processes: a test that asks for one is slow (make test-fast skips it).
+SLOW_FIXTURES = {"project", "hooked", "measured"}
+
+
 def pytest_collection_modifyitems(items):
     """The files that build a book first, the longest first, then the rest as collected: the longest chains start
     while the other workers share everything else. A test elsewhere that asks for the tiny report would make it a
     second time."""
     for item in items:
-        if "project" in getattr(item, "fixturenames", ()):
-            if item.path.name != REPORT_TESTS:
-                raise pytest.UsageError(f"{item.nodeid} reads the tiny report: move it to tests/{REPORT_TESTS}")
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "project" in fixtures and item.path.name != REPORT_TESTS:
+            raise pytest.UsageError(f"{item.nodeid} reads the tiny report: move it to tests/{REPORT_TESTS}")
+        if fixtures & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)
     order = {name: i for i, name in enumerate(BOOK_TESTS)}
     items.sort(key=lambda item: order.get(item.path.name, len(BOOK_TESTS)))

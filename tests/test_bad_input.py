@@ -129,6 +129,7 @@ def test_existing_run_is_never_overwritten(refused, tmp_path):
     assert (run_dir / "metrics.csv").read_text() == "precious\n"
 
 
+@pytest.mark.slow  # starts torchrun and its ranks
 def test_under_torchrun_a_bad_input_is_reported_once(train):
     proc = train(*TINY_SYNTHETIC, *BATCH, "--lr", "-1", nproc=2, expect_ok=False)
     assert proc.returncode != 0
@@ -141,6 +142,7 @@ def test_nccl_without_gpus_is_refused(refused):
                           "--backend nccl needs a CUDA GPU")
 
 
+@pytest.mark.slow  # executes the run notebook in a kernel
 def test_a_run_the_trainer_refuses_fails_the_notebook_in_the_trainers_one_line(tmp_path, isolated_env, monkeypatch):
     folder = tmp_path / "data" / "imdb"
     write_csv(folder, "train.csv.gz", "text,label\ngood film,1\nbad film,5\n")

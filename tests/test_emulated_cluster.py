@@ -72,6 +72,7 @@ def test_a_link_runs_within_ten_percent_of_the_rate_it_was_set_to(link_rate, gbi
     assert nothing_left(os.getpid())
 
 
+@pytest.mark.slow  # brings nodes up and down
 def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
     from ddp_core.launch.emulated import run_emulated
 
