@@ -3,7 +3,8 @@
     python benchmarks/bench_ddp_core.py [--dataset synthetic|imdb] [--repeats 4]
 
 1. ddp_core with timers vs without, at 1 and 2 ranks: target >= 0.98; and with the gradient noise scale vs
-   without at 2 ranks: target >= 0.99. Measured inside one process by `measurement_overhead.py`: between processes this machine's noise (several %) hides a 2 % effect.
+   without at 2 ranks: target >= 0.99. Measured inside one process by `measurement_overhead.py`: between
+   processes this machine's noise (several %) hides a 2 % effect.
 2. Samples/s at 1 rank vs 2 ranks on the same cores, small and medium presets.
 
 (ddp_core against the loops a user would write instead, whole runs in fresh processes: `python -m

@@ -252,9 +252,9 @@ def check_writable_folder(folder: Path, option: str) -> None:
 
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
-    positive = ["vocab_size", "seq_len", "epochs", "eval_every_steps", "grad_accum", "global_batch_size", "per_rank_batch_size",
-                "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb", "powersgd_rank",
-                "checkpoint_every_steps"]
+    positive = ["vocab_size", "seq_len", "epochs", "eval_every_steps", "grad_accum", "global_batch_size",
+                "per_rank_batch_size", "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb",
+                "powersgd_rank", "checkpoint_every_steps"]
     for name in positive:
         value = getattr(cfg, name)
         if value is not None and value <= 0:

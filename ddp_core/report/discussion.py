@@ -119,6 +119,7 @@ def payoff_findings(experiment: Experiment) -> dict:
     model_ratio = ratios[CPU, one.config["preset"]] * experiment.runs[n].tokens_per_rank  # same T_c/N: same compute
     predicts_gain = ratio > break_even_ratio
     measured = speedup_comparisons(experiment)[n]
+    predicted = predict(experiment).loc[n]
     return {
         "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
         "ratio_n_model": ratio,
@@ -126,7 +127,7 @@ def payoff_findings(experiment: Experiment) -> dict:
         "theory_prediction": "a speedup above 1" if predicts_gain else "a slowdown",
         "measured_speedup_value": measured.value(),
         "theory_outcome": theory_outcome(predicts_gain, measured),
-        "cost_model_speedup": float(predict(experiment).loc[n, "predicted_speedup"]),
+        "cost_model_speedup": float(predicted["predicted_speedup"]),
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
         "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
@@ -136,8 +137,7 @@ def payoff_findings(experiment: Experiment) -> dict:
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
         "model_ratio_at_runs": float(model_ratio),
         "allreduce_in_training_factor": float(model_ratio / ratio),
-        "allreduce_vs_benchmark_factor": float(predict(experiment).loc[n, "measured_comm_s"]
-                                               / predict(experiment).loc[n, "predicted_comm_s"]),
+        "allreduce_vs_benchmark_factor": float(predicted["measured_comm_s"] / predicted["predicted_comm_s"]),
     }
 
 
