@@ -24,6 +24,8 @@ TINY_STUDIES = REPO / "tests" / "studies-tiny.yml"
 LEFT_OUT_OF_THE_TINY_REPORT = {
     "ag_news": "scaling: 1 and 2 ranks (on generated data at the tests' scale, as every study)",
     "compression": "bucket_size: DDP's settings varied at 2 ranks over one shaped link",
+    "time_to_accuracy": "grad_accum: variants of the settings on 1 and 2 ranks (evaluations inside epochs and a target "
+                      "accuracy: tests/test_evaluations.py)",
 }
 WORLD_SIZES = (1, 4)  # of the scaling study in TINY_STUDIES
 # The tiny profile's data and model, to which each test adds its batch, samples and epochs.

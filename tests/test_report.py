@@ -21,7 +21,7 @@ from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZE
 from ddp_core.launch.local import ExperimentError, prepare, run_local
 from ddp_core.report import training_studies
 from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.results import load_experiment, load_study
+from ddp_core.report.results import load_study
 from ddp_core.studies.study_list import interleaved, load_study_list
 
 
@@ -191,30 +191,6 @@ def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project
     found = training_studies.accumulation_findings(load_study(folder))
     assert found["accum_loss_gap"] == pytest.approx(worst)
     assert found["accum_same_model"] == "the same model"
-
-
-def test_int8_quantization_shrinks_the_model_and_fp32_scores_what_training_reported(project):
-    run_dir = project / "results" / "quantization" / "n1"
-    measured = pd.read_csv(run_dir / "quantization.csv").set_index("model")
-    assert measured.loc["fp32", "accuracy"] == metrics_of(run_dir)["val_accuracy"].iloc[-1]
-    assert measured.loc["int8", "size_mb"] < measured.loc["fp32", "size_mb"]
-    # Agreement is counted sample by sample: fp32 agrees with itself, and accuracies can differ at most by the
-    # share of samples on which the two models answer differently.
-    assert measured.loc["fp32", "agreement_with_fp32"] == 1.0
-    assert abs(measured.loc["int8", "accuracy"] - measured.loc["fp32", "accuracy"]) <= \
-        1 - measured.loc["int8", "agreement_with_fp32"] + 1e-12
-    assert (measured["latency_ms_per_batch"] > 0).all()
-    found = training_studies.quantization_findings(load_experiment(run_dir.parent))
-    assert found["quant_size_ratio"] == pytest.approx(measured.loc["int8", "size_mb"] / measured.loc["fp32", "size_mb"])
-
-
-def test_quantization_never_overwrites_a_result(project, isolated_env):
-    run_dir = project / "results" / "quantization" / "n1"
-    before = (run_dir / "quantization.csv").read_text()
-    proc = subprocess.run([sys.executable, "-m", "ddp_core.bench.quantize", str(run_dir)], env=isolated_env,
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.strip().endswith("exists; it is never overwritten")
-    assert (run_dir / "quantization.csv").read_text() == before
 
 
 @pytest.mark.parametrize("name", [name for name in STUDIES if name != "scaling"])

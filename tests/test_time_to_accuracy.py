@@ -1,10 +1,16 @@
 """Steps to a target accuracy, and the critical batch size fitted to them."""
 
+import json
 import math
+import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import REPO
+from ddp_core.report import time_to_accuracy as tta
+from ddp_core.report.results import load_study
 from ddp_core.report.time_to_accuracy import critical_batch, steps_to_target
 
 
@@ -41,3 +47,79 @@ def test_no_bend_in_the_measured_range_gives_no_critical_batch():
     """Steps that fall faster than 1/B (or not at all) fit a negative S_min or E_min: B_crit is not measured."""
     assert math.isnan(critical_batch([8, 16, 32], [100, 40, 10])["b_crit"])
     assert math.isnan(critical_batch([8, 16, 32], [30, 31, 32])["b_crit"])
+
+
+# The page's functions, on the reference study's runs copied as a user's results folder, checked against the runs'
+# CSVs by an independent computation.
+
+@pytest.fixture
+def study(tmp_path):
+    shutil.copytree(REPO / "reference" / "time_to_accuracy", tmp_path / "time_to_accuracy",
+                    ignore=shutil.ignore_patterns("*.ipynb"))
+    return tmp_path / "time_to_accuracy"
+
+
+def run_dirs(study):
+    return sorted(p.parent for p in study.glob("*/*/run.json"))
+
+
+def test_each_run_s_steps_to_target_are_read_from_its_evaluations_and_b_simple_from_its_epochs(study):
+    table = tta.runs_table(load_study(study)).set_index(["variant", "seed"])
+    assert len(table) == len(run_dirs(study))
+    for run_dir in run_dirs(study):
+        info = json.loads((run_dir / "run.json").read_text())
+        evals = pd.read_csv(run_dir / "evals.csv")
+        reached = evals[evals["val_accuracy"] >= info["config"]["target_accuracy"]]
+        row = table.loc[(run_dir.parent.name, info["config"]["seed"])]
+        if reached.empty:  # a run that missed the target: no steps, never its last one
+            assert math.isnan(row["steps"]) and math.isnan(row["samples"])
+        else:
+            assert row["steps"] == reached["step"].iloc[0]
+            assert row["samples"] == reached["step"].iloc[0] * info["global_batch_size"]
+        metrics = pd.read_csv(run_dir / "metrics.csv")
+        trace = sum(metrics["grad_noise_trace"] * metrics["steps"])
+        signal = sum(metrics["grad_sq_norm"] * metrics["steps"])
+        assert row["b_simple"] == pytest.approx(trace / signal, rel=1e-9)
+
+
+def test_a_run_that_missed_the_target_is_shown_as_missing_it_and_left_out_of_the_fit(study):
+    before = tta.findings(load_study(study))
+    missed = next(p for p in run_dirs(study) if p.parent.name == f"b{before['tta_smallest']}")
+    evals = pd.read_csv(missed / "evals.csv")
+    evals.assign(val_accuracy=0.3).to_csv(missed / "evals.csv", index=False)
+    variants = load_study(study)
+    after = tta.findings(variants)
+    assert after["tta_unreached"] == before["tta_unreached"] + 1
+    smallest = tta.per_batch(tta.runs_table(variants)).iloc[0]
+    assert smallest["reached"] == smallest["runs"] - 1
+    table = tta.runs_table(variants)
+    rule = table[tta.follows_rule(table)].dropna(subset=["steps"])
+    slope, intercept = np.polyfit(1 / rule["batch"], rule["steps"], 1)
+    assert after["tta_b_crit"] == pytest.approx(slope / intercept)
+
+
+def test_the_rule_s_neighbours_are_the_runs_off_the_square_root_rule_and_a_better_neighbour_fails_the_rule(study):
+    variants = load_study(study)
+    table = tta.runs_table(variants)
+    off = table[~tta.follows_rule(table)]
+    assert set(off["variant"]) == {"b512_half_lr", "b512_double_lr"}
+    # a neighbour that reaches the target at its first evaluation in every repeat beats the rule's rate
+    for run_dir in (study / "b512_double_lr").iterdir():
+        if (run_dir / "evals.csv").exists():
+            pd.read_csv(run_dir / "evals.csv").assign(val_accuracy=0.9).to_csv(run_dir / "evals.csv", index=False)
+    neighbours = tta.lr_neighbours(load_study(study)).set_index("times_rule")
+    assert neighbours.loc[2.0, "outcome"] == "more steps"  # the rule's rate takes more steps than its double
+    assert tta.rule_outcome(neighbours) == "did not hold"
+
+
+def test_the_projected_time_to_target_is_the_fitted_steps_times_the_measured_step(study):
+    variants = load_study(study)
+    table = tta.runs_table(variants)
+    fit = tta.critical_batch(table.loc[tta.follows_rule(table), "batch"], table.loc[tta.follows_rule(table), "steps"])
+    projection = tta.time_to_target(variants).set_index(["per_rank_batch", "ranks"])
+    b128 = [p for p in run_dirs(study) if p.parent.name == "b128"]
+    per_rank = json.loads((b128[0] / "run.json").read_text())["per_rank_batch_size"]
+    # a run's step: the median of its steps after the first five; the batch's: the median over its repeats
+    step = np.median([pd.read_csv(p / "steps.csv")["step_time_s"].iloc[5:].median() for p in b128])
+    assert projection.loc[(per_rank, 8), "seconds"] == pytest.approx(
+        (fit["s_min"] + fit["e_min"] / (8 * per_rank)) * step)

@@ -14,6 +14,13 @@ import math
 import numpy as np
 import pandas as pd
 
+import matplotlib.pyplot as plt
+
+from ddp_core.report.comparisons import median_step
+from ddp_core.report.results import Experiment, ResultsError
+from ddp_core.report.tables import one_row_each
+from ddp_core.report.verdict import compare, noise_floor
+
 
 def steps_to_target(evals: pd.DataFrame, target: float) -> float:
     """The optimizer step of the first evaluation at or past `target` (rows of evals.csv: step, val_accuracy);
@@ -33,3 +40,274 @@ def critical_batch(batch_sizes, steps) -> dict[str, float]:
     if s_min <= 0 or e_min <= 0:
         return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": math.nan}
     return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min)}
+
+
+# What the page on time to accuracy shows: the runs of the study, a row each, and what follows from them.
+
+def _evals(experiment: Experiment, run: str) -> pd.DataFrame:
+    path = experiment.folder / run / "evals.csv"
+    if not path.is_file():
+        raise ResultsError(f"{path}: missing (the study's runs evaluate inside epochs: train them again)")
+    return pd.read_csv(path)
+
+
+def noise_scale_of_run(metrics: pd.DataFrame) -> float:
+    """B_simple over a whole run: the estimates of tr(Σ) and |G|² averaged over its steps, then divided (the
+    paper's smoothing: a ratio of averages, not an average of the epochs' noisy ratios)."""
+    weights = metrics["steps"]
+    trace = (metrics["grad_noise_trace"] * weights).sum() / weights.sum()
+    signal = (metrics["grad_sq_norm"] * weights).sum() / weights.sum()
+    return float(trace / signal) if signal > 0 else math.nan
+
+
+def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per run: its variant, global and per-rank batch, learning rate, seed, the target, the steps and
+    samples it took to reach it (NaN: never reached), its last evaluated step, B_simple over the run and its
+    median step in seconds."""
+    rows = []
+    for name, experiment in variants.items():
+        for run in experiment.all_runs:
+            target = run.config["target_accuracy"]
+            evals = _evals(experiment, run.name)
+            steps = steps_to_target(evals, target)
+            metrics = experiment.metrics[experiment.metrics["run"] == run.name]
+            step_times = experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"]
+            rows.append({"variant": name, "batch": run.global_batch_size, "per_rank_batch": run.per_rank_batch_size,
+                         "ranks": run.world_size, "lr": run.config["lr"], "seed": run.config["seed"],
+                         "target": target, "steps": steps, "samples": steps * run.global_batch_size,
+                         "last_step": float(evals["step"].max()),
+                         "b_simple": noise_scale_of_run(metrics), "step_s": median_step(step_times)})
+    return pd.DataFrame(rows)
+
+
+def follows_rule(table: pd.DataFrame) -> pd.Series:
+    """Which runs have the learning rate of the square-root rule, lr = c·√B: c is the one most variants share
+    (the median of lr/√B), and the runs of the rule's neighbours differ from it."""
+    c = table["lr"] / np.sqrt(table["batch"])
+    return pd.Series(np.isclose(c, c.median(), rtol=0.01), index=table.index)
+
+
+def per_batch(table: pd.DataFrame) -> pd.DataFrame:
+    """The rule's runs by global batch: median steps and samples to the target over the repeats, their range,
+    how many reached it, B_simple's median, and the median step."""
+    rule = table[follows_rule(table)]
+    grouped = rule.groupby("batch")
+    return pd.DataFrame({
+        "per_rank_batch": grouped["per_rank_batch"].first(), "lr": grouped["lr"].first(),
+        "steps": grouped["steps"].median(), "steps_low": grouped["steps"].min(), "steps_high": grouped["steps"].max(),
+        "samples": grouped["samples"].median(), "reached": grouped["steps"].count(), "runs": grouped.size(),
+        "b_simple": grouped["b_simple"].median(), "step_s": grouped["step_s"].median()})
+
+
+def findings(variants: dict[str, Experiment]) -> dict:
+    table = runs_table(variants)
+    batches = per_batch(table)
+    rule = table[follows_rule(table)]
+    fit = critical_batch(rule["batch"], rule["steps"])
+    first = next(iter(variants.values())).baseline
+    chance = 1 / first.model["num_classes"]
+    smallest, largest = batches.index.min(), batches.index.max()
+    return {
+        "tta_target": first.config["target_accuracy"], "tta_chance": chance,
+        "tta_eval_samples": first.config["eval_samples"],
+        "tta_target_se": math.sqrt(first.config["target_accuracy"] * (1 - first.config["target_accuracy"])
+                                   / first.config["eval_samples"]),
+        "tta_ranks": int(table["ranks"].iloc[0]), "tta_smallest": int(smallest), "tta_largest": int(largest),
+        "tta_lr_at_32": float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
+        "tta_unreached": int(table["steps"].isna().sum()), "tta_runs": len(table),
+        "tta_samples_smallest": float(batches.loc[smallest, "samples"]),
+        "tta_samples_largest": float(batches.loc[largest, "samples"]),
+        "tta_steps_smallest": float(batches.loc[smallest, "steps"]),
+        "tta_steps_largest": float(batches.loc[largest, "steps"]),
+        "tta_b_crit": fit["b_crit"], "tta_s_min": fit["s_min"], "tta_e_min": fit["e_min"],
+        "tta_b_simple": float(rule["b_simple"].mean()), "tta_b_simple_low": float(rule["b_simple"].min()),
+        "tta_b_simple_high": float(rule["b_simple"].max()),
+        "tta_b_crit_over_b_simple": fit["b_crit"] / float(rule["b_simple"].mean()),
+    }
+
+
+def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
+    """At the batch size whose learning rate was also tried at other values: a row per rate, its steps to the
+    target over the repeats, and the rule's rate held against it (steps of the rule's runs over these, repeat by
+    repeat; one seed per repeat on both sides), by the report's verdict, the floor from the rates' own repeats.
+    A neighbour's run that missed the target took more steps than its last evaluation: counted there, the ratio is
+    an upper bound, which can still show that the rule's rate takes fewer steps, and nothing else. Where the
+    rule's own runs missed, nothing is known."""
+    table = runs_table(variants)
+    batch = table.loc[~follows_rule(table), "batch"].iloc[0]
+    runs = table[table["batch"] == batch]
+    steps = runs.pivot(index="seed", columns="lr", values="steps")  # NaN: missed the target, or did not run
+    ran = runs.pivot(index="seed", columns="lr", values="batch").notna()
+    last = runs.pivot(index="seed", columns="lr", values="last_step")
+    rule_lr = runs.loc[follows_rule(table)[runs.index], "lr"].iloc[0]
+    floor = noise_floor([steps.loc[ran[lr], lr].tolist() for lr in steps.columns])
+    rows = []
+    for lr in steps.columns:
+        mine = steps.loc[ran[lr], lr]
+        row = {"lr": lr, "times_rule": lr / rule_lr, "steps": mine.median(), "steps_low": mine.min(),
+               "steps_high": mine.max(), "reached": int(mine.notna().sum()), "runs": len(mine), "ratio": math.nan,
+               "outcome": "the rule"}
+        if lr != rule_lr:
+            both = ran[lr] & ran[rule_lr]
+            rule_steps, their_steps = steps.loc[both, rule_lr], steps.loc[both, lr]
+            at_least = their_steps.fillna(last.loc[both, lr])
+            if rule_steps.isna().any():
+                row["outcome"] = "not known: the rule's runs missed the target"
+            else:
+                c = compare(rule_steps.tolist(), at_least.tolist(), floor)
+                censored = their_steps.isna().any()
+                row |= {"ratio": c.ratio, "outcome": c.says("fewer steps", "more steps") if not censored
+                        else "fewer steps (a miss counted at its last step)" if c.verdict == "lower"
+                        else "not known: this rate missed the target"}
+        rows.append(row)
+    return pd.DataFrame(rows).assign(batch=batch, floor=floor)
+
+
+def rule_outcome(neighbours: pd.DataFrame) -> str:
+    """'held' where no tried neighbour reached the target in fewer steps than the rule's rate, beyond the noise;
+    'did not hold' where one did."""
+    return "did not hold" if (neighbours["outcome"] == "more steps").any() else "held"
+
+
+NEIGHBOUR_COLUMNS = {
+    "lr": ("Learning rate", "{:g}"), "times_rule": ("Times the rule's", "{:g}"),
+    "steps_text": ("Steps to the target, median (range)", "{}"), "reached_text": ("Reached it", "{}"),
+    "ratio": ("The rule's steps over these, median", "{:.2f}"), "outcome": ("The rule's rate takes", "{}")}
+
+
+def _median_range(median, low, high) -> str:
+    if not np.isfinite(median):
+        return "–"
+    return f"{median:.0f}" if low == high else f"{median:.0f} ({low:.0f} to {high:.0f})"
+
+
+def lr_neighbours_markdown(variants: dict[str, Experiment]) -> str:
+    rows = lr_neighbours(variants)
+    rows = rows.assign(steps_text=[_median_range(m, lo, hi) for m, lo, hi in
+                                   zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
+                       reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])])
+    return one_row_each(rows, NEIGHBOUR_COLUMNS)
+
+
+def predicted_steps(fit: dict, batch) -> np.ndarray:
+    """McCandlish's S = S_min + E_min / B at the fitted S_min and E_min."""
+    return fit["s_min"] + fit["e_min"] / np.asarray(batch, float)
+
+
+def steps_figure(variants: dict[str, Experiment]):
+    """The Shallue plot: steps to the target against the global batch on log axes, every run a point; beside
+    them perfect scaling from the smallest batch, the fit of McCandlish's model with B_crit, and B_simple."""
+    table = runs_table(variants)
+    rule = table[follows_rule(table)]
+    batches = per_batch(table)
+    fit = critical_batch(rule["batch"], rule["steps"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(rule["batch"], rule["steps"], "o", color="C0", alpha=0.6, label="a run (its seed), the rule's rate")
+    ax.plot(batches.index, batches["steps"], "-", color="C0", label="median over the repeats")
+    others = table[~follows_rule(table)]
+    for lr, group in others.groupby("lr"):
+        higher = lr > batches.loc[group["batch"].iloc[0], "lr"]
+        ax.plot(group["batch"], group["steps"], "^" if higher else "v", color="C3" if higher else "C4", alpha=0.7,
+                label=f"learning rate {lr:g}, {'above' if higher else 'below'} the rule's")
+    grid = np.geomspace(batches.index.min(), batches.index.max(), 50)
+    smallest = batches.index.min()
+    ax.plot(grid, batches.loc[smallest, "steps"] * smallest / grid, ":", color="gray",
+            label="perfect scaling (steps halve as the batch doubles)")
+    if np.isfinite(fit["b_crit"]):
+        ax.plot(grid, predicted_steps(fit, grid), "--", color="C1",
+                label=f"fit: S = S_min + E_min/B, B_crit = {fit['b_crit']:.0f}")
+        ax.axvline(fit["b_crit"], color="C1", linewidth=1)
+    b_simple = rule["b_simple"]
+    ax.axvspan(b_simple.min(), b_simple.max(), color="C2", alpha=0.15)
+    ax.axvline(b_simple.mean(), color="C2", linewidth=1, label=f"B_simple, mean {b_simple.mean():.0f} (band: range)")
+    ax.set(xscale="log", yscale="log", xlabel="global batch size B (samples per step)",
+           ylabel="optimizer steps to the target")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+RANKS = 2 ** np.arange(0, 11)  # 1 to 1024 ranks, for the projection
+
+
+def time_to_target(variants: dict[str, Experiment]) -> pd.DataFrame:
+    """Time to the target on N ranks with per-rank batch b, projected: the steps the fit gives at B = N·b times
+    the median step these runs measured with b samples on each rank (2 ranks, a core each, one all-reduce a
+    step). A row per per-rank batch and N; NaN where the fit found no bend. The step is taken as the same at any
+    N: a ring all-reduce moves about twice the gradient per rank whatever N is (the theory chapter)."""
+    table = runs_table(variants)
+    rule = table[follows_rule(table)]
+    fit = critical_batch(rule["batch"], rule["steps"])
+    batches = per_batch(table)
+    rows = [{"per_rank_batch": int(b), "ranks": int(n), "batch": int(n * b), "step_s": step,
+             "steps": predicted_steps(fit, n * b).item(), "seconds": predicted_steps(fit, n * b).item() * step}
+            for b, step in zip(batches["per_rank_batch"], batches["step_s"]) for n in RANKS]
+    return pd.DataFrame(rows)
+
+
+def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
+    """Per per-rank batch: the median step, the time to the target its runs measured (their steps to it times
+    their median step, evaluations left out), the ranks at which N·b = B_crit and the projected time there, and the
+    least time any N can give (S_min steps)."""
+    table = runs_table(variants)
+    rule = table[follows_rule(table)]
+    fit = critical_batch(rule["batch"], rule["steps"])
+    measured = (rule["steps"] * rule["step_s"]).groupby(rule["per_rank_batch"]).median()
+    batches = per_batch(table).set_index("per_rank_batch")
+    ranks_at_crit = fit["b_crit"] / batches.index.to_numpy(float)
+    return pd.DataFrame({
+        "step_ms": batches["step_s"] * 1e3, "measured_s": measured,
+        "ranks_at_crit": ranks_at_crit,
+        "seconds_at_crit": predicted_steps(fit, fit["b_crit"]) * batches["step_s"],
+        "least_s": fit["s_min"] * batches["step_s"]}).rename_axis("per_rank_batch")
+
+
+TIME_COLUMNS = {"step_ms": ("Median step (ms)", "{:.0f}"),
+                "measured_s": ("Time to the target on 2 ranks, measured (s)", "{:.1f}"),
+                "ranks_at_crit": ("Ranks at B_crit", "{:.0f}"),
+                "seconds_at_crit": ("Time there, projected (s)", "{:.2f}"),
+                "least_s": ("Least time on any number of ranks (s)", "{:.2f}")}
+
+
+def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
+    return one_row_each(time_to_target_table(variants), TIME_COLUMNS, "Per-rank batch (samples)")
+
+
+def time_to_target_figure(variants: dict[str, Experiment]):
+    """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b is past the
+    largest batch measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
+    projection = time_to_target(variants)
+    table = runs_table(variants)
+    rule = table[follows_rule(table)]
+    fit = critical_batch(rule["batch"], rule["steps"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    measured = rule["batch"].max()
+    for i, (b, rows) in enumerate(projection.groupby("per_rank_batch")):
+        inside = rows[rows["batch"] <= measured]
+        ax.plot(inside["ranks"], inside["seconds"], "-", color=f"C{i}", label=f"{b} samples per rank")
+        ax.plot(rows.loc[rows["batch"] >= inside["batch"].max(), "ranks"],
+                rows.loc[rows["batch"] >= inside["batch"].max(), "seconds"], ":", color=f"C{i}")
+        runs = rule[rule["per_rank_batch"] == b]
+        ax.plot(runs["ranks"], runs["steps"] * runs["step_s"], "o", color=f"C{i}", alpha=0.6)
+        if np.isfinite(fit["b_crit"]):
+            at = fit["b_crit"] / b
+            ax.plot([at], [predicted_steps(fit, fit["b_crit"]).item() * rows["step_s"].iloc[0]], "s", color=f"C{i}",
+                    markerfacecolor="none")
+    ax.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="time to the target (s), evaluations left out")
+    ax.legend(fontsize=7, title="lines: projected; dots: measured runs; squares: N·b = B_crit", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+BATCH_COLUMNS = {"lr": ("Learning rate", "{:g}"),
+                 "steps_text": ("Steps to the target, median (range)", "{}"),
+                 "samples": ("Samples to the target, median", "{:,.0f}"), "reached_text": ("Reached it", "{}"),
+                 "b_simple": ("B_simple, median", "{:.0f}")}
+
+
+def per_batch_markdown(variants: dict[str, Experiment]) -> str:
+    rows = per_batch(runs_table(variants))
+    rows = rows.assign(steps_text=[_median_range(m, lo, hi) for m, lo, hi in
+                                   zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
+                       reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])])
+    return one_row_each(rows, BATCH_COLUMNS, "Global batch (samples)")

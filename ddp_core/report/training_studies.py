@@ -1,4 +1,4 @@
-"""The studies of what is trained and how fast: gradient accumulation against DDP, bf16 against fp32, and int8 inference after training. Reads each study's `Experiment`s
+"""The studies of what is trained and how fast: gradient accumulation against DDP, and bf16 against fp32. Reads each study's `Experiment`s
 (`load_study`); offers per study `<study>_findings` for its page's glue, a `*_table` (DataFrame), its
 `*_markdown` and, where the page has one, a `*_figure`.
 """
@@ -9,12 +9,11 @@ from statistics import median
 
 import pandas as pd
 
-from ddp_core.report.results import Experiment, ResultsError
+from ddp_core.report.results import Experiment
 from ddp_core.report.comparisons import (accuracy_glue, chance_glue, compare_accuracies, compare_times,
                                          final_accuracies, run_times, time_floor, time_glue)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import configurations_as_columns, counted
-from ddp_core.report.verdict import compare, noise_floor
 
 
 # Gradient accumulation against DDP ---------------------------------------------------------------------------
@@ -130,49 +129,3 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
             "precision_eval_set": _evaluation_set(study["fp32"].baseline),
             **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
             **chance_glue("precision", study["fp32"], 1)}
-
-
-# Int8 inference ----------------------------------------------------------------------------------------------
-
-def quantization_runs(experiment: Experiment) -> pd.DataFrame:
-    """Every repeat's quantization.csv, repeat 1 first: one row per (repeat, model)."""
-    tables = []
-    for repeat, run in enumerate(experiment.repeats[1], 1):
-        path = experiment.folder / run.name / "quantization.csv"
-        if not path.is_file():
-            raise ResultsError(f"{path}: missing (the quantization study writes it after training)")
-        tables.append(pd.read_csv(path).assign(repeat=repeat))
-    return pd.concat(tables, ignore_index=True)
-
-
-def quantization_table(experiment: Experiment) -> pd.DataFrame:
-    """Per model, the median over the repeats of each measured column."""
-    return quantization_runs(experiment).drop(columns="repeat").groupby("model", sort=False).median()
-
-
-QUANTIZATION_COLUMNS = {"size_mb": ("Size on disk (MB), median of the repeats", "{:.2f}"),
-                        "latency_ms_per_batch": ("Latency per batch (ms), median of the repeats", "{:.2f}"),
-                        "batch_size": ("Batch (samples)", "{:.0f}"),
-                        "accuracy": ("Validation accuracy, median of the repeats", "{:.4f}"),
-                        "agreement_with_fp32": ("Same answer as fp32 (share of samples), median", "{:.4f}")}
-
-
-def quantization_markdown(experiment: Experiment) -> str:
-    table = quantization_table(experiment)
-    return configurations_as_columns(table, QUANTIZATION_COLUMNS)
-
-
-def quantization_findings(experiment: Experiment) -> dict:
-    """Size, latency through the one verdict function (int8 against fp32, repeat by repeat), and how often the two
-    models gave the same answer, sample by sample."""
-    runs = quantization_runs(experiment)
-    side = {model: list(rows.sort_values("repeat")["latency_ms_per_batch"]) for model, rows in runs.groupby("model")}
-    c = compare(side["int8"], side["fp32"], noise_floor(list(side.values())))
-    table = quantization_table(experiment)
-    int8 = runs[runs["model"] == "int8"]
-    n_eval = experiment.runs[1].config["eval_samples"]
-    least = int8["agreement_with_fp32"].min()
-    return {"quant_size_ratio": float(table.loc["int8", "size_mb"] / table.loc["fp32", "size_mb"]),
-            **time_glue("quant_speed", c),
-            "quant_eval_samples": n_eval, "quant_least_agreement": float(least),
-            "quant_most_differing": round((1 - least) * n_eval), "quant_repeats": counted(len(int8), "repeat")}

@@ -143,13 +143,6 @@ def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None,
         raise StudyError(str(exc)) from None
 
 
-def quantize_runs(study: Study, planned: list[tuple[Run, Plan]]) -> None:
-    for run, plan in planned:
-        if run.study == study.name and run.world_size == 1 and not (plan.run_dir / "quantization.csv").exists():
-            run_quietly(f"{run.folder}: int8 quantization",
-                        [sys.executable, "-m", "ddp_core.bench.quantize", str(plan.run_dir)])
-
-
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
     planned = plan_runs(studies, results_dir)
     for i, (run, plan) in enumerate(planned, 1):
@@ -162,8 +155,6 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
         print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)
     for study in studies:
         benchmark_allreduce(study, results_dir, allreduce_args)
-        if study.quantize:
-            quantize_runs(study, planned)
 
 
 def can_run_here(studies: list[Study]) -> tuple[list[Study], str]:

@@ -21,7 +21,7 @@ from ddp_core.launch.local import run_dir_name
 from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
-STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce", "quantize",
+STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce",
               "ranks_per_node", "link_rate", "cpus_per_node"}
 VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node"}
 
@@ -68,7 +68,6 @@ class Study:
     repeats: int
     variants: tuple[Variant, ...]
     allreduce: bool
-    quantize: bool
     ranks_per_node: int | None = None  # set: every run on an emulated cluster of world_size / ranks_per_node nodes
 
     def experiment(self, variant: Variant) -> str:
@@ -144,7 +143,7 @@ def parse_study(name: str, entry) -> Study:
             raise StudyError(f"{vwhere}: every world size must be a multiple of ranks_per_node {ranks_per_node}")
         variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node))
     return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
-                 bool(entry.get("allreduce", False)), bool(entry.get("quantize", False)), ranks_per_node)
+                 bool(entry.get("allreduce", False)), ranks_per_node)
 
 
 def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:
