@@ -169,8 +169,8 @@ def wall_time_on(cluster: EmulatedCluster) -> float:
 
 
 def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it_was_throttled():
-    with EmulatedCluster(nodes=1) as free:
-        unconstrained = wall_time_on(free)
+    """The kernel's statistics prove the quota, not a node without one: on a machine that other tests load, a
+    node with no quota got 0.15 of a core, slower than the quota allows."""
     with EmulatedCluster(nodes=1, cpus_per_node=0.25) as quarter:
         before = wall_time_on(quarter)
         quarter.limit_cpu()
@@ -179,8 +179,7 @@ def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it
         node, = quarter.cpu_use()["node_cpu"]
         released = wall_time_on(quarter)
     # a quarter core gives half a CPU-second in 2 s at the least (a period's slack aside); other load only slows it
-    assert 0.8 * 0.5 / 0.25 < constrained < 8 * 0.5 / 0.25, (constrained, unconstrained)
-    assert unconstrained < 0.8 * constrained, (constrained, unconstrained)  # a quarter of it on a quiet machine
+    assert 0.8 * 0.5 / 0.25 < constrained < 8 * 0.5 / 0.25, constrained
     assert node["cpu_s"] == pytest.approx(0.5, abs=0.25)
     assert node["throttled_periods"] > 0.5 * node["periods"] > 0 and node["throttled_s"] > 0.5 * constrained
     assert max(before, released) < 0.8 * constrained  # the share holds while a run trains, not as it starts or ends

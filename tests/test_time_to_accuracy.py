@@ -94,7 +94,7 @@ def test_a_run_that_missed_the_target_is_shown_as_missing_it_and_left_out_of_the
     assert smallest["reached"] == smallest["runs"] - 1
     table = tta.runs_table(variants)
     rule = table[tta.follows_rule(table)].dropna(subset=["steps"])
-    slope, intercept = np.polyfit(1 / rule["batch"], rule["steps"], 1)
+    slope, intercept = np.polyfit(1 / rule["batch"], rule["steps"], 1, w=1 / rule["steps"])
     assert after["tta_b_crit"] == pytest.approx(slope / intercept)
 
 
@@ -119,7 +119,38 @@ def test_the_projected_time_to_target_is_the_fitted_steps_times_the_measured_ste
     projection = tta.time_to_target(variants).set_index(["per_rank_batch", "ranks"])
     b128 = [p for p in run_dirs(study) if p.parent.name == "b128"]
     per_rank = json.loads((b128[0] / "run.json").read_text())["per_rank_batch_size"]
-    # a run's step: the median of its steps after the first five; the batch's: the median over its repeats
-    step = np.median([pd.read_csv(p / "steps.csv")["step_time_s"].iloc[5:].median() for p in b128])
-    assert projection.loc[(per_rank, 8), "seconds"] == pytest.approx(
-        (fit["s_min"] + fit["e_min"] / (8 * per_rank)) * step)
+    # a run's compute: the median of its steps less their exposed all-reduce, after the first five steps; its
+    # all-reduce: the median exposed one; the batch's: the medians over its repeats
+    steps = [pd.read_csv(p / "steps.csv").iloc[5:] for p in b128]
+    compute = np.median([(s["step_time_s"] - s["comm_exposed_s"]).median() for s in steps])
+    exposed = np.median([s["comm_exposed_s"].median() for s in steps])
+    for ranks, ring in ((1, 0.0), (2, 1.0), (8, 2 * 7 / 8)):  # bytes per rank of a ring: 2(N-1)/N, 1 on 2 ranks
+        assert projection.loc[(per_rank, ranks), "seconds"] == pytest.approx(
+            (fit["s_min"] + fit["e_min"] / (ranks * per_rank)) * (compute + exposed * ring))
+    # the projection is solid only where N·b lies among the global batches measured
+    measured = projection.reset_index().set_index("batch")["measured"]
+    assert measured[measured].index.min() >= 8 and not measured.loc[4].any()
+
+
+def test_the_critical_batch_s_interval_comes_from_resampled_seeds_and_holds_the_fit(study):
+    table = tta.runs_table(load_study(study))
+    rule = table[tta.follows_rule(table)]
+    fit = tta.critical_batch(rule["batch"], rule["steps"])
+    interval = tta.critical_batch_interval(rule, draws=300)
+    assert interval["b_crit_low"] <= fit["b_crit"] <= interval["b_crit_high"]
+    # one seed a batch leaves nothing to resample: the interval is the fit itself
+    single = tta.critical_batch_interval(rule.groupby("batch").head(1), draws=50)
+    alone = tta.critical_batch(*rule.groupby("batch").head(1)[["batch", "steps"]].T.to_numpy())
+    assert single["b_crit_low"] == pytest.approx(alone["b_crit"]) == single["b_crit_high"]
+
+
+def test_the_fit_is_least_squares_in_relative_error():
+    """The spread of steps over seeds grows with the steps: the fit minimises the squared relative misses, so no
+    nearby (S_min, E_min) misses the runs by less."""
+    batches = np.array([8, 8, 32, 32, 128, 512, 512])
+    steps = np.array([352.0, 288.0, 80.0, 96.0, 28.0, 13.0, 14.0])
+    fit = tta.critical_batch(batches, steps)
+    misses = lambda s_min, e_min: (((s_min + e_min / batches) - steps) / steps) ** 2  # noqa: E731
+    best = misses(fit["s_min"], fit["e_min"]).sum()
+    for ds, de in ((0.1, 0), (-0.1, 0), (0, 10), (0, -10)):
+        assert misses(fit["s_min"] + ds, fit["e_min"] + de).sum() > best

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ddp_core.report.comparisons import median_step
 from ddp_core.report.results import Experiment, ResultsError
@@ -31,15 +32,41 @@ def steps_to_target(evals: pd.DataFrame, target: float) -> float:
 
 def critical_batch(batch_sizes, steps) -> dict[str, float]:
     """S_min, E_min and B_crit = E_min / S_min from steps to target at each global batch size (runs that never
-    reached it left out), by least squares of S = S_min + E_min / B. NaN where fewer than two batch sizes reached
-    it or the fit has no positive S_min and E_min (no bend in the measured range)."""
-    data = pd.DataFrame({"batch": batch_sizes, "steps": steps}).dropna()
-    if data["batch"].nunique() < 2:
+    reached it left out), by least squares of S = S_min + E_min / B in relative error: the spread of the steps over
+    seeds grows with the steps, and a plain fit would let the smallest batch's scatter set the bend. NaN where
+    fewer than two batch sizes reached it or the fit has no positive S_min and E_min (no bend in the measured
+    range)."""
+    batch, measured = np.asarray(batch_sizes, float), np.asarray(steps, float)
+    keep = np.isfinite(measured)
+    batch, measured = batch[keep], measured[keep]
+    if len(np.unique(batch)) < 2:
         return dict.fromkeys(["s_min", "e_min", "b_crit"], math.nan)
-    e_min, s_min = np.polyfit(1.0 / data["batch"].to_numpy(float), data["steps"].to_numpy(float), 1)
+    e_min, s_min = np.polyfit(1.0 / batch, measured, 1, w=1.0 / measured)
     if s_min <= 0 or e_min <= 0:
         return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": math.nan}
     return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min)}
+
+
+DRAWS = 2000  # resamples of the seeds in `critical_batch_interval`
+
+
+def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> dict[str, float]:
+    """How far B_crit and S_min move with the seeds: the runs of each batch size resampled with replacement and
+    fitted again; the 2.5th and 97.5th percentiles over the draws (NaN fits, with no bend, left out: their share
+    is `no_bend`)."""
+    rng = np.random.default_rng(seed)
+    groups = {batch: group["steps"].to_numpy(float) for batch, group in table.groupby("batch")}
+    batches = np.concatenate([np.full(len(g), batch) for batch, g in groups.items()])
+    fits = [critical_batch(batches, np.concatenate([rng.choice(g, size=len(g)) for g in groups.values()]))
+            for _ in range(draws)]
+    b_crit = np.array([f["b_crit"] for f in fits])
+    s_min = np.array([f["s_min"] for f in fits])[np.isfinite(b_crit)]
+    b_crit = b_crit[np.isfinite(b_crit)]
+    if not len(b_crit):
+        return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan) | {"no_bend": 1.0}
+    return {"b_crit_low": float(np.percentile(b_crit, 2.5)), "b_crit_high": float(np.percentile(b_crit, 97.5)),
+            "s_min_low": float(np.percentile(s_min, 2.5)), "s_min_high": float(np.percentile(s_min, 97.5)),
+            "no_bend": 1 - len(b_crit) / draws}
 
 
 # What the page on time to accuracy shows: the runs of the study, a row each, and what follows from them.
@@ -62,8 +89,9 @@ def noise_scale_of_run(metrics: pd.DataFrame) -> float:
 
 def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
     """One row per run: its variant, global and per-rank batch, learning rate, seed, the target, the steps and
-    samples it took to reach it (NaN: never reached), its last evaluated step, B_simple over the run and its
-    median step in seconds."""
+    samples it took to reach it (NaN: never reached), its last evaluated step and its evaluations' interval in
+    steps, B_simple over the run, and in seconds its median step, the median of a step less the all-reduce it
+    waited for (compute), and the median of that all-reduce (exposed)."""
     rows = []
     for name, experiment in variants.items():
         for run in experiment.all_runs:
@@ -71,12 +99,14 @@ def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
             evals = _evals(experiment, run.name)
             steps = steps_to_target(evals, target)
             metrics = experiment.metrics[experiment.metrics["run"] == run.name]
-            step_times = experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"]
+            steps_csv = experiment.steps[experiment.steps["run"] == run.name]
             rows.append({"variant": name, "batch": run.global_batch_size, "per_rank_batch": run.per_rank_batch_size,
                          "ranks": run.world_size, "lr": run.config["lr"], "seed": run.config["seed"],
                          "target": target, "steps": steps, "samples": steps * run.global_batch_size,
-                         "last_step": float(evals["step"].max()),
-                         "b_simple": noise_scale_of_run(metrics), "step_s": median_step(step_times)})
+                         "last_step": float(evals["step"].max()), "eval_every": run.config["eval_every_steps"],
+                         "b_simple": noise_scale_of_run(metrics), "step_s": median_step(steps_csv["step_time_s"]),
+                         "compute_s": median_step(steps_csv["step_time_s"] - steps_csv["comm_exposed_s"]),
+                         "exposed_s": median_step(steps_csv["comm_exposed_s"])})
     return pd.DataFrame(rows)
 
 
@@ -89,14 +119,17 @@ def follows_rule(table: pd.DataFrame) -> pd.Series:
 
 def per_batch(table: pd.DataFrame) -> pd.DataFrame:
     """The rule's runs by global batch: median steps and samples to the target over the repeats, their range,
-    how many reached it, B_simple's median, and the median step."""
+    how many reached it, the evaluations' interval, B_simple's mean, and the medians of the runs' step, compute
+    and exposed all-reduce."""
     rule = table[follows_rule(table)]
     grouped = rule.groupby("batch")
     return pd.DataFrame({
         "per_rank_batch": grouped["per_rank_batch"].first(), "lr": grouped["lr"].first(),
         "steps": grouped["steps"].median(), "steps_low": grouped["steps"].min(), "steps_high": grouped["steps"].max(),
         "samples": grouped["samples"].median(), "reached": grouped["steps"].count(), "runs": grouped.size(),
-        "b_simple": grouped["b_simple"].median(), "step_s": grouped["step_s"].median()})
+        "eval_every": grouped["eval_every"].first(), "b_simple": grouped["b_simple"].mean(),
+        "step_s": grouped["step_s"].median(), "compute_s": grouped["compute_s"].median(),
+        "exposed_s": grouped["exposed_s"].median()})
 
 
 def findings(variants: dict[str, Experiment]) -> dict:
@@ -104,6 +137,7 @@ def findings(variants: dict[str, Experiment]) -> dict:
     batches = per_batch(table)
     rule = table[follows_rule(table)]
     fit = critical_batch(rule["batch"], rule["steps"])
+    interval = critical_batch_interval(rule)
     first = next(iter(variants.values())).baseline
     chance = 1 / first.model["num_classes"]
     smallest, largest = batches.index.min(), batches.index.max()
@@ -123,6 +157,16 @@ def findings(variants: dict[str, Experiment]) -> dict:
         "tta_b_simple": float(rule["b_simple"].mean()), "tta_b_simple_low": float(rule["b_simple"].min()),
         "tta_b_simple_high": float(rule["b_simple"].max()),
         "tta_b_crit_over_b_simple": fit["b_crit"] / float(rule["b_simple"].mean()),
+        "tta_rule_unreached": int(rule["steps"].isna().sum()), "tta_rule_runs": len(rule),
+        "tta_evals_largest": int(batches.loc[largest, "eval_every"]),
+        **{f"tta_{key}": value for key, value in interval.items()},
+        "tta_b_crit_against_range": "past the largest batch measured" if fit["b_crit"] > largest
+        else "below the smallest batch measured" if fit["b_crit"] < smallest else "inside the range measured",
+        "tta_ratio_low": interval["b_crit_low"] / float(rule["b_simple"].mean()),
+        "tta_ratio_high": interval["b_crit_high"] / float(rule["b_simple"].mean()),
+        "tta_b_crit_against_b_simple": "larger than every noise scale measured"
+        if interval["b_crit_low"] > rule["b_simple"].max() else "smaller than every noise scale measured"
+        if interval["b_crit_high"] < rule["b_simple"].min() else "not told apart from the noise scale",
     }
 
 
@@ -144,9 +188,10 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
     rows = []
     for lr in steps.columns:
         mine = steps.loc[ran[lr], lr]
+        missed = last.loc[ran[lr] & steps[lr].isna(), lr]
         row = {"lr": lr, "times_rule": lr / rule_lr, "steps": mine.median(), "steps_low": mine.min(),
-               "steps_high": mine.max(), "reached": int(mine.notna().sum()), "runs": len(mine), "ratio": math.nan,
-               "outcome": "the rule"}
+               "steps_high": mine.max(), "reached": int(mine.notna().sum()), "runs": len(mine),
+               "missed_by": missed.max() if len(missed) else math.nan, "ratio": math.nan, "outcome": "the rule"}
         if lr != rule_lr:
             both = ran[lr] & ran[rule_lr]
             rule_steps, their_steps = steps.loc[both, rule_lr], steps.loc[both, lr]
@@ -171,7 +216,8 @@ def rule_outcome(neighbours: pd.DataFrame) -> str:
 
 NEIGHBOUR_COLUMNS = {
     "lr": ("Learning rate", "{:g}"), "times_rule": ("Times the rule's", "{:g}"),
-    "steps_text": ("Steps to the target, median (range)", "{}"), "reached_text": ("Reached it", "{}"),
+    "steps_text": ("Steps to the target of the runs that reached it, median (range)", "{}"),
+    "reached_text": ("Reached it", "{}"),
     "ratio": ("The rule's steps over these, median", "{:.2f}"), "outcome": ("The rule's rate takes", "{}")}
 
 
@@ -185,7 +231,8 @@ def lr_neighbours_markdown(variants: dict[str, Experiment]) -> str:
     rows = lr_neighbours(variants)
     rows = rows.assign(steps_text=[_median_range(m, lo, hi) for m, lo, hi in
                                    zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
-                       reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])])
+                       reached_text=[f"{r} of {n}" + (f" (missed: still short at step {m:.0f})" if m == m else "")
+                                     for r, n, m in zip(rows["reached"], rows["runs"], rows["missed_by"])])
     return one_row_each(rows, NEIGHBOUR_COLUMNS)
 
 
@@ -222,6 +269,8 @@ def steps_figure(variants: dict[str, Experiment]):
     ax.axvline(b_simple.mean(), color="C2", linewidth=1, label=f"B_simple, mean {b_simple.mean():.0f} (band: range)")
     ax.set(xscale="log", yscale="log", xlabel="global batch size B (samples per step)",
            ylabel="optimizer steps to the target")
+    ax.set_xticks(batches.index, [str(b) for b in batches.index])
+    ax.minorticks_off()
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -230,25 +279,41 @@ def steps_figure(variants: dict[str, Experiment]):
 RANKS = 2 ** np.arange(0, 11)  # 1 to 1024 ranks, for the projection
 
 
+def ring_factor(ranks) -> np.ndarray:
+    """The bytes a ring all-reduce moves per rank, in gradients: 2(N - 1)/N (the theory chapter); 0 on one rank."""
+    ranks = np.asarray(ranks, float)
+    return 2 * (ranks - 1) / ranks
+
+
+def projected_step(compute_s: float, exposed_s: float, ranks) -> np.ndarray:
+    """A step of N ranks from one measured on 2: its compute, plus the all-reduce it waited for scaled by the
+    bytes a ring moves per rank at N against at 2 (the bandwidth term; the latency term, 2(N - 1) hops, left out)."""
+    return compute_s + exposed_s * ring_factor(ranks) / ring_factor(2)
+
+
 def time_to_target(variants: dict[str, Experiment]) -> pd.DataFrame:
     """Time to the target on N ranks with per-rank batch b, projected: the steps the fit gives at B = N·b times
-    the median step these runs measured with b samples on each rank (2 ranks, a core each, one all-reduce a
-    step). A row per per-rank batch and N; NaN where the fit found no bend. The step is taken as the same at any
-    N: a ring all-reduce moves about twice the gradient per rank whatever N is (the theory chapter)."""
+    the step projected from the one these runs measured with b samples on each of 2 ranks (`projected_step`). A
+    row per per-rank batch and N, `measured` where N·b lies within the global batches measured (elsewhere the
+    fit is extrapolated); NaN where the fit found no bend."""
     table = runs_table(variants)
     rule = table[follows_rule(table)]
     fit = critical_batch(rule["batch"], rule["steps"])
     batches = per_batch(table)
-    rows = [{"per_rank_batch": int(b), "ranks": int(n), "batch": int(n * b), "step_s": step,
-             "steps": predicted_steps(fit, n * b).item(), "seconds": predicted_steps(fit, n * b).item() * step}
-            for b, step in zip(batches["per_rank_batch"], batches["step_s"]) for n in RANKS]
-    return pd.DataFrame(rows)
+    low, high = batches.index.min(), batches.index.max()
+    rows = [{"per_rank_batch": int(b), "ranks": int(n), "batch": int(n * b), "measured": low <= n * b <= high,
+             "step_s": projected_step(compute, exposed, n).item(), "steps": predicted_steps(fit, n * b).item()}
+            for b, compute, exposed in zip(batches["per_rank_batch"], batches["compute_s"], batches["exposed_s"])
+            for n in RANKS]
+    projection = pd.DataFrame(rows)
+    return projection.assign(seconds=projection["steps"] * projection["step_s"])
 
 
 def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
     """Per per-rank batch: the median step, the time to the target its runs measured (their steps to it times
-    their median step, evaluations left out), the ranks at which N·b = B_crit and the projected time there, and the
-    least time any N can give (S_min steps)."""
+    their median step, evaluations left out), the ranks at which N·b = B_crit and the projected time there, and
+    the floor the projection approaches as N grows (S_min steps of a step whose all-reduce moves twice the
+    gradient)."""
     table = runs_table(variants)
     rule = table[follows_rule(table)]
     fit = critical_batch(rule["batch"], rule["steps"])
@@ -256,17 +321,18 @@ def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
     batches = per_batch(table).set_index("per_rank_batch")
     ranks_at_crit = fit["b_crit"] / batches.index.to_numpy(float)
     return pd.DataFrame({
-        "step_ms": batches["step_s"] * 1e3, "measured_s": measured,
-        "ranks_at_crit": ranks_at_crit,
-        "seconds_at_crit": predicted_steps(fit, fit["b_crit"]) * batches["step_s"],
-        "least_s": fit["s_min"] * batches["step_s"]}).rename_axis("per_rank_batch")
+        "step_ms": batches["step_s"] * 1e3, "measured_s": measured, "ranks_at_crit": ranks_at_crit,
+        "seconds_at_crit": predicted_steps(fit, fit["b_crit"]).item()
+        * projected_step(batches["compute_s"], batches["exposed_s"], ranks_at_crit),
+        "floor_s": fit["s_min"] * (batches["compute_s"] + batches["exposed_s"] * 2 / ring_factor(2))},
+    ).rename_axis("per_rank_batch")
 
 
-TIME_COLUMNS = {"step_ms": ("Median step (ms)", "{:.0f}"),
+TIME_COLUMNS = {"step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
                 "measured_s": ("Time to the target on 2 ranks, measured (s)", "{:.1f}"),
-                "ranks_at_crit": ("Ranks at B_crit", "{:.0f}"),
+                "ranks_at_crit": ("Ranks at the critical batch", "{:.1f}"),
                 "seconds_at_crit": ("Time there, projected (s)", "{:.2f}"),
-                "least_s": ("Least time on any number of ranks (s)", "{:.2f}")}
+                "floor_s": ("Floor as the ranks grow, extrapolated (s)", "{:.2f}")}
 
 
 def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
@@ -274,35 +340,37 @@ def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
 
 
 def time_to_target_figure(variants: dict[str, Experiment]):
-    """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b is past the
-    largest batch measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
+    """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b lies outside the
+    global batches measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
     projection = time_to_target(variants)
     table = runs_table(variants)
     rule = table[follows_rule(table)]
     fit = critical_batch(rule["batch"], rule["steps"])
+    batches = per_batch(table).set_index("per_rank_batch")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    measured = rule["batch"].max()
     for i, (b, rows) in enumerate(projection.groupby("per_rank_batch")):
-        inside = rows[rows["batch"] <= measured]
+        ax.plot(rows["ranks"], rows["seconds"], ":", color=f"C{i}")
+        inside = rows[rows["measured"]]
         ax.plot(inside["ranks"], inside["seconds"], "-", color=f"C{i}", label=f"{b} samples per rank")
-        ax.plot(rows.loc[rows["batch"] >= inside["batch"].max(), "ranks"],
-                rows.loc[rows["batch"] >= inside["batch"].max(), "seconds"], ":", color=f"C{i}")
         runs = rule[rule["per_rank_batch"] == b]
         ax.plot(runs["ranks"], runs["steps"] * runs["step_s"], "o", color=f"C{i}", alpha=0.6)
         if np.isfinite(fit["b_crit"]):
             at = fit["b_crit"] / b
-            ax.plot([at], [predicted_steps(fit, fit["b_crit"]).item() * rows["step_s"].iloc[0]], "s", color=f"C{i}",
+            step = projected_step(batches.loc[b, "compute_s"], batches.loc[b, "exposed_s"], at)
+            ax.plot([at], [predicted_steps(fit, fit["b_crit"]).item() * step], "s", color=f"C{i}",
                     markerfacecolor="none")
     ax.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="time to the target (s), evaluations left out")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize=7, title="lines: projected; dots: measured runs; squares: N·b = B_crit", title_fontsize=7)
     fig.tight_layout()
     return fig
 
-
-BATCH_COLUMNS = {"lr": ("Learning rate", "{:g}"),
+BATCH_COLUMNS = {"lr": ("Learning rate", "{:g}"), "eval_every": ("Evaluated every (steps)", "{:.0f}"),
                  "steps_text": ("Steps to the target, median (range)", "{}"),
-                 "samples": ("Samples to the target, median", "{:,.0f}"), "reached_text": ("Reached it", "{}"),
-                 "b_simple": ("B_simple, median", "{:.0f}")}
+                 "samples": ("Samples to it, median", "{:,.0f}"), "reached_text": ("Reached it", "{}"),
+                 "b_simple": ("Noise scale (samples), mean", "{:.0f}")}
 
 
 def per_batch_markdown(variants: dict[str, Experiment]) -> str:
