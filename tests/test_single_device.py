@@ -17,7 +17,8 @@ from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.report.results import Measurement, load_experiment, read_measurement
-from ddp_core.report.single_device import RATIOS, baseline_sentence, ratio_table, throughput_table, verdict_table
+from ddp_core.report.single_device import (RATIOS, baseline_sentence, precision_crossref, ratio_table, throughput_table,
+                                          verdict_table)
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -137,6 +138,18 @@ def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():
     assert "does not judge their difference" in sentence
     other_cpu = replace(measured, info=measured.info | {"cpu_extensions": ["avx2", "amx_bf16"]})
     assert "another CPU under the same name" in baseline_sentence(other_cpu, experiment)
+
+
+def test_the_precision_study_says_whether_the_one_device_chapter_timed_its_cpu():
+    run = load_experiment(REPO / "reference" / "scaling").baseline
+    measured = read_measurement(REPO / "reference" / "single_device" / "cpu")
+    same = replace(measured, info=measured.info | {"device_name": run.device_name,
+                                                   "cpu_extensions": run.raw["cpu_extensions"]})
+    assert precision_crossref([same], run) == "on this kind of CPU, at its own batch sizes"
+    other = replace(same, info=same.info | {"cpu_extensions": ["avx512_bf16"]})
+    assert precision_crossref([other], run).endswith("whose bf16 figures do not carry over to these runs")
+    elsewhere = replace(same, info=same.info | {"device_name": "NVIDIA H100"})
+    assert precision_crossref([elsewhere], run) == "on other devices than these runs had"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

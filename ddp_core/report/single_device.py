@@ -180,19 +180,18 @@ def baseline_sentence(m: Measurement, scaling: Experiment) -> str:
             f"and on other data: IMDB text against generated tokens.")
 
 
-def precision_crossref_sentence(measurements: list[Measurement], run) -> str:
-    """Where the One device chapter times bf16 against fp32 too: on the CPU of `run` (a study's run), or on another
-    one, whose bf16 figures do not carry over."""
+def precision_crossref(measurements: list[Measurement], run) -> str:
+    """Where the One device chapter timed bf16 against fp32 too, as a clause: on the CPU of `run` (a study's run),
+    or on another one, whose bf16 figures do not carry over (with both CPUs' vector extensions)."""
     same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
     if not same_name:
-        return "The One device chapter times the same two precisions on other devices than these runs had."
+        return "on other devices than these runs had"
     extensions = same_name[0].info.get("cpu_extensions")
     if extensions != run.raw.get("cpu_extensions"):
-        return (f"The One device chapter times the same two precisions on a CPU of the same name but other vector "
-                f"extensions (it had {', '.join(extensions or ['none recorded'])}; these runs had "
-                f"{', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), so its bf16 figures do not carry "
-                f"over to these runs.")
-    return "The One device chapter times the same two precisions on this kind of CPU, at its own batch sizes."
+        return (f"on a CPU of the same name but other vector extensions ({', '.join(extensions or ['none recorded'])} "
+                f"against these runs' {', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), whose bf16 "
+                f"figures do not carry over to these runs")
+    return "on this kind of CPU, at its own batch sizes"
 
 
 def _cpu_phrase(m: Measurement) -> str:
