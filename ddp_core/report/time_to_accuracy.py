@@ -117,6 +117,13 @@ def follows_rule(table: pd.DataFrame) -> pd.Series:
     return pd.Series(np.isclose(c, c.median(), rtol=0.01), index=table.index)
 
 
+def rule_fit(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The runs at the rule's learning rate, and McCandlish's model fitted to them (`critical_batch`): what the
+    page's figures, tables and findings all rest on."""
+    rule = table[follows_rule(table)]
+    return rule, critical_batch(rule["batch"], rule["steps"])
+
+
 def per_batch(table: pd.DataFrame) -> pd.DataFrame:
     """The rule's runs by global batch: median steps and samples to the target over the repeats, their range,
     how many reached it, the evaluations' interval, B_simple's mean, and the medians of the runs' step, compute
@@ -135,8 +142,7 @@ def per_batch(table: pd.DataFrame) -> pd.DataFrame:
 def findings(variants: dict[str, Experiment]) -> dict:
     table = runs_table(variants)
     batches = per_batch(table)
-    rule = table[follows_rule(table)]
-    fit = critical_batch(rule["batch"], rule["steps"])
+    rule, fit = rule_fit(table)
     interval = critical_batch_interval(rule)
     first = next(iter(variants.values())).baseline
     chance = 1 / first.model["num_classes"]
@@ -245,9 +251,8 @@ def steps_figure(variants: dict[str, Experiment]):
     """The Shallue plot: steps to the target against the global batch on log axes, every run a point; beside
     them perfect scaling from the smallest batch, the fit of McCandlish's model with B_crit, and B_simple."""
     table = runs_table(variants)
-    rule = table[follows_rule(table)]
+    rule, fit = rule_fit(table)
     batches = per_batch(table)
-    fit = critical_batch(rule["batch"], rule["steps"])
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(rule["batch"], rule["steps"], "o", color="C0", alpha=0.6, label="a run (its seed), the rule's rate")
     ax.plot(batches.index, batches["steps"], "-", color="C0", label="median over the repeats")
@@ -296,9 +301,11 @@ def time_to_target(variants: dict[str, Experiment]) -> pd.DataFrame:
     the step projected from the one these runs measured with b samples on each of 2 ranks (`projected_step`). A
     row per per-rank batch and N, `measured` where N·b lies within the global batches measured (elsewhere the
     fit is extrapolated); NaN where the fit found no bend."""
-    table = runs_table(variants)
-    rule = table[follows_rule(table)]
-    fit = critical_batch(rule["batch"], rule["steps"])
+    return _projection(runs_table(variants))
+
+
+def _projection(table: pd.DataFrame) -> pd.DataFrame:
+    _, fit = rule_fit(table)
     batches = per_batch(table)
     low, high = batches.index.min(), batches.index.max()
     rows = [{"per_rank_batch": int(b), "ranks": int(n), "batch": int(n * b), "measured": low <= n * b <= high,
@@ -315,8 +322,7 @@ def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
     the floor the projection approaches as N grows (S_min steps of a step whose all-reduce moves twice the
     gradient)."""
     table = runs_table(variants)
-    rule = table[follows_rule(table)]
-    fit = critical_batch(rule["batch"], rule["steps"])
+    rule, fit = rule_fit(table)
     measured = (rule["steps"] * rule["step_s"]).groupby(rule["per_rank_batch"]).median()
     batches = per_batch(table).set_index("per_rank_batch")
     ranks_at_crit = fit["b_crit"] / batches.index.to_numpy(float)
@@ -342,10 +348,9 @@ def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
 def time_to_target_figure(variants: dict[str, Experiment]):
     """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b lies outside the
     global batches measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
-    projection = time_to_target(variants)
     table = runs_table(variants)
-    rule = table[follows_rule(table)]
-    fit = critical_batch(rule["batch"], rule["steps"])
+    projection = _projection(table)
+    rule, fit = rule_fit(table)
     batches = per_batch(table).set_index("per_rank_batch")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (b, rows) in enumerate(projection.groupby("per_rank_batch")):
