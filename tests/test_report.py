@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import jupytext
+import nbformat
 import pandas as pd
 import papermill
 import pytest
@@ -41,6 +42,13 @@ def test_each_run_keeps_its_executed_notebook_next_to_its_csvs(project):
         run_dir = project / "results" / "scaling" / f"n{n}"
         assert {"metrics.csv", "run.json", "run_experiment.ipynb"} <= {p.name for p in run_dir.iterdir()}
         assert (project / "_build" / "html" / "results" / "scaling" / f"n{n}" / "run_experiment.html").is_file()
+        # the runs share a kernel: each notebook still reads as if run alone, numbered from 1, its own output only
+        code = [cell for cell in nbformat.read(run_dir / "run_experiment.ipynb", as_version=4).cells
+                if cell.cell_type == "code"]
+        assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
+        printed = "".join(output.get("text", "") for cell in code for output in cell.outputs)
+        assert f"train: results/scaling/n{n}\n" in printed
+        assert [m for m in WORLD_SIZES if f"scaling/n{m}" in printed] == [n]
 
 
 def test_the_book_shows_the_projects_own_runs_and_offers_every_epoch_it_shows_as_one_csv(project):

@@ -17,7 +17,8 @@ from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.report.results import Measurement, load_experiment, read_measurement
-from ddp_core.report.single_device import (RATIOS, baseline_sentence, precision_crossref, ratio_table, throughput_table,
+from ddp_core.report.training_studies import precision_crossref
+from ddp_core.report.single_device import (RATIOS, baseline_comparison, ratio_table, throughput_table,
                                           verdict_table)
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
@@ -133,11 +134,14 @@ def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():
     experiment = load_experiment(folder)
     measured = read_measurement(REPO / "reference" / "single_device" / "cpu")
     same_cpu = replace(measured, info=measured.info | {"cpu_extensions": experiment.baseline.raw["cpu_extensions"]})
-    sentence = baseline_sentence(same_cpu, experiment)
-    assert f": {1 / pd.Series(per_sample).median():.1f} samples/s, from the median of their {len(runs)} repeats'" in sentence
-    assert "does not judge their difference" in sentence
+    beside = baseline_comparison(same_cpu, experiment)
+    assert beside["outcome"] == "comparable"
+    assert beside["runs_samples_per_s"] == pytest.approx(1 / pd.Series(per_sample).median())
+    assert beside["repeats"] == f"{len(runs)} repeats"
     other_cpu = replace(measured, info=measured.info | {"cpu_extensions": ["avx2", "amx_bf16"]})
-    assert "another CPU under the same name" in baseline_sentence(other_cpu, experiment)
+    assert baseline_comparison(other_cpu, experiment)["outcome"] == "other CPU"
+    elsewhere = replace(measured, info=measured.info | {"device_name": "NVIDIA H100"})
+    assert baseline_comparison(elsewhere, experiment) == {"outcome": "none"}
 
 
 def test_the_precision_study_says_whether_the_one_device_chapter_timed_its_cpu():

@@ -1,18 +1,21 @@
 """The discussion: where the time went, and when DDP pays off, from the runs and the cost model. Reads an
 `Experiment`; offers `findings` for the page's glue (`measurement_findings` and `payoff_findings`, which the
-introduction quotes too), `ratio_figure` and `tokens_needed_markdown`."""
+introduction quotes too), the emulated nodes' `nodes_findings`, `ratio_figure` and `tokens_needed_markdown`."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
+from ddp_core.report import network
 from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
-from ddp_core.report.results import Experiment
-from ddp_core.report.tables import counted
+from ddp_core.report.results import Experiment, load_study
+from ddp_core.report.tables import counted, markdown_table
 from ddp_core.report.verdict import Comparison, compare, noise_floor
 from ddp_core.report.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
                                          speedup_glue)
@@ -153,6 +156,11 @@ def findings(experiment: Experiment) -> dict:
     return measurement_findings(experiment) | payoff_findings(experiment)
 
 
+def nodes_findings(results: Path) -> dict:
+    """The emulated nodes' findings (`nodes_`), which the page discusses beside the shared cores' runs."""
+    return {f"nodes_{key}": value for key, value in network.nodes_findings(load_study(results / "nodes")).items()}
+
+
 def ratio_figure(experiment: Experiment):
     """R_N against tokens per rank, per preset, on CPU ranks like these and on A100s, with the two targets."""
     n, _ = _benchmarked(experiment)
@@ -184,6 +192,5 @@ def tokens_needed_markdown(experiment: Experiment) -> str:
     needed = pd.DataFrame(
         {preset: {f"{name}: {target}": value / ratios[name, preset]
                   for name in (CPU, GPU) for target, value in _targets(experiment).items()} for preset in presets})
-    return ("Tokens per rank per step needed, by preset:\n\n"
-            + needed.map(lambda v: f"{v:,.0f}").to_markdown(disable_numparse=True, colalign=["left"] + ["right"] * len(presets)))
+    return "Tokens per rank per step needed, by preset:\n\n" + markdown_table(needed.map("{:,.0f}".format), "")
 

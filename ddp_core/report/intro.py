@@ -5,19 +5,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddp_core.report import network, time_to_accuracy
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
-from ddp_core.report.results import Experiment, book_results_folder
+from ddp_core.report.results import Experiment, load_experiment, load_study
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words
+from ddp_core.studies.study_list import load_study_list
 
-def save_headline(figure) -> Path:
-    """The headline figure as a file of its own, for the README: each build of the book writes it into the
-    project's `_build/`, and `make reference` keeps it beside the reference results."""
-    path = book_results_folder().parents[1] / "_build" / "headline.png"
+
+def key_findings(results: Path) -> dict:
+    """The main result of each chapter the first page leads with, from the studies in `results`: the results
+    chapter's runs, the emulated nodes (`nodes_`), time to accuracy (`tta_`) and the list of studies."""
+    nodes = network.nodes_findings(load_study(results / "nodes"))
+    return (findings(load_experiment(results / "scaling")) | {f"nodes_{key}": value for key, value in nodes.items()}
+            | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy")))
+
+
+def headline_figure(results: Path):
+    """The emulated nodes' figure, also saved as a file of its own for the README: each build of the book writes
+    it into the project's `_build/`, and `make reference` keeps it beside the reference results."""
+    figure = network.nodes_figure(load_study(results / "nodes"))
+    path = results.parents[1] / "_build" / "headline.png"
     path.parent.mkdir(exist_ok=True)
     figure.savefig(path, dpi=100)
-    return path
+    return figure
 
 
 def findings(experiment: Experiment) -> dict:

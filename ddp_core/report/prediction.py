@@ -14,7 +14,7 @@ from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, MFU_SCENARIOS, forec
                                              peak_gemm_flops_per_s)
 from ddp_core.report.results import Experiment, Measurement
 from ddp_core.report.single_device import precision_name
-from ddp_core.report.tables import counted, one_row_each, quantities_by_column
+from ddp_core.report.tables import counted, markdown_table, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
@@ -153,11 +153,18 @@ def bucket_fit_error(experiment: Experiment) -> float:
                for size in bucket_sizes(experiment.baseline.model))
 
 
+FIT_COLUMNS = {"alpha_us": ("Latency α (µs)", "{:.2f}"), "beta_ns": ("Time per byte β (ns)", "{:.4f}"),
+               "bus_bandwidth_GBps": ("Bus bandwidth (GB/s)", "{:.2f}"), "r2": ("R²", "{:.4f}"),
+               "max_error_pct": ("Largest error of the fit (%)", "{:.1f}")}
+
+
 def fit_markdown(experiment: Experiment) -> str:
-    return ("| Ranks | Latency α (µs) | Time per byte β (ns) | Bus bandwidth (GB/s) | R² | Largest error of the fit "
-            "(%) |\n|---|---|---|---|---|---|\n"
-            + "\n".join(f"| {n} | {f.alpha_s * 1e6:.2f} | {f.beta_s_per_byte * 1e9:.4f} | {f.bus_bandwidth_GBps:.2f} "
-                        f"| {f.r2:.4f} | {f.max_relative_error * 100:.1f} |" for n, f in allreduce_fits(experiment).items()))
+    """The α–β fit of the all-reduce, one row per world size benchmarked."""
+    fits = pd.DataFrame({n: {"alpha_us": f.alpha_s * 1e6, "beta_ns": f.beta_s_per_byte * 1e9,
+                             "bus_bandwidth_GBps": f.bus_bandwidth_GBps, "r2": f.r2,
+                             "max_error_pct": f.max_relative_error * 100}
+                         for n, f in allreduce_fits(experiment).items()}).T
+    return one_row_each(fits, FIT_COLUMNS, "Ranks")
 
 
 # The prediction table in the reader's words: (row label, column of `predict`, scale, format).
@@ -212,7 +219,7 @@ def forecast_markdown(experiment: Experiment) -> str:
     ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
     cells = ahead.apply(lambda column: column.map(
         "{:,}".format if column.name in ("parameters", "buckets") else "{:.3g}".format))
-    return cells.rename(columns=FORECAST_LABELS).T.to_markdown(disable_numparse=True)
+    return markdown_table(cells.rename(columns=FORECAST_LABELS).T, "")
 
 
 MEASURED_FORECAST_COLUMNS = {

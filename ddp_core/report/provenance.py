@@ -15,7 +15,7 @@ from ddp_core.report.comparisons import median_step, out_of_line
 from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment, book_results_folder,
                                      machine_use, read_run, read_steps)
 from ddp_core.report.figures import chance_line
-from ddp_core.report.tables import counted, in_words, one_row_each, rank_label
+from ddp_core.report.tables import counted, in_words, markdown_table, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -95,14 +95,14 @@ def shared_markdown(experiment: Experiment) -> str:
     first = next(iter(records.values()))
     shared = {label: value for label, value in first.items()
               if all(record[label] == value for record in records.values())}
-    return pd.Series(shared, name="every run").rename_axis("").to_frame().to_markdown(disable_numparse=True)
+    return markdown_table(pd.Series(shared, name="every run").to_frame(), "")
 
 
 def per_run_markdown(experiment: Experiment) -> str:
     """What differed between the runs, one row per run: a table that fits however many runs."""
     records = pd.DataFrame(_by_run(experiment)).T
     differing = [label for label in records.columns if records[label].nunique() > 1]
-    return records[differing].rename_axis("run").to_markdown(disable_numparse=True)
+    return markdown_table(records[differing], "run")
 
 
 def run_summary(info: dict) -> str:
@@ -186,7 +186,7 @@ def studies_overview_markdown(results: Path, studies: dict) -> str:
     else:
         shown = (f"Shown from runs made in this project: {', '.join(mine)}; every other study from the reference "
                  f"results shipped with the report.")
-    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True) + "\n\n" + shown
+    return markdown_table(pd.DataFrame(rows)) + "\n\n" + shown
 
 
 def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:

@@ -155,43 +155,26 @@ def findings(m: Measurement) -> dict:
     }
 
 
-def baseline_sentence(m: Measurement, scaling: Experiment) -> str:
+def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
     """The benchmark's trainer loop beside the strong-scaling study's 1-rank runs, where they trained the same
-    preset, precision and batch on the same kind of device; said as two measurements, since they did not run in
-    the same rounds and the verdict rule cannot pair them."""
+    preset, precision and batch on the same kind of device: two measurements, since they did not run in the same
+    rounds and the verdict rule cannot pair them. `outcome` is "none" (nothing alike to set beside), "other CPU"
+    (the same name, other vector extensions) or "comparable"."""
     one = scaling.baseline
     key = (one.config["preset"], one.config["amp"], one.global_batch_size)
     table = throughput_table(m)
     if one.device_name != m.info["device_name"] or key not in table.index:
-        return ""
+        return {"outcome": "none"}
+    found = {"device_name": with_article(one.device_name),
+             "runs_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
+             "extensions": ", ".join(m.info.get("cpu_extensions") or ["none recorded"])}
     if one.raw.get("cpu_extensions") != m.info.get("cpu_extensions"):
-        return (f"The strong-scaling study's runs ran on {with_article(one.device_name)} with other vector extensions "
-                f"({', '.join(one.raw.get('cpu_extensions') or ['none recorded'])} against "
-                f"{', '.join(m.info.get('cpu_extensions') or ['none recorded'])}): another CPU under the same name, "
-                f"so their throughput is not set beside this one.")
+        return found | {"outcome": "other CPU"}
     times = run_times(scaling).query("world_size == 1")
-    measured_on = sorted({run.raw["start_time"][:10] for run in scaling.repeats[1]})
-    return (f"The strong-scaling study's 1-rank runs train the same model at the same precision and batch "
-            f"({key[0]}, {precision_name(key[1])}, {key[2]} samples): {1 / times['time_per_sample_s'].median():.1f} "
-            f"samples/s, from the median of their {counted(len(times), 'repeat')}' median steps, measured on "
-            f"{', '.join(measured_on)}; ddp_core with its timers, as those runs have them, reached "
-            f"{table.loc[key, 'samples_per_s_timed']:.1f} here, measured on {m.info['start_time'][:10]}. They ran at "
-            f"other times, not in paired rounds, so the methods chapter's rule does not judge their difference, "
-            f"and on other data: IMDB text against generated tokens.")
-
-
-def precision_crossref(measurements: list[Measurement], run) -> str:
-    """Where the One device chapter timed bf16 against fp32 too, as a clause: on the CPU of `run` (a study's run),
-    or on another one, whose bf16 figures do not carry over (with both CPUs' vector extensions)."""
-    same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
-    if not same_name:
-        return "on other devices than these runs had"
-    extensions = same_name[0].info.get("cpu_extensions")
-    if extensions != run.raw.get("cpu_extensions"):
-        return (f"on a CPU of the same name but other vector extensions ({', '.join(extensions or ['none recorded'])} "
-                f"against these runs' {', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), whose bf16 "
-                f"figures do not carry over to these runs")
-    return "on this kind of CPU, at its own batch sizes"
+    return found | {"outcome": "comparable", "preset": key[0], "precision": precision_name(key[1]), "batch": key[2],
+                    "runs_samples_per_s": 1 / times["time_per_sample_s"].median(), "repeats": counted(len(times), "repeat"),
+                    "runs_measured_on": ", ".join(sorted({run.raw["start_time"][:10] for run in scaling.repeats[1]})),
+                    "samples_per_s": table.loc[key, "samples_per_s_timed"], "measured_on": m.info["start_time"][:10]}
 
 
 def _cpu_phrase(m: Measurement) -> str:

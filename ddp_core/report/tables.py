@@ -35,13 +35,30 @@ def with_article(name: str) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
+NUMBER = re.compile(r"[-+–]?\d|–$")  # a formatted number, or "–" for none
+
+
+def markdown_table(cells: pd.DataFrame, index_name: str | None = None) -> str:
+    """The one way the book's tables are written: cells already in words or formatted, as Markdown whose first
+    column (the index, headed `index_name`, or else the first column of `cells`) names each row, and whose
+    columns of numbers are right-aligned, as numbers are read; words stay left-aligned."""
+    if index_name is not None:
+        cells = cells.rename_axis(index_name).reset_index()
+    numbers = [i > 0 and all(NUMBER.match(str(cell)) for cell in cells[column]) for i, column in enumerate(cells)]
+    return cells.to_markdown(index=False, disable_numparse=True,
+                             colalign=["right" if number else "left" for number in numbers])
+
+
+def _formatted(value, fmt: str, scale: float = 1) -> str:
+    return fmt.format(value * scale) if pd.notna(value) else "–"
+
+
 def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, str]], column_names: list[str]) -> str:
     """Markdown with a column per row of `table` (named by `column_names`) and a row per (label, column of
     `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""
-    header = "| | " + " | ".join(column_names) + " |\n|---|" + "---:|" * len(column_names)
-    return header + "\n" + "\n".join(
-        f"| {label} | " + " | ".join(fmt.format(value * scale) if pd.notna(value) else "–" for value in table[column])
-        + " |" for label, column, scale, fmt in rows)
+    cells = pd.DataFrame([[_formatted(value, fmt, scale) for value in table[column]] for _, column, scale, fmt in rows],
+                         index=[label for label, *_ in rows], columns=column_names)
+    return markdown_table(cells, "")
 
 
 def configurations_as_columns(table: pd.DataFrame, columns: dict[str, tuple[str, str]]) -> str:
@@ -55,8 +72,6 @@ def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index
     """Markdown with a row per row of `table` and a column per (column of `table` -> (header in words with its
     unit, format)): for tables with few quantities and one row per configuration. An empty value (nothing to
     measure there, e.g. R_N of a run without an all-reduce) reads "–"."""
-    shown = pd.DataFrame({label: [fmt.format(v) if pd.notna(v) else "–" for v in table[column]]
-                          for column, (label, fmt) in columns.items()}, index=table.index)
-    if index_name is None:
-        return shown.to_markdown(index=False, disable_numparse=True)
-    return shown.rename_axis(index_name).to_markdown(disable_numparse=True)
+    shown = pd.DataFrame({label: [_formatted(v, fmt) for v in table[column]] for column, (label, fmt) in columns.items()},
+                         index=table.index)
+    return markdown_table(shown, index_name)

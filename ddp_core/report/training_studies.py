@@ -9,7 +9,7 @@ from statistics import median
 
 import pandas as pd
 
-from ddp_core.report.results import Experiment
+from ddp_core.report.results import Experiment, Measurement
 from ddp_core.report.comparisons import (accuracy_glue, chance_glue, compare_accuracies, compare_times,
                                          final_accuracies, run_times, time_floor, time_glue)
 from ddp_core.report.scaling import scaling_table
@@ -129,3 +129,17 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
             "precision_eval_set": _evaluation_set(study["fp32"].baseline),
             **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
             **chance_glue("precision", study["fp32"], 1)}
+
+
+def precision_crossref(measurements: list[Measurement], run) -> str:
+    """Where the One device chapter timed bf16 against fp32 too, as a clause: on the CPU of `run` (a study's run),
+    or on another one, whose bf16 figures do not carry over (with both CPUs' vector extensions)."""
+    same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
+    if not same_name:
+        return "on other devices than these runs had"
+    extensions = same_name[0].info.get("cpu_extensions")
+    if extensions != run.raw.get("cpu_extensions"):
+        return (f"on a CPU of the same name but other vector extensions ({', '.join(extensions or ['none recorded'])} "
+                f"against these runs' {', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), whose bf16 "
+                f"figures do not carry over to these runs")
+    return "on this kind of CPU, at its own batch sizes"

@@ -16,6 +16,7 @@ without is reused by the notebook, an interrupted one resumed from its checkpoin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import subprocess
 import sys
@@ -61,7 +62,40 @@ def kernel_on_unix_sockets(folder: str):
     return Config({"KernelManager": {"transport": "ipc", "ip": f"{folder}/kernel"}})
 
 
-def execute_run_notebook(run: Run, results_dir: str) -> None:
+class RunKernel:
+    """One notebook kernel for every run of a `make report`: a kernel's start and the report's imports in it cost
+    seconds, paid once instead of per run (81 runs). Each run's notebook assigns every variable it reads before
+    reading it, from its parameters on, so a run sees nothing of the one before; a kernel that died is started
+    anew before the next run."""
+
+    def __init__(self, sockets: str):
+        from jupyter_client.manager import KernelManager
+
+        self.manager = KernelManager(kernel_name="python3", config=kernel_on_unix_sockets(sockets))
+
+    def alive(self):
+        if not self.manager.is_alive():
+            if self.manager.has_kernel:
+                self.manager.cleanup_resources()
+            self.manager.start_kernel(extra_arguments=QUIET_KERNEL)
+        return self.manager
+
+    def shutdown(self) -> None:
+        if self.manager.has_kernel:
+            self.manager.shutdown_kernel(now=True)
+
+
+@contextlib.contextmanager
+def run_kernel():
+    with tempfile.TemporaryDirectory(prefix="ddp-kernel-") as sockets:
+        kernel = RunKernel(sockets)
+        try:
+            yield kernel
+        finally:
+            kernel.shutdown()
+
+
+def execute_run_notebook(run: Run, results_dir: str, kernel: RunKernel) -> None:
     """The run notebook, executed by papermill into the run's folder; a failure leaves it as *.failed.ipynb."""
     import jupytext
     import nbformat
@@ -74,13 +108,17 @@ def execute_run_notebook(run: Run, results_dir: str) -> None:
                       experiment=run.experiment, results_dir=results_dir, launcher=run.launcher, nodes=run.nodes or 1,
                       link_rate=run.link_rate, cpus_per_node=run.cpus_per_node)
     try:
-        with tempfile.TemporaryDirectory(prefix="ddp-kernel-") as sockets:
-            executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
-                                                  progress_bar=False, extra_arguments=QUIET_KERNEL,
-                                                  config=kernel_on_unix_sockets(sockets))
+        executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
+                                              progress_bar=False, km=kernel.alive())
     except papermill.PapermillExecutionError as exc:
         raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
                          f" (the notebook: {failed})") from None
+    ran = [cell for cell in executed.cells if cell.cell_type == "code" and cell.execution_count is not None]
+    for count, cell in enumerate(ran, 1):  # numbered as in a kernel of its own, which a user's papermill call starts
+        cell.execution_count = count
+        for output in cell.outputs:
+            if "execution_count" in output:
+                output["execution_count"] = count
     for cell in executed.cells:  # the book shows the command the run printed, not the notebook's parameter cells
         if {"parameters", "injected-parameters"} & set(cell.metadata.get("tags", [])):
             cell.metadata["tags"] = [*cell.metadata["tags"], "remove-cell"]
@@ -145,14 +183,15 @@ def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None,
 
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
     planned = plan_runs(studies, results_dir)
-    for i, (run, plan) in enumerate(planned, 1):
-        label = f"[{i}/{len(planned)}] {run.folder}"
-        if plan.action == "reuse" and (plan.run_dir / NOTEBOOK_NAME).exists():
-            print(f"{label}: done before, reused", flush=True)
-            continue
-        start = time.perf_counter()
-        execute_run_notebook(run, results_dir)
-        print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)
+    with run_kernel() as kernel:
+        for i, (run, plan) in enumerate(planned, 1):
+            label = f"[{i}/{len(planned)}] {run.folder}"
+            if plan.action == "reuse" and (plan.run_dir / NOTEBOOK_NAME).exists():
+                print(f"{label}: done before, reused", flush=True)
+                continue
+            start = time.perf_counter()
+            execute_run_notebook(run, results_dir, kernel)
+            print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)
     for study in studies:
         benchmark_allreduce(study, results_dir, allreduce_args)
 
