@@ -35,6 +35,9 @@ class UsageError(Exception):
     """A mistake in the user's input: reported as one line, never as a traceback."""
 
 
+# A dataset with one labelled split (AG News offline: its test split) is split into training and evaluation parts,
+# this fraction for evaluation. Here and not in data.py, which needs torch, so that the book quotes it without it.
+EVAL_FRACTION_WHEN_UNSPLIT = 0.2
 ERROR_PREFIX = "ddp_core.train: error:"  # starts the trainer's one line; the launchers look for it in the output
 
 

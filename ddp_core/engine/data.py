@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddp_core.engine.config import TrainConfig, UsageError
+from ddp_core.engine.config import EVAL_FRACTION_WHEN_UNSPLIT, TrainConfig, UsageError
 from ddp_core.engine.model import PAD_ID
 
 UNK_ID = 1
@@ -29,7 +29,6 @@ TOKENIZER_VERSION = 1
 HUB_IDS = {"imdb": "stanfordnlp/imdb", "ag_news": "fancyzhx/ag_news"}
 NUM_CLASSES = {"imdb": 2, "ag_news": 4, "synthetic": 2}
 LOCAL_FORMATS = {".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet", ".jsonl": "json"}
-EVAL_FRACTION_WHEN_UNSPLIT = 0.2
 SYNTHETIC_DEFAULT_SAMPLES = (2048, 512)
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[!?]")
 

@@ -237,15 +237,16 @@ RULE_RATE_COLUMNS = {"effect": ("Planted effect: side A takes longer by", "{:.0%
                      "called": ("Comparisons called in its direction (at 0 %: in either)", "{:.1%}")}
 
 
-def rule_rates_markdown(experiment: Experiment) -> str:
-    return one_row_each(rule_rates_table(experiment), RULE_RATE_COLUMNS)
+def rule_rates_markdown(rates: pd.DataFrame) -> str:
+    """`rule_rates_table`, made once per build (its resampling takes seconds), as the book's table."""
+    return one_row_each(rates, RULE_RATE_COLUMNS)
 
 
-def noise_findings(experiment: Experiment) -> dict:
+def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:
     """The yardstick of this build, for the methods chapter: the noise floor, what it rests on, and how often the
-    rule calls identical configurations different."""
+    rule calls identical configurations different (from `rule_rates_table`)."""
     sides = list(paired_sides(experiment).values())
-    rates = rule_rates_table(experiment).set_index("effect")["called"]
+    rates = rates.set_index("effect")["called"]
     return {"noise_floor": noise_floor(sides), "noise_repeats": min(len(side) for side in sides),
             "noise_configurations": len(sides), "floor_z": Z, "rule_draws": DRAWS, "identical_called": rates[0.0],
             "min_repeats": MIN_REPEATS, "warmup_steps": WARMUP_STEPS}
