@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddp_core.report.network import _links_phrase
+from ddp_core.report.nodes import _links_phrase
 
 
 @pytest.mark.parametrize("labels, phrase", [
@@ -19,7 +19,7 @@ def test_the_links_of_a_study_are_named_right_for_any_mix(labels, phrase):
                                                  (0.710, 2, "has not learned"), (1.34, 4, "has barely learned"),
                                                  (1.0, 4, "has learned")])
 def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss, classes, says):
-    from ddp_core.report.network import learned
+    from ddp_core.report.compression import learned
 
     assert learned(loss, classes) == says
 
@@ -27,7 +27,7 @@ def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss,
 
 def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_inside_the_repeats():
     from conftest import REPO
-    from ddp_core.report.network import link_findings, link_table
+    from ddp_core.report.nodes import link_findings, link_table
     from ddp_core.report.results import load_study
 
     study = load_study(REPO / "reference" / "nodes")

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZES, runnable_tiny_studies
 from ddp_core.launch.local import ExperimentError, prepare, run_local
-from ddp_core.report import training_studies
+from ddp_core.report import grad_accum
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.results import load_study
 from ddp_core.studies.study_list import interleaved, load_study_list
@@ -196,7 +196,7 @@ def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project
     losses = {name: metrics_of(folder / name / run)[["train_loss", "val_loss"]] for name, run in runs.items()}
     worst = max(float((losses[name] - losses["one_batch"]).abs().max().max()) for name in runs)
     assert worst < 1e-4
-    found = training_studies.accumulation_findings(load_study(folder))
+    found = grad_accum.accumulation_findings(load_study(folder))
     assert found["accum_loss_gap"] == pytest.approx(worst)
     assert found["accum_same_model"] == "the same model"
 
@@ -210,7 +210,7 @@ def test_each_study_page_shows_its_figure_or_table(project, name):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(project):
-    from ddp_core.report.network import link_table
+    from ddp_core.report.nodes import link_table
 
     folder = project / "results" / "nodes"
     table = link_table(load_study(folder)).set_index("link")
@@ -232,7 +232,7 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_they_used(project, tmp_path):
-    from ddp_core.report.network import disturbed_runs, fidelity_table
+    from ddp_core.report.nodes import disturbed_runs, fidelity_table
 
     folder = shutil.copytree(project / "results" / "nodes", tmp_path / "nodes")
     network = json.loads((folder / "1gbit" / "n2" / "network.json").read_text())
@@ -248,7 +248,7 @@ def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_the
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_the_scale_model_is_the_link_whose_ratio_is_closest_to_the_gpu_forecasts(project):
-    from ddp_core.report.network import link_table, scale_model_findings
+    from ddp_core.report.nodes import link_table, scale_model_findings
     from ddp_core.report.nvlink_forecast import forecast
 
     study = load_study(project / "results" / "nodes")
@@ -313,7 +313,7 @@ def test_a_run_the_machine_disturbed_is_named_in_the_methods_chapter(project, tm
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny bucket study runs on emulated nodes, which need root")
 def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step(project):
-    from ddp_core.report.network import bucket_findings
+    from ddp_core.report.bucket_size import bucket_findings
 
     folder = project / "results" / "bucket_size"
     found = bucket_findings(load_study(folder))

@@ -17,7 +17,7 @@ from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.report.results import Measurement, load_experiment, read_measurement
-from ddp_core.report.training_studies import precision_crossref
+from ddp_core.report.precision import precision_crossref
 from ddp_core.report.single_device import (RATIOS, baseline_comparison, ratio_table, throughput_table,
                                           verdict_table)
 

@@ -17,7 +17,7 @@ import yaml
 
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES
 from ddp_core.engine.config import global_batch_size, parse_args
-from ddp_core.report import training_studies
+from ddp_core.report import precision
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.compute_ratio import cores_per_rank
 from ddp_core.report.provenance import studies_overview_markdown, study_setup_findings
@@ -234,7 +234,7 @@ def test_the_cost_model_gives_a_rank_its_part_of_the_shared_cores_or_its_emulate
 
 def test_precision_ratio_is_bf16_over_fp32_median_step():
     folder = REFERENCE / "precision"
-    found = training_studies.precision_findings(load_study(folder))
+    found = precision.precision_findings(load_study(folder))
     ratio = paired_median([time_per_sample(run) for run in repeats(folder / "bf16", 1)],
                           [time_per_sample(run) for run in repeats(folder / "fp32", 1)])
     assert found["precision_time_ratio"] == pytest.approx(ratio)
@@ -248,7 +248,7 @@ def test_precision_ratio_is_bf16_over_fp32_median_step():
 def test_the_precision_page_says_whether_the_processor_computes_in_bf16(on_gpu, extensions, says):
     from types import SimpleNamespace
 
-    from ddp_core.report.training_studies import bf16_support
+    from ddp_core.report.precision import bf16_support
 
     assert bf16_support(SimpleNamespace(on_gpu=on_gpu, raw={"cpu_extensions": extensions})) == says
 

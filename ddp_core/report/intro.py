@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_core.report import network, time_to_accuracy
+from ddp_core.report import time_to_accuracy
+from ddp_core.report.nodes import nodes_figure, nodes_findings
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, load_experiment, load_study
@@ -17,7 +18,7 @@ from ddp_core.studies.study_list import load_study_list
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
     chapter's runs, the emulated nodes (`nodes_`), time to accuracy (`tta_`) and the list of studies."""
-    nodes = network.nodes_findings(load_study(results / "nodes"))
+    nodes = nodes_findings(load_study(results / "nodes"))
     return (findings(load_experiment(results / "scaling")) | {f"nodes_{key}": value for key, value in nodes.items()}
             | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy")))
 
@@ -25,7 +26,7 @@ def key_findings(results: Path) -> dict:
 def headline_figure(results: Path):
     """The emulated nodes' figure, also saved as a file of its own for the README: each build of the book writes
     it into the project's `_build/`, and `make reference` keeps it beside the reference results."""
-    figure = network.nodes_figure(load_study(results / "nodes"))
+    figure = nodes_figure(load_study(results / "nodes"))
     path = results.parents[1] / "_build" / "headline.png"
     path.parent.mkdir(exist_ok=True)
     figure.savefig(path, dpi=100)

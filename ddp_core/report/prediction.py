@@ -231,7 +231,7 @@ MEASURED_FORECAST_COLUMNS = {
 
 def measured_forecast_markdown(gpus: list[Measurement]) -> str:
     """Per GPU measured, the forecast of `measured_forecast` as a table after a line on where its steps come from;
-    a sentence instead where no GPU was timed at a batch and at four times it."""
+    empty where no GPU was timed at a batch and at FORECAST_GPUS times it."""
     sections = []
     for m in gpus:
         ahead = measured_forecast(m)
@@ -243,7 +243,4 @@ def measured_forecast_markdown(gpus: list[Measurement]) -> str:
                      f"{m.info['start_time'][:10]} by code commit {(m.info['git_commit'] or 'unknown')[:10]}).",
                      one_row_each(ahead.set_index("configuration"), MEASURED_FORECAST_COLUMNS,
                                   "Model, precision, batch per GPU (samples)")]
-    return "\n\n".join(sections) or (
-        f"The results shown hold no GPU timed at a batch and at {FORECAST_GPUS} times it, so there is no measured "
-        f"forecast yet. On a machine with one GPU, `bash benchmarks/gpu_session.sh measure RESULTS_DIR` times "
-        f"batches of 32, 128 and 256 samples; the pair 32 and 128 gives this table.")
+    return "\n\n".join(sections)

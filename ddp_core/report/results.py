@@ -17,6 +17,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import pandas as pd
 
@@ -287,6 +288,25 @@ def read_measurement(folder: str | Path) -> Measurement:
 
 def load_measurements(folder: str | Path) -> list[Measurement]:
     return load_per_device(folder, read_measurement)
+
+
+# The links of an emulated cluster's runs, as the pages name them
+
+def rate_text(gbit_s: float) -> str:
+    return f"{gbit_s:.3g} Gbit/s" if gbit_s >= 1 else f"{gbit_s * 1000:.3g} Mbit/s"
+
+
+def link_label(experiment: Experiment) -> str:
+    """'1 Gbit/s' or 'unshaped' for the links of an experiment's runs."""
+    rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
+    if rate is None:
+        return "unshaped"
+    return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
+
+
+def measured_gbit_s(experiment: Experiment) -> float:
+    """The median of the link rates measured before each multi-node run of the experiment."""
+    return float(median(run.raw["network"]["measured_gbit_s"] for run in experiment.all_runs if run.world_size > 1))
 
 
 def run_on_folder(prog: str, report, load=load_experiment, argv: list[str] | None = None) -> int:

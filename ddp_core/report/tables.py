@@ -61,10 +61,9 @@ def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, 
     return markdown_table(cells, "")
 
 
-def configurations_as_columns(table: pd.DataFrame, columns: dict[str, tuple[str, str]]) -> str:
+def configurations_as_columns(table: pd.DataFrame, rows: list[tuple[str, str, float, str]]) -> str:
     """`quantities_by_column` for a table indexed by configuration (a study's variants): a column each, named in
-    words ("linear LR warm-up", `in_words`), and a row per quantity of `columns` (column -> (label with unit, format))."""
-    rows = [(label, column, 1, fmt) for column, (label, fmt) in columns.items()]
+    words ("linear LR warm-up", `in_words`), and a row per (label with unit, column of `table`, scale, format)."""
     return quantities_by_column(table, rows, [in_words(name) for name in table.index])
 
 

@@ -1,6 +1,6 @@
-"""Over a network: the studies that train on an emulated cluster (`ddp_core.launch.emulated`), where the link's
-bandwidth, DDP's gradient buckets and its communication hook are the variables. Reads each study's `Experiment`s
-(`load_study`); offers per study `*_findings` for its page's glue, a `*_table` (DataFrame), its `*_markdown` and
+"""Strong scaling over emulated nodes (`ddp_core.launch.emulated`), the nodes page and the report's headline: a
+node's own CPU share and network stack, the link's bandwidth the variable. Reads the study's `Experiment`s
+(`load_study`); offers `*_findings` for the pages' glue, `*_table`s (DataFrames), their `*_markdown` and
 `*_figure`s.
 
 Speedups are taken against the study's one-node runs (`one_node`), which ran in the same rounds as every link's;
@@ -13,35 +13,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.comparisons import (accuracy_floor, accuracy_glue, chance_glue, compare_accuracies, compare_times,
-                                         final_accuracies, run_times, speedup_comparisons, steady_phases,
-                                         time_floor, time_glue)
+from ddp_core.report.comparisons import chance_glue, compare_times, speedup_comparisons, time_floor
 from ddp_core.report.cost_model import predict
-from ddp_core.report.figures import chance_line
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
-from ddp_core.report.results import STOLEN, Experiment, joined, machine_use
+from ddp_core.report.results import STOLEN, Experiment, joined, link_label, machine_use, measured_gbit_s, rate_text
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import counted, in_words, one_row_each, quantities_by_column
+from ddp_core.report.tables import counted, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
-
-
-def _rate_text(gbit_s: float) -> str:
-    return f"{gbit_s:.3g} Gbit/s" if gbit_s >= 1 else f"{gbit_s * 1000:.3g} Mbit/s"
-
-
-def link_label(experiment: Experiment) -> str:
-    """'1 Gbit/s' or 'unshaped' for the links of an experiment's runs."""
-    rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
-    if rate is None:
-        return "unshaped"
-    return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
-
-
-def measured_gbit_s(experiment: Experiment) -> float:
-    """The median of the link rates measured before each multi-node run of the experiment."""
-    return float(np.median([run.raw["network"]["measured_gbit_s"] for run in experiment.all_runs
-                            if run.world_size > 1]))
 
 
 # Link bandwidth ----------------------------------------------------------------------------------------------
@@ -134,7 +113,7 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     worst = table.loc[error.idxmax()]
     return {
         "link_rates": _links_phrase([link_label(e) for e in links.values()]),
-        "links_measured": "; ".join(f"{link_label(e)}: {_rate_text(measured_gbit_s(e))} measured"
+        "links_measured": "; ".join(f"{link_label(e)}: {rate_text(measured_gbit_s(e))} measured"
                                     for e in links.values()),
         "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
         "worst_prediction_link": worst["link"], "predictions_inside": len(inside), "predictions": len(table),
@@ -326,177 +305,3 @@ def _links_phrase(labels: list[str]) -> str:
               else f"a link capped at {shaped[0]}" if shaped else "")
     unshaped = "an unshaped link" if "unshaped" in labels else ""
     return " and ".join(part for part in (unshaped, capped) if part)
-
-
-# Bucket size -------------------------------------------------------------------------------------------------
-
-def at_world_size(experiment: Experiment, n: int) -> pd.Series:
-    """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median step of the repeats
-    (`run_times`), the mean step and its parts over the steady epochs, and the median final training loss."""
-    steady = steady_phases(experiment.metrics).query("world_size == @n")
-    parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
-    last = experiment.metrics.query("world_size == @n").sort_values("epoch").groupby("run").last()
-    return pd.concat([parts, pd.Series({"step_time_s": run_times(experiment).query("world_size == @n")["step_time_s"]
-                                        .median(), "final_train_loss": last["train_loss"].median()})])
-
-
-def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per bucket setting: the all-reduces a step launched, the step (median) and its communication (means
-    over the steady epochs) at the study's world size."""
-    rows = {}
-    for variant, e in study.items():
-        n = e.largest
-        row = at_world_size(e, n)
-        cap = e.runs[n].config.get("bucket_cap_mb")
-        rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
-                             allreduces=e.runs[n].raw.get("allreduces_per_step", np.nan),
-                             step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
-                             compute_per_step_s=row["compute_per_step_s"],
-                             comm_total_per_step_s=row["comm_total_per_step_s"],
-                             comm_exposed_per_step_s=row["comm_exposed_per_step_s"])
-    return pd.DataFrame(rows).T
-
-
-BUCKET_ROWS = [
-    ("Bucket size set (MiB; –: PyTorch's default)", "bucket_cap_mb", 1, "{:g}"),
-    ("All-reduces per step", "allreduces", 1, "{:.0f}"),
-    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
-    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
-    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
-    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
-    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-]
-
-
-def _variants_as_columns(table: pd.DataFrame, rows: list) -> str:
-    return quantities_by_column(table, rows, [in_words(name) for name in table.index])
-
-
-def bucket_markdown(study: dict[str, Experiment]) -> str:
-    return _variants_as_columns(bucket_table(study), BUCKET_ROWS)
-
-
-def bucket_findings(study: dict[str, Experiment]) -> dict:
-    default = study["default_buckets"]
-    n = default.largest
-    floor = time_floor(*study.values())
-    found = {"bucket_nodes": n, "bucket_link": link_label(default),
-             "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}",
-             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}"} | timeline_findings(study)
-    for variant in ("one_bucket", "one_mib_buckets"):
-        c = compare_times(study[variant], default, n, n, floor=floor)
-        found |= time_glue(variant, c)
-    return found
-
-
-def _timeline(experiment: Experiment) -> pd.DataFrame:
-    run = experiment.repeats[experiment.largest][0]
-    return pd.read_csv(experiment.folder / run.name / "timeline.csv")
-
-
-def timeline_findings(study: dict[str, Experiment]) -> dict:
-    """How long each plotted step took against its run's median step: one step is an example, not a measure."""
-    found = {}
-    for variant, e in study.items():
-        timeline, run = _timeline(e), e.repeats[e.largest][0]
-        found[f"{variant}_drawn_ms"] = timeline["end_s"].max() * 1e3
-        found[f"{variant}_median_ms"] = run_times(e).set_index("run").loc[run.name, "step_time_s"] * 1e3
-    return found
-
-
-def timeline_figure(study: dict[str, Experiment]):
-    """One step of rank 0 (the run's last, repeat 1) per bucket setting: the phases on one row and each bucket's
-    all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
-    variants = list(study)
-    fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.5 * len(variants) + 0.7), sharex=True)
-    colors = {"forward": "C0", "backward (with DDP's wait)": "C1", "optimizer": "C2"}
-    names = {"backward": "backward (with DDP's wait)"}
-    for ax, variant in zip(axes, variants):
-        timeline = _timeline(study[variant])
-        for row in timeline[timeline["what"] != "data"].itertuples():  # data loading: too short to see
-            bucket = row.what.startswith("all-reduce")
-            ax.barh(0 if bucket else 1, (row.end_s - row.start_s) * 1e3, left=row.start_s * 1e3, height=0.6,
-                    color="C3" if bucket else colors[names.get(row.what, row.what)], edgecolor="white",
-                    linewidth=0.5)
-        ax.set(yticks=[0, 1], yticklabels=["all-reduce\n(each bucket)", "phases"], title=in_words(variant))
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), "C3"]]
-    fig.legend(handles, [*colors, "all-reduce of a bucket"], loc="lower center", ncol=4, fontsize=8, frameon=False)
-    axes[-1].set_xlabel("ms from the start of the step")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return fig
-
-
-# Gradient compression ----------------------------------------------------------------------------------------
-
-def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    rows = {}
-    for variant, e in study.items():
-        n = e.largest
-        times = run_times(e).query("world_size == @n")["step_time_s"]
-        accuracies = final_accuracies(e, n)
-        row = at_world_size(e, n)
-        rows[variant] = dict(step_time_s=times.median(), step_low_s=times.min(), step_high_s=times.max(),
-                             comm_total_per_step_s=row["comm_total_per_step_s"],
-                             final_val_accuracy=float(np.median(accuracies)), accuracy_low=min(accuracies),
-                             accuracy_high=max(accuracies), final_train_loss=row["final_train_loss"])
-    return pd.DataFrame(rows).T
-
-
-COMPRESSION_ROWS = [
-    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
-    ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
-    ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
-    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.3f}"),
-    ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
-    ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
-    ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
-]
-
-
-def compression_markdown(study: dict[str, Experiment]) -> str:
-    return _variants_as_columns(compression_table(study), COMPRESSION_ROWS)
-
-
-def compression_findings(study: dict[str, Experiment]) -> dict:
-    base = study["fp32"]
-    n = base.largest
-    time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
-    found = {"compression_nodes": n, "compression_link": link_label(base),
-             "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
-             "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"]}
-    loss, classes = compression_table(study).loc["fp32", "final_train_loss"], base.baseline.model["num_classes"]
-    found |= {"compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
-              "compression_learned": learned(loss, classes)}
-    for variant in ("fp16", "powersgd"):
-        e = study[variant]
-        found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))
-        found |= accuracy_glue(f"{variant}_accuracy", compare_accuracies(e, base, n, n, floor=accuracy_noise))
-    return found
-
-
-def learned(train_loss: float, classes: int) -> str:
-    """Whether the runs trained long enough for accuracy to say anything: 'has not learned' at or above a uniform
-    guess's loss, ln(classes); 'has barely learned' within 5 % below it; 'has learned' below that."""
-    guess = np.log(classes)
-    if train_loss >= guess:
-        return "has not learned"
-    return "has barely learned" if train_loss > 0.95 * guess else "has learned"
-
-
-def compression_figure(study: dict[str, Experiment]):
-    table = compression_table(study)
-    fig, (time_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.4))
-    x = np.arange(len(table))
-    names = [in_words(name) for name in table.index]
-    time_ax.bar(x, table["step_time_s"] * 1e3, yerr=[(table["step_time_s"] - table["step_low_s"]) * 1e3,
-                                                     (table["step_high_s"] - table["step_time_s"]) * 1e3], capsize=4)
-    time_ax.set(xticks=x, xticklabels=names, ylabel="ms per step", title="Step time (bar: range of repeats)")
-    acc_ax.bar(x, table["final_val_accuracy"], color="C2",
-               yerr=[table["final_val_accuracy"] - table["accuracy_low"],
-                     table["accuracy_high"] - table["final_val_accuracy"]], capsize=4)
-    chance_line(acc_ax, next(iter(study.values())).baseline.model["num_classes"])
-    acc_ax.legend(fontsize=8)
-    acc_ax.set(xticks=x, xticklabels=names, ylabel="accuracy", title="Final validation accuracy (bar: range)")
-    fig.tight_layout()
-    return fig

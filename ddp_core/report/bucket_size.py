@@ -1,0 +1,95 @@
+"""Gradient buckets and overlap, over an emulated link: how DDP's bucket size sets the all-reduces of a step and how
+much of them backward hides. Reads the study's `Experiment`s (`load_study`); offers `bucket_findings`, the
+table and the timeline of one step."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.report.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
+from ddp_core.report.results import Experiment, link_label
+from ddp_core.report.tables import configurations_as_columns, in_words
+
+
+def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per bucket setting: the all-reduces a step launched, the step (median) and its communication (means
+    over the steady epochs) at the study's world size."""
+    rows = {}
+    for variant, e in study.items():
+        n = e.largest
+        row = at_world_size(e, n)
+        cap = e.runs[n].config.get("bucket_cap_mb")
+        rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
+                             allreduces=e.runs[n].raw.get("allreduces_per_step", np.nan),
+                             step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
+                             compute_per_step_s=row["compute_per_step_s"],
+                             comm_total_per_step_s=row["comm_total_per_step_s"],
+                             comm_exposed_per_step_s=row["comm_exposed_per_step_s"])
+    return pd.DataFrame(rows).T
+
+
+BUCKET_ROWS = [
+    ("Bucket size set (MiB; –: PyTorch's default)", "bucket_cap_mb", 1, "{:g}"),
+    ("All-reduces per step", "allreduces", 1, "{:.0f}"),
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
+    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
+    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
+    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
+]
+
+
+def bucket_markdown(study: dict[str, Experiment]) -> str:
+    return configurations_as_columns(bucket_table(study), BUCKET_ROWS)
+
+
+def bucket_findings(study: dict[str, Experiment]) -> dict:
+    default = study["default_buckets"]
+    n = default.largest
+    floor = time_floor(*study.values())
+    found = {"bucket_nodes": n, "bucket_link": link_label(default),
+             "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}",
+             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}"} | timeline_findings(study)
+    for variant in ("one_bucket", "one_mib_buckets"):
+        c = compare_times(study[variant], default, n, n, floor=floor)
+        found |= time_glue(variant, c)
+    return found
+
+
+def _timeline(experiment: Experiment) -> pd.DataFrame:
+    run = experiment.repeats[experiment.largest][0]
+    return pd.read_csv(experiment.folder / run.name / "timeline.csv")
+
+
+def timeline_findings(study: dict[str, Experiment]) -> dict:
+    """How long each plotted step took against its run's median step: one step is an example, not a measure."""
+    found = {}
+    for variant, e in study.items():
+        timeline, run = _timeline(e), e.repeats[e.largest][0]
+        found[f"{variant}_drawn_ms"] = timeline["end_s"].max() * 1e3
+        found[f"{variant}_median_ms"] = run_times(e).set_index("run").loc[run.name, "step_time_s"] * 1e3
+    return found
+
+
+def timeline_figure(study: dict[str, Experiment]):
+    """One step of rank 0 (the run's last, repeat 1) per bucket setting: the phases on one row and each bucket's
+    all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
+    variants = list(study)
+    fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.5 * len(variants) + 0.7), sharex=True)
+    colors = {"forward": "C0", "backward (with DDP's wait)": "C1", "optimizer": "C2"}
+    names = {"backward": "backward (with DDP's wait)"}
+    for ax, variant in zip(axes, variants):
+        timeline = _timeline(study[variant])
+        for row in timeline[timeline["what"] != "data"].itertuples():  # data loading: too short to see
+            bucket = row.what.startswith("all-reduce")
+            ax.barh(0 if bucket else 1, (row.end_s - row.start_s) * 1e3, left=row.start_s * 1e3, height=0.6,
+                    color="C3" if bucket else colors[names.get(row.what, row.what)], edgecolor="white",
+                    linewidth=0.5)
+        ax.set(yticks=[0, 1], yticklabels=["all-reduce\n(each bucket)", "phases"], title=in_words(variant))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), "C3"]]
+    fig.legend(handles, [*colors, "all-reduce of a bucket"], loc="lower center", ncol=4, fontsize=8, frameon=False)
+    axes[-1].set_xlabel("ms from the start of the step")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

@@ -1,0 +1,89 @@
+"""Gradient compression, over an emulated link: DDP's fp16 and PowerSGD communication hooks against fp32, in step time
+and in accuracy. Reads the study's `Experiment`s (`load_study`); offers `compression_findings`, the table and
+the figure."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.report.comparisons import (accuracy_floor, accuracy_glue, at_world_size, compare_accuracies,
+                                         compare_times, final_accuracies, run_times, time_floor, time_glue)
+from ddp_core.report.figures import chance_line
+from ddp_core.report.results import Experiment, link_label
+from ddp_core.report.tables import configurations_as_columns, in_words
+
+
+def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    rows = {}
+    for variant, e in study.items():
+        n = e.largest
+        times = run_times(e).query("world_size == @n")["step_time_s"]
+        accuracies = final_accuracies(e, n)
+        row = at_world_size(e, n)
+        rows[variant] = dict(step_time_s=times.median(), step_low_s=times.min(), step_high_s=times.max(),
+                             comm_total_per_step_s=row["comm_total_per_step_s"],
+                             final_val_accuracy=float(np.median(accuracies)), accuracy_low=min(accuracies),
+                             accuracy_high=max(accuracies), final_train_loss=row["final_train_loss"])
+    return pd.DataFrame(rows).T
+
+
+COMPRESSION_ROWS = [
+    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
+    ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
+    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
+    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.3f}"),
+    ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
+    ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
+    ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
+]
+
+
+def compression_markdown(study: dict[str, Experiment]) -> str:
+    return configurations_as_columns(compression_table(study), COMPRESSION_ROWS)
+
+
+def compression_findings(study: dict[str, Experiment]) -> dict:
+    base = study["fp32"]
+    n = base.largest
+    time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
+    found = {"compression_nodes": n, "compression_link": link_label(base),
+             "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
+             "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"]}
+    loss, classes = compression_table(study).loc["fp32", "final_train_loss"], base.baseline.model["num_classes"]
+    found |= {"compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
+              "compression_learned": learned(loss, classes)}
+    for variant in ("fp16", "powersgd"):
+        e = study[variant]
+        found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))
+        found |= accuracy_glue(f"{variant}_accuracy", compare_accuracies(e, base, n, n, floor=accuracy_noise))
+    return found
+
+
+def learned(train_loss: float, classes: int) -> str:
+    """Whether the runs trained long enough for accuracy to say anything: 'has not learned' at or above a uniform
+    guess's loss, ln(classes); 'has barely learned' within 5 % below it; 'has learned' below that."""
+    guess = np.log(classes)
+    if train_loss >= guess:
+        return "has not learned"
+    return "has barely learned" if train_loss > 0.95 * guess else "has learned"
+
+
+def compression_figure(study: dict[str, Experiment]):
+    table = compression_table(study)
+    fig, (time_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.4))
+    x = np.arange(len(table))
+    names = [in_words(name) for name in table.index]
+    time_ax.bar(x, table["step_time_s"] * 1e3, yerr=[(table["step_time_s"] - table["step_low_s"]) * 1e3,
+                                                     (table["step_high_s"] - table["step_time_s"]) * 1e3], capsize=4)
+    time_ax.set(xticks=x, xticklabels=names, ylabel="ms per step", title="Step time (bar: range of repeats)")
+    acc_ax.bar(x, table["final_val_accuracy"], color="C2",
+               yerr=[table["final_val_accuracy"] - table["accuracy_low"],
+                     table["accuracy_high"] - table["final_val_accuracy"]], capsize=4)
+    chance_line(acc_ax, next(iter(study.values())).baseline.model["num_classes"])
+    acc_ax.legend(fontsize=8)
+    acc_ax.set(xticks=x, xticklabels=names, ylabel="accuracy", title="Final validation accuracy (bar: range)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,75 @@
+"""Gradient accumulation against DDP: the same global batch formed on one rank at once, on one rank in micro-batches,
+and on several ranks, the same model to float32's order of sums. Reads the study's `Experiment`s (`load_study`);
+offers `accumulation_findings` for the page's glue and its table."""
+
+from __future__ import annotations
+
+from statistics import median
+
+import pandas as pd
+
+from ddp_core.report.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
+from ddp_core.report.results import Experiment
+from ddp_core.report.tables import configurations_as_columns
+
+
+def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per variant: how the global batch was formed, its median step, and how far its losses and accuracy lie
+    from the first variant's, epoch by epoch, repeat k against repeat k (the same seed), the largest gap of all."""
+    reference = study[next(iter(study))]
+    rows = {}
+    for variant, e in study.items():
+        run = e.baseline
+        gaps = pd.concat([_epochs(e, ours) - _epochs(reference, theirs) for ours, theirs
+                          in zip(e.repeats[run.world_size], reference.repeats[reference.baseline.world_size])]).abs()
+        rows[variant] = dict(ranks=run.world_size, micro_batch=run.per_rank_batch_size,
+                             grad_accum=run.config["grad_accum"], global_batch=run.global_batch_size,
+                             step_time_ms=run_times(e)["step_time_s"].median() * 1e3,
+                             final_val_accuracy=median(final_accuracies(e, run.world_size)),
+                             max_train_loss_gap=gaps["train_loss"].max(), max_val_loss_gap=gaps["val_loss"].max(),
+                             max_accuracy_gap=gaps["val_accuracy"].max())
+    return pd.DataFrame(rows).T
+
+
+def _epochs(experiment: Experiment, run) -> pd.DataFrame:
+    """One run's losses and accuracy by epoch."""
+    metrics = experiment.metrics[experiment.metrics["run"] == run.name]
+    return metrics.set_index("epoch")[["train_loss", "val_loss", "val_accuracy"]]
+
+
+ACCUMULATION_ROWS = [
+    ("Ranks", "ranks", 1, "{:.0f}"),
+    ("Micro-batch (samples)", "micro_batch", 1, "{:.0f}"),
+    ("Micro-batches per step", "grad_accum", 1, "{:.0f}"),
+    ("Global batch (samples)", "global_batch", 1, "{:.0f}"),
+    ("Step time, median of the repeats (ms)", "step_time_ms", 1, "{:.1f}"),
+    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.4f}"),
+    ("Largest training-loss gap to the first variant", "max_train_loss_gap", 1, "{:.1e}"),
+]
+
+
+def accumulation_markdown(study: dict[str, Experiment]) -> str:
+    table = accumulation_table(study)
+    return configurations_as_columns(table, ACCUMULATION_ROWS)
+
+
+# A loss that agrees to this is the same computation up to the order of float32 sums.
+SAME_MODEL_TOLERANCE = 1e-3
+
+
+def accumulation_findings(study: dict[str, Experiment]) -> dict:
+    table = accumulation_table(study)
+    gap = float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
+    first, *others = table.index
+    one_batch, accumulated, ddp = (study[variant] for variant in table.index)
+    floor = time_floor(*study.values())  # one floor for both comparisons of the page
+    accumulated_c = compare_times(accumulated, one_batch, floor=floor)
+    ddp_c = compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)
+    return {"accum_variants": ", ".join(name.replace("_", " ") for name in others),
+            "accum_reference": first.replace("_", " "),  # variant names in words, as the table's columns
+            "accum_loss_gap": gap, "accum_accuracy_gap": float(table["max_accuracy_gap"].max()),
+            "accum_tolerance": SAME_MODEL_TOLERANCE,
+            "accum_same_model": "the same model" if gap <= SAME_MODEL_TOLERANCE else "different models",
+            "accum_within_rounding": "within" if gap <= SAME_MODEL_TOLERANCE else "beyond",
+            "accum_ddp_ranks": ddp.largest, **chance_glue("accum", one_batch, 1),
+            **time_glue("accum_time", accumulated_c), **time_glue("accum_ddp_time", ddp_c)}

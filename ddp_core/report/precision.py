@@ -1,0 +1,80 @@
+"""Mixed precision: bf16 against fp32 on the runs' processor, in step time and in accuracy. Reads the study's
+`Experiment`s (`load_study`); offers `precision_findings` for the page's glue, its table, and where the One device
+chapter timed the same precisions."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddp_core.report.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
+from ddp_core.report.results import Experiment, Measurement
+from ddp_core.report.scaling import scaling_table
+from ddp_core.report.tables import configurations_as_columns, counted
+
+
+def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    rows = {}
+    for variant, e in study.items():
+        table = scaling_table(e).loc[1]
+        rows[variant] = dict(step_time_ms=table["step_time_s"] * 1e3, samples_per_s=table["samples_per_s"],
+                             final_val_accuracy=table["final_val_accuracy"], final_train_loss=table["final_train_loss"])
+    return pd.DataFrame(rows).T
+
+
+PRECISION_ROWS = [
+    ("Step time, median of the repeats' medians (ms)", "step_time_ms", 1, "{:.1f}"),
+    ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
+    ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
+    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.3f}"),
+]
+
+
+def precision_markdown(study: dict[str, Experiment]) -> str:
+    table = precision_table(study)
+    return configurations_as_columns(table, PRECISION_ROWS)
+
+
+BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_support(run) -> str:
+    """Whether the processor the runs had computes in bf16, from the extensions its run.json recorded: 'has bf16
+    instructions' (a GPU, or a CPU with one of BF16_INSTRUCTIONS), 'has no bf16 instructions', or 'did not record
+    its extensions'."""
+    extensions = run.raw.get("cpu_extensions")
+    if run.on_gpu or (extensions and any(name in extensions for name in BF16_INSTRUCTIONS)):
+        return "has bf16 instructions"
+    return "did not record its extensions" if extensions is None else "has no bf16 instructions"
+
+
+def _evaluation_set(run) -> str:
+    """'64 evaluation samples' or 'the whole evaluation split': what an accuracy was measured on."""
+    samples = run.config["eval_samples"]
+    return "the whole evaluation split" if samples is None else counted(samples, "evaluation sample")
+
+
+def precision_findings(study: dict[str, Experiment]) -> dict:
+    c = compare_times(study["bf16"], study["fp32"])
+    return {"precision_device": study["fp32"].baseline.device_name,
+            "precision_bf16_support": bf16_support(study["fp32"].baseline),
+            "precision_extensions": ", ".join(study["fp32"].baseline.raw.get("cpu_extensions") or []) or "none",
+            "bf16_instructions": " or ".join(BF16_INSTRUCTIONS),
+            **time_glue("precision_speed", c),
+            "precision_time_ratio": float(c.ratio),
+            "precision_eval_set": _evaluation_set(study["fp32"].baseline),
+            **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
+            **chance_glue("precision", study["fp32"], 1)}
+
+
+def precision_crossref(measurements: list[Measurement], run) -> str:
+    """Where the One device chapter timed bf16 against fp32 too, as a clause: on the CPU of `run` (a study's run),
+    or on another one, whose bf16 figures do not carry over (with both CPUs' vector extensions)."""
+    same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
+    if not same_name:
+        return "on other devices than these runs had"
+    extensions = same_name[0].info.get("cpu_extensions")
+    if extensions != run.raw.get("cpu_extensions"):
+        return (f"on a CPU of the same name but other vector extensions ({', '.join(extensions or ['none recorded'])} "
+                f"against these runs' {', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), whose bf16 "
+                f"figures do not carry over to these runs")
+    return "on this kind of CPU, at its own batch sizes"
