@@ -8,7 +8,7 @@ A node that has spent its quota waits for the next period, however many cores ar
 all-reduce every other node waits with it: the longer the period, the longer such a stall (up to the period less
 the quota). A shorter period costs the kernel more work per second. Prints each period's step, the median over
 the rounds of each run's median step, and its ratio to the 10 ms runs', paired round by round, with the verdict
-of the report's one verdict function.
+of the report's one verdict function (`ddp_core.report.nodes.period_table`, which the nodes page shows).
 """
 
 from __future__ import annotations
@@ -17,24 +17,18 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
 
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.local import follow_trainer, prepare, trainer_args
-from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.verdict import compare, noise_floor
+from ddp_core.report.nodes import period_table
 from ddp_core.studies.study_list import load_study_list
 
 PERIODS_MS = (10, 100, 5)
 NODES, CPUS_PER_NODE = 4, 0.25
 
 
-def median_step(run_dir: Path) -> float:
-    return float(pd.read_csv(run_dir / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median())
-
-
-def train(results_dir: Path, period_ms: int, repeat: int) -> float:
-    """One run of the nodes study's settings at this period; its median step."""
+def train(results_dir: Path, period_ms: int, repeat: int) -> None:
+    """One run of the nodes study's settings at this period."""
     study = load_study_list()["nodes"]
     plan = prepare(world_size=NODES, launcher="emulated", nodes=NODES, cpus_per_node=CPUS_PER_NODE,
                    results_dir=str(results_dir), experiment=f"period-{period_ms}ms", profile=study.profile,
@@ -45,7 +39,6 @@ def train(results_dir: Path, period_ms: int, repeat: int) -> float:
             leader, *others = cluster.launch(1, ["-m", "ddp_core.train", *trainer_args(plan)], plan.run_dir)
             follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
             cluster.wait(others, plan.run_dir)
-    return median_step(plan.run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,18 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     opts = parser.parse_args(argv)
-    steps = {period: [] for period in PERIODS_MS}
     for repeat in range(1, opts.rounds + 1):
         order = PERIODS_MS if repeat % 2 else PERIODS_MS[::-1]
         for period in order:
-            steps[period].append(train(opts.results_dir, period, repeat))
-    floor = noise_floor(list(steps.values()))
-    rows = []
-    for period, times in steps.items():
-        c = compare(times, steps[10], floor)
-        rows.append(dict(period_ms=period, median_step_ms=pd.Series(times).median() * 1e3, ratio_to_10ms=c.ratio,
-                         low=c.low, high=c.high, verdict=c.says("faster", "slower")))
-    table = pd.DataFrame(rows)
+            train(opts.results_dir, period, repeat)
+    table = period_table(opts.results_dir).drop(columns="value")
     table.to_csv(opts.results_dir / "cpu_period.csv", index=False)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0

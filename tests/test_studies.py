@@ -241,6 +241,35 @@ def test_precision_ratio_is_bf16_over_fp32_median_step():
     assert found["precision_speed_value"].startswith(f"{ratio:.2f} (")
 
 
+def test_the_bucket_table_gives_each_settings_step_with_its_range_over_the_repeats():
+    from ddp_core.report.bucket_size import bucket_table
+
+    folder = REFERENCE / "bucket_size"
+    table = bucket_table(load_study(folder))
+    for variant in ("one_bucket", "default_buckets", "one_mib_buckets"):
+        steps = [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                 for run in repeats(folder / variant, 2)]
+        assert len(steps) == 3
+        assert table.loc[variant, ["step_time_s", "step_low_s", "step_high_s"]].tolist() == pytest.approx(
+            [pd.Series(steps).median(), min(steps), max(steps)])
+
+
+def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repeat():
+    from ddp_core.report.nodes import STUDY_PERIOD_MS, period_findings, period_table
+
+    folder = REFERENCE / "cpu_period"
+    table = period_table(folder).set_index("period_ms")
+    steps = {period: [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                      for run in repeats(folder / f"period-{period}ms", 4)] for period in (5, 10, 100)}
+    assert STUDY_PERIOD_MS == 10 and sorted(table.index) == [5, 10, 100]
+    for period, times in steps.items():
+        assert table.loc[period, "median_step_ms"] == pytest.approx(pd.Series(times).median() * 1e3)
+        assert table.loc[period, "ratio_to_study"] == pytest.approx(paired_median(times, steps[10]))
+    said = period_findings(folder)["period_comparisons"]
+    assert said.startswith(f"at 5 ms, {paired_median(steps[5], steps[10]):.2f} (") and "at 100 ms, " in said
+    assert "at 10 ms" not in said
+
+
 @pytest.mark.parametrize("on_gpu, extensions, says", [
     (False, ["avx2", "avx512f", "avx512_bf16"], "has bf16 instructions"), (False, ["avx2"], "has no bf16 instructions"),
     (False, [], "has no bf16 instructions"), (False, None, "did not record its extensions"),

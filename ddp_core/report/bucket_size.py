@@ -14,16 +14,19 @@ from ddp_core.report.tables import configurations_as_columns, in_words
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per bucket setting: the all-reduces a step launched, the step (median) and its communication (means
-    over the steady epochs) at the study's world size."""
+    """One row per bucket setting: the all-reduces a step launched, the step (the median of the repeats' median
+    steps, with their lowest and highest) and its communication (means over the steady epochs) at the study's
+    world size."""
     rows = {}
     for variant, e in study.items():
         n = e.largest
         row = at_world_size(e, n)
+        times = run_times(e).query("world_size == @n")["step_time_s"]
         cap = e.runs[n].config.get("bucket_cap_mb")
         rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
                              allreduces=e.runs[n].raw.get("allreduces_per_step", np.nan),
-                             step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
+                             step_time_s=row["step_time_s"], step_low_s=times.min(), step_high_s=times.max(),
+                             mean_step_s=row["mean_step_s"],
                              compute_per_step_s=row["compute_per_step_s"],
                              comm_total_per_step_s=row["comm_total_per_step_s"],
                              comm_exposed_per_step_s=row["comm_exposed_per_step_s"])
@@ -34,6 +37,8 @@ BUCKET_ROWS = [
     ("Bucket size set (MiB; –: PyTorch's default)", "bucket_cap_mb", 1, "{:g}"),
     ("All-reduces per step", "allreduces", 1, "{:.0f}"),
     ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
+    ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
     ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
     ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
     ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),

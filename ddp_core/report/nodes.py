@@ -9,14 +9,18 @@ the prediction is the prediction chapter's cost model fed the all-reduce benchma
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.comparisons import chance_glue, compare_times, speedup_comparisons, time_floor
+from ddp_core.launch.cpu_share import PERIOD_US
+from ddp_core.report.comparisons import chance_glue, compare_times, run_times, speedup_comparisons, time_floor
 from ddp_core.report.cost_model import predict
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
-from ddp_core.report.results import STOLEN, Experiment, joined, link_label, machine_use, measured_gbit_s, rate_text
+from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
+                                     measured_gbit_s, rate_text)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import counted, one_row_each, quantities_by_column
 
@@ -305,3 +309,33 @@ def _links_phrase(labels: list[str]) -> str:
               else f"a link capped at {shaped[0]}" if shaped else "")
     unshaped = "an unshaped link" if "unshaped" in labels else ""
     return " and ".join(part for part in (unshaped, capped) if part)
+
+
+# The quota's period -------------------------------------------------------------------------------------------
+
+STUDY_PERIOD_MS = PERIOD_US // 1000  # the period every emulated node's quota runs at
+
+
+def period_table(folder: Path) -> pd.DataFrame:
+    """The runs of `benchmarks/cpu_period.py` (`folder`/period-<P>ms: the study's 4 unshaped nodes, round by round):
+    per period, the median of its repeats' median steps, and its step against the study's period's, repeat by
+    repeat, through the one verdict function (the floor from every period's repeats)."""
+    periods = {int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
+               for path in folder.glob("period-*ms")}
+    floor = time_floor(*periods.values())
+    rows = []
+    for period, e in sorted(periods.items()):
+        c = compare_times(e, periods[STUDY_PERIOD_MS], e.largest, e.largest, floor=floor)
+        rows.append(dict(period_ms=period, median_step_ms=run_times(e)["step_time_s"].median() * 1e3,
+                         ratio_to_study=c.ratio, low=c.low, high=c.high, value=c.value(),
+                         verdict=c.judged("faster", "slower")))
+    return pd.DataFrame(rows)
+
+
+def period_findings(folder: Path) -> dict:
+    """`period_table` for the page: each other period's step against the study's, '100 ms: 0.93 (0.79 to 0.94
+    over 3 repeats) times as long, within the noise ...'."""
+    table = period_table(folder).query("period_ms != @STUDY_PERIOD_MS")
+    return {"study_period_ms": STUDY_PERIOD_MS,
+            "period_comparisons": "; ".join(f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}"
+                                            for row in table.itertuples())}
