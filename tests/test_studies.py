@@ -270,6 +270,17 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
     assert "at 10 ms" not in said
 
 
+def test_each_studys_floor_in_the_methods_table_is_the_one_its_page_holds_comparisons_against():
+    from ddp_core.report.comparisons import study_floor_power, time_floor
+
+    for name, configurations in (("precision", 2), ("bucket_size", 3), ("nodes", 5)):
+        study = load_study(REFERENCE / name)
+        found = study_floor_power(study)
+        assert found["floor"] == pytest.approx(time_floor(*study.values()))
+        assert found["degrees"] == (configurations - 1) * (3 - 1)
+        assert all(0 <= found[rate] <= 1 for rate in ("identical_called", "found_10", "found_20"))
+
+
 @pytest.mark.parametrize("on_gpu, extensions, says", [
     (False, ["avx2", "avx512f", "avx512_bf16"], "has bf16 instructions"), (False, ["avx2"], "has no bf16 instructions"),
     (False, [], "has no bf16 instructions"), (False, None, "did not record its extensions"),

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from ddp_core.report.verdict import MIN_REPEATS, Z, compare, error_rates, noise_floor
+from ddp_core.report.verdict import MIN_REPEATS, Z, compare, degrees_of_freedom, error_rates, noise_floor
 
 
 def test_a_ratio_every_pair_agrees_on_and_beyond_the_floor_gets_a_direction():
@@ -81,3 +81,10 @@ def test_the_rule_rarely_calls_identical_configurations_different_and_finds_a_la
     assert rates[0.0] < 0.05  # identical configurations: a direction in fewer than 1 comparison in 20
     assert rates[0.05] < rates[0.5]
     assert rates[0.5] > 0.9  # 1.5 times as long, against a noise of about 3 %: found nearly always
+
+
+def test_a_floor_rests_on_configurations_less_one_times_rounds_less_one():
+    assert degrees_of_freedom([[1.0, 1.1, 0.9], [1.2, 1.3, 1.1]]) == 2
+    assert degrees_of_freedom([[1.0, 1.1, 0.9, 1.0], [1.2, 1.3, 1.1, 1.2], [2.0, 2.1, 1.9, 2.2]]) == 6
+    assert degrees_of_freedom([[1.0, 1.1, 0.9], [1.2, 1.3]]) == 1  # the rounds every configuration ran
+    assert degrees_of_freedom([[1.0, 1.1, 0.9]]) == 0 and math.isnan(noise_floor([[1.0, 1.1, 0.9]]))

@@ -15,7 +15,8 @@ import pandas as pd
 from ddp_core.report.results import OUT_OF_LINE, Experiment, ResultsError
 from ddp_core.report.compute_ratio import compute_to_comm_ratio, rank_share_s
 from ddp_core.report.tables import one_row_each
-from ddp_core.report.verdict import DRAWS, MIN_REPEATS, Z, Comparison, compare, error_rates, noise_floor
+from ddp_core.report.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
+                                     noise_floor)
 
 WARMUP_STEPS = 5  # a run's first steps pay for start-up (allocator, DDP's bucket rebuild, cold caches)
 WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is left out of its phases
@@ -93,7 +94,25 @@ def _distinct(items: tuple) -> list:
 
 def _pooled_floor(*sides: dict[int, list[float]]) -> float:
     """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`."""
-    return noise_floor([values for per_size in _distinct(sides) for values in per_size.values()])
+    return noise_floor(_pooled(*sides))
+
+
+def _pooled(*sides: dict[int, list[float]]) -> list[list[float]]:
+    return [values for per_size in _distinct(sides) for values in per_size.values()]
+
+
+POWER_DRAWS = DRAWS // 4  # per row of every study's table: a rate within about 2 points, in a second a study
+
+
+def study_floor_power(study: dict[str, Experiment]) -> dict:
+    """What a study's time floor (every configuration of the study, pooled, as its page holds comparisons against)
+    rests on and can tell: its degrees of freedom, the floor, how often the rule calls identical configurations
+    different, and how often it finds a planted effect of 10 % and 20 % (`verdict.error_rates` on the study's own
+    runs)."""
+    repeats = _pooled(*(paired_sides(e) for e in study.values()))
+    rates = error_rates(repeats, [0.0, 0.1, 0.2], draws=POWER_DRAWS)
+    return {"degrees": degrees_of_freedom(repeats), "floor": noise_floor(repeats), "identical_called": rates[0.0],
+            "found_10": rates[0.1], "found_20": rates[0.2]}
 
 
 def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
@@ -249,7 +268,7 @@ def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:
     rates = rates.set_index("effect")["called"]
     return {"noise_floor": noise_floor(sides), "noise_repeats": min(len(side) for side in sides),
             "noise_configurations": len(sides), "floor_z": Z, "rule_draws": DRAWS, "identical_called": rates[0.0],
-            "min_repeats": MIN_REPEATS, "warmup_steps": WARMUP_STEPS}
+            "min_repeats": MIN_REPEATS, "warmup_steps": WARMUP_STEPS, "power_draws": POWER_DRAWS}
 
 
 RUN_ORDER_COLUMNS = {"start": ("Started (UTC)", "{}"), "run": ("Run", "{}"), "world_size": ("Ranks", "{:.0f}"),

@@ -11,9 +11,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.config import load_profile
-from ddp_core.report.comparisons import median_step, out_of_line
+from ddp_core.report.comparisons import median_step, out_of_line, study_floor_power
 from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment, book_results_folder,
-                                     machine_use, read_run, read_steps)
+                                     load_study, machine_use, read_run, read_steps)
 from ddp_core.report.figures import chance_line
 from ddp_core.report.tables import counted, in_words, markdown_table, one_row_each, rank_label
 
@@ -234,6 +234,18 @@ QUIET_MACHINE_COLUMNS = {"runs": ("Runs", "{:.0f}"),
 
 def quiet_machine_markdown(results: Path, studies: dict) -> str:
     return one_row_each(quiet_machine_table(results, studies), QUIET_MACHINE_COLUMNS, "Study")
+
+
+FLOOR_POWER_COLUMNS = {"degrees": ("Degrees of freedom", "{:.0f}"),
+                       "floor": ("Noise floor of the time per sample", "{:.1%}"),
+                       "identical_called": ("Identical configurations called different", "{:.1%}"),
+                       "found_10": ("A 10 % effect found", "{:.0%}"), "found_20": ("A 20 % effect found", "{:.0%}")}
+
+
+def floor_power_markdown(results: Path, studies: dict) -> str:
+    """Per study, its time floor and what the rule can tell against it (`comparisons.study_floor_power`)."""
+    rows = {study.title: study_floor_power(load_study(results / name)) for name, study in studies.items()}
+    return one_row_each(pd.DataFrame(rows).T, FLOOR_POWER_COLUMNS, "Study")
 
 
 def quiet_machine_findings() -> dict:

@@ -105,6 +105,13 @@ def _residuals(table: np.ndarray) -> np.ndarray:
     return table - table.mean(axis=1, keepdims=True) - table.mean(axis=0, keepdims=True) + table.mean()
 
 
+def degrees_of_freedom(repeats: list[list[float]]) -> int:
+    """What the noise floor of `repeats` rests on: (configurations - 1) x (rounds - 1) residuals' worth, 0 where
+    there is no floor. With 2 the floor itself is uncertain by a factor of several, and small effects go unseen."""
+    table = _log_table(repeats)
+    return 0 if table is None else (table.shape[0] - 1) * (table.shape[1] - 1)
+
+
 def noise_floor(repeats: list[list[float]]) -> float:
     """How far from 1 a paired ratio of two identical configurations lands on this machine, given the values of
     several configurations, repeat k of each run in round k.
@@ -117,8 +124,7 @@ def noise_floor(repeats: list[list[float]]) -> float:
     table = _log_table(repeats)
     if table is None:
         return float("nan")
-    degrees = (table.shape[0] - 1) * (table.shape[1] - 1)
-    s = math.sqrt((_residuals(table) ** 2).sum() / degrees)
+    s = math.sqrt((_residuals(table) ** 2).sum() / degrees_of_freedom(repeats))
     return math.exp(Z * math.sqrt(2) * s) - 1
 
 
