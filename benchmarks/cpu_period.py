@@ -17,7 +17,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.local import follow_trainer, prepare, trainer_args
 from ddp_core.report.nodes import period_table

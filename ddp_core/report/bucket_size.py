@@ -21,12 +21,11 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant, e in study.items():
         n = e.largest
         row = at_world_size(e, n)
-        times = run_times(e).query("world_size == @n")["step_time_s"]
         cap = e.runs[n].config.get("bucket_cap_mb")
         rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
                              allreduces=e.runs[n].raw.get("allreduces_per_step", np.nan),
-                             step_time_s=row["step_time_s"], step_low_s=times.min(), step_high_s=times.max(),
-                             mean_step_s=row["mean_step_s"],
+                             step_time_s=row["step_time_s"], step_low_s=row["step_low_s"],
+                             step_high_s=row["step_high_s"], mean_step_s=row["mean_step_s"],
                              compute_per_step_s=row["compute_per_step_s"],
                              comm_total_per_step_s=row["comm_total_per_step_s"],
                              comm_exposed_per_step_s=row["comm_exposed_per_step_s"])

@@ -286,10 +286,12 @@ def run_order_markdown(experiment: Experiment) -> str:
 
 
 def at_world_size(experiment: Experiment, n: int) -> pd.Series:
-    """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median step of the repeats
-    (`run_times`), the mean step and its parts over the steady epochs, and the median final training loss."""
+    """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median of the repeats' median
+    steps (`run_times`) with their lowest and highest, the mean step and its parts over the steady epochs, and the
+    median final training loss."""
     steady = steady_phases(experiment.metrics).query("world_size == @n")
     parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
     last = experiment.metrics.query("world_size == @n").sort_values("epoch").groupby("run").last()
-    return pd.concat([parts, pd.Series({"step_time_s": run_times(experiment).query("world_size == @n")["step_time_s"]
-                                        .median(), "final_train_loss": last["train_loss"].median()})])
+    steps = run_times(experiment).query("world_size == @n")["step_time_s"]
+    return pd.concat([parts, pd.Series({"step_time_s": steps.median(), "step_low_s": steps.min(),
+                                        "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median()})])

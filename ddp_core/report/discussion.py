@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
-from ddp_core.report.nodes import nodes_findings as emulated_nodes_findings
+from ddp_core.report.nodes import headline_findings
 from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict, rank_compute_s
 from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.report.results import Experiment, load_study
@@ -158,7 +158,7 @@ def findings(experiment: Experiment) -> dict:
 
 def nodes_findings(results: Path) -> dict:
     """The emulated nodes' findings (`nodes_`), which the page discusses beside the shared cores' runs."""
-    return {f"nodes_{key}": value for key, value in emulated_nodes_findings(load_study(results / "nodes")).items()}
+    return headline_findings(load_study(results / "nodes"))
 
 
 def ratio_figure(experiment: Experiment):

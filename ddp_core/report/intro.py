@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddp_core.report import time_to_accuracy
-from ddp_core.report.nodes import nodes_figure, nodes_findings
+from ddp_core.report.nodes import headline_findings, nodes_figure
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, load_experiment, load_study
@@ -18,8 +18,7 @@ from ddp_core.studies.study_list import load_study_list
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
     chapter's runs, the emulated nodes (`nodes_`), time to accuracy (`tta_`) and the list of studies."""
-    nodes = nodes_findings(load_study(results / "nodes"))
-    return (findings(load_experiment(results / "scaling")) | {f"nodes_{key}": value for key, value in nodes.items()}
+    return (findings(load_experiment(results / "scaling")) | headline_findings(load_study(results / "nodes"))
             | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy")))
 
 

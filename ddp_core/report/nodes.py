@@ -198,6 +198,12 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
                     "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
 
 
+def headline_findings(study: dict[str, Experiment]) -> dict:
+    """`nodes_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue
+    them."""
+    return {f"nodes_{key}": value for key, value in nodes_findings(study).items()}
+
+
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per link and each doubling of the nodes (N/2 to N): the time per sample at N over that at N/2, repeat by
     repeat, with its range and the verdict: where it is no visible difference, the added nodes bought nothing."""

@@ -109,7 +109,11 @@ def degrees_of_freedom(repeats: list[list[float]]) -> int:
     """What the noise floor of `repeats` rests on: (configurations - 1) x (rounds - 1) residuals' worth, 0 where
     there is no floor. With 2 the floor itself is uncertain by a factor of several, and small effects go unseen."""
     table = _log_table(repeats)
-    return 0 if table is None else (table.shape[0] - 1) * (table.shape[1] - 1)
+    return 0 if table is None else _degrees(table)
+
+
+def _degrees(table: np.ndarray) -> int:
+    return (table.shape[0] - 1) * (table.shape[1] - 1)
 
 
 def noise_floor(repeats: list[list[float]]) -> float:
@@ -124,7 +128,7 @@ def noise_floor(repeats: list[list[float]]) -> float:
     table = _log_table(repeats)
     if table is None:
         return float("nan")
-    s = math.sqrt((_residuals(table) ** 2).sum() / degrees_of_freedom(repeats))
+    s = math.sqrt((_residuals(table) ** 2).sum() / _degrees(table))
     return math.exp(Z * math.sqrt(2) * s) - 1
 
 
@@ -139,8 +143,7 @@ def error_rates(repeats: list[list[float]], effects: list[float], draws: int = D
     table = _log_table(repeats)
     if table is None:
         return {effect: float("nan") for effect in effects}
-    configurations, rounds = table.shape
-    residuals = _residuals(table).ravel() * math.sqrt(table.size / ((configurations - 1) * (rounds - 1)))
+    residuals = _residuals(table).ravel() * math.sqrt(table.size / _degrees(table))
     rng = np.random.default_rng(seed)
     found = {}
     for effect in effects:
