@@ -140,9 +140,9 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     ended = MachineClock.now()
     run_cpu_s, = all_reduce([ended.process_s - started.process_s], dist.ReduceOp.SUM, rt)
     if rt.leader:
-        if timer.last_step_timeline:
+        if timer.median_step_timeline:
             (out / "timeline.csv").unlink(missing_ok=True)
-            append_rows(out / "timeline.csv", timer.last_step_timeline, TIMELINE_COLUMNS)
+            append_rows(out / "timeline.csv", timer.median_step_timeline, TIMELINE_COLUMNS)
         save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step(),
                                 "machine": machine_activity(started, ended, run_cpu_s)}, out / "run.json")
         track.finish()

@@ -245,6 +245,23 @@ def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
     assert table.loc[4, ["speedup", "speedup_low", "speedup_high"]].tolist() == pytest.approx([1.0, 0.8, 2.0])
 
 
+@pytest.mark.parametrize("target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"), (1.0, "within the noise")])
+def test_the_ranks_compute_is_judged_against_the_one_rank_compute_divided_among_the_cores(folder, target, verdict):
+    add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
+    found = discussion.findings(load_experiment(folder))
+    scale = target * found["divided_compute_ms"] / found["compute_nmax_ms"]
+    for k, repeat_scale in enumerate((scale, scale * 1.01, scale * 0.99), 1):  # three repeats, 1 % apart
+        run = folder / ("n4" if k == 1 else f"n4-r{k}")
+        rows = pd.read_csv(run / "metrics.csv")
+        compute = ["forward_time_s", "backward_time_s", "comm_exposed_s", "optimizer_time_s"]
+        rows[compute] *= repeat_scale
+        rows.to_csv(run / "metrics.csv", index=False)
+    found = discussion.findings(load_experiment(folder))
+    assert found["compute_nmax_ms"] / found["divided_compute_ms"] == pytest.approx(target)
+    assert found["divided_value"].startswith(f"{target:.2f} (")
+    assert found["divided_verdict"].startswith(verdict)
+
+
 def test_accuracy_is_compared_seed_by_seed_between_world_sizes(folder):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     for n in WORLD_SIZES:  # accuracies of the repeats (seeds) 0.70, 0.72, 0.74 at one rank; 4 ranks 0.15 lower

@@ -50,7 +50,7 @@ def test_the_bucket_size_sets_how_many_allreduces_a_step_launches(tmp_path, isol
         assert launched >= 5
     else:
         assert launched == allreduces
-    # the timeline of the last step draws each of them inside backward, which returns once they are reduced
+    # the timeline of the median step draws each of them inside backward, which returns once they are reduced
     timeline = pd.read_csv(tmp_path / "run" / "timeline.csv").set_index("what")
     buckets = timeline[timeline.index.str.startswith("all-reduce")]
     assert len(buckets) == launched

@@ -30,7 +30,7 @@ METRICS_COLUMNS = [
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
 # evals.csv: one row per evaluation on the evaluation set, the optimizer steps taken before it counted over the run.
 EVALS_COLUMNS = ["epoch", "step", "val_loss", "val_accuracy"]
-# timeline.csv: the last step of the run on rank 0, its phases and each bucket's all-reduce in seconds from its start.
+# timeline.csv: the median step of the run's last epoch on rank 0, its phases and each bucket's all-reduce in seconds from its start.
 TIMELINE_COLUMNS = ["what", "start_s", "end_s"]
 
 

@@ -28,8 +28,10 @@ future's callback, which on a GPU runs on a stream that waits for the NCCL kerne
   the last all-reduce completed, which is the time the step waits for the network before the
   optimizer may run. It is part of `backward_time_s` and never exceeds `comm_total_s`.
 
-Timeline. The last step of each epoch is also kept whole: its phases and each bucket's all-reduce on one
-time axis (`last_step_timeline`), which the trainer writes to timeline.csv for the run's last epoch.
+Timeline. The median step of each epoch (by wall time) is also kept whole: its phases and each bucket's
+all-reduce on one time axis (`median_step_timeline`), which the trainer writes to timeline.csv for the run's
+last epoch. The median, not the last, so that the step drawn is a typical one and not one a burst of other
+load happened to stretch.
 
 Steps. Each optimizer step's wall time and its exposed communication are also kept one by one
 (`summary`'s second value): the report takes a median over steps, which a burst of other load on
@@ -91,7 +93,7 @@ class EpochTimer:
         self.begin_epoch()
 
     def begin_epoch(self) -> None:
-        self.last_step_timeline = []
+        self.median_step_timeline = []
         self.phase_spans = defaultdict(list)
         self.comm_spans_per_step = []
         self.step_starts = []
@@ -153,7 +155,9 @@ class EpochTimer:
         steps = {"step_time_s": [end - start - sum(b - a for a, b in evals if start <= a < end)
                                  for start, end in zip([0.0] + step_ends, step_ends)],
                  "comm_exposed_s": exposed}
-        self.last_step_timeline = self._timeline(len(self.step_starts) - 1, step_spans[-1] if step_spans else [])
+        times = steps["step_time_s"]
+        median = sorted(range(len(times)), key=times.__getitem__)[(len(times) - 1) // 2] if times else -1
+        self.median_step_timeline = self._timeline(median, step_spans[median] if step_spans else [])
         return totals, steps
 
     def _timeline(self, step: int, buckets: list[tuple[float, float]]) -> list[dict]:

@@ -78,7 +78,7 @@ def timeline_findings(study: dict[str, Experiment]) -> dict:
 
 
 def timeline_figure(study: dict[str, Experiment]):
-    """One step of rank 0 (the run's last, repeat 1) per bucket setting: the phases on one row and each bucket's
+    """The median step of rank 0 (of repeat 1's last epoch) per bucket setting: the phases on one row and each bucket's
     all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
     variants = list(study)
     fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.5 * len(variants) + 0.7), sharex=True)

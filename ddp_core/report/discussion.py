@@ -18,7 +18,7 @@ from ddp_core.report.results import Experiment, load_study
 from ddp_core.report.tables import counted, markdown_table
 from ddp_core.report.verdict import Comparison, compare, noise_floor
 from ddp_core.report.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
-                                         speedup_glue)
+                                         speedup_glue, time_glue)
 from ddp_core.report.scaling import scaling_table
 
 CPU, GPU = "this CPU", "A100 + NVLink"
@@ -57,23 +57,17 @@ def measurement_findings(experiment: Experiment) -> dict:
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
         "threads_n1": counted(experiment.runs[1].threads_per_rank, "thread"),
         "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
-        "divided_verdict": _divided_verdict(experiment, largest),
+        **time_glue("divided", _divided_comparison(experiment, largest)),
     }
 
 
-def _divided_verdict(experiment: Experiment, n: int) -> str:
+def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
     """Each repeat's measured compute per step at `n` ranks against the 1-rank compute of its round divided by the
     cores a rank got, through the one verdict function."""
     compute = paired_sides(experiment, "compute_per_step_s")
     one, run = experiment.runs[1], experiment.runs[n]
     divided = [rank_compute_s(c, one, run) for c in compute[1]]
-    c = compare(compute[n][:len(divided)], divided[:len(compute[n])], noise_floor(list(compute.values())))
-    if not c.decided:
-        return f"{c.value()} times that: {c.why_undecided()} from what dividing the cores predicts"
-    return (f"{c.value()} times that: {c.says('less', 'more')} than dividing the cores predicts" + (
-        ", as the ranks also slow each other down beyond sharing the cores (caches, memory bandwidth, and the "
-        "all-reduce running on the same cores)" if c.verdict == "higher" else
-        "; single-threaded ranks got more out of each core than the baseline's threads did"))
+    return compare(compute[n][:len(divided)], divided[:len(compute[n])], noise_floor(list(compute.values())))
 
 
 def _benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
