@@ -60,6 +60,13 @@ def isolated_env(tmp_path_factory) -> dict:
     return env
 
 
+def final_parameters(run_dir) -> dict:
+    """The model's weights at the end of a run, from its checkpoint."""
+    import torch
+
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
 def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
     """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not."""
     proc = subprocess.run(launch_command(nproc) + [str(a) for a in args], cwd=cwd, env=env,

@@ -94,6 +94,14 @@ def test_numbers_in_the_prose_are_those_of_the_csvs(project):
     assert f"That median speedup means a parallel efficiency of {speedup / largest:.1%}" in discussion
 
 
+def test_the_allreduce_benchmark_reports_time_and_the_nccl_tests_bandwidths(project):
+    bench = pd.read_csv(project / "results" / "scaling" / "allreduce-n4" / "allreduce.csv")
+    assert list(bench["size_bytes"]) == [4 ** k for k in range(1, 11)]  # the tiny report's --max-bytes: 1 MiB
+    assert (bench["time_s"] > 0).all() and (bench["world_size"] == 4).all()
+    assert bench["algbw_GBps"].tolist() == pytest.approx((bench["size_bytes"] / bench["time_s"] / 1e9).tolist())
+    assert bench["busbw_GBps"].tolist() == pytest.approx((bench["algbw_GBps"] * 2 * (4 - 1) / 4).tolist())
+
+
 def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
     common = dict(world_size=1, launcher="local", results_dir=str(project / "results"), experiment="scaling",
                   profile="tiny")
@@ -166,8 +174,10 @@ def test_the_studies_the_tiny_report_left_out_are_shown_from_the_reference_resul
     for name in LEFT_OUT_OF_THE_TINY_REPORT:
         assert (project / "book" / "results" / name).resolve() == (project / "reference" / name).resolve()
     made_here = ", ".join(study.title for name, study in STUDIES.items() if name in runnable_tiny_studies())
-    assert (f"Shown from runs made in this project: {made_here}; every other study from the reference results"
-            in page_text(project / "_build" / "html", "studies"))
+    from_reference = ", ".join(study.title for name, study in STUDIES.items() if name not in runnable_tiny_studies())
+    page = re.sub(r"\s+([.,:)])", r"\1", re.sub(r"\(\s+", "(", page_text(project / "_build" / "html", "studies")))
+    assert f"Shown from runs made in this project (results/): {made_here}." in page
+    assert f"Shown from the reference results shipped with the report (reference/): {from_reference}." in page
 
 
 def test_make_report_prints_a_line_per_run_with_its_time_and_no_kernel_chatter(project):

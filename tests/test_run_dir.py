@@ -41,24 +41,24 @@ def test_the_same_command_starts_a_run_that_stopped_before_its_first_checkpoint_
     assert [row["epoch"] for row in read_metrics(run_dir)] == ["1", "2"]
 
 
-def test_resuming_a_run_without_checkpoint_says_to_rerun_it(train, run_dir):
+def test_resuming_a_run_without_checkpoint_says_to_rerun_it(refused, run_dir):
     stopped_before_first_checkpoint(run_dir)
-    error = one_line_error(train(*RUN, "--epochs", 2, "--out", run_dir, "--resume", expect_ok=False))
+    error = one_line_error(refused(*RUN, "--epochs", 2, "--out", run_dir, "--resume"))
     assert "(the run completed no step); run the command without --resume to start it again" in error
 
 
-def test_another_command_never_takes_over_a_stopped_run(train, run_dir):
+def test_another_command_never_takes_over_a_stopped_run(refused, run_dir):
     stopped_before_first_checkpoint(run_dir)
     before = (run_dir / "metrics.csv").read_text()
-    error = one_line_error(train(*RUN, "--epochs", 2, "--lr", "0.01", "--out", run_dir, expect_ok=False))
+    error = one_line_error(refused(*RUN, "--epochs", 2, "--lr", "0.01", "--out", run_dir))
     assert "already holds a run" in error
     assert (run_dir / "metrics.csv").read_text() == before
 
 
-def test_a_truncated_checkpoint_is_named_in_one_line(train, run_dir):
+def test_a_truncated_checkpoint_is_named_in_one_line(refused, run_dir):
     checkpoint = run_dir / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    error = one_line_error(train(*RUN, "--epochs", 2, "--out", run_dir, "--resume", expect_ok=False))
+    error = one_line_error(refused(*RUN, "--epochs", 2, "--out", run_dir, "--resume"))
     assert f"{checkpoint} is unreadable (truncated or corrupt)" in error
 
 

@@ -18,8 +18,8 @@ from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.report.results import Measurement, load_experiment, read_measurement
 from ddp_core.report.precision import precision_crossref
-from ddp_core.report.single_device import (RATIOS, baseline_comparison, ratio_table, throughput_table,
-                                          verdict_table)
+from ddp_core.report.single_device import (RATIOS, baseline_comparison, ratio_findings, ratio_table,
+                                          throughput_table, verdict_table)
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -124,6 +124,17 @@ def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_no
     two_rounds = made_up({"plain": [1.0, 1.0], "ddp_core": [1.25, 1.25], "timed": [1.0, 1.0],
                           "ddp_of_one": [1.0, 1.0]})
     assert verdict_table(two_rounds).loc[RATIOS["trainer"][2], verdicts].tolist() == [0, 0, 0, 1]
+
+
+def test_the_first_page_gives_each_ratio_over_the_configurations_with_its_verdict_counts():
+    slower = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [1.25, 1.25, 1.0 / 0.9], "timed": [1.0, 1.0, 1.0],
+                      "ddp_of_one": [1.0, 1.0, 1.0]})
+    found = ratio_findings(slower)
+    assert found["device_configurations"] == 1 and found["device_overview_name"] == "NVIDIA H100 80GB HBM3"
+    assert (found["device_trainer_low"], found["device_trainer_high"]) == pytest.approx((0.8, 0.8))
+    counts = ["faster", "slower", "no_visible_difference", "too_few_repeats"]
+    assert [found[f"device_trainer_{count}"] for count in counts] == [0, 1, 0, 0]
+    assert [found[f"device_ddp_{count}"] for count in counts] == [1, 0, 0, 0]  # the same seconds against the trainer's
 
 
 def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():

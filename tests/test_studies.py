@@ -20,7 +20,7 @@ from ddp_core.engine.config import global_batch_size, parse_args
 from ddp_core.report import precision
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.compute_ratio import cores_per_rank
-from ddp_core.report.provenance import studies_overview_markdown, study_setup_findings
+from ddp_core.report.provenance import study_setup_findings, studies_shown_findings
 from ddp_core.report.results import load_experiment, load_study
 from ddp_core.studies.run import plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
@@ -146,13 +146,12 @@ def test_the_overview_says_which_studies_show_the_readers_runs_and_which_the_ref
     links.mkdir()
     (links / "scaling").symlink_to(tmp_path / "reference" / "scaling")
     (links / "ag_news").symlink_to(tmp_path / "mine" / "ag_news")
-    table = studies_overview_markdown(links, studies)
-    assert table.endswith("Shown from runs made in this project: Strong scaling on AG News; every other study from the "
-                          "reference results shipped with the report.")
+    assert studies_shown_findings(links, studies) == {"studies_from_results": "Strong scaling on AG News",
+                                                      "studies_from_reference": "Strong scaling on IMDB"}
     (links / "ag_news").unlink()
     (links / "ag_news").symlink_to(tmp_path / "reference" / "scaling")
-    assert studies_overview_markdown(links, studies).endswith("from the reference results shipped with the report "
-                                                              "(`reference/`).")
+    assert studies_shown_findings(links, studies) == {"studies_from_results": "none",
+                                                      "studies_from_reference": "Strong scaling on IMDB, Strong scaling on AG News"}
 
 
 def processes_working_in(folder) -> list[int]:

@@ -1,30 +1,12 @@
-"""The identities the report rests on: DDP equals large-batch SGD, resume is exact, the model learns."""
+"""The identities the report rests on: resume is exact, compiling changes nothing learned, the model learns."""
 
 import json
 
 import pytest
-import torch
 
-from conftest import TINY_SYNTHETIC, read_metrics
+from conftest import TINY_SYNTHETIC, final_parameters, read_metrics
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
-
-
-def final_parameters(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
-
-
-@pytest.mark.parametrize("grad_accum", [1, 2])
-def test_two_ranks_hold_the_same_parameters_as_one_rank_with_the_same_global_batch(train, tmp_path, grad_accum):
-    common = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 16 * 6,
-              "--eval-samples", 64, "--epochs", 1, "--lr", "3e-3", "--warmup-steps", 2]
-    train(*common, "--out", tmp_path / "one")
-    train(*common, "--grad-accum", grad_accum, "--out", tmp_path / "two", nproc=2)
-
-    one, two = final_parameters(tmp_path / "one"), final_parameters(tmp_path / "two")
-    assert read_metrics(tmp_path / "two")[0]["steps"] == "6"
-    for name in one:
-        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=f"parameter {name} differs")
 
 
 def test_resume_after_one_epoch_reproduces_an_uninterrupted_run(train, tmp_path):

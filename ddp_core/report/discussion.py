@@ -186,5 +186,5 @@ def tokens_needed_markdown(experiment: Experiment) -> str:
     needed = pd.DataFrame(
         {preset: {f"{name}: {target}": value / ratios[name, preset]
                   for name in (CPU, GPU) for target, value in _targets(experiment).items()} for preset in presets})
-    return "Tokens per rank per step needed, by preset:\n\n" + markdown_table(needed.map("{:,.0f}".format), "")
+    return markdown_table(needed.map("{:,.0f}".format), "")
 

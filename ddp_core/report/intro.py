@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddp_core.report import time_to_accuracy
+from ddp_core.report.single_device import ratio_findings
 from ddp_core.report.nodes import headline_findings, nodes_figure
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
-from ddp_core.report.results import Experiment, load_experiment, load_study
+from ddp_core.report.results import Experiment, Measurement, load_experiment, load_measurements, load_study
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import in_words
 from ddp_core.studies.study_list import load_study_list
@@ -17,9 +18,18 @@ from ddp_core.studies.study_list import load_study_list
 
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
-    chapter's runs, the emulated nodes (`nodes_`), time to accuracy (`tta_`) and the list of studies."""
-    return (findings(load_experiment(results / "scaling")) | headline_findings(load_study(results / "nodes"))
-            | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy")))
+    chapter's runs, the emulated nodes (`nodes_`), time to accuracy (`tta_`), the One device chapter's ratios
+    (`device_`) and the list of studies."""
+    scaling = load_experiment(results / "scaling")
+    return (findings(scaling) | headline_findings(load_study(results / "nodes"))
+            | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy"))
+            | one_device_findings(load_measurements(results / "single_device"), scaling))
+
+
+def one_device_findings(measurements: list[Measurement], scaling: Experiment) -> dict:
+    """The One device chapter's ratios on the device the results chapter's runs had, or on the first one measured."""
+    same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
+    return ratio_findings((same or measurements)[0])
 
 
 def headline_figure(results: Path):

@@ -164,13 +164,18 @@ def _span(values) -> str:
     return f"{low:,}" if low == high else f"{low:,} to {high:,}"
 
 
-def studies_overview_markdown(results: Path, studies: dict) -> str:
-    """One row per study of the list: what it varies, over which ranks and how many runs; then whose runs the
-    pages show (a sentence: a column of it would not fit a page)."""
-    rows, mine = [], []
-    for name, study in studies.items():
-        if "reference" not in (results / name).resolve().parts:
-            mine.append(study.title)
+def studies_shown_findings(results: Path, studies: dict) -> dict:
+    """The titles of the studies whose pages show runs made in this project (`studies_from_results`) and of
+    those shown from the shipped reference results (`studies_from_reference`), each "none" where empty."""
+    from_reference = {name for name in studies if "reference" in (results / name).resolve().parts}
+    return {"studies_from_results": ", ".join(s.title for n, s in studies.items() if n not in from_reference) or "none",
+            "studies_from_reference": ", ".join(s.title for n, s in studies.items() if n in from_reference) or "none"}
+
+
+def studies_overview_markdown(studies: dict) -> str:
+    """One row per study of the list: what it varies, over which ranks and how many runs."""
+    rows = []
+    for study in studies.values():
         varies = ", ".join(in_words(v.name) for v in study.variants) or ", ".join(
             f"{k.replace('_', ' ')} {v}" for k, v in study.variants[0].settings.items()
             if v is not None and k not in ("train_samples", "epochs")) or "ranks only"
@@ -179,14 +184,7 @@ def studies_overview_markdown(results: Path, studies: dict) -> str:
         rows.append({"Study": study.title, "Variants or settings": varies, "Ranks": ", ".join(map(str, ranks)),
                      "Runs": len(study.runs()), "Training samples": _span(s.get("train_samples") for s in settings),
                      "Epochs": _span(s.get("epochs", 1) for s in settings)})
-    if not mine:
-        shown = "Every study is shown from the reference results shipped with the report (`reference/`)."
-    elif len(mine) == len(studies):
-        shown = "Every study is shown from runs made in this project (`results/`)."
-    else:
-        shown = (f"Shown from runs made in this project: {', '.join(mine)}; every other study from the reference "
-                 f"results shipped with the report.")
-    return markdown_table(pd.DataFrame(rows)) + "\n\n" + shown
+    return markdown_table(pd.DataFrame(rows))
 
 
 def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:

@@ -90,6 +90,19 @@ VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference
                   "too few repeats": "No verdict (few rounds)"}
 
 
+def ratio_findings(m: Measurement) -> dict:
+    """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
+    them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
+    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`."""
+    table = verdict_table(m)
+    found = {"device_overview_name": m.info["device_name"], "device_configurations": len(ratio_table(m))}
+    for name, (_, _, words) in RATIOS.items():
+        row = table.loc[words]
+        found |= {f"device_{name}_low": float(row["lowest_median"]), f"device_{name}_high": float(row["highest_median"])}
+        found |= {f"device_{name}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
+    return found
+
+
 def verdict_markdown(m: Measurement) -> str:
     table = verdict_table(m)
     table["medians"] = [f"{low:.3f} to {high:.3f}" for low, high in zip(table["lowest_median"],
