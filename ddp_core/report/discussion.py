@@ -49,7 +49,8 @@ def measurement_findings(experiment: Experiment) -> dict:
         "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
         "lost_ms": float(lost * 1e3), "lost_compute_ms": float(lost_compute * 1e3),
         "lost_comm_ms": float(lost_comm * 1e3), "lost_other_ms": float(other * 1e3),
-        "main_cause": "slower computation on each rank" if lost_compute > lost_comm else "exposed communication",
+        "main_cause": "computation that did not shrink to one N-th" if lost_compute > lost_comm
+        else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
         "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
         **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),

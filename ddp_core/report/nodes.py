@@ -206,7 +206,7 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
 
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per link and each doubling of the nodes (N/2 to N): the time per sample at N over that at N/2, repeat by
-    repeat, with its range and the verdict: where it is no visible difference, the added nodes bought nothing."""
+    repeat, with its range and the verdict."""
     rows = []
     for link, experiment in link_experiments(study).items():
         sizes = sorted(experiment.runs)
@@ -342,6 +342,9 @@ def period_findings(folder: Path) -> dict:
     """`period_table` for the page: each other period's step against the study's, '100 ms: 0.93 (0.79 to 0.94
     over 3 repeats) times as long, within the noise ...'."""
     table = period_table(folder).query("period_ms != @STUDY_PERIOD_MS")
+    runs = [load_experiment(path).baseline for path in sorted(folder.glob("period-*ms"))]
     return {"study_period_ms": STUDY_PERIOD_MS,
+            "period_commits": ", ".join(sorted({(run.raw.get("git_commit") or "unknown")[:10] for run in runs})),
+            "period_dates": ", ".join(sorted({run.raw["start_time"][:10] for run in runs})),
             "period_comparisons": "; ".join(f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}"
                                             for row in table.itertuples())}

@@ -58,7 +58,7 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
     return {"precision_device": study["fp32"].baseline.device_name,
             "precision_bf16_support": bf16_support(study["fp32"].baseline),
             "precision_extensions": ", ".join(study["fp32"].baseline.raw.get("cpu_extensions") or []) or "none",
-            "bf16_instructions": " or ".join(BF16_INSTRUCTIONS),
+            "bf16_instructions": " and ".join(BF16_INSTRUCTIONS),
             **time_glue("precision_speed", c),
             "precision_time_ratio": float(c.ratio),
             "precision_eval_set": _evaluation_set(study["fp32"].baseline),

@@ -93,9 +93,11 @@ VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference
 def ratio_findings(m: Measurement) -> dict:
     """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
     them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
-    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`."""
+    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, and the
+    noise floor all of them were held against (`device_floor`)."""
     table = verdict_table(m)
-    found = {"device_overview_name": m.info["device_name"], "device_configurations": len(ratio_table(m))}
+    found = {"device_overview_name": m.info["device_name"], "device_configurations": len(ratio_table(m)),
+             "device_floor": float(table["floor"].iloc[0])}
     for name, (_, _, words) in RATIOS.items():
         row = table.loc[words]
         found |= {f"device_{name}_low": float(row["lowest_median"]), f"device_{name}_high": float(row["highest_median"])}
@@ -129,6 +131,7 @@ def throughput_markdown(m: Measurement) -> str:
     table["compute"] = table["tflops"] * (1 if on_gpu else 1e3)
     table["share_of_matmul_pct"] = table["share_of_matmul"] * 100
     columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:.1f}"),
+               "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:.1f}"),
                "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:.1f}"),
                "compute": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}"),
                "share_of_matmul_pct": ("Share of the matrix-product rate (%)", "{:.0f}")}
