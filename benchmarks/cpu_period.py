@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.local import follow_trainer, prepare, trainer_args
-from ddp_core.report.nodes import period_table
+from ddp_core.report.nodes import load_periods, period_table
 from ddp_core.studies.study_list import load_study_list
 
 PERIODS_MS = (10, 100, 5)
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         order = PERIODS_MS if repeat % 2 else PERIODS_MS[::-1]
         for period in order:
             train(opts.results_dir, period, repeat)
-    table = period_table(opts.results_dir).drop(columns="value")
+    table = period_table(load_periods(opts.results_dir)).drop(columns="value")
     table.to_csv(opts.results_dir / "cpu_period.csv", index=False)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0

@@ -254,17 +254,21 @@ def test_the_bucket_table_gives_each_settings_step_with_its_range_over_the_repea
 
 
 def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repeat():
-    from ddp_core.report.nodes import STUDY_PERIOD_MS, period_findings, period_table
+    from ddp_core.report.nodes import STUDY_PERIOD_MS, load_periods, period_findings, period_table
 
     folder = REFERENCE / "cpu_period"
-    table = period_table(folder).set_index("period_ms")
+    table = period_table(load_periods(folder)).set_index("period_ms")
     steps = {period: [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
                       for run in repeats(folder / f"period-{period}ms", 4)] for period in (5, 10, 100)}
     assert STUDY_PERIOD_MS == 10 and sorted(table.index) == [5, 10, 100]
     for period, times in steps.items():
         assert table.loc[period, "median_step_ms"] == pytest.approx(pd.Series(times).median() * 1e3)
         assert table.loc[period, "ratio_to_study"] == pytest.approx(paired_median(times, steps[10]))
-    said = period_findings(folder)["period_comparisons"]
+    found = period_findings(folder)
+    said = found["period_comparisons"]
+    made = [json.loads((run / "run.json").read_text()) for p in (5, 10, 100) for run in repeats(folder / f"period-{p}ms", 4)]
+    assert found["period_commits"].split(", ") == sorted({info["git_commit"][:10] for info in made})
+    assert found["period_dates"].split(", ") == sorted({info["start_time"][:10] for info in made})
     assert said.startswith(f"at 5 ms, {paired_median(steps[5], steps[10]):.2f} (") and "at 100 ms, " in said
     assert "at 10 ms" not in said
 

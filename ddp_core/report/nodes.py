@@ -322,12 +322,16 @@ def _links_phrase(labels: list[str]) -> str:
 STUDY_PERIOD_MS = PERIOD_US // 1000  # the period every emulated node's quota runs at
 
 
-def period_table(folder: Path) -> pd.DataFrame:
-    """The runs of `benchmarks/cpu_period.py` (`folder`/period-<P>ms: the study's 4 unshaped nodes, round by round):
-    per period, the median of its repeats' median steps, and its step against the study's period's, repeat by
-    repeat, through the one verdict function (the floor from every period's repeats)."""
-    periods = {int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
-               for path in folder.glob("period-*ms")}
+def load_periods(folder: Path) -> dict[int, Experiment]:
+    """The runs of `benchmarks/cpu_period.py` (`folder`/period-<P>ms: the study's 4 unshaped nodes, round by round),
+    by period in ms."""
+    return {int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
+            for path in folder.glob("period-*ms")}
+
+
+def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
+    """Per period (`load_periods`), the median of its repeats' median steps, and its step against the study's
+    period's, repeat by repeat, through the one verdict function (the floor from every period's repeats)."""
     floor = time_floor(*periods.values())
     rows = []
     for period, e in sorted(periods.items()):
@@ -341,8 +345,9 @@ def period_table(folder: Path) -> pd.DataFrame:
 def period_findings(folder: Path) -> dict:
     """`period_table` for the page: each other period's step against the study's, '100 ms: 0.93 (0.79 to 0.94
     over 3 repeats) times as long, within the noise ...'."""
-    table = period_table(folder).query("period_ms != @STUDY_PERIOD_MS")
-    runs = [load_experiment(path).baseline for path in sorted(folder.glob("period-*ms"))]
+    periods = load_periods(folder)
+    table = period_table(periods).query("period_ms != @STUDY_PERIOD_MS")
+    runs = [e.baseline for e in periods.values()]
     return {"study_period_ms": STUDY_PERIOD_MS,
             "period_commits": ", ".join(sorted({(run.raw.get("git_commit") or "unknown")[:10] for run in runs})),
             "period_dates": ", ".join(sorted({run.raw["start_time"][:10] for run in runs})),

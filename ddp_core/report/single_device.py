@@ -96,7 +96,8 @@ def ratio_findings(m: Measurement) -> dict:
     `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, and the
     noise floor all of them were held against (`device_floor`)."""
     table = verdict_table(m)
-    found = {"device_overview_name": m.info["device_name"], "device_configurations": len(ratio_table(m)),
+    found = {"device_overview_name": m.info["device_name"],
+             "device_configurations": m.epochs.groupby(CONFIG).ngroups,
              "device_floor": float(table["floor"].iloc[0])}
     for name, (_, _, words) in RATIOS.items():
         row = table.loc[words]
