@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from ddp_core.engine.config import load_profile, to_args
 from ddp_core.launch.local import launch_command
@@ -23,7 +24,10 @@ TINY_STUDIES = REPO / "tests" / "studies-tiny.yml"
 # pages are built from the reference results there. A study added to the report goes into one list or the other.
 LEFT_OUT_OF_THE_TINY_REPORT = {
     "ag_news": "scaling: 1 and 2 ranks (on generated data at the tests' scale, as every study)",
-    "compression": "bucket_size: DDP's settings varied at 2 ranks over one shaped link",
+    "bucket_size": "nodes: 2 ranks on 2 emulated nodes over a shaped link (DDP's bucket size: tests/test_ddp_knobs.py; "
+                   "the page's drawn steps: tests/test_reference.py)",
+    "compression": "nodes: 2 ranks on 2 emulated nodes over a shaped link (the communication hooks: "
+                   "tests/test_ddp_knobs.py)",
     "time_to_accuracy": "grad_accum: variants of the settings on 1 and 2 ranks (evaluations inside epochs and a target "
                       "accuracy: tests/test_evaluations.py)",
 }
@@ -32,6 +36,11 @@ WORLD_SIZES = (1, 4)  # of the scaling study in TINY_STUDIES
 TINY_SYNTHETIC = [*to_args({key: load_profile("tiny")[key]
                             for key in ("threads_per_rank", "dataset", "preset", "vocab_size", "seq_len")}),
                   "--no-progress"]
+# The tiny profile without dropout on 128 samples: every run of these settings takes the same optimizer steps, so each
+# multi-node path (emulated nodes, a c10d rendezvous, Slurm on one node and on two) is held against one run of two
+# ranks on this machine (`two_local_ranks`).
+TWO_RANKS_SETTINGS = {"dropout": 0.0, "train_samples": 128, "epochs": 2}
+TWO_RANKS_ARGS = [*to_args(load_profile("tiny") | TWO_RANKS_SETTINGS), "--no-progress"]
 
 
 def local_data_dir() -> Path | None:
@@ -120,6 +129,20 @@ def hooked(tmp_path_factory, isolated_env):
     return torch.load(out, weights_only=False)
 
 
+@pytest.fixture(scope="session")
+def two_local_ranks(tmp_path_factory, isolated_env, worker_id) -> Path:
+    """TWO_RANKS_ARGS trained on two local ranks once for the whole suite: the first test worker to ask trains it,
+    the others wait for it (pytest-xdist's workers share the parent of their temporary folders)."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    run_dir, done = shared / "two-local-ranks", shared / "two-local-ranks.done"
+    with FileLock(shared / "two-local-ranks.lock"):
+        if not done.exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # what a failed attempt left
+            run_training([*TWO_RANKS_ARGS, "--out", run_dir], cwd=shared, env=isolated_env, nproc=2)
+            done.touch()
+    return run_dir
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     with open(run_dir / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))
@@ -141,6 +164,13 @@ def copy_project(dest: Path) -> Path:
     shutil.copytree(REPO / "book" / "_static" / "mathjax", dest / "book" / "_static" / "mathjax")
     (dest / ".venv").symlink_to(REPO / ".venv")
     return dest
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """One test worker more than the machine has cores (`-n auto`): a worker whose test waits on Slurm's scheduler, a
+    node's CPU quota or a signal leaves its core to the extra one (on 2 cores, 1.77 of them were busy on average over
+    the suite with 3 workers, 1.72 with 2)."""
+    return (os.cpu_count() or 1) + 1
 
 
 REPORT_TESTS = "test_report.py"  # the one file whose tests read the tiny report: one worker runs it, first

@@ -11,16 +11,14 @@ import time
 
 import pytest
 
-from conftest import REPO, read_metrics
+from conftest import REPO, TWO_RANKS_SETTINGS, read_metrics
 from ddp_core.launch.cpu_share import CpuShareError, find_controller
 from ddp_core.launch.emulated import EmulatedCluster, leftovers
-from ddp_core.launch.local import ExperimentError, prepare, run_local
+from ddp_core.launch.local import ExperimentError, prepare
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
                                 reason="an emulated cluster needs root on Linux (network namespaces)")
 
-# The tiny profile without dropout: every run of these settings takes the same optimizer steps.
-SETTINGS = {"dropout": 0.0, "train_samples": 128, "epochs": 2}
 LEARNING = ("train_loss", "val_loss", "val_accuracy")
 
 
@@ -41,19 +39,17 @@ def in_env(isolated_env, monkeypatch):
 
 def plan(tmp_path, experiment, launcher, **kw):
     return prepare(world_size=2, launcher=launcher, results_dir=str(tmp_path), experiment=experiment, profile="tiny",
-                   overrides=SETTINGS | kw.pop("overrides", {}), **kw)
+                   overrides=TWO_RANKS_SETTINGS | kw.pop("overrides", {}), **kw)
 
 
 @pytest.mark.slow
-def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, in_env):
+def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, in_env, two_local_ranks):
     from ddp_core.launch.emulated import run_emulated
 
-    one_machine, two_nodes = plan(tmp_path, "local", "local"), plan(tmp_path, "nodes", "emulated", nodes=2,
-                                                                      link_rate="1gbit", cpus_per_node=0.5)
-    run_local(one_machine)
+    two_nodes = plan(tmp_path, "nodes", "emulated", nodes=2, link_rate="1gbit", cpus_per_node=0.5)
     run_emulated(two_nodes)
 
-    for local, emulated in zip(read_metrics(one_machine.run_dir), read_metrics(two_nodes.run_dir), strict=True):
+    for local, emulated in zip(read_metrics(two_local_ranks), read_metrics(two_nodes.run_dir), strict=True):
         for key in LEARNING:
             assert float(emulated[key]) == pytest.approx(float(local[key]), abs=1e-6), key
     network = json.loads((two_nodes.run_dir / "network.json").read_text())
@@ -153,7 +149,7 @@ def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_
                           cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     kept, why = proc.stdout.strip().splitlines()
     assert "nodes" not in kept.split() and "scaling" in kept.split()
-    assert why.startswith("not training nodes, bucket_size: an emulated cluster creates")
+    assert why.startswith("not training nodes: an emulated cluster creates")
 
 
 # Half a CPU-second of work; the process prints the wall time it took, its own start-up left out (under the suite's

@@ -20,7 +20,7 @@ from ddp_core.launch.local import launch_command
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
 # Two ranks with dropout: an exact continuation needs each rank's random state as well as its place in the data.
-RUN = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 8, "--train-samples", 2400, "--eval-samples", 32,
+RUN = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 8, "--train-samples", 1200, "--eval-samples", 32,
        "--epochs", 2]
 LEARNING = ["epoch", "steps", "train_samples", "train_loss", "val_loss", "val_accuracy", "lr", "grad_sq_norm",
             "grad_noise_trace"]

@@ -48,6 +48,18 @@ def test_the_shipped_single_device_measurements_name_their_device_and_the_clean_
         assert set(m.epochs["loop"]) == set(LOOPS) and throughput_table(m)["tflops"].gt(0).all()
 
 
+def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
+    from ddp_core.report.bucket_size import bucket_findings
+
+    folder = REPO / "reference" / "bucket_size"
+    found = bucket_findings(load_study(folder))
+    for variant in ("one_bucket", "default_buckets", "one_mib_buckets"):
+        run = folder / variant / "n2"  # repeat 1, the lowest seed, whose median step the page draws
+        assert found[f"{variant}_drawn_ms"] == pytest.approx(pd.read_csv(run / "timeline.csv")["end_s"].max() * 1e3)
+        steps = pd.read_csv(run / "steps.csv")["step_time_s"]
+        assert found[f"{variant}_median_ms"] == pytest.approx(steps.iloc[WARMUP_STEPS:].median() * 1e3)
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory, isolated_env) -> Path:
     """A copy of the project as a fresh clone has it, its book built as the PDF (`make pdf`) from the reference

@@ -245,10 +245,10 @@ def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_the
     from ddp_core.report.nodes import disturbed_runs, fidelity_table
 
     folder = shutil.copytree(project / "results" / "nodes", tmp_path / "nodes")
-    network = json.loads((folder / "1gbit" / "n2" / "network.json").read_text())
+    network = json.loads((folder / "100mbit" / "n2" / "network.json").read_text())
     used = [node["cpu_s"] / (node["periods"] * network["cpu_period_ms"] / 1e3) / network["cpus_per_node"]
             for node in network["node_cpu"]]
-    row = fidelity_table(load_study(folder)).set_index("run").loc["1gbit/n2"]
+    row = fidelity_table(load_study(folder)).set_index("run").loc["100mbit/n2"]
     assert (row["used_share"], row["used_share_low"]) == pytest.approx((pd.Series(used).median(), min(used)))
     starved = json.loads((folder / "one_node" / "n1" / "network.json").read_text())
     starved["node_cpu"][0]["cpu_s"] *= 0.5  # the one node computed half of its quota
@@ -279,7 +279,7 @@ def test_the_scale_model_is_the_link_whose_ratio_is_closest_to_the_gpu_forecasts
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_each_link_of_the_link_study_trains_and_benchmarks_over_two_nodes_at_its_rate(project):
     folder = project / "results" / "nodes"
-    for variant, rate in (("unshaped", None), ("1gbit", "1gbit"), ("100mbit", "100mbit")):
+    for variant, rate in (("unshaped", None), ("100mbit", "100mbit")):
         network = json.loads((folder / variant / "n2" / "network.json").read_text())
         assert (network["nodes"], network["ranks_per_node"], network["link_rate"]) == (2, 1, rate)
         epochs = json.loads((folder / variant / "n2" / "run.json").read_text())["config"]["epochs"]
@@ -312,24 +312,10 @@ def test_a_run_the_machine_disturbed_is_named_in_the_methods_chapter(project, tm
     for run_dir in [*results.glob("*/n*"), *results.glob("*/*/n*")]:
         disturb(run_dir)
     disturb(results / "scaling" / "n4", other_cores=OTHER_CORES * 2)
-    disturb(results / "nodes" / "1gbit" / "n2", other_cores=OTHER_CORES * 2)
+    disturb(results / "nodes" / "100mbit" / "n2", other_cores=OTHER_CORES * 2)
     disturb(results / "nodes" / "one_node" / "n1", stolen=STOLEN * 2)
     table = quiet_machine_table(results, {name: STUDIES[name] for name in ("scaling", "nodes")})
     assert table.loc[STUDIES["scaling"].title, "disturbed"] == "`n4`"
     nodes = f"{STUDIES['nodes'].title} (emulated nodes)"
     assert table.loc[nodes, "disturbed"] == "`one_node/n1`"
     assert table.loc[nodes, "stolen_most"] == pytest.approx(STOLEN * 2)
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny bucket study runs on emulated nodes, which need root")
-def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step(project):
-    from ddp_core.report.bucket_size import bucket_findings
-
-    folder = project / "results" / "bucket_size"
-    found = bucket_findings(load_study(folder))
-    for variant in ("one_bucket", "default_buckets", "one_mib_buckets"):
-        run = folder / variant / "n2"
-        assert found[f"{variant}_drawn_ms"] == pytest.approx(pd.read_csv(run / "timeline.csv")["end_s"].max() * 1e3)
-        steps = pd.read_csv(run / "steps.csv")["step_time_s"]
-        steady = steps.iloc[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps
-        assert found[f"{variant}_median_ms"] == pytest.approx(steady.median() * 1e3)

@@ -14,7 +14,7 @@ import papermill
 import pytest
 import torch
 
-from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
+from conftest import REPO, TWO_RANKS_ARGS, TWO_RANKS_SETTINGS, read_metrics
 from ddp_core.studies.run import kernel_on_unix_sockets
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
@@ -55,15 +55,14 @@ def learning_curve(run_dir):
     return [(row["epoch"], row["train_loss"], row["val_loss"], row["val_accuracy"]) for row in read_metrics(run_dir)]
 
 
-def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_path):
-    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="slurm")
-    run_notebook(tmp_path, launcher="local", world_size=2, experiment="local")
+def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_path, two_local_ranks):
+    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="slurm", overrides=TWO_RANKS_SETTINGS)
 
     slurm_run = tmp_path / "results" / "slurm" / "n2"
     assert "COMPLETED" in printed
     assert [p.name for p in slurm_run.glob("slurm-*.out")], "the job's log belongs in the run directory"
     assert [int(row["world_size"]) for row in read_metrics(slurm_run)] == [2, 2]
-    assert learning_curve(slurm_run) == learning_curve(tmp_path / "results" / "local" / "n2")
+    assert learning_curve(slurm_run) == learning_curve(two_local_ranks)
 
 
 @contextmanager
@@ -166,22 +165,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_rendezvous_over_c10d_and_train_the_same_model_as_one_node(tmp_path, isolated_env):
-    args = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 128,
-            "--eval-samples", 32, "--epochs", 1, "--threads-per-rank", 1]
-    run_training([*args, "--out", tmp_path / "one-node"], cwd=tmp_path, env=isolated_env, nproc=2)
-
+def test_two_nodes_rendezvous_over_c10d_and_train_the_same_model_as_one_node(tmp_path, isolated_env, two_local_ranks):
     endpoint = f"127.0.0.1:{free_port()}"
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
          f"--rdzv-endpoint={endpoint}", "--rdzv-id=two-nodes", "-m", "ddp_core.train",
-         *map(str, args), "--out", str(tmp_path / "two-nodes")],
+         *TWO_RANKS_ARGS, "--out", str(tmp_path / "two-nodes")],
         cwd=tmp_path, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)]
     outputs = [agent.communicate(timeout=300)[0] for agent in agents]
     assert all(agent.returncode == 0 for agent in agents), "\n".join(outputs)
 
-    one = torch.load(tmp_path / "one-node" / "checkpoint.pt", weights_only=False)
+    one = torch.load(two_local_ranks / "checkpoint.pt", weights_only=False)
     two = torch.load(tmp_path / "two-nodes" / "checkpoint.pt", weights_only=False)
     assert one["world_size"] == two["world_size"] == 2
     for name, value in one["model"].items():

@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
+from conftest import REPO, TWO_RANKS_ARGS, read_metrics
 from ddp_core.launch.emulated import EmulatedCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: the nodes are network namespaces and Slurm's daemons run as root")]
-
-ARGS = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 128, "--eval-samples", 64,
-        "--epochs", 2]
 
 
 def slurm_conf(folder, cluster: EmulatedCluster) -> str:
@@ -88,7 +85,8 @@ def slurm_folder(slurm_installed):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, slurm_folder, isolated_env):
+def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, slurm_folder, isolated_env,
+                                                                       two_local_ranks):
     folder = slurm_folder
     for sub in ("state", "spool-node0", "spool-node1"):
         (folder / sub).mkdir(parents=True)
@@ -106,16 +104,15 @@ def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path
             submit = (f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} DDP_NPROC_PER_NODE=1 sbatch --wait "
                       f"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --output={tmp_path}/slurm-%j.out "
                       f"--export=ALL {REPO}/slurm/ddp_train.sbatch {tmp_path}/two-nodes "
-                      + " ".join(map(str, ARGS)))
+                      + " ".join(TWO_RANKS_ARGS))
             job = subprocess.run(on_node(cluster, 0, submit), env=env, capture_output=True, text=True, timeout=300)
             log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
             assert job.returncode == 0, job.stderr + log
         finally:
             os.kill(int((folder / "munged.pid").read_text()), signal.SIGTERM)
-    run_training([*ARGS, "--out", tmp_path / "one-machine"], cwd=tmp_path, env=isolated_env, nproc=2)
 
     assert "2 node(s) x 1 rank(s)" in log
     learning = ("train_loss", "val_loss", "val_accuracy")
-    for nodes, local in zip(read_metrics(tmp_path / "two-nodes"), read_metrics(tmp_path / "one-machine"), strict=True):
+    for nodes, local in zip(read_metrics(tmp_path / "two-nodes"), read_metrics(two_local_ranks), strict=True):
         for key in learning:
             assert float(nodes[key]) == pytest.approx(float(local[key]), abs=1e-6), key
