@@ -1,8 +1,8 @@
 """Launch real training processes (plain python for 1 rank, torchrun for more) in a scratch folder.
 
-The suite runs on every core and one worker more (pytest-xdist), a file per worker at a time. The tests that read the tiny
-end-to-end report (`project`) are all in test_report.py, so that it is made once, on the worker that starts
-with it while the others run the rest. `-m "not slow"` (make test-fast) leaves out the tests that train more
+The suite runs on every core and one worker more (pytest-xdist), a file per worker at a time. The tests that
+read the tiny end-to-end report (`project`) are all in test_report.py, so that it is made once, on the worker that
+starts with it while the others run the rest. `-m "not slow"` (make test-fast) leaves out the tests that train more
 than a few steps or build a book.
 """
 
