@@ -178,7 +178,7 @@ BOOK_TESTS = (REPORT_TESTS, "test_reference.py")  # the files that build a book,
 
 
 # Fixtures that train or benchmark on several processes: a test that asks for one is slow (make test-fast skips it).
-SLOW_FIXTURES = {"project", "hooked", "measured"}
+SLOW_FIXTURES = {"project", "hooked", "measured", "two_local_ranks"}
 
 
 def pytest_collection_modifyitems(items):
