@@ -1,4 +1,5 @@
-"""Launch real training processes (plain python for 1 rank, torchrun for more) in a scratch folder.
+"""Run the trainer in a scratch folder: as real processes (plain python for 1 rank, torchrun for more), or called
+in the test's own process for one rank on generated data, where starting an interpreter costs more than the run.
 
 The suite runs on every core and one worker more (pytest-xdist), a file per worker at a time. The tests that
 read the tiny end-to-end report (`project`) are all in test_report.py, so that it is made once, on the worker that
@@ -7,9 +8,12 @@ than a few steps or build a book.
 """
 
 import csv
+import io
 import os
 import shutil
 import subprocess
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -77,12 +81,48 @@ def final_parameters(run_dir) -> dict:
 
 
 def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not."""
-    proc = subprocess.run(launch_command(nproc) + [str(a) for a in args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not.
+
+    A one-rank run on generated data is the trainer's `main` in this process (`train_in_process`): its interpreter
+    start and `import torch`, 3 CPU-seconds, cost more than the run. Runs on real data (the Hugging Face cache is
+    configured when `datasets` is imported), compiled ones (inductor's worker processes) and tracked ones start
+    a process, as does every run of several ranks (torchrun)."""
+    args = [str(a) for a in args]
+    dataset = args[args.index("--dataset") + 1] if "--dataset" in args else None
+    if nproc == 1 and dataset == "synthetic" and not {"--compile", "--mlflow-uri"} & set(args):
+        proc = train_in_process(args, cwd=cwd, env=env)
+    else:
+        proc = subprocess.run(launch_command(nproc) + args, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=900)
     if expect_ok and proc.returncode != 0:
         pytest.fail(f"training failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def train_in_process(args: list[str], *, cwd, env: dict) -> subprocess.CompletedProcess:
+    """The trainer's `main(args)` called here, in folder `cwd` with environment `env` (both restored after), as a
+    finished process: its exit code, what it printed, and a traceback in stderr where it raised."""
+    from ddp_core.train import main
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except Exception:  # as the interpreter would end: a traceback and exit code 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture
@@ -92,22 +132,10 @@ def train(tmp_path, isolated_env):
 
 
 @pytest.fixture
-def refused(tmp_path, isolated_env, monkeypatch, capsys):
-    """The trainer's `main` called in this process, in this test's scratch folder with the tests' environment, as
-    a finished process: for input the trainer refuses before it trains, where an interpreter start per case would
-    cost more than the case."""
-    monkeypatch.chdir(tmp_path)
-    for name, value in isolated_env.items():
-        monkeypatch.setenv(name, value)
-
-    def run(*args) -> subprocess.CompletedProcess:
-        from ddp_core.train import main
-
-        capsys.readouterr()
-        code = main([str(a) for a in args])
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-    return run
+def refused(tmp_path, isolated_env):
+    """The trainer called in this process (`train_in_process`) in this test's scratch folder, for input it refuses
+    before it trains: an interpreter start per case would cost more than the case."""
+    return lambda *args: train_in_process([str(a) for a in args], cwd=tmp_path, env=isolated_env)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
