@@ -1,5 +1,6 @@
-"""Run the trainer in a scratch folder: as real processes (plain python for 1 rank, torchrun for more), or called
-in the test's own process for one rank on generated data, where starting an interpreter costs more than the run.
+"""Run the trainer in a scratch folder: as real processes (plain python for 1 rank, torchrun for more), or, on
+generated data, called in the test's own process for one rank and in ranks forked from it for several, where
+starting an interpreter costs more than the run.
 
 The suite runs on every core and one worker more (pytest-xdist), a file per worker at a time. The tests that
 read the tiny end-to-end report (`project`) are all in test_report.py, so that it is made once, on the worker that
@@ -11,7 +12,11 @@ import csv
 import io
 import os
 import shutil
+import socket
 import subprocess
+import sys
+import tempfile
+import time
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -80,23 +85,80 @@ def final_parameters(run_dir) -> dict:
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
 
 
-def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
+def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True,
+                 torchrun: bool = False) -> subprocess.CompletedProcess:
     """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not.
 
-    A one-rank run on generated data is the trainer's `main` in this process (`train_in_process`): its interpreter
-    start and `import torch`, 3 CPU-seconds, cost more than the run. Runs on real data (the Hugging Face cache is
-    configured when `datasets` is imported), compiled ones (inductor's worker processes) and tracked ones start
-    a process, as does every run of several ranks (torchrun)."""
+    A run on generated data is the trainer's `main` called in this process for one rank (`train_in_process`), and in
+    ranks forked from this process for several (`run_forked_ranks`): each process started costs 4 CPU-seconds before it
+    trains (the interpreter, `import torch`, and torch's compiler, which the optimizer imports), more than such a
+    run. Runs on real data (the Hugging Face cache is configured when `datasets` is imported), compiled ones
+    (inductor's worker processes) and tracked ones start their processes, plain python for one rank and torchrun for
+    more, as does a run asked for with `torchrun`: the launcher itself is under test there, as in the tiny report,
+    the faults, Slurm and the emulated nodes."""
     args = [str(a) for a in args]
     dataset = args[args.index("--dataset") + 1] if "--dataset" in args else None
-    if nproc == 1 and dataset == "synthetic" and not {"--compile", "--mlflow-uri"} & set(args):
-        proc = train_in_process(args, cwd=cwd, env=env)
+    if dataset == "synthetic" and not torchrun and not {"--compile", "--mlflow-uri"} & set(args):
+        proc = (train_in_process(args, cwd=cwd, env=env) if nproc == 1 else
+                run_forked_ranks(args, nproc=nproc, cwd=cwd, env=env))
     else:
-        proc = subprocess.run(launch_command(nproc) + args, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=900)
+        proc = subprocess.run(launch_command(nproc, torchrun=torchrun) + args, cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=900)
     if expect_ok and proc.returncode != 0:
         pytest.fail(f"training failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
+                     timeout: float = 900) -> subprocess.CompletedProcess:
+    """`main(args)` (the trainer's by default) on `nproc` ranks forked from this process, each with the environment
+    torchrun gives the ranks of one node: real processes that meet over gloo, without an interpreter start each. As under
+    torchrun, a failed rank ends the run: the others get 30 s to end by themselves, then are killed; the exit code is
+    the first failed rank's, and the output each rank's in turn."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    with socket.socket() as probe:  # a free port for rank 0's store, as torchrun --standalone picks one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    fork = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory() as logs:
+        ranks = [fork.Process(target=forked_rank, args=(main, args, cwd, env | {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, Path(logs) / str(rank))) for rank in range(nproc)]
+        for rank in ranks:
+            rank.start()
+        code, deadline = 0, time.monotonic() + timeout
+        try:
+            while running := [rank for rank in ranks if rank.exitcode is None]:
+                if not wait([rank.sentinel for rank in running], timeout=max(0.0, deadline - time.monotonic())):
+                    if code:
+                        break  # ranks that outlived a failed one by 30 s: killed below
+                    pytest.fail(f"{nproc} forked ranks still running after {timeout} s")
+                failed = [rank.exitcode for rank in ranks if rank.exitcode not in (None, 0)]
+                if failed and not code:
+                    code, deadline = failed[0] if failed[0] > 0 else 1, min(deadline, time.monotonic() + 30)
+        finally:
+            for rank in ranks:
+                rank.kill()
+                rank.join()
+        output = [(Path(logs) / f"{rank}.out").read_text() for rank in range(nproc)]
+        errors = [(Path(logs) / f"{rank}.err").read_text() for rank in range(nproc)]
+    return subprocess.CompletedProcess(args, code, "".join(output), "".join(errors))
+
+
+def forked_rank(main, args: list[str], cwd, env: dict, log: Path) -> None:
+    """One rank of `run_forked_ranks`: its environment, its folder, and its output in LOG.out and LOG.err (file
+    descriptors too, for what torch's C++ side prints)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.stdout, sys.stderr = open(f"{log}.out", "w"), open(f"{log}.err", "w")
+    os.dup2(sys.stdout.fileno(), 1)
+    os.dup2(sys.stderr.fileno(), 2)
+    if main is None:
+        from ddp_core.train import main
+    sys.exit(main(args))
 
 
 def train_in_process(args: list[str], *, cwd, env: dict) -> subprocess.CompletedProcess:
@@ -150,10 +212,13 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 @pytest.fixture(scope="session")
 def hooked(tmp_path_factory, isolated_env):
     """What tests/hooked_gradients.py saves: one backward pass of the tiny model under each communication hook."""
+    import hooked_gradients  # here, not at the top: most tests never load torch in the test process
+    import torch
+
     out = tmp_path_factory.mktemp("hooks") / "gradients.pt"
-    subprocess.run([*launch_command(2, str(REPO / "tests" / "hooked_gradients.py")), str(out)], cwd=out.parent,
-                   env=isolated_env, check=True, capture_output=True, timeout=300)
-    import torch  # here, not at the top: most tests never load torch in the test process
+    proc = run_forked_ranks([str(out)], nproc=2, cwd=out.parent, env=isolated_env, main=hooked_gradients.main,
+                            timeout=300)
+    assert proc.returncode == 0, proc.stderr
     return torch.load(out, weights_only=False)
 
 

@@ -69,7 +69,7 @@ def exact_average(magnitude: bool = False) -> list[dict[str, torch.Tensor]]:
     return steps
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     hooks = ("none", "fp16", "powersgd")
@@ -77,5 +77,9 @@ if __name__ == "__main__":
     result = {hook: grads for hook, (grads, _) in result.items()} | {"noise_sums": result["none"][1]}
     result["exact"], result["magnitude"] = exact_average(), exact_average(magnitude=True)
     if dist.get_rank() == 0:
-        torch.save(result, sys.argv[1])
+        torch.save(result, argv[0])
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

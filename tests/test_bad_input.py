@@ -131,7 +131,7 @@ def test_existing_run_is_never_overwritten(refused, tmp_path):
 
 @pytest.mark.slow  # starts torchrun and its ranks
 def test_under_torchrun_a_bad_input_is_reported_once(train):
-    proc = train(*TINY_SYNTHETIC, *BATCH, "--lr", "-1", nproc=2, expect_ok=False)
+    proc = train(*TINY_SYNTHETIC, *BATCH, "--lr", "-1", nproc=2, expect_ok=False, torchrun=True)
     assert proc.returncode != 0
     assert proc.stderr.count("ddp_core.train: error:") == 1, proc.stderr
 
