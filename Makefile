@@ -38,14 +38,15 @@ APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
 .PHONY: test test-fast report reference single-device peers step-profile book pdf install
 
-# pip compiles each installed module to bytecode one file after another; compileall does it on every core (exit
-# code 1: a few packages ship files that are not Python 3, which pip leaves uncompiled too). Without the bytecode,
-# every process would compile what it imports again where PYTHONDONTWRITEBYTECODE is set.
+# pip compiles each installed module to bytecode one file after another; compileall does it on every core, and
+# leaves out the packages' own test suites, which nothing imports (exit code 1: torch ships a file for Python 3.12
+# only, which pip leaves uncompiled too). Without the bytecode, every process would compile what it imports again
+# where PYTHONDONTWRITEBYTECODE is set.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH_SPEC)" -e '.[dev]'
-	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		> /dev/null || test $$? -eq 1
+	$(BIN)/python -m compileall -q -j 0 -x '/tests?/' \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || test $$? -eq 1
 	touch $@
 
 install: $(VENV)/.installed
