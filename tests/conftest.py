@@ -112,9 +112,9 @@ def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True,
 def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
                      timeout: float = 900) -> subprocess.CompletedProcess:
     """`main(args)` (the trainer's by default) on `nproc` ranks forked from this process, each with the environment
-    torchrun gives the ranks of one node: real processes that meet over gloo, without an interpreter start each. As under
-    torchrun, a failed rank ends the run: the others get 30 s to end by themselves, then are killed; the exit code is
-    the first failed rank's, and the output each rank's in turn."""
+    torchrun gives the ranks of one node: real processes that meet over gloo, without an interpreter start each. As
+    under torchrun, a failed rank ends the run: the others get 30 s to end by themselves, then are killed; the exit
+    code is the first failed rank's, and the output each rank's in turn."""
     import multiprocessing
     from multiprocessing.connection import wait
 
