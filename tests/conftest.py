@@ -89,7 +89,7 @@ def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True,
                  torchrun: bool = False) -> subprocess.CompletedProcess:
     """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not.
 
-    A run on generated data is the trainer's `main` called in this process for one rank (`train_in_process`), and in
+    A run on generated data is the trainer's `main` called in this process for one rank (`run_in_process`), and in
     ranks forked from this process for several (`run_forked_ranks`): each process started costs 4 CPU-seconds before it
     trains (the interpreter, `import torch`, and torch's compiler, which the optimizer imports), more than such a
     run. Runs on real data (the Hugging Face cache is configured when `datasets` is imported), compiled ones
@@ -99,7 +99,7 @@ def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True,
     args = [str(a) for a in args]
     dataset = args[args.index("--dataset") + 1] if "--dataset" in args else None
     if dataset == "synthetic" and not torchrun and not {"--compile", "--mlflow-uri"} & set(args):
-        proc = (train_in_process(args, cwd=cwd, env=env) if nproc == 1 else
+        proc = (run_in_process(args, cwd=cwd, env=env) if nproc == 1 else
                 run_forked_ranks(args, nproc=nproc, cwd=cwd, env=env))
     else:
         proc = subprocess.run(launch_command(nproc, torchrun=torchrun) + args, cwd=cwd, env=env, capture_output=True,
@@ -161,11 +161,13 @@ def forked_rank(main, args: list[str], cwd, env: dict, log: Path) -> None:
     sys.exit(main(args))
 
 
-def train_in_process(args: list[str], *, cwd, env: dict) -> subprocess.CompletedProcess:
-    """The trainer's `main(args)` called here, in folder `cwd` with environment `env` (both restored after), as a
-    finished process: its exit code, what it printed, and a traceback in stderr where it raised."""
-    from ddp_core.train import main
-
+def run_in_process(args: list[str], *, cwd, env: dict, main=None) -> subprocess.CompletedProcess:
+    """`main(args)` (the trainer's by default) called here, in folder `cwd` with environment `env` (both restored
+    after), as a finished process: its exit code, what it printed, and a traceback in stderr where it raised. For a
+    program's refusals too, which end before anything starts: an interpreter start and `import torch` would cost more
+    than the case."""
+    if main is None:
+        from ddp_core.train import main
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -195,9 +197,9 @@ def train(tmp_path, isolated_env):
 
 @pytest.fixture
 def refused(tmp_path, isolated_env):
-    """The trainer called in this process (`train_in_process`) in this test's scratch folder, for input it refuses
+    """The trainer called in this process (`run_in_process`) in this test's scratch folder, for input it refuses
     before it trains: an interpreter start per case would cost more than the case."""
-    return lambda *args: train_in_process([str(a) for a in args], cwd=tmp_path, env=isolated_env)
+    return lambda *args: run_in_process([str(a) for a in args], cwd=tmp_path, env=isolated_env)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:

@@ -8,8 +8,8 @@ import sys
 import pandas as pd
 import pytest
 
-from benchmarks.peers.__main__ import EPOCHS, LOOPS, PEERS, round_order
-from conftest import REPO
+from benchmarks.peers.__main__ import EPOCHS, LOOPS, PEERS, main as peers_main, round_order
+from conftest import REPO, run_in_process
 from ddp_core.launch.local import launch_command
 from ddp_core.report.peers import PeerMeasurement, comparisons, speed_table
 
@@ -39,14 +39,15 @@ def test_a_folder_that_holds_a_measurement_is_refused_and_kept(tmp_path, isolate
     folder = tmp_path / "peers" / "cpu"
     folder.mkdir(parents=True)
     (folder / "steps.csv").write_text("kept")
-    proc = run_benchmark(["--dataset", "synthetic", "--results-dir", str(tmp_path)], REPO, isolated_env)
+    proc = run_in_process(["--dataset", "synthetic", "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env,
+                          main=peers_main)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "already holds a measurement" in proc.stderr
     assert (folder / "steps.csv").read_text() == "kept"
 
 
 def test_a_world_size_that_does_not_divide_the_batch_is_refused_before_any_run(tmp_path, isolated_env):
-    proc = run_benchmark(["--dataset", "synthetic", "--ranks", "3", "--results-dir", str(tmp_path)], REPO,
-                         isolated_env)
+    proc = run_in_process(["--dataset", "synthetic", "--ranks", "3", "--results-dir", str(tmp_path)], cwd=REPO,
+                          env=isolated_env, main=peers_main)
     assert proc.returncode == 2 and "does not divide by world size 3" in proc.stderr
     assert not (tmp_path / "peers").exists()
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmarks.single_device import LOOPS
-from conftest import REPO
+from benchmarks.single_device import LOOPS, main as single_device_main
+from conftest import REPO, run_in_process
 from ddp_core.engine.config import TrainConfig
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.model_shape import ModelConfig
@@ -79,14 +79,16 @@ def test_a_device_measured_before_is_never_overwritten(measured, isolated_env):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_asking_for_a_gpu_where_there_is_none_is_refused_before_measuring(tmp_path, isolated_env):
-    proc = run_benchmark([*TINY[:-2], "--device", "cuda", "--results-dir", "out"], tmp_path, isolated_env)
+    proc = run_in_process([*TINY[:-2], "--device", "cuda", "--results-dir", "out"], cwd=tmp_path, env=isolated_env,
+                          main=single_device_main)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("single_device: error: --device cuda needs a CUDA GPU per local rank"), proc.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_a_bad_option_is_refused_in_one_line_before_measuring(tmp_path, isolated_env):
-    proc = run_benchmark(["--batch-sizes", "32", "0", "--results-dir", "out"], tmp_path, isolated_env)
+    proc = run_in_process(["--batch-sizes", "32", "0", "--results-dir", "out"], cwd=tmp_path, env=isolated_env,
+                          main=single_device_main)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "single_device: error: argument --batch-sizes: invalid positive_int value: '0'"
     assert not (tmp_path / "out").exists()

@@ -15,14 +15,14 @@ import pytest
 import torch
 import yaml
 
-from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES
+from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, run_in_process
 from ddp_core.engine.config import global_batch_size, parse_args
 from ddp_core.report import precision
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.compute_ratio import cores_per_rank
 from ddp_core.report.provenance import study_setup_findings, studies_shown_findings
 from ddp_core.report.results import load_experiment, load_study
-from ddp_core.studies.run import plan_runs
+from ddp_core.studies.run import main as runner_main, plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
 
 STUDIES = load_study_list()
@@ -130,7 +130,8 @@ def test_a_profile_given_to_the_runner_replaces_each_studys_own_and_the_study_se
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_the_gpu_profile_on_a_machine_without_gpus_is_refused_in_one_line_before_any_run(tmp_path, isolated_env):
-    proc = run_studies(["scaling", "--profile", "gpu", "--results-dir", "results"], cwd=tmp_path, env=isolated_env)
+    proc = run_in_process(["scaling", "--profile", "gpu", "--results-dir", "results"], cwd=tmp_path, env=isolated_env,
+                          main=runner_main)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "ddp_core.studies.run: error: study 'scaling', run scaling/n1: --device cuda needs a CUDA GPU per local rank: "
