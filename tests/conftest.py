@@ -118,9 +118,7 @@ def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
     import multiprocessing
     from multiprocessing.connection import wait
 
-    with socket.socket() as probe:  # a free port for rank 0's store, as torchrun --standalone picks one
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for rank 0's store, as torchrun --standalone picks one
     fork = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as logs:
         ranks = [fork.Process(target=forked_rank, args=(main, args, cwd, env | {
@@ -145,6 +143,13 @@ def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
         output = [(Path(logs) / f"{rank}.out").read_text() for rank in range(nproc)]
         errors = [(Path(logs) / f"{rank}.err").read_text() for rank in range(nproc)]
     return subprocess.CompletedProcess(args, code, "".join(output), "".join(errors))
+
+
+def free_port() -> int:
+    """A port of this machine's loopback that no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def forked_rank(main, args: list[str], cwd, env: dict, log: Path) -> None:

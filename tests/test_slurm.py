@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import papermill
 import pytest
 import torch
 
-from conftest import REPO, TWO_RANKS_ARGS, TWO_RANKS_SETTINGS, read_metrics
+from conftest import REPO, TWO_RANKS_ARGS, TWO_RANKS_SETTINGS, free_port, read_metrics
 from ddp_core.studies.run import kernel_on_unix_sockets
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
@@ -157,12 +156,6 @@ def test_submit_now_and_collect_later(slurm_cluster, tmp_path):
     printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="later")
     assert "submitted job" not in printed, "the second execution must not submit the run again"
     assert len(read_metrics(tmp_path / "results" / "later" / "n2")) == 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_rendezvous_over_c10d_and_train_the_same_model_as_one_node(tmp_path, isolated_env, two_local_ranks):
