@@ -7,7 +7,7 @@ It trains the default profile's model and batch (small preset, IMDB, sequence le
 on a GPU `--preset large --amp bf16 --batch-size 128` is the workload worth a look) with the trainer's
 `train_epoch`, timers off, one rank: an epoch of warm-up, then an epoch of `--steps` steps
 profiled. Each operator's self time (the time spent in it, not in the operators it calls) is summed and
-divided by the steps, and each operator is put in a category (`CATEGORIES`); the matrix products carry the
+divided by the steps, and each operator is put in a category (`ddp_core.report.step_profile.CATEGORIES`); the matrix products carry the
 FLOPs the profiler counts from their shapes. One large matrix product is timed on the same device, the
 rate the model's own products are held against.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.distributed as dist
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.single_device import (matmul_tflops, measurement_name, new_measurement_folder, positive_int,
@@ -37,26 +38,8 @@ from ddp_core.engine.model_shape import PRESETS
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
 from ddp_core.paths import RESULTS_DIR
+from ddp_core.report.step_profile import category
 from ddp_core.train import model_config
-
-# An operator's category by the first pattern its name contains; any other is OTHER (elementwise arithmetic,
-# filling tensors with zeros, views).
-CATEGORIES = (
-    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm")),
-    ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::_safe_softmax")),
-    ("normalisation and activations", ("layer_norm", "aten::gelu")),
-    ("dropout", ("bernoulli", "dropout")),
-    ("optimizer", ("adam", "Optimizer.")),
-    ("autograd's own work", ("autograd::", "Backward0", "Backward1")),
-    ("embeddings", ("embedding",)),
-    ("loss", ("nll_loss", "log_softmax")),
-    ("copies and conversions", ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat")),
-)
-OTHER = "other operators"
-
-
-def category(operator: str) -> str:
-    return next((name for name, patterns in CATEGORIES if any(p in operator for p in patterns)), OTHER)
 
 
 def options(argv: list[str] | None = None):
@@ -73,13 +56,18 @@ def options(argv: list[str] | None = None):
 
 def operator_rows(prof, steps: int, on_gpu: bool) -> pd.DataFrame:
     """One row per operator that spent time of its own, per step, largest first: on a GPU the time of the kernels
-    it launched, else its time on the CPU."""
+    it launched, else its time on the CPU. On a GPU each kernel is counted once, under the operator that launched
+    it: the profiler also lists every kernel as an event of its own, and a `record_function` range (the
+    optimizer's step) again over the kernels inside it, so those rows would count the GPU's time twice."""
     def own_seconds(e) -> float:
         return (e.self_device_time_total if on_gpu else e.self_cpu_time_total) / 1e6 / steps
 
+    def launched_by_an_operator(e) -> bool:
+        return e.device_type == DeviceType.CPU and not e.is_user_annotation
+
     rows = [{"category": category(e.key), "operator": e.key, "calls_per_step": e.count / steps,
              "self_s_per_step": own_seconds(e), "flops_per_step": e.flops / steps}
-            for e in prof.key_averages() if own_seconds(e) > 0]
+            for e in prof.key_averages() if own_seconds(e) > 0 and (not on_gpu or launched_by_an_operator(e))]
     return pd.DataFrame(rows).sort_values("self_s_per_step", ascending=False, ignore_index=True)
 
 

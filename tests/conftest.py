@@ -126,6 +126,10 @@ def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, Path(logs) / str(rank))) for rank in range(nproc)]
         for rank in ranks:
             rank.start()
+        def first_failure() -> int:
+            failed = [rank.exitcode for rank in ranks if rank.exitcode not in (None, 0)]
+            return (failed[0] if failed[0] > 0 else 1) if failed else 0
+
         code, deadline = 0, time.monotonic() + timeout
         try:
             while running := [rank for rank in ranks if rank.exitcode is None]:
@@ -133,9 +137,9 @@ def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
                     if code:
                         break  # ranks that outlived a failed one by 30 s: killed below
                     pytest.fail(f"{nproc} forked ranks still running after {timeout} s")
-                failed = [rank.exitcode for rank in ranks if rank.exitcode not in (None, 0)]
-                if failed and not code:
-                    code, deadline = failed[0] if failed[0] > 0 else 1, min(deadline, time.monotonic() + 30)
+                if not code and (code := first_failure()):
+                    deadline = min(deadline, time.monotonic() + 30)
+            code = code or first_failure()  # ranks that all ended between two looks
         finally:
             for rank in ranks:
                 rank.kill()

@@ -8,14 +8,15 @@ import sys
 import pandas as pd
 import pytest
 
-from benchmarks.step_profile import OTHER, category
 from conftest import REPO
-from ddp_core.report.step_profile import OUTSIDE, StepProfile, category_table, findings, read_step_profile, short_name
+from ddp_core.report.step_profile import (OTHER, OUTSIDE, StepProfile, category, category_table, findings,
+                                         read_step_profile, short_name)
 
 
 @pytest.mark.parametrize("operator,expected", [
     ("aten::mm", "matrix products"), ("aten::addmm", "matrix products"), ("aten::bmm", "matrix products"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+    ("aten::_cudnn_attention_backward", "attention"),
     ("aten::native_layer_norm_backward", "normalisation and activations"),
     ("aten::gelu_backward", "normalisation and activations"), ("aten::bernoulli_", "dropout"),
     ("aten::_fused_adamw_", "optimizer"), ("aten::embedding_dense_backward", "embeddings"),
@@ -35,7 +36,7 @@ def test_the_rows_add_up_to_the_step_and_the_products_rate_is_their_flops_over_t
         {"category": "dropout", "operator": "aten::bernoulli_", "self_s_per_step": 0.020, "flops_per_step": 0.0},
         {"category": OTHER, "operator": "aten::mul", "self_s_per_step": 0.005, "flops_per_step": 1e6},
     ])
-    table = category_table(StepProfile("cpu", {"step_s": 0.070}, operators))
+    table = category_table(StepProfile("cpu", {"device": "cpu", "step_s": 0.070}, operators))
     assert table["seconds"].sum() == pytest.approx(0.070)
     assert table.loc[OUTSIDE, "ms"] == pytest.approx(5.0)
     assert table.loc["matrix products", "gflops"] == pytest.approx(100.0)

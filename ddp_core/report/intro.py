@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_core.report import time_to_accuracy
+from ddp_core.report import gpu, time_to_accuracy
 from ddp_core.report.single_device import ratio_findings
 from ddp_core.report.nodes import headline_findings, nodes_figure
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
@@ -18,10 +18,10 @@ from ddp_core.studies.study_list import load_study_list
 
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
-    chapter's runs, the emulated nodes (`nodes_`), time to accuracy (`tta_`), the One device chapter's ratios
-    (`device_`) and the list of studies."""
-    scaling = load_experiment(results / "scaling")
-    return (findings(scaling) | headline_findings(load_study(results / "nodes"))
+    chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
+    chapter's ratios (`device_`) and the list of studies."""
+    scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
+    return (findings(scaling) | headline_findings(nodes) | gpu.headline_findings(results, nodes)
             | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy"))
             | one_device_findings(load_measurements(results / "single_device"), scaling))
 

@@ -93,17 +93,19 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
     return pd.DataFrame(rows).set_index("preset")
 
 
-def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
+def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS, share_loop: str = "timed") -> pd.DataFrame:
     """Per preset, precision and batch b per GPU that the measurement timed at b and at `world_size` b: the step of
-    the whole batch on one GPU, the step of its share on each GPU (the trainer with its timers, as a run trains;
-    its samples over its seconds, summed over the rounds), the all-reduce of the model's gradients over NVLink
-    by the published fit, and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
+    the whole batch on one GPU (the trainer with its timers, as a run trains; its samples over its seconds, summed
+    over the rounds), the step of its share on each GPU (the same, or `share_loop`: `ddp_of_one` adds what DDP's
+    buckets and hooks cost), the all-reduce of the model's gradients over NVLink by the published fit, and the
+    speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
     fit = nvlink_fit(world_size)
-    rates = throughput_table(m)["samples_per_s_timed"]
-    step_s = rates.index.get_level_values("batch_size") / rates
+    table = throughput_table(m)
+    batches = table.index.get_level_values("batch_size")
+    step_s, share_step_s = batches / table["samples_per_s_timed"], batches / table[f"samples_per_s_{share_loop}"]
     workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
     rows = []
-    for (preset, amp, batch), share_s in step_s.items():
+    for (preset, amp, batch), share_s in share_step_s.items():
         whole = (preset, amp, batch * world_size)
         if whole not in step_s.index:
             continue

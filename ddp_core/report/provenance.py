@@ -60,11 +60,16 @@ def setup_findings(experiment: Experiment) -> dict:
     }
 
 
+def commit_text(commit: str | None) -> str:
+    """A run's code commit as the book shows it: short, `-dirty` kept (its tree had uncommitted changes)."""
+    return "unknown" if commit is None else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
 def _shown(key: str, value, on_gpu: bool = False) -> str:
     if value is None:  # a GPU run whose driver was not recorded (made before it was, or without nvidia-smi)
         return "unknown" if key == "gpu_driver" and on_gpu else "none"
     if key == "git_commit":
-        return value[:10] + ("-dirty" if value.endswith("-dirty") else "")
+        return commit_text(value)
     if key == "cpu_extensions":
         return ", ".join(f"`{name}`" for name in value) or "none of AVX2, AVX-512, AMX"
     if key.endswith("_time"):

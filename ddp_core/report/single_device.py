@@ -131,9 +131,9 @@ def throughput_markdown(m: Measurement) -> str:
     on_gpu = m.info["device"] != "cpu"
     table["compute"] = table["tflops"] * (1 if on_gpu else 1e3)
     table["share_of_matmul_pct"] = table["share_of_matmul"] * 100
-    columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:.1f}"),
-               "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:.1f}"),
-               "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:.1f}"),
+    columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:,.1f}"),
+               "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:,.1f}"),
+               "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:,.1f}"),
                "compute": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}"),
                "share_of_matmul_pct": ("Share of the matrix-product rate (%)", "{:.0f}")}
     if peak_tflops(m):
@@ -208,8 +208,8 @@ def _or(names: list[str]) -> str:
 
 
 def gpus_measured(measurements: list[Measurement]) -> str:
-    """The GPUs among the measurements, or "none"."""
-    return ", ".join(m.info["device_name"] for m in measurements if m.info["device"] != "cpu") or "none"
+    """The GPUs among the measurements, each named once, or "none"."""
+    return ", ".join(dict.fromkeys(m.info["device_name"] for m in measurements if m.info["device"] != "cpu")) or "none"
 
 
 def print_summary(m: Measurement) -> None:

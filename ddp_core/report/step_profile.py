@@ -3,9 +3,9 @@
 
     python -m ddp_core.report.step_profile results/step_profile/cpu     # prints the table
 
-Each operator's self time per step (its own, not that of the operators it calls) falls in one category; the
-time of the profiled step that no operator spent (Python, the loop, the profiler's own bookkeeping) is its
-own row, so the rows add up to the step. The matrix products' rate is their FLOPs (counted by the profiler
+Each operator's self time per step (its own, not that of the operators it calls; on a GPU, that of the kernels it
+launched) falls in one category; the time of the profiled step that no operator spent (Python, the loop, the
+profiler's own bookkeeping; on a GPU, the time no kernel ran) is its own row, so the rows add up to the step. The matrix products' rate is their FLOPs (counted by the profiler
 from their shapes) over their time; the model's rate is the cost model's FLOPs per step over the step's wall
 time; both are held against the rate one large matrix product reached on the same device.
 """
@@ -18,11 +18,40 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddp_core.report.provenance import commit_text
 from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
 from ddp_core.report.single_device import precision_name
 from ddp_core.report.tables import one_row_each
 
+# An operator's category, which the book sums by, is the first whose pattern its name contains; any other is OTHER
+# (elementwise arithmetic, filling tensors with zeros, views).
+CATEGORIES = (
+    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm")),
+    ("attention", ("scaled_dot_product", "flash_attention", "cudnn_attention", "efficient_attention",
+                   "aten::_softmax", "aten::_safe_softmax")),
+    ("normalisation and activations", ("layer_norm", "aten::gelu")),
+    ("dropout", ("bernoulli", "dropout")),
+    ("optimizer", ("adam", "Optimizer.")),
+    ("autograd's own work", ("autograd::", "Backward0", "Backward1")),
+    ("embeddings", ("embedding",)),
+    ("loss", ("nll_loss", "log_softmax")),
+    ("copies and conversions", ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat")),
+)
+OTHER = "other operators"
+
+
+def category(operator: str) -> str:
+    return next((name for name, patterns in CATEGORIES if any(p in operator for p in patterns)), OTHER)
+
+
+def categorised(p: StepProfile) -> pd.DataFrame:
+    """The profile's operators, each in its category by today's `CATEGORIES` (not the one written when measured)."""
+    return p.operators.assign(category=p.operators["operator"].map(category))
+
+
 OUTSIDE = "outside any operator (the loop, the profiler)"
+# On a GPU the rows are the kernels' time, so what is left of the step is time the GPU ran no kernel.
+GPU_IDLE = "no kernel running (the GPU waits for the loop's launches, the profiler)"
 
 
 @dataclass
@@ -43,14 +72,14 @@ def load_step_profiles(folder: str | Path) -> list[StepProfile]:
 def category_table(p: StepProfile) -> pd.DataFrame:
     """Per category, largest first, then the time outside operators: milliseconds per step, share of the step,
     the largest operator in it, and for the matrix products their rate in GFLOP/s."""
-    ops = p.operators
+    ops = categorised(p)
     by_category = ops.groupby("category").agg(seconds=("self_s_per_step", "sum"), flops=("flops_per_step", "sum"))
     by_category["largest"] = ops.loc[ops.groupby("category")["self_s_per_step"].idxmax()].set_index("category")[
         "operator"]
     by_category = by_category.sort_values("seconds", ascending=False)
     step = p.info["step_s"]
     outside = pd.DataFrame({"seconds": [step - by_category["seconds"].sum()], "flops": [0.0], "largest": [""]},
-                           index=[OUTSIDE])
+                           index=[OUTSIDE if p.info["device"] == "cpu" else GPU_IDLE])
     table = pd.concat([by_category, outside])
     table["ms"] = table["seconds"] * 1e3
     table["share_pct"] = table["seconds"] / step * 100
@@ -72,9 +101,11 @@ def category_markdown(p: StepProfile) -> str:
     table = category_table(p)
     table["largest"] = [short_name(name) for name in table["largest"]]
     table.index = [name[0].upper() + name[1:] for name in table.index]
-    table["share"] = [f"{pct:.0f}" if pct >= 0.5 else "<1" for pct in table["share_pct"]]
+    table["share"] = [f"{pct:.0f}" if pct >= 0.95 else f"{pct:.1f}" for pct in table["share_pct"]]
+    unit = rate_unit(p)
+    table["rate"] = table["gflops"] / (1e3 if unit == "TFLOP/s" else 1)
     columns = {"ms": ("Time per step (ms)", "{:.1f}"), "share": ("Share of the step (%)", "{}"),
-               "gflops": ("Rate (GFLOP/s)", "{:.0f}"), "largest": ("Largest operator", "{}")}
+               "rate": (f"Rate ({unit})", "{:,.0f}"), "largest": ("Largest operator", "{}")}
     return one_row_each(table, columns, "Operators")
 
 
@@ -84,14 +115,24 @@ def findings(p: StepProfile) -> dict:
     products = table.loc["matrix products"]
     large = info["matmul_tflops"] * 1e3  # GFLOP/s
     model = info["model_flops_per_step"] / info["step_s"] / 1e9
+    unit = rate_unit(p)
     return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
-            "measured_on": info["measured_on"][:10], "commit": (info["git_commit"] or "unknown")[:10],
+            "measured_on": info["measured_on"][:10], "commit": commit_text(info["git_commit"]),
             "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
             "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
-            "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_gflops": f"{large:.0f}",
-            "products_gflops": f"{products['gflops']:.0f}", "products_share": f"{products['gflops'] / large:.0%}",
+            "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_rate": rate_text(large, unit),
+            "products_rate": rate_text(products["gflops"], unit), "products_share": f"{products['gflops'] / large:.0%}",
             "products_time_share": f"{products['share_pct']:.0f} %",
-            "model_gflops": f"{model:.0f}", "model_share": f"{model / large:.0%}"}
+            "model_rate": rate_text(model, unit), "model_share": f"{model / large:.0%}"}
+
+
+def rate_unit(p: StepProfile) -> str:
+    """TFLOP/s on a GPU, GFLOP/s on a CPU: each in the unit its rates read best in."""
+    return "GFLOP/s" if p.info["device"] == "cpu" else "TFLOP/s"
+
+
+def rate_text(gflops: float, unit: str) -> str:
+    return f"{gflops / (1e3 if unit == 'TFLOP/s' else 1):,.0f} {unit}"
 
 
 def print_summary(p: StepProfile) -> None:
