@@ -55,7 +55,7 @@ test: $(VENV)/.installed $(MATHJAX)
 	$(BIN)/python -m pytest
 
 # The inner loop: every test but those that train more than a few steps, start a multi-process job or a notebook, or
-# build a book (46 s on the project's 2-core machine).
+# build a book (31 s on the project's 2-core machine).
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -m "not slow"
 

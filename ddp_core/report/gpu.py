@@ -17,6 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ddp_core.engine.model_shape import PRESETS
 from ddp_core.report.nodes import link_table
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, measured_forecast
 from ddp_core.report.provenance import commit_text
@@ -26,7 +27,8 @@ from ddp_core.report.step_profile import StepProfile, categorised, load_step_pro
 from ddp_core.report.tables import one_row_each
 from ddp_core.report.verdict import compare, noise_floor
 
-MFU_GOAL = 0.40  # the model FLOP utilisation a well-tuned single-GPU transformer step reaches (nanoGPT, PaLM)
+MFU_GOAL = 0.40  # the model FLOP utilisation this project set itself for the large preset in bf16 on one GPU
+PRESET_ORDER = {name: size for size, name in enumerate(PRESETS)}  # smallest model first
 
 
 @dataclass
@@ -70,8 +72,6 @@ def mfu_table(gpu: GpuResults) -> pd.DataFrame:
         level=["preset", "amp", "batch_size"], key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset"
         else index)
 
-
-PRESET_ORDER = {"tiny": 0, "small": 1, "medium": 2, "large": 3}
 
 
 def mfu_markdown(gpu: GpuResults) -> str:
