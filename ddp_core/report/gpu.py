@@ -297,7 +297,6 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
             "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
             "forecast_global_batch": int(row["batch_per_gpu"]) * FORECAST_GPUS,
             "forecast_one_gpu_ms": row["one_gpu_ms"], "forecast_per_gpu_ms": row["per_gpu_ms"],
-            "forecast_compute_speedup": row["one_gpu_ms"] / row["per_gpu_ms"],
             "forecast_comm_ms": row["comm_ms"], "forecast_ratio": row["ratio"],
             "forecast_low": row["efficiency_no_overlap"], "forecast_high": row["efficiency_last_bucket"],
             "forecast_place": place, "emulated_nodes": int(links["nodes"].iloc[0]),
