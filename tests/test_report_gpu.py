@@ -2,6 +2,7 @@
 counted once, where the forecast's ratio falls among the emulated links, and the trainer's runs as a reader sees
 them."""
 
+import json
 from types import SimpleNamespace
 
 import pandas as pd
@@ -9,8 +10,8 @@ import pytest
 from torch.autograd import DeviceType
 
 from benchmarks.step_profile import operator_rows
-from ddp_core.report.gpu import (GpuResults, forecast_table, mfu_findings, place_among, step_findings,
-                                 trainer_table)
+from ddp_core.report.gpu import (GpuResults, forecast_table, load_gpu_results, mfu_findings, place_among,
+                                 step_findings, trainer_table)
 from ddp_core.report.results import Measurement
 from ddp_core.report.step_profile import GPU_IDLE, StepProfile, category_table
 
@@ -123,3 +124,27 @@ def test_the_forecast_steps_each_gpus_quarter_in_ddp_and_takes_r_as_the_emulated
     assert row["ratio"] == pytest.approx(20.0 / row["comm_ms"])
     assert row["efficiency_no_overlap"] == pytest.approx(80 / (40 + row["comm_ms"]) / 4)
     assert row["efficiency_no_overlap_low"] == pytest.approx(80 / (44 + row["comm_ms"]) / 4)  # the slowest round
+
+
+def test_the_chapter_reads_the_gpu_measured_in_full_and_passes_over_one_measured_in_part(tmp_path):
+    def save(folder, info, table, name):
+        folder.mkdir(parents=True)
+        (folder / "device.json").write_text(json.dumps(info))
+        table.to_csv(folder / name, index=False)
+
+    loops = ("plain", "ddp_core", "timed", "ddp_of_one")
+    for gpu, batches in (("NVIDIA A100", (32,)), ("NVIDIA H200", (32, 128))):  # the A100 sorts first, measured in part
+        m = [measurement({loop: [0.4] * 3 for loop in loops}, batch=b) for b in batches]
+        info = m[0].info | {"device_name": gpu}
+        save(tmp_path / "single_device" / gpu, info, pd.concat([x.epochs for x in m]), "epochs.csv")
+    save(tmp_path / "single_device" / "H200-compiled", info | {"compile": True},
+         measurement({loop: [0.3] * 3 for loop in loops}, compiled=True).epochs, "epochs.csv")
+    save(tmp_path / "step_profile" / "H200", {"device": "cuda:0", "device_name": "NVIDIA H200"},
+         pd.DataFrame([{"category": "matrix products", "operator": "aten::mm", "calls_per_step": 1,
+                        "self_s_per_step": 0.01, "flops_per_step": 1e12}]), "operators.csv")
+    gpu = load_gpu_results(tmp_path)
+    assert (gpu.eager.info["device_name"], gpu.compiled.info["compile"], gpu.profile.name) == ("NVIDIA H200", True,
+                                                                                               "H200")
+    (tmp_path / "step_profile" / "H200" / "operators.csv").unlink()
+    (tmp_path / "step_profile" / "H200" / "device.json").unlink()
+    assert load_gpu_results(tmp_path) is None  # no GPU measured in full

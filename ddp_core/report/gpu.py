@@ -39,16 +39,19 @@ class GpuResults:
 
 
 def load_gpu_results(results: Path) -> GpuResults | None:
-    """The first GPU's measurements under `results` (a book's or a RESULTS_DIR), or None where no GPU was measured."""
-    gpus = [m for m in load_measurements(results / "single_device") if m.info["device"] != "cpu"]
-    eager = next((m for m in gpus if not m.info.get("compile")), None)
-    if eager is None:
-        return None
-    compiled = next((m for m in gpus if m.info.get("compile") and m.info["device_name"] == eager.info["device_name"]),
-                    None)
-    profile = next((p for p in load_step_profiles(results / "step_profile")
-                    if p.info["device_name"] == eager.info["device_name"]), None)
-    return GpuResults(eager, compiled, profile)
+    """The first GPU under `results` (a book's or a RESULTS_DIR) measured in full, as `gpu_session.sh` measures one:
+    eager, compiled and profiled, the large model in bf16 at a batch and at FORECAST_GPUS times it; or None. A GPU
+    measured in part (`make single-device` alone) leaves the chapter to one measured in full."""
+    measurements = load_measurements(results / "single_device")
+    profiles = load_step_profiles(results / "step_profile")
+    for eager in (m for m in measurements if m.info["device"] != "cpu" and not m.info.get("compile")):
+        name = eager.info["device_name"]
+        compiled = next((m for m in measurements if m.info.get("compile") and m.info["device_name"] == name), None)
+        profile = next((p for p in profiles if p.info["device_name"] == name), None)
+        gpu = GpuResults(eager, compiled, profile)
+        if compiled and profile and not forecast_table(gpu).query("amp == 'bf16'").empty:
+            return gpu
+    return None
 
 
 def provenance_findings(gpu: GpuResults) -> dict:
