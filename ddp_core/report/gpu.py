@@ -19,7 +19,7 @@ import pandas as pd
 
 from ddp_core.engine.model_shape import PRESETS
 from ddp_core.report.nodes import link_table
-from ddp_core.report.nvlink_forecast import FORECAST_GPUS, measured_forecast
+from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, measured_forecast
 from ddp_core.report.provenance import commit_text
 from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
 from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
@@ -211,17 +211,14 @@ def trainer_findings(folder: Path) -> dict:
             "trainer_above_chance": int((table["val_accuracy"] > table["chance"]).sum())}
 
 
-SHARE_LOOP = "ddp_of_one"  # each GPU's step: the trainer in DDP, which costs its buckets and hooks on every GPU
-
-
 def forecast_table(gpu: GpuResults) -> pd.DataFrame:
     """The large model's forecast on FORECAST_GPUS GPUs from the measured steps, per precision and batch per GPU:
     `measured_forecast`'s steps and speedups with each GPU's share stepped in DDP; R_N as the emulated cluster takes
     it, T_1/N over the all-reduce; how much longer a GPU's share takes than T_1/N; and the efficiency with every
     bucket exposed and with the last only, the lowest also from the share's slowest and fastest round."""
-    ahead = measured_forecast(gpu.eager, share_loop=SHARE_LOOP)
+    ahead = measured_forecast(gpu.eager)
     ahead = ahead[ahead["preset"] == "large"].reset_index(drop=True)
-    epochs = gpu.eager.epochs.query("loop == @SHARE_LOOP").set_index(CONFIG)
+    epochs = gpu.eager.epochs[gpu.eager.epochs["loop"] == SHARE_LOOP].set_index(CONFIG)
     rounds = (epochs["seconds"] / (epochs["samples"] / epochs.index.get_level_values("batch_size"))).groupby(CONFIG)
     shares = [rounds.get_group(("large", row.amp, row.batch_per_gpu)) * 1e3 for row in ahead.itertuples()]
     ideal_ms = ahead["one_gpu_ms"] / FORECAST_GPUS

@@ -16,8 +16,8 @@ benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_cor
 
 `measured_forecast` takes the compute from a GPU instead: a single-device measurement
 (`benchmarks/single_device.py`) that timed one GPU at a batch b and at N b gives the step of the whole batch
-on one GPU and the step of each GPU's share on N of them, both measured; only the all-reduce comes from
-the published fit.
+on one GPU and the step of each GPU's share on N of them (in DDP), both measured; only the all-reduce comes
+from the published fit.
 
 Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
 bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
@@ -41,6 +41,7 @@ from ddp_core.report.single_device import CONFIG, throughput_table
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
 FORECAST_GPUS = 4
+SHARE_LOOP = "ddp_of_one"  # the single-device benchmark's loop whose step stands for each GPU's share of the batch
 # Shares of the peak rate a real step may reach. The peak is a bound no step reaches; 40 % is a little below the
 # model FLOP utilisation of the largest published training runs (PaLM 540B: 46.2 %, Chowdhery et al. 2022);
 # 10 % stands for small models, whose steps are dominated by kernel launches rather than by FLOPs.
@@ -93,16 +94,16 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
     return pd.DataFrame(rows).set_index("preset")
 
 
-def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS, share_loop: str = "timed") -> pd.DataFrame:
+def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
     """Per preset, precision and batch b per GPU that the measurement timed at b and at `world_size` b: the step of
     the whole batch on one GPU (the trainer with its timers, as a run trains; its samples over its seconds, summed
-    over the rounds), the step of its share on each GPU (the same, or `share_loop`: `ddp_of_one` adds what DDP's
-    buckets and hooks cost), the all-reduce of the model's gradients over NVLink by the published fit, and the
-    speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
+    over the rounds), the step of its share on each GPU (the same in DDP over a group of one, `SHARE_LOOP`: DDP's
+    buckets and hooks cost on every GPU), the all-reduce of the model's gradients over NVLink by the published fit,
+    and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
     fit = nvlink_fit(world_size)
     table = throughput_table(m)
     batches = table.index.get_level_values("batch_size")
-    step_s, share_step_s = batches / table["samples_per_s_timed"], batches / table[f"samples_per_s_{share_loop}"]
+    step_s, share_step_s = batches / table["samples_per_s_timed"], batches / table[f"samples_per_s_{SHARE_LOOP}"]
     workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
     rows = []
     for (preset, amp, batch), share_s in share_step_s.items():
