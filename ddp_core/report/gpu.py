@@ -83,7 +83,7 @@ def mfu_markdown(gpu: GpuResults) -> str:
                    for preset, amp, batch, compiled in table.index]
     return one_row_each(table, {"samples_per_s_timed": ("Samples/s", "{:,.0f}"),
                                 "tflops": ("Model TFLOP/s", "{:.1f}"), "mfu": ("MFU", "{:.1%}"),
-                                "share_of_matmul": ("Share of the large product's rate", "{:.0%}")},
+                                "share_of_matmul": ("Share of the large product's rate", "{:.1%}")},
                         "Model, precision, batch (samples)")
 
 
@@ -227,6 +227,8 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
     n = FORECAST_GPUS
     ahead["efficiency_no_overlap"] = ahead["speedup_no_overlap"] / n
     ahead["efficiency_last_bucket"] = ahead["speedup_last_bucket_only"] / n
+    ahead["compute_over_ideal_low"] = [share.min() / ideal for share, ideal in zip(shares, ideal_ms)]
+    ahead["compute_over_ideal_high"] = [share.max() / ideal for share, ideal in zip(shares, ideal_ms)]
     ahead["efficiency_no_overlap_low"] = [row.one_gpu_ms / (share.max() + row.comm_ms) / n
                                           for row, share in zip(ahead.itertuples(), shares)]
     ahead["efficiency_no_overlap_high"] = [row.one_gpu_ms / (share.min() + row.comm_ms) / n
@@ -237,13 +239,13 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
 def forecast_markdown(gpu: GpuResults) -> str:
     table = forecast_table(gpu)
     table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu}" for row in table.itertuples()]
-    table["efficiency"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_no_overlap"],
-                                                                           table["efficiency_last_bucket"])]
+    table["efficiency"] = [f"{low * 100:.0f}–{high:.0%}" for low, high in zip(table["efficiency_no_overlap"],
+                                                                              table["efficiency_last_bucket"])]
     n = FORECAST_GPUS
     return one_row_each(table, {
         "one_gpu_ms": ("$T_1$ (ms)", "{:.1f}"), "per_gpu_ms": ("A quarter, in DDP (ms)", "{:.1f}"),
         "compute_over_ideal": (f"A quarter / ($T_1$/{n})", "{:.2f}"), "comm_ms": ("All-reduce (ms)", "{:.1f}"),
-        "ratio": (f"$R_{n}$", "{:.2f}"), "efficiency": ("Efficiency", "{}")},
+        "ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"), "efficiency": ("Efficiency", "{}")},
         "Large model: precision, batch per GPU")
 
 
@@ -263,7 +265,7 @@ def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     table = emulated_table(nodes)
     table["range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"], table["efficiency_high"])]
     n = table["nodes"].iloc[0]
-    return one_row_each(table, {"ratio": (f"$R_{n}$, predicted", "{:.2f}"),
+    return one_row_each(table, {"ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"),
                                 "compute_over_ideal": (f"A node's compute / ($T_1$/{n})", "{:.2f}"),
                                 "efficiency": ("Efficiency, measured (median)", "{:.0%}"),
                                 "range": ("lowest to highest", "{}")}, "Emulated link")
@@ -286,7 +288,10 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
     place, beside = place_among(row["ratio"], links["ratio"])
     fp32 = forecast_table(gpu).query("amp == 'off'").sort_values("batch_per_gpu")
     return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": int(row["batch_per_gpu"]),
+            "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", int(row["batch_per_gpu"]), False), "mfu"],
             "forecast_compute_over_ideal": row["compute_over_ideal"],
+            "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
+                                                  f"{row['compute_over_ideal_high']:.2f}",
             "forecast_speedup_low": row["speedup_no_overlap"], "forecast_speedup_high": row["speedup_last_bucket_only"],
             "forecast_speedup_word": "slower than one GPU" if row["speedup_last_bucket_only"] < 1
             else "faster than one GPU" if row["speedup_no_overlap"] > 1 else "about as fast as one GPU",

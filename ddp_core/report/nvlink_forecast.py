@@ -41,7 +41,9 @@ from ddp_core.report.single_device import CONFIG, throughput_table
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
 FORECAST_GPUS = 4
-SHARE_LOOP = "ddp_of_one"  # the single-device benchmark's loop whose step stands for each GPU's share of the batch
+# The single-device benchmark's loops whose steps stand for one GPU's whole batch and each GPU's share of it: the
+# trainer, timers off, bare and in DDP over a group of one.
+WHOLE_LOOP, SHARE_LOOP = "ddp_core", "ddp_of_one"
 # Shares of the peak rate a real step may reach. The peak is a bound no step reaches; 40 % is a little below the
 # model FLOP utilisation of the largest published training runs (PaLM 540B: 46.2 %, Chowdhery et al. 2022);
 # 10 % stands for small models, whose steps are dominated by kernel launches rather than by FLOPs.
@@ -96,14 +98,15 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
 
 def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
     """Per preset, precision and batch b per GPU that the measurement timed at b and at `world_size` b: the step of
-    the whole batch on one GPU (the trainer with its timers, as a run trains; its samples over its seconds, summed
-    over the rounds), the step of its share on each GPU (the same in DDP over a group of one, `SHARE_LOOP`: DDP's
-    buckets and hooks cost on every GPU), the all-reduce of the model's gradients over NVLink by the published fit,
+    the whole batch on one GPU (the trainer, timers off, `WHOLE_LOOP`; its samples over its seconds, summed over the
+    rounds), the step of its share on each GPU (the same in DDP over a group of one, `SHARE_LOOP`: DDP's buckets
+    and hooks cost on every GPU), the all-reduce of the model's gradients over NVLink by the published fit,
     and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
     fit = nvlink_fit(world_size)
     table = throughput_table(m)
     batches = table.index.get_level_values("batch_size")
-    step_s, share_step_s = batches / table["samples_per_s_timed"], batches / table[f"samples_per_s_{SHARE_LOOP}"]
+    step_s, share_step_s = (batches / table[f"samples_per_s_{WHOLE_LOOP}"],
+                            batches / table[f"samples_per_s_{SHARE_LOOP}"])
     workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
     rows = []
     for (preset, amp, batch), share_s in share_step_s.items():
