@@ -79,10 +79,11 @@ $(QUIET_KERNELS):
 # The reference results, made anew on this machine: every study retrained, the checkpoints left out (the
 # book needs none). Commit them with the code they were made with. The measurements of single devices, of the
 # peers and of a step's operators stay: they come from other machines too (make single-device, peers, step-profile);
-# so does the quota period's (python benchmarks/cpu_period.py --results-dir reference/cpu_period).
+# so do the quota period's (python benchmarks/cpu_period.py --results-dir reference/cpu_period) and a GPU lease's
+# (benchmarks/gpu_session.sh: gpu_trainer, and gpu_lease with its provenance).
 reference: | $(VENV)/.installed
 	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device ! -name peers \
-		! -name step_profile ! -name cpu_period -exec rm -rf {} +
+		! -name step_profile ! -name cpu_period ! -name gpu_trainer ! -name gpu_lease -exec rm -rf {} +
 	$(MAKE) report RESULTS_DIR=$(REFERENCE) STUDIES=
 	cp _build/headline.png $(REFERENCE)/headline.png
 	find $(REFERENCE) -name checkpoint.pt -delete
