@@ -20,11 +20,10 @@ import pandas as pd
 from ddp_core.engine.model_shape import PRESETS
 from ddp_core.report.nodes import link_table
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, measured_forecast
-from ddp_core.report.provenance import commit_text
 from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
 from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
 from ddp_core.report.step_profile import StepProfile, categorised, load_step_profiles
-from ddp_core.report.tables import one_row_each
+from ddp_core.report.tables import commit_text, one_row_each
 from ddp_core.report.verdict import compare, noise_floor
 
 MFU_GOAL = 0.40  # the model FLOP utilisation this project set itself for the large preset in bf16 on one GPU
@@ -74,7 +73,6 @@ def mfu_table(gpu: GpuResults) -> pd.DataFrame:
     return table[["samples_per_s_timed", "tflops", "mfu", "share_of_matmul"]].sort_index(
         level=["preset", "amp", "batch_size"], key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset"
         else index)
-
 
 
 def mfu_markdown(gpu: GpuResults) -> str:
@@ -159,16 +157,15 @@ def step_findings(gpu: GpuResults) -> dict:
     loop = epochs[epochs["loop"] == "ddp_core"]  # the profile's loop: the trainer's own, timers off
     unprofiled = (loop["seconds"] / (loop["samples"] / config[2])).median()
     products = ops[ops["category"] == "matrix products"]
+    products_s = products["self_s_per_step"].sum()
+    products_tflops = products["flops_per_step"].sum() / products_s / 1e12
     others = ops[ops["category"] != "matrix products"].groupby("category")["self_s_per_step"].sum()
     return {"profile_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
             "profile_steps": p.info["steps"], "profile_seq_len": p.info["seq_len"],
             "profiled_step_ms": p.info["step_s"] * 1e3, "unprofiled_step_ms": unprofiled * 1e3,
             "busy_ms": busy * 1e3, "busy_share": busy / unprofiled, "profiled_busy_share": busy / p.info["step_s"],
-            "products_ms": products["self_s_per_step"].sum() * 1e3,
-            "products_share": products["self_s_per_step"].sum() / busy,
-            "products_tflops": products["flops_per_step"].sum() / products["self_s_per_step"].sum() / 1e12,
-            "products_of_large": products["flops_per_step"].sum() / products["self_s_per_step"].sum() / 1e12
-            / p.info["matmul_tflops"],
+            "products_ms": products_s * 1e3, "products_share": products_s / busy, "products_tflops": products_tflops,
+            "products_of_large": products_tflops / p.info["matmul_tflops"],
             "largest_other": others.idxmax(), "largest_other_ms": others.max() * 1e3,
             "largest_other_share": others.max() / busy}
 
@@ -283,10 +280,10 @@ def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
 def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
     """For the bf16 row with the largest batch per GPU: its forecast, and where its R_N falls among the emulated
     links' ("between" two of them, "above" or "below" all), with the links on either side and their efficiencies."""
-    row = forecast_table(gpu).query("amp == 'bf16'").sort_values("batch_per_gpu").iloc[-1]
+    table = forecast_table(gpu).sort_values("batch_per_gpu")
+    row, fp32 = table.query("amp == 'bf16'").iloc[-1], table.query("amp == 'off'")
     links = emulated_table(nodes)
     place, beside = place_among(row["ratio"], links["ratio"])
-    fp32 = forecast_table(gpu).query("amp == 'off'").sort_values("batch_per_gpu")
     return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": int(row["batch_per_gpu"]),
             "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", int(row["batch_per_gpu"]), False), "mfu"],
             "forecast_compute_over_ideal": row["compute_over_ideal"],
@@ -324,9 +321,7 @@ def print_summary(results: Path) -> None:
     if gpu is None:
         print(f"no GPU measured under {results}")
         return
-    print(mfu_markdown(gpu), mfu_findings(gpu), sep="\n\n")
-    if gpu.profile is not None:
-        print(step_findings(gpu))
+    print(mfu_markdown(gpu), mfu_findings(gpu), step_findings(gpu), sep="\n\n")
     if (results / "gpu_trainer").is_dir():
         print(trainer_markdown(results / "gpu_trainer"))
     print(forecast_markdown(gpu), emulated_markdown(load_study(results / "nodes")), sep="\n\n")

@@ -22,7 +22,7 @@ from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
 from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
                                      measured_gbit_s, rate_text)
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import counted, one_row_each, quantities_by_column
+from ddp_core.report.tables import commit_text, counted, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
 
@@ -349,7 +349,7 @@ def period_findings(folder: Path) -> dict:
     table = period_table(periods).query("period_ms != @STUDY_PERIOD_MS")
     runs = [e.baseline for e in periods.values()]
     return {"study_period_ms": STUDY_PERIOD_MS,
-            "period_commits": ", ".join(sorted({(run.raw.get("git_commit") or "unknown")[:10] for run in runs})),
+            "period_commits": ", ".join(sorted({commit_text(run.raw.get("git_commit")) for run in runs})),
             "period_dates": ", ".join(sorted({run.raw["start_time"][:10] for run in runs})),
             "period_comparisons": "; ".join(f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}"
                                             for row in table.itertuples())}

@@ -15,7 +15,7 @@ from ddp_core.report.comparisons import median_step, out_of_line, study_floor_po
 from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment, book_results_folder,
                                      load_study, machine_use, read_run, read_steps)
 from ddp_core.report.figures import chance_line
-from ddp_core.report.tables import counted, in_words, markdown_table, one_row_each, rank_label
+from ddp_core.report.tables import commit_text, counted, in_words, markdown_table, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -58,11 +58,6 @@ def setup_findings(experiment: Experiment) -> dict:
         "measured_on": min(run.raw["start_time"] for run in experiment.all_runs)[:10],
         "repeats": _repeats_phrase(experiment),
     }
-
-
-def commit_text(commit: str | None) -> str:
-    """A run's code commit as the book shows it: short, `-dirty` kept (its tree had uncommitted changes)."""
-    return "unknown" if commit is None else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
 def _shown(key: str, value, on_gpu: bool = False) -> str:

@@ -23,7 +23,7 @@ import pandas as pd
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.report.comparisons import run_times
 from ddp_core.report.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.report.tables import counted, one_row_each, with_article
+from ddp_core.report.tables import commit_text, counted, one_row_each, with_article
 from ddp_core.report.verdict import compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
@@ -160,7 +160,7 @@ def findings(m: Measurement) -> dict:
         "compiled": ", the trainer under torch.compile" if info.get("compile") else "",
         "device": info["device"], "cpu": _cpu_phrase(m), "backend": info["backend"], "torch": info["torch"],
         "cuda": f"; CUDA {info['cuda']}" if info.get("cuda") and info["device"] != "cpu" else "",
-        "measured_on": info["start_time"][:10], "commit": (info["git_commit"] or "unknown")[:10],
+        "measured_on": info["start_time"][:10], "commit": commit_text(info["git_commit"]),
         "rounds": m.epochs["round"].nunique(),
         "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {precision_name(amp)}"
                                for amp, tflops in info["matmul_tflops"].items()),

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.report.provenance import commit_text
 from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
 from ddp_core.report.single_device import precision_name
-from ddp_core.report.tables import one_row_each
+from ddp_core.report.tables import commit_text, one_row_each
 
 # An operator's category, which the book sums by, is the first whose pattern its name contains; any other is OTHER
 # (elementwise arithmetic, filling tensors with zeros, views).

@@ -12,6 +12,11 @@ def rank_label(n: int) -> str:
     return f"{n} rank{'s' if n > 1 else ''}"
 
 
+def commit_text(commit: str | None) -> str:
+    """A run's code commit as the book shows it: short, `-dirty` kept (its tree had uncommitted changes)."""
+    return "unknown" if commit is None else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
 def counted(n: int, noun: str) -> str:
     """"1 thread", "2 threads": a count with its noun, never "thread(s)"."""
     return f"{n} {noun}{'s' if n != 1 else ''}"
