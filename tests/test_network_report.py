@@ -1,18 +1,6 @@
-"""The chapter Over a network reads right for every mix of links, and takes speedups against the one-node runs."""
+"""The chapter Over a network reads right for every outcome, and takes speedups against the one-node runs."""
 
 import pytest
-
-from ddp_core.report.nodes import _links_phrase
-
-
-@pytest.mark.parametrize("labels, phrase", [
-    (["unshaped", "1 Gbit/s", "100 Mbit/s"], "an unshaped link and links capped at 1 Gbit/s and 100 Mbit/s"),
-    (["unshaped", "1 Gbit/s"], "an unshaped link and a link capped at 1 Gbit/s"),
-    (["300 Mbit/s", "100 Mbit/s"], "links capped at 300 Mbit/s and 100 Mbit/s"),
-    (["unshaped"], "an unshaped link"),
-])
-def test_the_links_of_a_study_are_named_right_for_any_mix(labels, phrase):
-    assert _links_phrase(labels) == phrase
 
 
 @pytest.mark.parametrize("loss, classes, says", [(0.690, 2, "has barely learned"), (0.40, 2, "has learned"),

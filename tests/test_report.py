@@ -5,7 +5,6 @@ one worker runs (`--dist loadfile`), so that the report is made once."""
 import os
 import html
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -254,26 +253,6 @@ def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_the
     starved["node_cpu"][0]["cpu_s"] *= 0.5  # the one node computed half of its quota
     (folder / "one_node" / "n1" / "network.json").write_text(json.dumps(starved))
     assert "`one_node/n1`" in disturbed_runs(load_study(folder)).split(", ")
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
-def test_the_scale_model_is_the_link_whose_ratio_is_closest_to_the_gpu_forecasts(project):
-    from ddp_core.report.nodes import link_table, scale_model_findings
-    from ddp_core.report.nvlink_forecast import forecast
-
-    study = load_study(project / "results" / "nodes")
-    found = scale_model_findings(study)
-    n = found["scale_gpus"]  # the tiny study's most nodes, 2: it has no 4-node run
-    one = json.loads((project / "results" / "nodes" / "one_node" / "n1" / "run.json").read_text())
-    gpus = forecast(one["model"], one["global_batch_size"], n).loc["large"]
-    gpu_step_ms = gpus["compute_bound_ms"] / 0.4  # 40 % of the peak rate
-    assert found["scale_target_ratio"] == pytest.approx(gpu_step_ms / n / gpus["comm_ms"])
-    assert found["scale_forecast_low"] == pytest.approx(gpu_step_ms / (gpu_step_ms / n + gpus["comm_ms"]) / n)
-    assert found["scale_forecast_high"] == pytest.approx(gpu_step_ms / (gpu_step_ms / n + gpus["last_bucket_ms"]) / n)
-    at_n = link_table(study).query("world_size == @n").set_index("link")  # T_c/N over the benchmarked all-reduce
-    ratios = at_n["predicted_compute_s"] / at_n["predicted_comm_s"]
-    distance = {link: abs(math.log(ratio / found["scale_target_ratio"])) for link, ratio in ratios.items()}
-    assert found["scale_link"] == min(distance, key=distance.get)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")

@@ -277,7 +277,7 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
 def test_each_studys_floor_in_the_methods_table_is_the_one_its_page_holds_comparisons_against():
     from ddp_core.report.comparisons import study_floor_power, time_floor
 
-    for name, configurations in (("precision", 2), ("bucket_size", 3), ("nodes", 5)):
+    for name, configurations in (("precision", 2), ("bucket_size", 3), ("nodes", 6)):
         study = load_study(REFERENCE / name)
         found = study_floor_power(study)
         assert found["floor"] == pytest.approx(time_floor(*study.values()))

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for allreduce.csv and allreduce.json")
     parser.add_argument("--min-bytes", type=int, default=4)
     parser.add_argument("--max-bytes", type=int, default=256 * 2**20)
+    parser.add_argument("--sizes", type=int, nargs="+", metavar="BYTES",
+                        help="time exactly these sizes (e.g. a model's gradient buckets) instead of powers of four")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seconds-per-size", type=float, default=0.3, help="time budget that sets the iterations")
     opts = parser.parse_args(argv)
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(ALLREDUCE_READY_LINE, flush=True)
     rows = []
     try:
-        for size in sizes(opts.min_bytes, opts.max_bytes):
+        for size in opts.sizes or sizes(opts.min_bytes, opts.max_bytes):
             tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
             probe = time_allreduce(tensor, opts.warmup)
             iterations = max(3, min(1000, int(opts.seconds_per_size / max(probe, 1e-7))))

@@ -23,6 +23,7 @@ from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, UsageError, d
 
 LAUNCHERS = ("local", "slurm", "emulated")
 NETWORK_FILE = "network.json"  # an emulated cluster's nodes and link, beside run.json
+WIND_TUNNEL_FILE = "wind_tunnel.json"  # a study's links set by similarity: what they model, target and achieved
 
 
 class ExperimentError(Exception):

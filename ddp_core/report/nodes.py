@@ -16,11 +16,12 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.launch.cpu_share import PERIOD_US
+from ddp_core.launch.emulated import rate_bits_per_s
+from ddp_core.studies.wind_tunnel import TOLERANCE
 from ddp_core.report.comparisons import chance_glue, compare_times, run_times, speedup_comparisons, time_floor
 from ddp_core.report.cost_model import predict
-from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast
 from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
-                                     measured_gbit_s, rate_text)
+                                     measured_gbit_s, rate_text, wind_tunnel_record)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.tables import commit_text, counted, one_row_each, quantities_by_column
 
@@ -116,7 +117,6 @@ def link_findings(study: dict[str, Experiment]) -> dict:
                    & (table["predicted_speedup"] <= table["speedup_high"])]
     worst = table.loc[error.idxmax()]
     return {
-        "link_rates": _links_phrase([link_label(e) for e in links.values()]),
         "links_measured": "; ".join(f"{link_label(e)}: {rate_text(measured_gbit_s(e))} measured"
                                     for e in links.values()),
         "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
@@ -126,25 +126,32 @@ def link_findings(study: dict[str, Experiment]) -> dict:
 
 
 def nodes_figure(study: dict[str, Experiment]):
-    """The speedup over one node against the number of nodes, per link, beside the ideal N and the cost model's
-    prediction; and a step's compute and exposed all-reduce against the nodes, beside the one node's compute / N."""
+    """The speedup over one node against the number of nodes, per link (a colour each), beside the ideal N and the
+    cost model's prediction; and a step's compute and exposed all-reduce against the nodes, beside the one node's
+    compute / N. One legend below both panels: the links by colour, then what each line style shows."""
+    from matplotlib.lines import Line2D
+
     table = link_table(study)
     one = scaling_table(study[BASELINE]).loc[1]
     nodes = [1, *sorted(table["world_size"].unique())]
-    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 5.2))
-    speed.plot(nodes, nodes, ":", color="gray", label="ideal: N")
-    parts.plot(nodes, [one["compute_per_step_s"] * 1e3 / n for n in nodes], ":", color="gray",
-               label="one node's compute / N")
+    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 5.4))
+    speed.plot(nodes, nodes, ":", color="gray")
+    parts.plot(nodes, [one["compute_per_step_s"] * 1e3 / n for n in nodes], ":", color="gray")
+    colours = []
     for i, (link, rows) in enumerate(table.groupby("link", sort=False)):
         error = [[0, *(rows["speedup"] - rows["speedup_low"])], [0, *(rows["speedup_high"] - rows["speedup"])]]
         speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3,
-                       color=f"C{i}", label=f"{link}, measured (bar: range)")
-        speed.plot(rows["world_size"], rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6,
-                   label=f"{link}, predicted")
+                       color=f"C{i}")
+        speed.plot(rows["world_size"], rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6)
         parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
-                   markersize=8 - 2 * i, label=f"compute, {link}")
-        parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}",
-                   label=f"exposed all-reduce, {link}")
+                   markersize=8 - 2 * i)
+        parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}")
+        colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
+    styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
+              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6, label="speedup predicted"),
+              Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
+              Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
+              Line2D([], [], color="black", marker="o", linestyle="--", label="exposed all-reduce per step")]
     speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node",
               title="Speedup against nodes")
     speed.set_yticks(nodes, [str(n) for n in nodes])
@@ -155,9 +162,11 @@ def nodes_figure(study: dict[str, Experiment]):
     for ax in (speed, parts):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     parts.set_yticks(ticks, [str(t) for t in ticks])
-    fig.tight_layout()
+    fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.06, 0), fontsize=8,
+               title_fontsize=8, frameon=False)
+    fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     return fig
 
 
@@ -225,37 +234,52 @@ def doubling_markdown(study: dict[str, Experiment]) -> str:
         "high": ("highest", "{:.2f}"), "verdict": ("Verdict", "{}")})
 
 
-# The real configuration the nodes study models: the prediction chapter's forecast for this preset on
-# nvlink_forecast.FORECAST_GPUS A100s over NVLink, at this model FLOP utilisation.
-SCALE_MODEL_PRESET, SCALE_MODEL_MFU = "large", 0.4
-
-
-def scale_model_findings(study: dict[str, Experiment]) -> dict:
-    """The emulated link whose N nodes have the compute-to-communication ratio R_N closest to the one the prediction
-    chapter forecasts for SCALE_MODEL_PRESET on N A100s over NVLink (the same workload: sequence, vocabulary, global
-    batch), and the efficiency measured there against the forecast's bounds: every bucket exposed, or only the
-    last. "within", "below" or "above" says where the measured median falls. Both ratios are taken alike, a rank's
-    compute T_c/N over the all-reduce of the gradient's buckets as a benchmark times it (NCCL's published curve
-    there, `ddp_core.bench.allreduce` over the emulated links here), not the all-reduce time inside the runs. N is
-    the forecast's number of GPUs, or the study's most nodes where it has no run at that many."""
+def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per variant and number of nodes: the configuration its links model (else their rate), R_N^bench as that
+    configuration has it (its target, from published figures or the measured GPU) and as the wind tunnel reached it
+    on this machine before the runs (the benchmark at the rate it set; both empty for links set by a rate), the link's
+    rate, and the speedup and efficiency the runs measured, with their ranges and the verdict."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
     links = link_table(study)
-    n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
-    table = links.query("world_size == @n")
+    rows = []
+    for variant, experiment in link_experiments(study).items():
+        verdicts = speedup_comparisons(experiment)
+        rate = experiment.all_runs[-1].raw["network"]["link_rate_gbit_s"]
+        for row in links[links["link"] == link_label(experiment)].itertuples():
+            entry = record.get(variant, {}).get("by_nodes", {}).get(str(row.world_size), {})
+            n = row.world_size
+            rows.append(dict(configuration=row.link, nodes=n, target_ratio=entry.get("target_ratio", np.nan),
+                             achieved_ratio=entry.get("achieved_ratio", np.nan),
+                             link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry
+                             else rate * 1e3 if rate else np.nan,
+                             speedup=row.speedup, efficiency=row.efficiency, efficiency_low=row.speedup_low / n,
+                             efficiency_high=row.speedup_high / n, verdict=verdicts[n].says("slower", "faster")))
+    return pd.DataFrame(rows)
+
+
+def similarity_markdown(study: dict[str, Experiment]) -> str:
+    table = similarity_table(study)
+    table["efficiency_range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"],
+                                                                                   table["efficiency_high"])]
+    return one_row_each(table, {
+        "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"),
+        "target_ratio": ("$R_N^\\text{bench}$ of the configuration", "{:.2f}"),
+        "achieved_ratio": ("$R_N^\\text{bench}$ reached", "{:.2f}"),
+        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"), "efficiency": ("Efficiency (median)", "{:.0%}"),
+        "efficiency_range": ("lowest to highest", "{}"), "verdict": ("Verdict", "{}")}, index_name=None)
+
+
+def similarity_findings(study: dict[str, Experiment]) -> dict:
+    """One node's compute per step on this machine, the CPU, the tolerance the wind tunnel held every target to and
+    where the configurations' ratios come from ("none" where no variant models one)."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
     one = study[BASELINE].baseline
-    ahead = forecast(one.model, one.global_batch_size, n).loc[SCALE_MODEL_PRESET]
-    compute_ms = ahead["compute_bound_ms"] / SCALE_MODEL_MFU
-    target = compute_ms / n / ahead["comm_ms"]
-    bounds = [compute_ms / (compute_ms / n + exposed) / n for exposed in (ahead["comm_ms"], ahead["last_bucket_ms"])]
-    ratios = table["predicted_compute_s"] / table["predicted_comm_s"]
-    closest = table.loc[np.log(ratios / target).abs().idxmin()]
-    measured = closest["efficiency"]
-    return {"scale_gpus": n, "scale_preset": SCALE_MODEL_PRESET, "scale_mfu": SCALE_MODEL_MFU,
-            "scale_target_ratio": target, "scale_link": closest["link"], "scale_ratio": ratios[closest.name],
-            "scale_efficiency": measured,
-            "scale_efficiency_range": f"{closest['speedup_low'] / n:.0%} to {closest['speedup_high'] / n:.0%}",
-            "scale_forecast_low": bounds[0], "scale_forecast_high": bounds[1],
-            "scale_place": "within" if bounds[0] <= measured <= bounds[1] else "below" if measured < bounds[0]
-            else "above"}
+    return {"tunnel_compute_ms": scaling_table(study[BASELINE]).loc[1, "compute_per_step_s"] * 1e3,
+            "tunnel_cpu": one.raw["device_name"],
+            "tunnel_cpu_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
+            "tunnel_tolerance": TOLERANCE,
+            "tunnel_sources": "; ".join(f"{modelled['configuration']}: {modelled['source']}"
+                                        for modelled in record.values()) or "none"}
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -306,15 +330,6 @@ def fidelity_markdown(study: dict[str, Experiment]) -> str:
         "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
         "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
-
-
-def _links_phrase(labels: list[str]) -> str:
-    """'an unshaped link and links capped at 1 Gbit/s and 100 Mbit/s', for any mix of links."""
-    shaped = [label for label in labels if label != "unshaped"]
-    capped = (f"links capped at {', '.join(shaped[:-1])} and {shaped[-1]}" if len(shaped) > 1
-              else f"a link capped at {shaped[0]}" if shaped else "")
-    unshaped = "an unshaped link" if "unshaped" in labels else ""
-    return " and ".join(part for part in (unshaped, capped) if part)
 
 
 # The quota's period -------------------------------------------------------------------------------------------

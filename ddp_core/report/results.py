@@ -22,6 +22,7 @@ from statistics import median
 import pandas as pd
 
 from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS
+from ddp_core.launch.local import WIND_TUNNEL_FILE
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
 NOT_SETTINGS = ("out", "data_dir", "cache_dir", "check", "progress", "resume")
@@ -218,11 +219,11 @@ def joined(*experiments: Experiment) -> Experiment:
 
 def load_study(folder: str | Path, variant_order: list[str] | None = None) -> dict[str, Experiment]:
     """A study's experiments by variant: the folder itself ("") when it holds runs, else each subfolder that
-    does, in `variant_order` (default: the order of the study list's entry named like the folder)."""
+    does (not the wind tunnel's measurements beside them), in `variant_order` (default: the order of the study list's entry named like the folder)."""
     folder = Path(folder)
     if folder.is_dir() and any((p / "run.json").exists() for p in folder.iterdir() if p.is_dir()):
         return {"": load_experiment(folder)}
-    found = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    found = {p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*/run.json"))} if folder.is_dir() else set()
     if not found:
         raise ResultsError(f"{folder}: no runs of this study (run it: make report STUDIES={folder.name})")
     if variant_order is None:
@@ -297,11 +298,21 @@ def rate_text(gbit_s: float) -> str:
 
 
 def link_label(experiment: Experiment) -> str:
-    """'1 Gbit/s' or 'unshaped' for the links of an experiment's runs."""
+    """The configuration the links model where the wind tunnel set them (`ddp_core.studies.wind_tunnel`), else '1
+    Gbit/s' or 'unshaped' for the links of an experiment's runs."""
+    modelled = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name)
+    if modelled:
+        return modelled["configuration"]
     rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
     if rate is None:
         return "unshaped"
     return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
+
+
+def wind_tunnel_record(study_folder: Path) -> dict:
+    """The variants of a study whose links the wind tunnel set, by name (its wind_tunnel.json); none: {}."""
+    path = study_folder / WIND_TUNNEL_FILE
+    return json.loads(path.read_text())["variants"] if path.is_file() else {}
 
 
 def measured_gbit_s(experiment: Experiment) -> float:

@@ -25,9 +25,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_core.launch.emulated import EmulatedCluster, check_can_emulate
-from ddp_core.launch.local import ALLREDUCE_READY_LINE, ExperimentError, Plan, launch_command, prepare
+from ddp_core.launch.emulated import check_can_emulate
+from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
+from ddp_core.studies import wind_tunnel
 from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
                                         select)
 
@@ -41,8 +42,12 @@ EMULATED_ALLREDUCE_ARGS = ["--max-bytes", str(16 * 2**20), "--seconds-per-size",
 
 
 def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
+    """Every run checked and planned; a modelled run with the rate the wind tunnel chose, once it has chosen."""
+    records = {study.name: wind_tunnel.recorded(study, results_dir) for study in studies if study.modelled}
     planned = []
     for run in interleaved(studies):
+        if run.models and records[run.study]:
+            run = wind_tunnel.dimensioned(run, records[run.study])
         try:
             plan = prepare(world_size=run.world_size, launcher=run.launcher, nodes=run.nodes or 1,
                            link_rate=run.link_rate, cpus_per_node=run.cpus_per_node, results_dir=results_dir, experiment=run.experiment,
@@ -148,47 +153,31 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
                              *shlex.split(extra_args)])
         return
     for variant in study.variants if study.allreduce else ():
-        for n in sorted(n for n in variant.world_sizes if n > 1):
+        for n in sorted(n for n in variant.world_sizes if n > 1 and not variant.models):  # the wind tunnel's: made
             out = Path(results_dir) / study.experiment(variant) / f"allreduce-n{n}"
             if not (out / "allreduce.csv").exists():
                 start = time.perf_counter()
-                benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, variant.link_rate,
-                                     variant.cpus_per_node, out, [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)])
+                wind_tunnel.benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, variant.link_rate,
+                                                 variant.cpus_per_node, out,
+                                                 [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)])
                 print(f"{study.experiment(variant)}: all-reduce benchmark on {n} ranks over "
                       f"{n // study.ranks_per_node} emulated nodes: done in {time.perf_counter() - start:.0f} s",
                       flush=True)
 
 
-def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None, cpus_per_node: float | None,
-                         out: Path, args: list[str]) -> None:
-    """The all-reduce benchmark on the nodes the study trains on: their links and, where set, their CPU shares (gloo
-    sums the buckets on the CPU)."""
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with EmulatedCluster(nodes, link_rate, cpus_per_node) as cluster:
-            leader, *others = cluster.launch(ranks_per_node, ["-m", "ddp_core.bench.allreduce", "--out", str(out),
-                                                              *args], out)
-            output = []
-            for line in leader.stdout:
-                output.append(line)
-                if line.startswith(ALLREDUCE_READY_LINE):
-                    cluster.limit_cpu()
-            if leader.wait() != 0:
-                tail = "".join(output[-10:]).strip()
-                raise StudyError(f"the all-reduce benchmark in {out} failed on node 0; its last lines:\n{tail}")
-            cluster.wait(others, out)
-    except ExperimentError as exc:
-        raise StudyError(str(exc)) from None
-
-
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
+    """Every run, round by round; a study whose variants model configurations is calibrated (its wind tunnel) when
+    its first modelled run comes, after the one-node run that round 1 trains before it."""
     planned = plan_runs(studies, results_dir)
+    by_name = {study.name: study for study in studies}
     with run_kernel() as kernel:
         for i, (run, plan) in enumerate(planned, 1):
             label = f"[{i}/{len(planned)}] {run.folder}"
             if plan.action == "reuse" and (plan.run_dir / NOTEBOOK_NAME).exists():
                 print(f"{label}: done before, reused", flush=True)
                 continue
+            if run.models and run.link_rate is None:
+                run = wind_tunnel.dimensioned(run, wind_tunnel.calibrate(by_name[run.study], results_dir))
             start = time.perf_counter()
             execute_run_notebook(run, results_dir, kernel)
             print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)

@@ -6,7 +6,8 @@ is a base profile, the settings it changes, and either one set of runs over worl
 results/<study>) or several named variants (results/<study>/<variant>), each repeated with other
 seeds; the runs train round by round, repeat k of everything in round k. A study with
 `ranks_per_node` trains on an emulated cluster (`ddp_core.launch.emulated`), its variants' `link_rate`
-setting the links. Everything is checked when
+setting the links, or `models` naming the real configuration whose compute-to-communication ratio the links are
+set to reach on this host (`ddp_core.studies.wind_tunnel`). Everything is checked when
 the list is read, so a bad entry fails in one line before any run starts.
 """
 
@@ -23,7 +24,7 @@ from ddp_core.paths import REPO_ROOT
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
 STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce",
               "ranks_per_node", "link_rate", "cpus_per_node"}
-VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node"}
+VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node", "models"}
 
 
 class StudyError(Exception):
@@ -41,6 +42,7 @@ class Run:
     nodes: int | None = None  # an emulated cluster's nodes (None: the ranks run on this machine)
     link_rate: str | None = None  # the emulated links' rate (None: unshaped)
     cpus_per_node: float | None = None  # the emulated nodes' CPU share (None: the machine's cores, shared)
+    models: str | None = None  # the configuration the links model (ddp_core.report.similarity); its rate set later
 
     @property
     def folder(self) -> str:
@@ -58,6 +60,7 @@ class Variant:
     world_sizes: tuple[int, ...]
     link_rate: str | None = None
     cpus_per_node: float | None = None
+    models: str | None = None  # a configuration of ddp_core.report.similarity: the wind tunnel sets link_rate
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,13 @@ class Study:
         """Repeat by repeat, every variant and world size once per repeat (see `interleaved`)."""
         return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat,
                     n // self.ranks_per_node if self.ranks_per_node else None, variant.link_rate,
-                    variant.cpus_per_node)
+                    variant.cpus_per_node, variant.models)
                 for repeat in range(1, self.repeats + 1) for variant in self.variants for n in variant.world_sizes]
+
+    @property
+    def modelled(self) -> bool:
+        """Some variant's links model a configuration: the wind tunnel sets their rate before they train."""
+        return any(variant.models for variant in self.variants)
 
     @property
     def allreduce_world_sizes(self) -> list[int]:
@@ -141,9 +149,29 @@ def parse_study(name: str, entry) -> Study:
         sizes = _world_sizes(sizes, vwhere)
         if ranks_per_node and any(n % ranks_per_node for n in sizes):
             raise StudyError(f"{vwhere}: every world size must be a multiple of ranks_per_node {ranks_per_node}")
-        variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node))
+        models = variant.get("models")
+        if models is not None:
+            _check_models(models, link_rate, cpus_per_node, ranks_per_node, vwhere)
+        variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node, models))
+    if any(variant.models for variant in variants) and (variants[0].models or variants[0].world_sizes != (1,)):
+        raise StudyError(f"{where}: variants that model configurations need a one-node variant (world_sizes [1]) "
+                         f"listed first: its first run measures the compute the wind tunnel sets the links by")
     return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
                  bool(entry.get("allreduce", False)), ranks_per_node)
+
+
+def _check_models(models, link_rate, cpus_per_node, ranks_per_node, where: str) -> None:
+    """A modelled variant: a known configuration, one rank on each node with a CPU share of its own (R_N compares
+    one node's compute with its link), and no link rate of its own (the wind tunnel sets it)."""
+    from ddp_core.report.similarity import CONFIGURATIONS
+
+    if models not in CONFIGURATIONS:
+        raise StudyError(f"{where}: models {models!r} is no configuration; they are: {', '.join(CONFIGURATIONS)}")
+    if link_rate is not None:
+        raise StudyError(f"{where}: models sets the links' rate on this host; drop link_rate {link_rate!r}")
+    if ranks_per_node != 1 or cpus_per_node is None:
+        raise StudyError(f"{where}: models needs one rank per node (ranks_per_node: 1) and nodes with compute of "
+                         f"their own (cpus_per_node)")
 
 
 def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:

@@ -1,0 +1,123 @@
+"""The wind tunnel: each modelled variant's links are set on this host so that its compute-to-communication ratio is
+the real configuration's; a target the host cannot reach is refused in one line, leaving nothing behind."""
+
+import json
+import os
+import re
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, TINY_STUDIES
+from ddp_core.engine.model_cost import bucket_sizes
+from ddp_core.launch.emulated import leftovers
+from ddp_core.report.nvlink_forecast import forecast, nvlink_fit
+from ddp_core.report.similarity import CONFIGURATIONS, ETHERNET_FILE, H200_MEASUREMENT, large_model
+from ddp_core.studies.run import main as runner_main
+from ddp_core.studies.study_list import StudyError, parse_study
+from ddp_core.studies.wind_tunnel import FASTEST_RATE, link_rate_for, ring_bits
+
+BUCKETS = [1_000_000, 10_000_000]
+WORKLOAD = {"vocab_size": 20000, "max_len": 128, "num_classes": 2, "d_model": 128, "n_layers": 2, "n_heads": 4,
+            "d_ff": 512, "dropout": 0.1}  # the small model of the nodes study
+
+
+def test_a_ring_sends_twice_the_gradient_less_one_nth_of_it_from_each_node():
+    assert ring_bits(BUCKETS, 2) == 11_000_000 * 8
+    assert ring_bits(BUCKETS, 4) == 2 * 3 / 4 * 11_000_000 * 8
+
+
+def test_the_link_rate_leaves_the_all_reduce_the_time_the_target_ratio_gives_it():
+    bits = ring_bits(BUCKETS, 4)  # 132 Mbit
+    rate = link_rate_for(target_ratio=2.0, rank_compute_s=0.5, fixed_s=0.05, wire_bits=bits)
+    assert rate == pytest.approx(132e6 / (0.25 - 0.05))  # T* = 0.5 / 2 s, of which 0.05 s no rate changes
+    assert 0.5 / (0.05 + bits / rate) == pytest.approx(2.0)  # at that rate, the target R
+
+
+@pytest.mark.parametrize("fixed_s, bits, fragment", [
+    (0.3, 132e6, "needs the all-reduce of a step in 250 ms, but on this host it takes 300 ms over any link"),
+    (0.2499, 132e6, "outside the 1 Mbit/s to 5 Gbit/s"),
+])
+def test_a_target_out_of_reach_is_refused_in_one_line(fixed_s, bits, fragment):
+    with pytest.raises(StudyError) as refused:
+        link_rate_for(target_ratio=2.0, rank_compute_s=0.5, fixed_s=fixed_s, wire_bits=bits)
+    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    assert link_rate_for(target_ratio=2.0, rank_compute_s=0.5, fixed_s=0.25 - bits / FASTEST_RATE,
+                         wire_bits=bits) == pytest.approx(FASTEST_RATE)  # the fastest settable link: not refused
+
+
+def test_the_a100_configuration_is_the_prediction_chapters_forecast_at_40_percent_of_the_peak():
+    for n in (2, 4):
+        ahead = forecast(WORKLOAD, 32, n).loc["large"]
+        expected = ahead["compute_bound_ms"] / 0.4 / n / ahead["comm_ms"]
+        assert CONFIGURATIONS["a100_nvlink"].ratio(WORKLOAD, 32, n) == pytest.approx(expected)
+
+
+def test_the_ethernet_configuration_sends_the_large_models_buckets_at_the_published_bus_bandwidth():
+    busbw = pd.read_csv(ETHERNET_FILE, comment="#")["busbw_gbit_s"].median() * 1e9 / 8
+    gradient = sum(bucket_sizes(large_model(WORKLOAD)))
+    step = forecast(WORKLOAD, 256, 4).loc["large", "compute_bound_ms"] / 1e3 / 0.4  # its own batch: 256
+    assert CONFIGURATIONS["a100_ethernet"].ratio(WORKLOAD, 32, 4) == pytest.approx(
+        (step / 4) / (2 * 3 / 4 * gradient / busbw))
+
+
+def test_the_h200_configuration_divides_the_measured_step_of_the_whole_batch():
+    epochs = pd.read_csv(H200_MEASUREMENT / "epochs.csv").query(
+        "preset == 'large' and amp == 'bf16' and batch_size == 128 and loop == 'ddp_core'")
+    step = epochs["seconds"].sum() / epochs["samples"].sum() * 128
+    fit = nvlink_fit(4)
+    allreduce = sum(fit.allreduce_s(size) for size in bucket_sizes(large_model(WORKLOAD)))
+    assert CONFIGURATIONS["h200_nvlink"].ratio(WORKLOAD, 32, 4) == pytest.approx(step / 4 / allreduce)
+
+
+@pytest.mark.parametrize("variants, fragment", [
+    ({"one_node": {"world_sizes": [1]}, "a": {"models": "a100_nvlink", "link_rate": "1gbit", "world_sizes": [2]}},
+     "models sets the links' rate on this host; drop link_rate"),
+    ({"one_node": {"world_sizes": [1]}, "a": {"models": "tpu_pod", "world_sizes": [2]}},
+     "models 'tpu_pod' is no configuration; they are: h200_nvlink, a100_nvlink, a100_ethernet"),
+    ({"a": {"models": "a100_nvlink", "world_sizes": [2]}, "one_node": {"world_sizes": [1]}},
+     "need a one-node variant (world_sizes [1]) listed first"),
+])
+def test_a_modelled_variant_that_cannot_be_dimensioned_is_refused_when_the_list_is_read(variants, fragment):
+    entry = {"title": "t", "profile": "tiny", "ranks_per_node": 1, "cpus_per_node": 0.5, "variants": variants}
+    with pytest.raises(StudyError, match=re.escape(fragment)):
+        parse_study("nodes", entry)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the wind tunnel calibrates on emulated nodes, which need root")
+def test_a_target_this_host_cannot_reach_stops_the_study_before_the_variants_nodes_are_made(tmp_path, capsys):
+    """The tiny model at 2 samples a step on a core of its own computes a step in about a millisecond: R = 9.4 of
+    H200s would leave its all-reduce 2 nodes' half of that over 9.4, under the 88 us its gradient's 438 kbit take on
+    the fastest link a node can be given."""
+    tiny = yaml.safe_load(TINY_STUDIES.read_text())["nodes"]
+    tiny |= {"cpus_per_node": 1.0, "settings": {"global_batch_size": 2, "train_samples": 32}}
+    tiny["variants"] = {"one_node": {"world_sizes": [1]}, "h200s": {"models": "h200_nvlink", "world_sizes": [2]}}
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"nodes": tiny}, sort_keys=False))
+    code = runner_main(["--study-list", str(study_list), "--results-dir", str(tmp_path / "results"), "nodes"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2
+    assert error.startswith("ddp_core.studies.run: error: study 'nodes', variant 'h200s' at 2 nodes: R = 9.42 needs")
+    assert "\n" not in error
+    assert not (tmp_path / "results" / "nodes" / "h200s").exists()  # no benchmark, no run of the variant
+    assert not (tmp_path / "results" / "nodes" / "wind_tunnel.json").exists()
+    assert (tmp_path / "results" / "nodes" / "one_node" / "n1" / "run.json").exists()  # the compute it measured
+    mine = f"{os.getpid():06x}"
+    assert not [name for names in leftovers(owner_alive=lambda owner: True).values() for name in names if mine in name]
+
+
+def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the_nodes_reached():
+    from ddp_core.report.nodes import link_table, similarity_table
+    from ddp_core.report.results import load_study
+
+    folder = REPO / "reference" / "nodes"
+    record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]
+    table = similarity_table(load_study(folder)).set_index(["configuration", "nodes"])
+    links = link_table(load_study(folder)).set_index(["link", "world_size"])
+    for modelled in record.values():
+        for n, entry in modelled["by_nodes"].items():
+            row = table.loc[(modelled["configuration"], int(n))]
+            assert (row["target_ratio"], row["achieved_ratio"]) == (entry["target_ratio"], entry["achieved_ratio"])
+            assert row["efficiency"] == links.loc[(modelled["configuration"], int(n)), "speedup"] / int(n)
