@@ -45,6 +45,7 @@ from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, 
                                     steps_per_epoch)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
+from ddp_core.engine.model_cost import bucket_indices
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.noise_scale import GradientNoise, noise_scale
 from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS,
@@ -369,8 +370,12 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
              noise: GradientNoise):
     """DDP around the model on more than one rank, with the run's bucket size and communication hook, each
     bucket's all-reduce timed by `timer` and, where the run measures the noise scale, its gradients' squared norms
-    taken by `noise`; the bare model on one rank."""
+    taken by `noise`; the bare model on one rank, where `timer` notes when each of DDP's buckets would be ready."""
     if not rt.distributed:
+        if timer.enabled:
+            parameters = list(model.parameters())
+            for parameter, bucket in zip(parameters, bucket_indices([p.numel() for p in parameters])):
+                parameter.register_post_accumulate_grad_hook(lambda _, bucket=bucket: timer.gradient_ready(bucket))
         return model
     # Gradients as views into DDP's buckets: backward writes each gradient where its all-reduce reads it, instead
     # of DDP copying every gradient into its bucket and the averaged one back.

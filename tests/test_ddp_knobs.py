@@ -72,3 +72,19 @@ def test_powersgd_on_gloo_trains_in_one_bucket_where_the_default_would_make_two(
     launched = {name: json.loads((tmp_path / name / "run.json").read_text())["allreduces_per_step"]
                 for name in ("plain", "powersgd")}
     assert launched == {"plain": 2, "powersgd": 1}
+
+
+@pytest.mark.slow
+def test_one_rank_notes_when_each_of_ddps_buckets_would_be_ready_as_many_as_two_ranks_all_reduce(tmp_path,
+                                                                                                 isolated_env):
+    """The forecast replays a one-node step on N nodes from these moments: they must be DDP's own buckets."""
+    common = [*TINY_SYNTHETIC, "--preset", "small", "--vocab-size", 2000, "--global-batch-size", 16,
+              "--train-samples", 64, "--eval-samples", 32, "--epochs", 2]
+    run_training([*common, "--out", tmp_path / "one"], cwd=tmp_path, env=isolated_env)
+    run_training([*common, "--out", tmp_path / "two"], cwd=tmp_path, env=isolated_env, nproc=2)
+    timeline = pd.read_csv(tmp_path / "one" / "timeline.csv").set_index("what")
+    ready = timeline[timeline.index.str.startswith("gradients ready, bucket ")]
+    launched = json.loads((tmp_path / "two" / "run.json").read_text())["allreduces_per_step"]
+    assert list(ready.index) == [f"gradients ready, bucket {k}" for k in range(1, launched + 1)] and launched == 2
+    backward = timeline.loc["backward"]
+    assert backward["start_s"] < ready["start_s"].iloc[0] <= ready["start_s"].iloc[-1] <= backward["end_s"]

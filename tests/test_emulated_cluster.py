@@ -82,6 +82,23 @@ def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
     assert nothing_left(os.getpid())
 
 
+@pytest.mark.slow  # brings nodes up and down
+def test_a_node_that_fails_stops_the_others_and_is_the_one_named(tmp_path):
+    """Each node runs its one rank without a torchrun agent: the launcher ends the job when a rank fails, as the
+    agents would, so that no rank waits in a collective for a peer that is gone."""
+    from ddp_core.launch.emulated import ClusterError
+
+    program = ["-c", "import os, sys, time\nif os.environ['RANK'] == '2': sys.exit(3)\ntime.sleep(120)"]
+    with EmulatedCluster(nodes=3) as cluster:
+        started = time.monotonic()
+        leader, *others = cluster.launch(1, program, tmp_path)
+        assert leader.wait(timeout=30) == -signal.SIGTERM
+        with pytest.raises(ClusterError, match=f"^node 2 exited with code 3; its output: {tmp_path / 'node2.log'}$"):
+            cluster.wait(others, tmp_path)
+        assert time.monotonic() - started < 30
+    assert nothing_left(os.getpid())
+
+
 def start_cluster_process(tmp_path) -> subprocess.Popen:
     """A process that brings up a 2-node cluster, says so, and waits in it. Ctrl-C raises KeyboardInterrupt in it
     as in a terminal, even when the suite runs in a background job (whose children inherit SIGINT ignored)."""

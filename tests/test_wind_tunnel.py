@@ -77,7 +77,7 @@ def test_the_h200_configuration_divides_the_measured_step_of_the_whole_batch():
     ({"one_node": {"world_sizes": [1]}, "a": {"models": "tpu_pod", "world_sizes": [2]}},
      "models 'tpu_pod' is no configuration; they are: h200_nvlink, a100_nvlink, a100_ethernet"),
     ({"a": {"models": "a100_nvlink", "world_sizes": [2]}, "one_node": {"world_sizes": [1]}},
-     "need a one-node variant (world_sizes [1]) listed first"),
+     "needs a one-node variant (world_sizes [1]) of its cpus_per_node listed before it"),
 ])
 def test_a_modelled_variant_that_cannot_be_dimensioned_is_refused_when_the_list_is_read(variants, fragment):
     entry = {"title": "t", "profile": "tiny", "ranks_per_node": 1, "cpus_per_node": 0.5, "variants": variants}
@@ -109,15 +109,56 @@ def test_a_target_this_host_cannot_reach_stops_the_study_before_the_variants_nod
 
 
 def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the_nodes_reached():
-    from ddp_core.report.nodes import link_table, similarity_table
+    from ddp_core.report.comparisons import WARMUP_STEPS
+    from ddp_core.report.nodes import similarity_table
     from ddp_core.report.results import load_study
 
     folder = REPO / "reference" / "nodes"
     record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]
-    table = similarity_table(load_study(folder)).set_index(["configuration", "nodes"])
-    links = link_table(load_study(folder)).set_index(["link", "world_size"])
-    for modelled in record.values():
+    table = similarity_table(load_study(folder)).set_index(["configuration", "share", "nodes"])
+
+    def median_steps(variant, n):
+        runs = sorted(folder.glob(f"{variant}/n{n}*"), key=lambda run: (len(run.name), run.name))  # n4, n4-r2, ...
+        return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median() for run in runs]
+
+    ones = {variant: json.loads((folder / variant / "n1" / "network.json").read_text())["cpus_per_node"]
+            for variant in ("one_node", "one_node_half_share")}
+    for variant, modelled in record.items():
+        one = next(name for name, share in ones.items() if share == modelled["cpus_per_node"])
         for n, entry in modelled["by_nodes"].items():
-            row = table.loc[(modelled["configuration"], int(n))]
+            row = table.loc[(modelled["configuration"], modelled["cpus_per_node"], int(n))]
             assert (row["target_ratio"], row["achieved_ratio"]) == (entry["target_ratio"], entry["achieved_ratio"])
-            assert row["efficiency"] == links.loc[(modelled["configuration"], int(n)), "speedup"] / int(n)
+            paired = [t1 / tn for t1, tn in zip(median_steps(one, 1), median_steps(variant, n))]  # same global batch
+            assert row["efficiency"] == pytest.approx(pd.Series(paired).median() / int(n))
+
+
+def test_the_replay_runs_each_buckets_all_reduce_when_it_is_ready_and_the_one_before_is_done():
+    """A one-node step of 10 ms data, 100 ms forward, 400 ms backward whose three buckets are ready 100, 200 and
+    400 ms into it, and 50 ms of optimizer; on 2 nodes each all-reduce takes 60, 150 and 30 ms."""
+    from ddp_core.report.replay import one_node_step_s, replay_step
+
+    timeline = pd.DataFrame([("data", 0.0, 0.01), ("forward", 0.01, 0.11), ("backward", 0.11, 0.51),
+                             ("gradients ready, bucket 1", 0.21, 0.21), ("gradients ready, bucket 2", 0.31, 0.31),
+                             ("gradients ready, bucket 3", 0.51, 0.51), ("optimizer", 0.51, 0.56)],
+                            columns=["what", "start_s", "end_s"])
+    step = replay_step(timeline, nodes=2, allreduce_s=[0.06, 0.15, 0.03])
+    # within a backward of 200 ms: bucket 1 ready at 50, reduced 50-110; bucket 2 ready at 100, waits, 110-260;
+    # bucket 3 ready at 200, waits, 260-290: 90 ms after backward ends
+    assert step["exposed_s"] == pytest.approx(0.09)
+    assert step["compute_s"] == pytest.approx(0.05 + 0.2 + 0.05)  # forward and backward halved, the optimizer not
+    assert step["step_s"] == pytest.approx(0.01 + 0.05 + 0.2 + 0.09 + 0.05)
+    assert one_node_step_s(timeline) == pytest.approx(0.56)
+    quick = replay_step(timeline, nodes=2, allreduce_s=[0.01, 0.01, 0.01])  # each done before the next is ready
+    assert quick["exposed_s"] == pytest.approx(0.01)  # only the last bucket, ready as backward ends
+
+
+def test_the_link_model_is_fitted_through_every_point_and_never_sends_fewer_bits_than_the_ring():
+    from ddp_core.studies.wind_tunnel import fit_link
+
+    exact = [(rate, 0.05 + 1.32e8 / rate) for rate in (2e8, 1e9, 1.5e9)]
+    assert fit_link(exact, wire_bits=1e8) == pytest.approx((0.05, 1.32e8))
+    noisy = [(2e8, 0.70), (1e9, 0.19), (1.5e9, 0.13), (1.5e9, 0.15)]  # two tries at one rate: their mean counts
+    fixed, bits = fit_link(noisy, wire_bits=1e8)
+    assert bits / 2e8 + fixed == pytest.approx(0.70, rel=0.05) and bits / 1.5e9 + fixed == pytest.approx(0.14, rel=0.1)
+    backwards = [(2e8, 0.9), (1e9, 1.0)]  # the slower link looked faster: B is the ring's bits, A what is left
+    assert fit_link(backwards, wire_bits=1e8) == pytest.approx(((0.9 - 0.5 + 1.0 - 0.1) / 2, 1e8))

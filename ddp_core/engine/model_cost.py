@@ -30,16 +30,25 @@ def preset_configs(model_config: dict) -> dict[str, dict]:
             for preset in PRESETS}
 
 
-def bucket_sizes(model_config: dict) -> list[int]:
-    """Gradient bucket sizes in bytes (fp32), in the order DDP fills and all-reduces them: parameters in
-    reverse order, a bucket closed as soon as it reaches its cap."""
-    buckets, current, cap = [], 0, FIRST_BUCKET_BYTES
-    for count in reversed(parameter_counts(model_config).values()):
+def bucket_indices(counts: list[int]) -> list[int]:
+    """The bucket DDP puts each parameter in (1 for the first all-reduced), given the parameters' element counts in
+    the order the model registers them: parameters in reverse order, a bucket closed as soon as it reaches its cap."""
+    indices, current, cap, bucket = [], 0, FIRST_BUCKET_BYTES, 1
+    for count in reversed(counts):
+        indices.append(bucket)
         current += count * 4
         if current >= cap:
-            buckets.append(current)
-            current, cap = 0, BUCKET_BYTES
-    return buckets + ([current] if current else [])
+            current, cap, bucket = 0, BUCKET_BYTES, bucket + 1
+    return indices[::-1]
+
+
+def bucket_sizes(model_config: dict) -> list[int]:
+    """Gradient bucket sizes in bytes (fp32), in the order DDP fills and all-reduces them (`bucket_indices`)."""
+    counts = list(parameter_counts(model_config).values())
+    sizes = {}
+    for count, bucket in zip(counts, bucket_indices(counts)):
+        sizes[bucket] = sizes.get(bucket, 0) + count * 4
+    return [sizes[bucket] for bucket in sorted(sizes)]
 
 
 def training_flops(model_config: dict, tokens: int) -> float:

@@ -32,6 +32,7 @@ STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
 EVALS_COLUMNS = ["epoch", "step", "val_loss", "val_accuracy"]
 # timeline.csv: the median step of the run's last epoch on rank 0, its phases and each bucket's all-reduce in seconds from its start.
 TIMELINE_COLUMNS = ["what", "start_s", "end_s"]
+READY = "gradients ready, bucket "  # a timeline row of one rank: when DDP's bucket k would be handed over
 
 
 def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:

@@ -29,7 +29,8 @@ future's callback, which on a GPU runs on a stream that waits for the NCCL kerne
   optimizer may run. It is part of `backward_time_s` and never exceeds `comm_total_s`.
 
 Timeline. The median step of each epoch (by wall time) is also kept whole: its phases and each bucket's
-all-reduce on one time axis (`median_step_timeline`), which the trainer writes to timeline.csv for the run's
+all-reduce on one time axis (`median_step_timeline`); on one rank, where DDP forms no buckets, the moment each of
+DDP's buckets would be complete instead (`gradient_ready`, from a hook on every parameter's gradient), which the trainer writes to timeline.csv for the run's
 last epoch. The median, not the last, so that the step drawn is a typical one and not one a burst of other
 load happened to stretch.
 
@@ -56,6 +57,8 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
+
+from ddp_core.engine.run_files import READY
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -96,6 +99,7 @@ class EpochTimer:
         self.median_step_timeline = []
         self.phase_spans = defaultdict(list)
         self.comm_spans_per_step = []
+        self.ready_per_step = []
         self.step_starts = []
         if self.enabled:
             self.clock.reset()
@@ -112,8 +116,15 @@ class EpochTimer:
     def begin_step(self) -> None:
         """Marks the start of an optimizer step: all-reduces after this belong to it."""
         self.comm_spans_per_step.append([])
+        self.ready_per_step.append({})
         if self.enabled:
             self.step_starts.append(self.clock.now())
+
+    def gradient_ready(self, bucket: int) -> None:
+        """A gradient of DDP's bucket `bucket` is ready (on one rank, where no DDP forms the buckets): the last call of
+        a step for each bucket is when the whole bucket was ready, when DDP would hand it to its all-reduce."""
+        if self.enabled:
+            self.ready_per_step[-1][bucket] = self.clock.now()
 
     def timed(self, hook):
         """DDP communication hook `hook` (state, bucket) -> future, with each bucket's span recorded."""
@@ -161,8 +172,9 @@ class EpochTimer:
         return totals, steps
 
     def _timeline(self, step: int, buckets: list[tuple[float, float]]) -> list[dict]:
-        """The phases and each bucket's all-reduce of optimizer step `step`, in seconds from its start: what a
-        timeline of one step draws (rows of timeline.csv)."""
+        """The phases and each bucket's all-reduce of optimizer step `step`, in seconds from its start, or on one rank
+        when each bucket's gradients were ready: what a timeline of one step draws (rows of timeline.csv), and what
+        a replay of the step on N ranks starts from (`ddp_core.report.replay`)."""
         if step < 0:
             return []
         sec = self.clock.seconds
@@ -171,6 +183,8 @@ class EpochTimer:
                 for name in PHASES for a, b in self.phase_spans[name] if start <= sec(a) and sec(b) <= end]
         rows += [{"what": f"all-reduce, bucket {k}", "start_s": a - start, "end_s": b - start}
                  for k, (a, b) in enumerate(buckets, 1)]
+        rows += [{"what": f"{READY}{k}", "start_s": sec(at) - start, "end_s": sec(at) - start}
+                 for k, at in sorted(self.ready_per_step[step].items())]
         return sorted(rows, key=lambda row: row["start_s"])
 
 

@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,7 @@ RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>kbit|mbit|gbit)$")
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 MASTER_PORT = 29500  # every cluster has its own network stacks: two clusters never share this port
 _sequence = itertools.count()
+_failure_lock = threading.Lock()
 
 
 class ClusterError(ExperimentError):
@@ -273,25 +275,56 @@ class EmulatedCluster:
                 f"--nproc-per-node={ranks_per_node}", f"--node-rank={k}", "--master-addr=node0",
                 f"--master-port={MASTER_PORT}", *restarts, *program]
 
+    def rank(self, k: int, program: list[str]) -> list[str]:
+        """Node k's one rank, started without an agent in the environment torchrun gives a rank: a node of one rank
+        that is never restarted needs no agent, and an agent is one more interpreter importing torch on every node
+        (a third of an 8-node run's start-up on this project's 2-core machine)."""
+        return ["env", f"RANK={k}", "LOCAL_RANK=0", f"WORLD_SIZE={self.nodes}", "LOCAL_WORLD_SIZE=1",
+                "MASTER_ADDR=node0", f"MASTER_PORT={MASTER_PORT}", sys.executable, *program]
+
+    def node_command(self, k: int, ranks_per_node: int, program: list[str], max_restarts: int = 0) -> list[str]:
+        """What node k runs: its rank itself where it has one and no restarts, else a torchrun agent."""
+        if ranks_per_node == 1 and not max_restarts:
+            return self.rank(k, program)
+        return self.torchrun(k, ranks_per_node, program, max_restarts)
+
     def launch(self, ranks_per_node: int, program: list[str], log_dir: Path,
                max_restarts: int = 0) -> list[subprocess.Popen]:
-        """torchrun agents of `program` on every node: node 0's first, its output readable from its stdout (text),
-        then node k's, its output in log_dir/node<k>.log. The cluster's teardown kills whichever still runs."""
+        """`program` on every node (`node_command`): node 0's first, its output readable from its stdout (text), then
+        node k's, its output in log_dir/node<k>.log. As under torchrun, a node that fails ends the job: every other
+        node is stopped, so that none waits in a collective for a peer that is gone. The cluster's teardown kills
+        whichever still runs."""
         others = []
         for k in range(1, self.nodes):
             with open(log_dir / f"node{k}.log", "w") as log:
-                others.append(self.start(k, self.torchrun(k, ranks_per_node, program, max_restarts), stdout=log,
+                others.append(self.start(k, self.node_command(k, ranks_per_node, program, max_restarts), stdout=log,
                                          stderr=subprocess.STDOUT))
-        leader = self.start(0, self.torchrun(0, ranks_per_node, program, max_restarts), stdout=subprocess.PIPE,
+        leader = self.start(0, self.node_command(0, ranks_per_node, program, max_restarts), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-        return [leader, *others]
+        started = [leader, *others]
+        self.first_failed = None
+        for k, proc in enumerate(started):
+            threading.Thread(target=self._stop_all_if_failed, args=(k, started), daemon=True).start()
+        return started
 
-    @staticmethod
-    def wait(others: list[subprocess.Popen], log_dir: Path) -> None:
-        """Wait for nodes 1, 2, ... (after node 0 has finished); the first that failed, named in one line."""
-        for k, proc in enumerate(others, 1):
-            if proc.wait() != 0:
-                raise ClusterError(f"node {k} exited with code {proc.returncode}; its output: {log_dir / f'node{k}.log'}")
+    def _stop_all_if_failed(self, k: int, started: list[subprocess.Popen]) -> None:
+        """Node k's watch: when it fails, it is the first that did unless one did before, and the others stop."""
+        if started[k].wait() != 0:
+            with _failure_lock:
+                if self.first_failed is None:
+                    self.first_failed = k
+            for other in started:
+                if other.poll() is None:
+                    other.terminate()
+
+    def wait(self, others: list[subprocess.Popen], log_dir: Path) -> None:
+        """Wait for nodes 1, 2, ... (after node 0 has finished); the node that failed first, named in one line (not
+        one that was stopped because it did)."""
+        codes = [proc.wait() for proc in others]
+        failed = [k for k, code in enumerate(codes, 1) if code != 0]
+        if failed:
+            k = self.first_failed or failed[0]
+            raise ClusterError(f"node {k} exited with code {codes[k - 1]}; its output: {log_dir / f'node{k}.log'}")
 
     def measure_link_gbit_s(self) -> float:
         """Gbit/s of TCP payload that node 1 sends to node 0, over about half a second at the set rate."""
@@ -338,10 +371,17 @@ def run_emulated(plan: Plan) -> bool:
         print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s){share}, link "
               f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
-        print(shell_command(["torchrun", *cluster.torchrun(0, ranks_per_node, program, plan.max_restarts)[3:]]),
-              flush=True)
+        command = cluster.node_command(0, ranks_per_node, program, plan.max_restarts)
+        shown = ["torchrun", *command[3:]] if command[1:3] == ["-m", "torch.distributed.run"] else \
+            [word for word in command if word != "env"]
+        print(shell_command([word.replace(sys.executable, "python") for word in shown]), flush=True)
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
-        follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
+        try:
+            follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
+        except ExperimentError:
+            if leader.wait() == -signal.SIGTERM and cluster.first_failed:  # node 0 was stopped for another that failed
+                cluster.wait(others, plan.run_dir)
+            raise
         cluster.wait(others, plan.run_dir)
         if cluster.cpu and cluster.limited_s is not None:
             save_atomic(network | cluster.cpu_use(), plan.run_dir / NETWORK_FILE)

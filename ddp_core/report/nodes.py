@@ -18,7 +18,9 @@ import pandas as pd
 from ddp_core.launch.cpu_share import PERIOD_US
 from ddp_core.launch.emulated import rate_bits_per_s
 from ddp_core.studies.wind_tunnel import TOLERANCE
-from ddp_core.report.comparisons import chance_glue, compare_times, run_times, speedup_comparisons, time_floor
+from ddp_core.report.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, compare_times, paired_sides,
+                                        run_times, speedup_comparisons, time_floor)
+from ddp_core.report.verdict import error_rates
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
                                      measured_gbit_s, rate_text, wind_tunnel_record)
@@ -30,22 +32,97 @@ BASELINE = "one_node"
 
 # Link bandwidth ----------------------------------------------------------------------------------------------
 
+def node_share(experiment: Experiment) -> float:
+    """The CPU share of the nodes an experiment's runs trained on, in cores."""
+    return experiment.baseline.raw["network"]["cpus_per_node"]
+
+
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Each link's runs with the one-node runs beside them, fastest link first."""
-    links = {variant: joined(study[BASELINE], e) for variant, e in study.items() if variant != BASELINE}
+    """Each link's runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
+    (the variants at another share are the similarity test's)."""
+    share = node_share(study[BASELINE])
+    links = {variant: joined(study[BASELINE], e) for variant, e in study.items()
+             if e.largest > 1 and node_share(e) == share}
     return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
+
+
+def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
+    """Every variant of several nodes, with the one-node runs of its nodes' share beside it: the link experiments,
+    then those of the similarity test."""
+    ones = {node_share(e): e for e in study.values() if e.largest == 1}
+    others = {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
+              if e.largest > 1 and variant not in link_experiments(study)}
+    return link_experiments(study) | others
+
+
+def variant_label(experiment: Experiment, study: dict[str, Experiment]) -> str:
+    """What its links are set for, and the nodes' share where it is not the one node's."""
+    share = node_share(experiment)
+    return link_label(experiment) + ("" if share == node_share(study[BASELINE]) else f", nodes of {share:g} core")
+
+
+def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """The similarity test: per variant on nodes of another share than the one node's, against the variant that
+    models the same configuration at the one node's share, each over its own one node: both shares, the speedups
+    (medians of the repeats), their ratio repeat by repeat with its range and the verdict of the one rule (held
+    against the floor of the two sides' runs together), and how often that rule finds a true difference of
+    SIMILARITY_EFFECT with runs this noisy (`verdict.error_rates` on their repeats)."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    share = node_share(study[BASELINE])
+    ones = {node_share(e): e for e in study.values() if e.largest == 1}
+    twins = {record[v]["models"]: v for v, e in study.items() if v in record and node_share(e) == share}
+    rows = []
+    for variant, experiment in study.items():
+        other = node_share(experiment)
+        if variant not in record or other == share:
+            continue
+        twin = joined(study[BASELINE], study[twins[record[variant]["models"]]])
+        tested = joined(ones[other], experiment)
+        for n in sorted(n for n in experiment.repeats if n > 1 and n in twin.repeats):
+            c = compare_speedups(tested, twin, n)
+            repeats = [sides[m] for sides in (paired_sides(tested), paired_sides(twin)) for m in (1, n)]
+            rows.append(dict(configuration=record[variant]["configuration"], nodes=n, share=share, other_share=other,
+                             speedup=speedup_comparisons(twin)[n].ratio, other_speedup=speedup_comparisons(tested)[n].ratio,
+                             ratio=c.ratio, low=c.low, high=c.high, floor=c.floor,
+                             verdict=c.says("scales worse", "scales better"),
+                             finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS)[SIMILARITY_EFFECT]))
+    return pd.DataFrame(rows, columns=["configuration", "nodes", "share", "other_share", "speedup", "other_speedup",
+                                       "ratio", "low", "high", "floor", "verdict", "finds_effect"])
+
+
+SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other
+
+
+def similarity_test_markdown(study: dict[str, Experiment]) -> str:
+    table = similarity_test_table(study)
+    table["shares"] = [f"{a:g} and {b:g}" for a, b in zip(table["share"], table["other_share"])]
+    table["speedups"] = [f"{a:.2f} and {b:.2f}" for a, b in zip(table["speedup"], table["other_speedup"])]
+    table["ratio_range"] = [f"{r:.2f} ({low:.2f} to {high:.2f})" for r, low, high in zip(table["ratio"], table["low"],
+                                                                                        table["high"])]
+    return one_row_each(table, {
+        "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
+        "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first (range)", "{}"),
+        "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.0%}"),
+        "finds_effect": (f"A {SIMILARITY_EFFECT:.0%} difference found", "{:.0%}")}, index_name=None)
 
 
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """One row per (link, world size): the link set and measured, the speedup with its range over the repeats, the
     communication per step (means over the steady epochs), and the cost model's speedup from the all-reduce
-    measured over the same links."""
+    measured over the same links; where the wind tunnel set the links, its forecast made before the runs (the one
+    node's step replayed, `ddp_core.report.replay`) and its error against the median step measured."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, e in link_experiments(study).items():
         table, prediction = scaling_table(e), predict(e)
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
+            ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             rows.append(dict(
+                forecast_step_s=ahead.get("forecast_step_s", np.nan),
+                forecast_speedup=ahead.get("forecast_speedup", np.nan),
+                forecast_error=ahead.get("forecast_step_s", np.nan) / row["step_time_s"] - 1,
+                forecast_at=ahead.get("forecast_at"), first_run_at=min(run.raw["start_time"] for run in e.repeats[n]),
                 link=link_label(e), measured_gbit_s=measured_gbit_s(e), world_size=n, speedup=row["speedup"],
                 speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
                 step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
@@ -125,6 +202,29 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     }
 
 
+FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step measured
+
+
+def forecast_markdown(study: dict[str, Experiment]) -> str:
+    """Per (link, nodes): the step the wind tunnel forecast before the runs, when, the runs' median step, when the
+    first of them started, the error, and whether it is within FORECAST_BAR."""
+    table = link_table(study)
+    table["forecast_ms"], table["step_ms"] = table["forecast_step_s"] * 1e3, table["step_time_s"] * 1e3
+    table["forecast_clock"], table["first_run_clock"] = table["forecast_at"].map(_clock), table["first_run_at"].map(_clock)
+    table["within"] = (table["forecast_error"].abs() <= FORECAST_BAR).map({True: "yes", False: "no"}).where(
+        table["forecast_error"].notna())
+    return one_row_each(table, {
+        "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
+        "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_clock": ("Forecast at (UTC)", "{}"),
+        "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_clock": ("First run at (UTC)", "{}"),
+        "forecast_error": ("Error", "{:+.0%}"), "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
+
+
+def _clock(stamp: str | None) -> str | None:
+    """'14:03:59' of an ISO time as run.json writes it (UTC)."""
+    return stamp[11:19] if isinstance(stamp, str) else None
+
+
 def nodes_figure(study: dict[str, Experiment]):
     """The speedup over one node against the number of nodes, per link (a colour each), beside the ideal N and the
     cost model's prediction; and a step's compute and exposed all-reduce against the nodes, beside the one node's
@@ -133,7 +233,7 @@ def nodes_figure(study: dict[str, Experiment]):
 
     table = link_table(study)
     one = scaling_table(study[BASELINE]).loc[1]
-    nodes = [1, *sorted(table["world_size"].unique())]
+    nodes = sorted({1, *(n for e in variant_experiments(study).values() for n in e.repeats)})
     fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 5.4))
     speed.plot(nodes, nodes, ":", color="gray")
     parts.plot(nodes, [one["compute_per_step_s"] * 1e3 / n for n in nodes], ":", color="gray")
@@ -142,13 +242,23 @@ def nodes_figure(study: dict[str, Experiment]):
         error = [[0, *(rows["speedup"] - rows["speedup_low"])], [0, *(rows["speedup_high"] - rows["speedup"])]]
         speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3,
                        color=f"C{i}")
-        speed.plot(rows["world_size"], rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6)
+        ahead = rows["forecast_speedup"].where(rows["forecast_speedup"].notna(), rows["predicted_speedup"])
+        speed.plot(rows["world_size"], ahead, "s--", color=f"C{i}", alpha=0.6)
         parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
                    markersize=8 - 2 * i)
         parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}")
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
+    main = link_experiments(study)
+    for i, (variant, e) in enumerate(((v, e) for v, e in variant_experiments(study).items() if v not in main),
+                                     len(colours)):  # the similarity test's nodes: their speedup, over their one node
+        curve = scaling_table(e).query("index > 1")
+        error = [[0, *(curve["speedup"] - curve["speedup_low"])], [0, *(curve["speedup_high"] - curve["speedup"])]]
+        speed.errorbar([1, *curve.index], [1, *curve["speedup"]], yerr=error, fmt="D-", capsize=3, color=f"C{i}")
+        colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=variant_label(e, study)))
     styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
-              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6, label="speedup predicted"),
+              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6,
+                     label="speedup forecast before the runs" if table["forecast_speedup"].notna().all()
+                     else "speedup predicted"),
               Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
               Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
               Line2D([], [], color="black", marker="o", linestyle="--", label="exposed all-reduce per step")]
@@ -235,25 +345,27 @@ def doubling_markdown(study: dict[str, Experiment]) -> str:
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the configuration its links model (else their rate), R_N^bench as that
-    configuration has it (its target, from published figures or the measured GPU) and as the wind tunnel reached it
-    on this machine before the runs (the benchmark at the rate it set; both empty for links set by a rate), the link's
-    rate, and the speedup and efficiency the runs measured, with their ranges and the verdict."""
+    """Per variant and number of nodes: the configuration its links model (else their rate) and the nodes' share,
+    R_N^bench as that configuration has it (its target, from published figures or the measured GPU) and as the wind
+    tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty for links set by
+    a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of the same share,
+    with their ranges and the verdict."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
-    links = link_table(study)
     rows = []
-    for variant, experiment in link_experiments(study).items():
-        verdicts = speedup_comparisons(experiment)
+    for variant, experiment in variant_experiments(study).items():
+        table, verdicts = scaling_table(experiment), speedup_comparisons(experiment)
         rate = experiment.all_runs[-1].raw["network"]["link_rate_gbit_s"]
-        for row in links[links["link"] == link_label(experiment)].itertuples():
-            entry = record.get(variant, {}).get("by_nodes", {}).get(str(row.world_size), {})
-            n = row.world_size
-            rows.append(dict(configuration=row.link, nodes=n, target_ratio=entry.get("target_ratio", np.nan),
+        for n in [n for n in table.index if n > 1]:
+            row = table.loc[n]
+            entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
+            rows.append(dict(configuration=link_label(experiment), share=node_share(experiment), nodes=n,
+                             target_ratio=entry.get("target_ratio", np.nan),
                              achieved_ratio=entry.get("achieved_ratio", np.nan),
                              link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry
                              else rate * 1e3 if rate else np.nan,
-                             speedup=row.speedup, efficiency=row.efficiency, efficiency_low=row.speedup_low / n,
-                             efficiency_high=row.speedup_high / n, verdict=verdicts[n].says("slower", "faster")))
+                             speedup=row["speedup"], efficiency=row["efficiency"],
+                             efficiency_low=row["speedup_low"] / n, efficiency_high=row["speedup_high"] / n,
+                             verdict=verdicts[n].says("slower", "faster")))
     return pd.DataFrame(rows)
 
 
@@ -262,7 +374,7 @@ def similarity_markdown(study: dict[str, Experiment]) -> str:
     table["efficiency_range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"],
                                                                                    table["efficiency_high"])]
     return one_row_each(table, {
-        "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"),
+        "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "target_ratio": ("$R_N^\\text{bench}$ of the configuration", "{:.2f}"),
         "achieved_ratio": ("$R_N^\\text{bench}$ reached", "{:.2f}"),
         "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"), "efficiency": ("Efficiency (median)", "{:.0%}"),
@@ -289,8 +401,7 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
     process on the machine (the launcher, the kernel's network work) and the time the hypervisor took."""
     rows = []
-    for variant in [BASELINE, *link_experiments(study)]:  # the one node first, then the links, fastest first
-        experiment = study[variant]
+    for variant, experiment in study.items():
         for run in experiment.all_runs:
             network, use = run.raw["network"], machine_use(run.raw)
             nodes = network.get("node_cpu")
@@ -299,8 +410,8 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
             period_s = network["cpu_period_ms"] / 1e3
             used = [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"] for node in nodes]
             rows.append(dict(
-                link=link_label(experiment) if variant != BASELINE else "none", nodes=network["nodes"],
-                run=f"{variant}/{run.name}",
+                link=link_label(experiment) if experiment.largest > 1 else "none", nodes=network["nodes"],
+                share=network["cpus_per_node"], run=f"{variant}/{run.name}",
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
                 other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan))
@@ -319,14 +430,14 @@ def disturbed_runs(study: dict[str, Experiment]) -> str:
 
 
 def fidelity_markdown(study: dict[str, Experiment]) -> str:
-    summary = fidelity_table(study).groupby(["link", "nodes"], sort=False).agg(
+    summary = fidelity_table(study).groupby(["link", "share", "nodes"], sort=False).agg(
         used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
         throttled=("throttled", "median"), other_cores=("other_cores", "median"), stolen=("stolen", "max"),
         disturbed=("disturbed", "sum")).reset_index()
     percent = ["used_share_low", "used_share", "throttled", "stolen"]
     summary[percent] *= 100
     return one_row_each(summary, {
-        "link": ("Link", "{}"), "nodes": ("Nodes", "{}"),
+        "link": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
         "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)

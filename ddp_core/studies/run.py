@@ -46,7 +46,7 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     records = {study.name: wind_tunnel.recorded(study, results_dir) for study in studies if study.modelled}
     planned = []
     for run in interleaved(studies):
-        if run.models and records[run.study]:
+        if run.models:
             run = wind_tunnel.dimensioned(run, records[run.study])
         try:
             plan = prepare(world_size=run.world_size, launcher=run.launcher, nodes=run.nodes or 1,
@@ -166,8 +166,9 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
 
 
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
-    """Every run, round by round; a study whose variants model configurations is calibrated (its wind tunnel) when
-    its first modelled run comes, after the one-node run that round 1 trains before it."""
+    """Every run, round by round; the variants that model configurations on nodes of one share are calibrated (the
+    wind tunnel) when the first of them is to train, after the one-node run of that share that round 1 trains
+    before them."""
     planned = plan_runs(studies, results_dir)
     by_name = {study.name: study for study in studies}
     with run_kernel() as kernel:
@@ -177,7 +178,8 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
                 print(f"{label}: done before, reused", flush=True)
                 continue
             if run.models and run.link_rate is None:
-                run = wind_tunnel.dimensioned(run, wind_tunnel.calibrate(by_name[run.study], results_dir))
+                record = wind_tunnel.calibrate(by_name[run.study], results_dir, run.cpus_per_node)
+                run = wind_tunnel.dimensioned(run, record)
             start = time.perf_counter()
             execute_run_notebook(run, results_dir, kernel)
             print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)

@@ -153,9 +153,12 @@ def parse_study(name: str, entry) -> Study:
         if models is not None:
             _check_models(models, link_rate, cpus_per_node, ranks_per_node, vwhere)
         variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node, models))
-    if any(variant.models for variant in variants) and (variants[0].models or variants[0].world_sizes != (1,)):
-        raise StudyError(f"{where}: variants that model configurations need a one-node variant (world_sizes [1]) "
-                         f"listed first: its first run measures the compute the wind tunnel sets the links by")
+    for k, variant in enumerate(variants):
+        if variant.models and not any(not v.models and v.world_sizes == (1,) and v.cpus_per_node == variant.cpus_per_node
+                                      for v in variants[:k]):
+            raise StudyError(f"{where}, variant {variant.name!r}: a variant that models a configuration needs a "
+                             f"one-node variant (world_sizes [1]) of its cpus_per_node listed before it: its first "
+                             f"run measures the compute the wind tunnel sets the links by")
     return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
                  bool(entry.get("allreduce", False)), ranks_per_node)
 

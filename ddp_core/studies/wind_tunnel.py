@@ -7,14 +7,17 @@ R_N^bench = (T_c/N) / T_comm: T_c is one node's compute per step at its CPU shar
 model's gradient buckets as `ddp_core.bench.allreduce` times them over the variant's links and nodes. The calibration,
 its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json beside them:
 
-1. T_c: the study's one-node run (the baseline variant's first repeat, which trains first in round 1), its compute
-   per step over the steady epochs as every page takes it;
+1. T_c: the study's one-node run on nodes of the variant's share (the first repeat of its one-node variant, which
+   round 1 trains before the variants it serves), its compute per step over the steady epochs as every page takes it;
 2. per number of nodes N, the buckets' all-reduce T(r) = A + B/r against the links' rate r, from the benchmark at two
    rates (CALIBRATION_RATES): A is the part no rate changes (gloo's latency and sums on a node's share, the kernel's
    work on the links), B the bits a node sends as the links carry them (a ring sends 2(N-1)/N of every byte);
 3. per variant and N, the rate r at which T(r) = T* = (T_c/N) / R_target, r = B / (T* - A). The benchmark at r
-   gives the R achieved; where it misses by more than TOLERANCE, A is taken anew from it (A = measured - B/r: the
-   fixed part as it is at that rate) and r set again, at most MAX_TRIES times.
+   gives the R achieved; where it misses by more than TOLERANCE, A and B are fitted anew through every point measured
+   so far (least squares: at a rate where A is most of the time, one benchmark's noise is not a new A) and r set
+   again, at most MAX_TRIES times;
+4. the forecast of each variant's step on N nodes, made here, before its runs: the one node's median step replayed
+   on N nodes with the accepted benchmark's all-reduces (`ddp_core.report.replay`).
 The accepted benchmark becomes the variant's allreduce-n<N>, which the cost model reads as before. A target this host
 cannot reach (the all-reduce over the fastest link still too long, or the rate beyond what a link can be set to) is
 refused in one line before any of the variant's nodes are made.
@@ -27,6 +30,8 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.launch.emulated import EmulatedCluster, rate_bits_per_s
@@ -34,11 +39,11 @@ from ddp_core.launch.local import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, Experi
 from ddp_core.studies.study_list import Run, Study, StudyError
 
 TOLERANCE = 0.05  # the achieved R_N^bench within 5 % of the target
-MAX_TRIES = 4
+MAX_TRIES = 6
 FASTEST_RATE = 5e9  # bits/s: above this tbf and the veth pair cost more CPU than the nodes' shares leave them
 SLOWEST_RATE = 1e6
 FOLDER = "wind_tunnel"
-SECONDS_PER_SIZE = "0.5"
+SECONDS_PER_SIZE = "1"  # per bucket size: at 8 nodes two tries of 0.5 s differed by 15 %
 CALIBRATION_RATES = ("200mbit", "1gbit")  # about the slowest and fastest links the report's configurations need
 
 
@@ -98,10 +103,11 @@ def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None,
         raise StudyError(str(exc)) from None
 
 
-def baseline_run(study: Study, results_dir: str) -> Path:
-    """The run whose compute per step is T_c: the first repeat of the study's first variant, one node (the study list
-    makes sure), which round 1 trains before the modelled variants."""
-    return Path(results_dir) / study.experiment(study.variants[0]) / run_dir_name(1)
+def baseline_run(study: Study, share: float, results_dir: str) -> Path:
+    """The run whose compute per step is T_c for nodes of `share` cores: the first repeat of the study's one-node
+    variant at that share, which round 1 trains before the variants it serves (the study list makes sure)."""
+    variant = next(v for v in study.variants if not v.models and v.world_sizes == (1,) and v.cpus_per_node == share)
+    return Path(results_dir) / study.experiment(variant) / run_dir_name(1)
 
 
 def node_compute_s(run_dir: Path) -> tuple[float, dict, int]:
@@ -124,47 +130,63 @@ def recorded(study: Study, results_dir: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def calibrate(study: Study, results_dir: str) -> dict:
-    """The study's wind_tunnel.json: made once (the runs reuse it, as they reuse a finished run), by the steps of the
-    module's docstring."""
+def one_node_timeline(run_dir: Path):
+    """The one-node run's median step with the moments its gradient buckets were ready (what the forecast replays)."""
+    import pandas as pd
+
+    from ddp_core.engine.run_files import READY
+
+    timeline = pd.read_csv(run_dir / "timeline.csv")
+    if not timeline["what"].str.startswith(READY).any():
+        raise StudyError(f"{run_dir} has no moments at which its gradient buckets were ready (an older ddp_core made "
+                         f"it): delete it, and the runner trains it again")
+    return timeline
+
+
+def calibrate(study: Study, results_dir: str, share: float) -> dict:
+    """The study's wind_tunnel.json with every variant on nodes of `share` cores dimensioned, by the steps of the
+    module's docstring: made once per share (the runs reuse it, as they reuse a finished run), when the first such
+    variant is to train."""
     import torch
 
     from ddp_core.report.similarity import SimilarityError, configuration
 
     home = Path(results_dir) / study.name
-    if recorded(study, results_dir):
-        return recorded(study, results_dir)
-    baseline = baseline_run(study, results_dir)
+    record = recorded(study, results_dir) or {"study": study.name, "tolerance": TOLERANCE, "shares": {},
+                                              "variants": {}, "start_time": now_iso(),
+                                              **environment(torch.device("cpu"))}
+    if f"{share:g}" in record["shares"]:
+        return record
+    baseline = baseline_run(study, share, results_dir)
     compute_s, workload, global_batch = node_compute_s(baseline)
+    timeline = one_node_timeline(baseline)
     buckets = bucket_sizes(workload)
-    modelled = [variant for variant in study.variants if variant.models]
+    modelled = [variant for variant in study.variants if variant.models and variant.cpus_per_node == share]
     try:  # every target computed (and a missing measurement refused) before any node is made
         targets = {(v.name, n): configuration(v.models).ratio(workload, global_batch, n)
                    for v in modelled for n in v.world_sizes}
     except SimilarityError as exc:
         raise StudyError(f"study {study.name!r}: {exc}") from None
-    cpus = modelled[0].cpus_per_node
     ranks = study.ranks_per_node
-    links = {n: link_model(study, n, buckets, cpus, home) for n in sorted({n for v in modelled for n in v.world_sizes})}
+    links = {n: link_model(study, n, buckets, share, home) for n in sorted({n for v in modelled for n in v.world_sizes})}
     for (variant, n), target in targets.items():  # every target within reach, before a variant's nodes are made
         try:
             link_rate_for(target, compute_s / n, links[n]["fixed_s"], links[n]["bits"])
         except StudyError as exc:
             raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} nodes: {exc}") from None
-    record = {"study": study.name, "baseline": str(baseline.relative_to(home)), "compute_per_step_s": compute_s,
-              "cpus_per_node": cpus, "bucket_bytes": buckets, "tolerance": TOLERANCE,
-              "links": {str(n): link for n, link in links.items()}, "variants": {},
-              "start_time": now_iso(), **environment(torch.device("cpu"))}
+    record["shares"][f"{share:g}"] = {"baseline": str(baseline.relative_to(home)), "compute_per_step_s": compute_s,
+                                      "bucket_bytes": buckets, "links": {str(n): link for n, link in links.items()}}
     for variant in modelled:
         modelling = configuration(variant.models)
         entries = {}
         record["variants"][variant.name] = {"models": variant.models, "configuration": modelling.name,
-                                            "source": modelling.source, "by_nodes": entries}
+                                            "source": modelling.source, "cpus_per_node": share, "by_nodes": entries}
         for n in variant.world_sizes:
             start = time.perf_counter()
             entries[str(n)] = entry = dimension(study, variant.name, n, targets[(variant.name, n)], compute_s / n,
-                                                links[n], buckets, cpus, home)
-            print(f"{study.name}/{variant.name}: {n // ranks} nodes model {modelling.name} at R = "
+                                                links[n], buckets, share, home)
+            entry |= forecast(timeline, n, buckets, home / variant.name / f"allreduce-n{n}")
+            print(f"{study.name}/{variant.name}: {n // ranks} nodes of {share:g} core model {modelling.name} at R = "
                   f"{entry['target_ratio']:.2f}: links at {entry['link_rate']}, R achieved "
                   f"{entry['achieved_ratio']:.2f} ({len(entry['tries'])} tries, {time.perf_counter() - start:.0f} s)",
                   flush=True)
@@ -172,28 +194,50 @@ def calibrate(study: Study, results_dir: str) -> dict:
     return record
 
 
-def link_model(study: Study, n: int, buckets: list[int], cpus: float | None, home: Path) -> dict:
-    """The buckets' all-reduce on n ranks against the link rate, T(r) = A + B/r, through the benchmark at the two
-    CALIBRATION_RATES: A, the part no rate changes, and B, the bits the ring sends as the links carry them (never
-    fewer than `ring_bits`: noise that makes the slower link look faster is not taken for physics)."""
-    times = []
+def fit_link(points: list[tuple[float, float]], wire_bits: float) -> tuple[float, float]:
+    """T(r) = A + B/r through (rate in bits/s, seconds) points by least squares: A, the part no rate changes, and B,
+    the bits the ring sends as the links carry them. B is never taken below `wire_bits` (noise that makes a slower
+    link look faster is not physics); A then is the points' mean remainder, and never below 0."""
+    inverse = np.array([1 / rate for rate, _ in points])
+    seconds = np.array([time for _, time in points])
+    bits, fixed = np.polyfit(inverse, seconds, 1)
+    if bits < wire_bits:
+        bits, fixed = wire_bits, float(np.mean(seconds - wire_bits * inverse))
+    return max(0.0, float(fixed)), float(bits)
+
+
+def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path) -> dict:
+    """The buckets' all-reduce on n ranks against the link rate (`fit_link`), from the benchmark at the two
+    CALIBRATION_RATES."""
+    points = []
     for rate in CALIBRATION_RATES:
-        out = home / FOLDER / f"calibration-n{n}-{rate}"
+        out = home / FOLDER / f"calibration-{cpus:g}core-n{n}-{rate}"
         shutil.rmtree(out, ignore_errors=True)  # an interrupted calibration starts again
         benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, rate, cpus, out,
                              ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE])
-        times.append(buckets_allreduce_s(out, buckets))
-    slow, fast = (1 / rate_bits_per_s(rate) for rate in CALIBRATION_RATES)
-    bits = max((times[0] - times[1]) / (slow - fast), ring_bits(buckets, n // study.ranks_per_node))
-    return {"rates": list(CALIBRATION_RATES), "allreduce_s": times, "bits": bits,
-            "fixed_s": max(0.0, times[1] - bits * fast)}
+        points.append((rate_bits_per_s(rate), buckets_allreduce_s(out, buckets)))
+    fixed, bits = fit_link(points, ring_bits(buckets, n // study.ranks_per_node))
+    return {"points": points, "fixed_s": fixed, "bits": bits}
+
+
+def forecast(timeline, n: int, buckets: list[int], out: Path) -> dict:
+    """The step on n nodes replayed from the one node's `timeline` with the buckets' all-reduces the benchmark in
+    `out` measured (`ddp_core.report.replay`), and the speedup it forecasts."""
+    import pandas as pd
+
+    from ddp_core.report.replay import one_node_step_s, replay_step
+
+    times = pd.read_csv(out / "allreduce.csv").set_index("size_bytes")["time_s"]
+    step = replay_step(timeline, n, [float(times[size]) for size in buckets])
+    return {"forecast_step_s": step["step_s"], "forecast_exposed_s": step["exposed_s"],
+            "forecast_speedup": one_node_step_s(timeline) / step["step_s"], "forecast_at": now_iso()}
 
 
 def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s: float, link: dict,
-              buckets: list[int], cpus: float | None, home: Path) -> dict:
+              buckets: list[int], cpus: float, home: Path) -> dict:
     """One variant at n ranks: its link rate, by the tries of the module's step 3, and the accepted benchmark moved to
     the variant's allreduce-n<n>."""
-    bits, fixed_s = link["bits"], link["fixed_s"]
+    bits, fixed_s, points = link["bits"], link["fixed_s"], list(link["points"])
     tries = []
     for attempt in range(1, MAX_TRIES + 1):
         rate = tc_rate(link_rate_for(target, rank_compute_s, fixed_s, bits))
@@ -203,7 +247,7 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
                              ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE])
         measured = buckets_allreduce_s(out, buckets)
         achieved = rank_compute_s / measured
-        tries.append({"link_rate": rate, "fixed_s": fixed_s, "allreduce_s": measured, "ratio": achieved})
+        tries.append({"link_rate": rate, "fixed_s": fixed_s, "bits": bits, "allreduce_s": measured, "ratio": achieved})
         if abs(achieved / target - 1) <= TOLERANCE:
             accepted = home / variant / f"allreduce-n{n}"
             shutil.rmtree(accepted, ignore_errors=True)
@@ -211,15 +255,16 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
             shutil.copytree(out, accepted)
             return {"target_ratio": target, "achieved_ratio": achieved, "link_rate": rate,
                     "rank_compute_s": rank_compute_s, "tries": tries}
-        fixed_s = measured - bits / rate_bits_per_s(rate)
+        points.append((rate_bits_per_s(rate), measured))
+        fixed_s, bits = fit_link(points, ring_bits(buckets, n // study.ranks_per_node))
     raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
                      f"{TOLERANCE:.0%} in {MAX_TRIES} tries (the last: {tries[-1]['ratio']:.2f} at "
                      f"{tries[-1]['link_rate']}); see {home / FOLDER}")
 
 
-def dimensioned(run: Run, record: dict) -> Run:
-    """`run` with the link rate the wind tunnel chose for its variant and world size."""
+def dimensioned(run: Run, record: dict | None) -> Run:
+    """`run` with the link rate the wind tunnel chose for its variant and world size; unchanged before it chose."""
     from dataclasses import replace
 
-    variant = run.experiment.split("/", 1)[1]
-    return replace(run, link_rate=record["variants"][variant]["by_nodes"][str(run.world_size)]["link_rate"])
+    modelled = (record or {}).get("variants", {}).get(run.experiment.split("/", 1)[1])
+    return replace(run, link_rate=modelled["by_nodes"][str(run.world_size)]["link_rate"]) if modelled else run

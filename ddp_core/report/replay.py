@@ -1,0 +1,40 @@
+"""A step on N nodes forecast from one node's step, before any run on N nodes: the replay of Daydream (Zhu et al.,
+USENIX ATC 2020), which predicts a distributed step from the trace of one device.
+
+One node's median step (its timeline.csv: forward, backward, optimizer, and the moments each of DDP's gradient
+buckets would be complete, `ddp_core.engine.run_files.READY`) is carried to N nodes: a rank computes 1/N of the global
+batch, so forward, backward and the moments within backward at which the buckets are ready shrink N times; the
+optimizer steps the whole model on every rank and does not. Then the buckets' all-reduces are replayed in order on
+one channel, as DDP issues them: bucket k starts when it is ready and the one before it has finished, and takes
+what the all-reduce benchmark measured for its size over the nodes' links. The step ends when backward and the last
+all-reduce have both ended, plus the optimizer. What the replay leaves out is where it errs: on an emulated node
+the all-reduce's own CPU work (gloo's sums, the kernel's network stack) competes with backward for the node's quota.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddp_core.engine.run_files import READY
+
+
+def replay_step(timeline: pd.DataFrame, nodes: int, allreduce_s: list[float]) -> dict:
+    """The step of one node's `timeline` replayed on `nodes` nodes whose buckets' all-reduces take `allreduce_s`
+    (bucket 1 first): its length, its compute, and the all-reduce left exposed after backward."""
+    span = timeline.set_index("what")
+    start, end = span.loc["forward", "start_s"], span.loc["backward", "start_s"]
+    forward = (end - start) / nodes
+    backward = (span.loc["backward", "end_s"] - end) / nodes
+    optimizer = span.loc["optimizer", "end_s"] - span.loc["optimizer", "start_s"]
+    ready = [(span.loc[f"{READY}{k}", "start_s"] - end) / nodes for k in range(1, len(allreduce_s) + 1)]
+    done = 0.0  # within backward, from its start: when the last all-reduce so far ends
+    for at, seconds in zip(ready, allreduce_s):
+        done = max(at, done) + seconds
+    exposed = max(0.0, done - backward)
+    return {"step_s": start + forward + backward + exposed + optimizer, "compute_s": forward + backward + optimizer,
+            "exposed_s": exposed}
+
+
+def one_node_step_s(timeline: pd.DataFrame) -> float:
+    """The length of the one node's step the replay starts from: to the end of its optimizer."""
+    return float(timeline.set_index("what").loc["optimizer", "end_s"])
