@@ -75,7 +75,9 @@ def configurations_as_columns(table: pd.DataFrame, rows: list[tuple[str, str, fl
 def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str | None = None) -> str:
     """Markdown with a row per row of `table` and a column per (column of `table` -> (header in words with its
     unit, format)): for tables with few quantities and one row per configuration. An empty value (nothing to
-    measure there, e.g. R_N of a run without an all-reduce) reads "–"."""
+    measure there, e.g. R_N of a run without an all-reduce) reads "–". No rows: no table (LaTeX has none of no rows)."""
+    if table.empty:
+        return ""
     shown = pd.DataFrame({label: [_formatted(v, fmt) for v in table[column]] for column, (label, fmt) in columns.items()},
                          index=table.index)
     return markdown_table(shown, index_name)
