@@ -13,9 +13,10 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
    rates (CALIBRATION_RATES): A is the part no rate changes (gloo's latency and sums on a node's share, the kernel's
    work on the links), B the bits a node sends as the links carry them (a ring sends 2(N-1)/N of every byte);
 3. per variant and N, the rate r at which T(r) = T* = (T_c/N) / R_target, r = B / (T* - A). The benchmark at r
-   gives the R achieved; where it misses by more than TOLERANCE, A and B are fitted anew through every point measured
-   so far (least squares: at a rate where A is most of the time, one benchmark's noise is not a new A) and r set
-   again, at most MAX_TRIES times;
+   gives the R achieved; where it misses by more than TOLERANCE, A is taken anew as the mean over the tries so far of
+   what each left beside B/r (near the target, where the two calibration rates' line misses what the links do;
+   the mean, so that at a rate where A is most of the time one benchmark's noise is not a new A), and r set again,
+   at most MAX_TRIES times;
 4. the forecast of each variant's step on N nodes, made here, before its runs: the one node's median step replayed
    on N nodes with the accepted benchmark's all-reduces (`ddp_core.report.replay`).
 The accepted benchmark becomes the variant's allreduce-n<N>, which the cost model reads as before. A target this host
@@ -237,7 +238,7 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
               buckets: list[int], cpus: float, home: Path) -> dict:
     """One variant at n ranks: its link rate, by the tries of the module's step 3, and the accepted benchmark moved to
     the variant's allreduce-n<n>."""
-    bits, fixed_s, points = link["bits"], link["fixed_s"], list(link["points"])
+    bits, fixed_s = link["bits"], link["fixed_s"]
     tries = []
     for attempt in range(1, MAX_TRIES + 1):
         rate = tc_rate(link_rate_for(target, rank_compute_s, fixed_s, bits))
@@ -255,8 +256,7 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
             shutil.copytree(out, accepted)
             return {"target_ratio": target, "achieved_ratio": achieved, "link_rate": rate,
                     "rank_compute_s": rank_compute_s, "tries": tries}
-        points.append((rate_bits_per_s(rate), measured))
-        fixed_s, bits = fit_link(points, ring_bits(buckets, n // study.ranks_per_node))
+        fixed_s = float(np.mean([t["allreduce_s"] - bits / rate_bits_per_s(t["link_rate"]) for t in tries]))
     raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
                      f"{TOLERANCE:.0%} in {MAX_TRIES} tries (the last: {tries[-1]['ratio']:.2f} at "
                      f"{tries[-1]['link_rate']}); see {home / FOLDER}")
