@@ -390,8 +390,8 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
             "tunnel_cpu": one.raw["device_name"],
             "tunnel_cpu_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
             "tunnel_tolerance": TOLERANCE,
-            "tunnel_sources": "; ".join(f"{modelled['configuration']}: {modelled['source']}"
-                                        for modelled in record.values()) or "none"}
+            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in
+                                        {m["configuration"]: m["source"] for m in record.values()}.items()) or "none"}
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
