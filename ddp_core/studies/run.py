@@ -69,7 +69,7 @@ def kernel_on_unix_sockets(folder: str):
 
 class RunKernel:
     """One notebook kernel for every run of a `make report`: a kernel's start and the report's imports in it cost
-    seconds, paid once instead of per run (81 runs). Each run's notebook assigns every variable it reads before
+    seconds, paid once instead of per run (93 runs). Each run's notebook assigns every variable it reads before
     reading it, from its parameters on, so a run sees nothing of the one before; a kernel that died is started
     anew before the next run."""
 
