@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from ddp_core.engine.config import ERROR_PREFIX
 from ddp_core.engine.run_files import save_atomic
 from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, NodeCpu, check_shares, find_controller, remove_group
 from ddp_core.launch.local import (NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted,
@@ -48,6 +49,7 @@ PREFIX = "ddc"  # ddc<owner pid, 6 hex digits><sequence>: <=15 characters with t
 NAME = re.compile(rf"^{PREFIX}(?P<owner>[0-9a-f]{{6}})[0-9a-z](?:-n\d+|br|v\d+)$")
 RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>kbit|mbit|gbit)$")
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+STOP_GRACE_S = 5  # after a node failed, the others' time to end by themselves before they are stopped
 MASTER_PORT = 29500  # every cluster has its own network stacks: two clusters never share this port
 _sequence = itertools.count()
 _failure_lock = threading.Lock()
@@ -308,23 +310,30 @@ class EmulatedCluster:
         return started
 
     def _stop_all_if_failed(self, k: int, started: list[subprocess.Popen]) -> None:
-        """Node k's watch: when it fails, it is the first that did unless one did before, and the others stop."""
+        """Node k's watch: when it fails, it is the first that did unless one did before, and the others stop, given
+        STOP_GRACE_S to end by themselves first: a bad setting fails every rank, and only rank 0 says why."""
         if started[k].wait() != 0:
             with _failure_lock:
                 if self.first_failed is None:
                     self.first_failed = k
+            deadline = time.monotonic() + STOP_GRACE_S
             for other in started:
-                if other.poll() is None:
+                try:
+                    other.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
                     other.terminate()
 
     def wait(self, others: list[subprocess.Popen], log_dir: Path) -> None:
         """Wait for nodes 1, 2, ... (after node 0 has finished); the node that failed first, named in one line (not
-        one that was stopped because it did)."""
+        one that was stopped because it did), with the trainer's refusal where it refused."""
         codes = [proc.wait() for proc in others]
         failed = [k for k, code in enumerate(codes, 1) if code != 0]
         if failed:
             k = self.first_failed or failed[0]
-            raise ClusterError(f"node {k} exited with code {codes[k - 1]}; its output: {log_dir / f'node{k}.log'}")
+            log = log_dir / f"node{k}.log"
+            refusals = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(ERROR_PREFIX)]
+            raise ClusterError(f"node {k}: {refusals[-1]}" if refusals else
+                               f"node {k} exited with code {codes[k - 1]}; its output: {log}")
 
     def measure_link_gbit_s(self) -> float:
         """Gbit/s of TCP payload that node 1 sends to node 0, over about half a second at the set rate."""
