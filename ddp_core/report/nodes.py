@@ -9,6 +9,7 @@ the prediction is the prediction chapter's cost model fed the all-reduce benchma
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -17,14 +18,16 @@ import pandas as pd
 
 from ddp_core.launch.cpu_share import PERIOD_US
 from ddp_core.launch.emulated import rate_bits_per_s
+from ddp_core.launch.local import WIND_TUNNEL_FILE
 from ddp_core.studies.wind_tunnel import TOLERANCE
 from ddp_core.report.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, compare_times, paired_sides,
-                                        run_times, speedup_comparisons, time_floor)
+                                        run_times, speedup_comparisons, steady_phases, time_floor)
 from ddp_core.report.verdict import error_rates
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
                                      measured_gbit_s, rate_text, wind_tunnel_record)
 from ddp_core.report.scaling import scaling_table
+from ddp_core.report.similarity import CONFIGURATIONS
 from ddp_core.report.tables import commit_text, counted, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
@@ -101,9 +104,9 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
                                                                                         table["high"])]
     return one_row_each(table, {
         "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
-        "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first (range)", "{}"),
+        "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
         "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.0%}"),
-        "finds_effect": (f"A {SIMILARITY_EFFECT:.0%} difference found", "{:.0%}")}, index_name=None)
+        "finds_effect": (f"Chance to detect a {SIMILARITY_EFFECT:.0%} difference", "{:.0%}")}, index_name=None)
 
 
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -123,7 +126,9 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 forecast_speedup=ahead.get("forecast_speedup", np.nan),
                 forecast_error=ahead.get("forecast_step_s", np.nan) / row["step_time_s"] - 1,
                 forecast_at=ahead.get("forecast_at"), first_run_at=min(run.raw["start_time"] for run in e.repeats[n]),
-                link=link_label(e), measured_gbit_s=measured_gbit_s(e), world_size=n, speedup=row["speedup"],
+                link=link_label(e), measured_gbit_s=float(np.median([run.raw["network"]["measured_gbit_s"]
+                                                                    for run in e.repeats[n]])),
+                world_size=n, speedup=row["speedup"],
                 speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
                 step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
                 comm_total_per_step_s=row["comm_total_per_step_s"],
@@ -194,8 +199,8 @@ def link_findings(study: dict[str, Experiment]) -> dict:
                    & (table["predicted_speedup"] <= table["speedup_high"])]
     worst = table.loc[error.idxmax()]
     return {
-        "links_measured": "; ".join(f"{link_label(e)}: {rate_text(measured_gbit_s(e))} measured"
-                                    for e in links.values()),
+        "links_measured": "; ".join(f"{row.link} at {row.world_size} nodes, {rate_text(row.measured_gbit_s)}"
+                                    for row in table.itertuples()),
         "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
         "worst_prediction_link": worst["link"], "predictions_inside": len(inside), "predictions": len(table),
         "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
@@ -205,19 +210,32 @@ def link_findings(study: dict[str, Experiment]) -> dict:
 FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step measured
 
 
+def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per variant whose links the wind tunnel set and number of nodes: the step it forecast before the runs, when,
+    the runs' median step (median of the repeats' medians), when the first of them started, and the error."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    rows = []
+    for variant, experiment in variant_experiments(study).items():
+        steps = run_times(experiment).groupby("world_size")["step_time_s"].median()
+        for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
+            n = int(n)
+            rows.append(dict(link=variant_label(experiment, study), world_size=n,
+                             forecast_ms=entry["forecast_step_s"] * 1e3, forecast_at=_clock(entry["forecast_at"]),
+                             step_ms=steps[n] * 1e3,
+                             first_run_at=_clock(min(run.raw["start_time"] for run in experiment.repeats[n])),
+                             error=entry["forecast_step_s"] / steps[n] - 1))
+    return pd.DataFrame(rows)
+
+
 def forecast_markdown(study: dict[str, Experiment]) -> str:
-    """Per (link, nodes): the step the wind tunnel forecast before the runs, when, the runs' median step, when the
-    first of them started, the error, and whether it is within FORECAST_BAR."""
-    table = link_table(study)
-    table["forecast_ms"], table["step_ms"] = table["forecast_step_s"] * 1e3, table["step_time_s"] * 1e3
-    table["forecast_clock"], table["first_run_clock"] = table["forecast_at"].map(_clock), table["first_run_at"].map(_clock)
-    table["within"] = (table["forecast_error"].abs() <= FORECAST_BAR).map({True: "yes", False: "no"}).where(
-        table["forecast_error"].notna())
+    """`forecast_table`, and whether each error is within FORECAST_BAR."""
+    table = forecast_table(study)
+    table["within"] = ["yes" if abs(error) <= FORECAST_BAR else "no" for error in table.get("error", [])]
     return one_row_each(table, {
         "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
-        "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_clock": ("Forecast at (UTC)", "{}"),
-        "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_clock": ("First run at (UTC)", "{}"),
-        "forecast_error": ("Error", "{:+.0%}"), "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
+        "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_at": ("Forecast at (UTC)", "{}"),
+        "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_at": ("First run at (UTC)", "{}"),
+        "error": ("Error", "{:+.0%}"), "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
 
 
 def _clock(stamp: str | None) -> str | None:
@@ -246,7 +264,7 @@ def nodes_figure(study: dict[str, Experiment]):
         speed.plot(rows["world_size"], ahead, "s--", color=f"C{i}", alpha=0.6)
         parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
                    markersize=8 - 2 * i)
-        parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "o--", color=f"C{i}")
+        parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "x--", color=f"C{i}", markersize=8)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
     main = link_experiments(study)
     for i, (variant, e) in enumerate(((v, e) for v, e in variant_experiments(study).items() if v not in main),
@@ -261,14 +279,17 @@ def nodes_figure(study: dict[str, Experiment]):
                      else "speedup predicted"),
               Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
               Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
-              Line2D([], [], color="black", marker="o", linestyle="--", label="exposed all-reduce per step")]
+              Line2D([], [], color="black", marker="x", linestyle="--", label="exposed all-reduce per step")]
     speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node",
               title="Speedup against nodes")
-    speed.set_yticks(nodes, [str(n) for n in nodes])
+    speed_ticks = [0.5, *nodes] if speed.get_ylim()[0] < 1 else nodes
+    speed.set_yticks(speed_ticks, [f"{t:g}" for t in speed_ticks])
     parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
               title="Compute and exposed all-reduce per step")
     low, high = parts.get_ylim()
     ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000) if low <= t <= high]
+    parts.set_ylim(min(low, max(t for t in (10, 20, 50, 100, 200, 500) if t <= low)), high)
+    ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000) if parts.get_ylim()[0] <= t <= high]
     for ax in (speed, parts):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
@@ -310,8 +331,9 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
                   f"{end}_comm_ms": row["comm_total_per_step_s"] * 1e3,
                   f"{end}_benchmark_ms": row["predicted_comm_s"] * 1e3,
                   f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
-    inflation = sorted([found["fastest_compute_inflation"], found["slowest_compute_inflation"]])
-    found["compute_inflation_range"] = f"{inflation[0]:.2f} to {inflation[1]:.2f}"
+    at_most = table[table["world_size"] == most]
+    inflation = at_most["compute_per_step_s"] / at_most["predicted_compute_s"]
+    found["compute_inflation_range"] = f"{inflation.min():.2f} to {inflation.max():.2f}"
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
     return found | {"points": len(table), "faster_points": int((table["speedup"] > 1).sum()),
                     "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
@@ -358,7 +380,10 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
             entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
+            models = record.get(variant, {}).get("models")
             rows.append(dict(configuration=link_label(experiment), share=node_share(experiment), nodes=n,
+                             modelled_batch=(CONFIGURATIONS[models].global_batch or experiment.baseline.global_batch_size)
+                             if models else np.nan,
                              target_ratio=entry.get("target_ratio", np.nan),
                              achieved_ratio=entry.get("achieved_ratio", np.nan),
                              link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry
@@ -371,14 +396,16 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 def similarity_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_table(study)
-    table["efficiency_range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"],
-                                                                                   table["efficiency_high"])]
+    table["efficiency_range"] = [f"{e:.0%} ({low:.0%} to {high:.0%})" for e, low, high in
+                                 zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
     return one_row_each(table, {
         "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
+        "modelled_batch": ("Global batch modelled", "{:.0f}"),
         "target_ratio": ("$R_N^\\text{bench}$ of the configuration", "{:.2f}"),
         "achieved_ratio": ("$R_N^\\text{bench}$ reached", "{:.2f}"),
-        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"), "efficiency": ("Efficiency (median)", "{:.0%}"),
-        "efficiency_range": ("lowest to highest", "{}"), "verdict": ("Verdict", "{}")}, index_name=None)
+        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"),
+        "efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
+        "verdict": ("Verdict against one node", "{}")}, index_name=None)
 
 
 def similarity_findings(study: dict[str, Experiment]) -> dict:
@@ -386,12 +413,17 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     where the configurations' ratios come from ("none" where no variant models one)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     one = study[BASELINE].baseline
-    return {"tunnel_compute_ms": scaling_table(study[BASELINE]).loc[1, "compute_per_step_s"] * 1e3,
+    share = f"{node_share(study[BASELINE]):g}"
+    calibrated = json.loads((study[BASELINE].folder.parent / WIND_TUNNEL_FILE).read_text())["shares"].get(share) \
+        if record else None
+    repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
+    return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
+            "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}",
             "tunnel_cpu": one.raw["device_name"],
             "tunnel_cpu_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
             "tunnel_tolerance": TOLERANCE,
-            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in
-                                        {m["configuration"]: m["source"] for m in record.values()}.items()) or "none"}
+            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in {
+                m["configuration"]: CONFIGURATIONS[m["models"]].source for m in record.values()}.items()) or "none"}
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:

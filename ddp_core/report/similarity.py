@@ -102,7 +102,8 @@ class Configuration:
 CONFIGURATIONS = {
     "h200_nvlink": Configuration(
         "H200s over NVLink", H200_GLOBAL_BATCH, lambda workload, batch: h200_step_s(workload), nvlink_allreduce_s,
-        "one H200's step measured by this project (reference/gpu_lease); the all-reduce from Azure's published "
+        "one H200's step measured by this project (reference/single_device/cuda-nvidia-h200, from the lease in "
+        "reference/gpu_lease); the all-reduce from Azure's published "
         "ND A100 v4 curve (an A100's NVLink: the H200's is faster)"),
     "a100_nvlink": Configuration(
         "A100s over NVLink", None, a100_step_s, nvlink_allreduce_s,
