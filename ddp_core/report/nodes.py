@@ -286,14 +286,15 @@ def nodes_figure(study: dict[str, Experiment]):
     speed.set_yticks(speed_ticks, [f"{t:g}" for t in speed_ticks])
     parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
               title="Compute and exposed all-reduce per step")
+    nice = [m * 10 ** e for e in range(-1, 5) for m in (1, 2, 5)]  # ms: down to the next of these, a tick at each
     low, high = parts.get_ylim()
-    ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000) if low <= t <= high]
-    parts.set_ylim(min(low, max(t for t in (10, 20, 50, 100, 200, 500) if t <= low)), high)
-    ticks = [t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000) if parts.get_ylim()[0] <= t <= high]
+    low = max([t for t in nice if t <= low], default=low)
+    parts.set_ylim(low, high)
+    ticks = [t for t in nice if low <= t <= high]
     for ax in (speed, parts):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
-    parts.set_yticks(ticks, [str(t) for t in ticks])
+    parts.set_yticks(ticks, [f"{t:g}" for t in ticks])
     fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.06, 0), fontsize=8,
                title_fontsize=8, frameon=False)
     fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=8, frameon=False)
