@@ -402,8 +402,8 @@ def similarity_markdown(study: dict[str, Experiment]) -> str:
     return one_row_each(table, {
         "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "modelled_batch": ("Global batch modelled", "{:.0f}"),
-        "target_ratio": ("$R_N^\\text{bench}$ of the configuration", "{:.2f}"),
-        "achieved_ratio": ("$R_N^\\text{bench}$ reached", "{:.2f}"),
+        "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
+        "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
         "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"),
         "efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
         "verdict": ("Verdict against one node", "{}")}, index_name=None)
