@@ -9,7 +9,6 @@ the prediction is the prediction chapter's cost model fed the all-reduce benchma
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -18,14 +17,13 @@ import pandas as pd
 
 from ddp_core.launch.cpu_share import PERIOD_US
 from ddp_core.launch.emulated import rate_bits_per_s
-from ddp_core.launch.local import WIND_TUNNEL_FILE
 from ddp_core.studies.wind_tunnel import TOLERANCE
 from ddp_core.report.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, compare_times, paired_sides,
                                         run_times, speedup_comparisons, steady_phases, time_floor)
 from ddp_core.report.verdict import error_rates
 from ddp_core.report.cost_model import predict
 from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
-                                     measured_gbit_s, rate_text, wind_tunnel_record)
+                                     measured_gbit_s, rate_text, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.similarity import CONFIGURATIONS
 from ddp_core.report.tables import commit_text, counted, one_row_each, quantities_by_column
@@ -112,8 +110,8 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """One row per (link, world size): the link set and measured, the speedup with its range over the repeats, the
     communication per step (means over the steady epochs), and the cost model's speedup from the all-reduce
-    measured over the same links; where the wind tunnel set the links, its forecast made before the runs (the one
-    node's step replayed, `ddp_core.report.replay`) and its error against the median step measured."""
+    measured over the same links; where the wind tunnel set the links, the speedup it forecast before the runs (the
+    one node's step replayed, `ddp_core.report.replay`)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, e in link_experiments(study).items():
@@ -122,10 +120,7 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
             row = table.loc[n]
             ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             rows.append(dict(
-                forecast_step_s=ahead.get("forecast_step_s", np.nan),
                 forecast_speedup=ahead.get("forecast_speedup", np.nan),
-                forecast_error=ahead.get("forecast_step_s", np.nan) / row["step_time_s"] - 1,
-                forecast_at=ahead.get("forecast_at"), first_run_at=min(run.raw["start_time"] for run in e.repeats[n]),
                 link=link_label(e), measured_gbit_s=float(np.median([run.raw["network"]["measured_gbit_s"]
                                                                     for run in e.repeats[n]])),
                 world_size=n, speedup=row["speedup"],
@@ -414,9 +409,8 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     where the configurations' ratios come from ("none" where no variant models one)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     one = study[BASELINE].baseline
-    share = f"{node_share(study[BASELINE]):g}"
-    calibrated = json.loads((study[BASELINE].folder.parent / WIND_TUNNEL_FILE).read_text())["shares"].get(share) \
-        if record else None
+    calibrated = (read_wind_tunnel(study[BASELINE].folder.parent) or {}).get("shares", {}).get(
+        f"{node_share(study[BASELINE]):g}")
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}",

@@ -309,10 +309,15 @@ def link_label(experiment: Experiment) -> str:
     return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
 
 
-def wind_tunnel_record(study_folder: Path) -> dict:
-    """The variants of a study whose links the wind tunnel set, by name (its wind_tunnel.json); none: {}."""
+def read_wind_tunnel(study_folder: Path) -> dict | None:
+    """A study's wind_tunnel.json (`ddp_core.studies.wind_tunnel`), None where no variant's links were set by it."""
     path = study_folder / WIND_TUNNEL_FILE
-    return json.loads(path.read_text())["variants"] if path.is_file() else {}
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def wind_tunnel_record(study_folder: Path) -> dict:
+    """The variants of a study whose links the wind tunnel set, by name; none: {}."""
+    return (read_wind_tunnel(study_folder) or {}).get("variants", {})
 
 
 def measured_gbit_s(experiment: Experiment) -> float:

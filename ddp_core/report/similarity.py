@@ -2,8 +2,9 @@
 compute-to-communication ratio R_N^bench, a GPU's share of the step over the all-reduce of the step's gradient.
 
 A wind tunnel matches the Reynolds number, not the wind speed. The emulated nodes' links are set so that their R_N,
-measured on the host that runs them, equals the real configuration's (`ddp_core.studies.wind_tunnel`): the speedup
-and efficiency then belong to the configuration, whichever CPU computed them. Each configuration's R_N comes from
+measured on the host that runs them, equals the real configuration's (`ddp_core.studies.wind_tunnel`), so that a
+faster or slower CPU models the same configuration as far as that ratio decides (the nodes study's similarity test
+measures how far). Each configuration's R_N comes from
 published figures kept with their source in `literature/`, or from the GPU this project measured:
 
 - the large model on A100s over NVLink: the prediction chapter's forecast (published all-reduce and matrix-product

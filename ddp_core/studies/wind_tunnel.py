@@ -26,7 +26,6 @@ refused in one line before any of the variant's nodes are made.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -74,12 +73,21 @@ def tc_rate(bits_per_s: float) -> str:
     return f"{round(bits_per_s / 1e3)}kbit"
 
 
-def buckets_allreduce_s(out: Path, buckets: list[int]) -> float:
-    """The sum of the benchmark's all-reduce times at the buckets' sizes (it timed exactly those)."""
+def bucket_times(out: Path, buckets: list[int]) -> list[float]:
+    """The all-reduce time of each bucket, bucket 1 first, from the benchmark in `out` (it timed exactly their sizes)."""
     import pandas as pd
 
     times = pd.read_csv(out / "allreduce.csv").set_index("size_bytes")["time_s"]
-    return float(sum(times[size] for size in buckets))
+    return [float(times[size]) for size in buckets]
+
+
+def benchmark_buckets(study: Study, n: int, link_rate: str, cpus: float, buckets: list[int], out: Path) -> list[float]:
+    """The buckets' all-reduces timed on n ranks of the study's nodes at `link_rate`, into `out` (made anew: an
+    interrupted calibration starts again)."""
+    shutil.rmtree(out, ignore_errors=True)
+    benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, link_rate, cpus, out,
+                         ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE])
+    return bucket_times(out, buckets)
 
 
 def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None, cpus_per_node: float | None,
@@ -127,8 +135,9 @@ def node_compute_s(run_dir: Path) -> tuple[float, dict, int]:
 
 def recorded(study: Study, results_dir: str) -> dict | None:
     """The study's wind_tunnel.json, None before its calibration."""
-    path = Path(results_dir) / study.name / WIND_TUNNEL_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    from ddp_core.report.results import read_wind_tunnel
+
+    return read_wind_tunnel(Path(results_dir) / study.name)
 
 
 def one_node_timeline(run_dir: Path):
@@ -210,13 +219,9 @@ def fit_link(points: list[tuple[float, float]], wire_bits: float) -> tuple[float
 def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path) -> dict:
     """The buckets' all-reduce on n ranks against the link rate (`fit_link`), from the benchmark at the two
     CALIBRATION_RATES."""
-    points = []
-    for rate in CALIBRATION_RATES:
-        out = home / FOLDER / f"calibration-{cpus:g}core-n{n}-{rate}"
-        shutil.rmtree(out, ignore_errors=True)  # an interrupted calibration starts again
-        benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, rate, cpus, out,
-                             ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE])
-        points.append((rate_bits_per_s(rate), buckets_allreduce_s(out, buckets)))
+    points = [(rate_bits_per_s(rate), sum(benchmark_buckets(study, n, rate, cpus, buckets,
+                                                            home / FOLDER / f"calibration-{cpus:g}core-n{n}-{rate}")))
+              for rate in CALIBRATION_RATES]
     fixed, bits = fit_link(points, ring_bits(buckets, n // study.ranks_per_node))
     return {"points": points, "fixed_s": fixed, "bits": bits}
 
@@ -224,12 +229,9 @@ def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path
 def forecast(timeline, n: int, buckets: list[int], out: Path) -> dict:
     """The step on n nodes replayed from the one node's `timeline` with the buckets' all-reduces the benchmark in
     `out` measured (`ddp_core.report.replay`), and the speedup it forecasts."""
-    import pandas as pd
-
     from ddp_core.report.replay import one_node_step_s, replay_step
 
-    times = pd.read_csv(out / "allreduce.csv").set_index("size_bytes")["time_s"]
-    step = replay_step(timeline, n, [float(times[size]) for size in buckets])
+    step = replay_step(timeline, n, bucket_times(out, buckets))
     return {"forecast_step_s": step["step_s"], "forecast_exposed_s": step["exposed_s"],
             "forecast_speedup": one_node_step_s(timeline) / step["step_s"], "forecast_at": now_iso()}
 
@@ -243,10 +245,7 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
     for attempt in range(1, MAX_TRIES + 1):
         rate = tc_rate(link_rate_for(target, rank_compute_s, fixed_s, bits))
         out = home / FOLDER / f"{variant}-n{n}-try{attempt}"
-        shutil.rmtree(out, ignore_errors=True)
-        benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, rate, cpus, out,
-                             ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE])
-        measured = buckets_allreduce_s(out, buckets)
+        measured = sum(benchmark_buckets(study, n, rate, cpus, buckets, out))
         achieved = rank_compute_s / measured
         tries.append({"link_rate": rate, "fixed_s": fixed_s, "bits": bits, "allreduce_s": measured, "ratio": achieved})
         if abs(achieved / target - 1) <= TOLERANCE:
