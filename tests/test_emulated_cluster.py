@@ -169,6 +169,28 @@ def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_
     assert why.startswith("not training nodes: an emulated cluster creates")
 
 
+@pytest.mark.slow
+def test_a_run_beside_two_busy_processes_is_named_disturbed(tmp_path, in_env):
+    """Busy processes slow what the nodes do outside their quotas (the kernel's work for the links, the launcher)
+    and leave the nodes' own shares whole, so the run's record of the machine, not the nodes', must show them."""
+    from ddp_core.launch.emulated import run_emulated
+    from ddp_core.report.nodes import fidelity_table
+    from ddp_core.report.results import EMULATED_OTHER_CORES, disturbed, load_study, machine_use, read_run
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        two_nodes = plan(tmp_path, "nodes/busy", "emulated", nodes=2, link_rate="1gbit", cpus_per_node=0.25)
+        run_emulated(two_nodes)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    _, info = read_run(two_nodes.run_dir)
+    assert machine_use(info)["other_cores"] > EMULATED_OTHER_CORES and disturbed(info)
+    assert fidelity_table(load_study(tmp_path / "nodes"))["disturbed"].all()
+    assert nothing_left(os.getpid())
+
+
 # Half a CPU-second of work; the process prints the wall time it took, its own start-up left out (under the suite's
 # load, starting Python takes longer than the work).
 BUSY_HALF_A_SECOND = [sys.executable, "-c", "import time\nstart, wall = time.process_time(), time.perf_counter()\n"

@@ -22,7 +22,8 @@ from ddp_core.report.comparisons import (POWER_DRAWS, chance_glue, compare_speed
                                         run_times, speedup_comparisons, steady_phases, time_floor)
 from ddp_core.report.verdict import error_rates
 from ddp_core.report.cost_model import predict
-from ddp_core.report.results import (STOLEN, Experiment, joined, link_label, load_experiment, machine_use,
+from ddp_core.report.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, disturbed, joined, link_label,
+                                     load_experiment, machine_use,
                                      measured_gbit_s, rate_text, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.similarity import CONFIGURATIONS
@@ -311,7 +312,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
              "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
              "train_samples": one.config["train_samples"], "epochs": one.config["epochs"],
-             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "runs_each": counted(len(study[BASELINE].all_runs), "run"),
+             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES, "runs_each": counted(len(study[BASELINE].all_runs), "run"),
              "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
              "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              **chance_glue("one_node", study[BASELINE], 1),
@@ -426,7 +427,9 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     did. `used_share` is a node's CPU over the periods it ran in, against its share: 1 for a node that computed all
     the time, less where it waited for the network inside a period. `throttled` is the share of those periods in
     which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
-    process on the machine (the launcher, the kernel's network work) and the time the hypervisor took."""
+    process on the machine (the launcher, the kernel's network work) and the time the hypervisor took. A run is
+    `disturbed` where a one-node run got less than SHARE_GOT of its share or the machine did more beside it than a
+    quiet one does (`results.disturbed`)."""
     rows = []
     for variant, experiment in study.items():
         for run in experiment.all_runs:
@@ -438,12 +441,13 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
             used = [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"] for node in nodes]
             rows.append(dict(
                 link=link_label(experiment) if experiment.largest > 1 else "none", nodes=network["nodes"],
+                machine_disturbed=disturbed(run.raw),
                 share=network["cpus_per_node"], run=f"{variant}/{run.name}",
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
                 other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan))
     table = pd.DataFrame(rows)
-    table["disturbed"] = ((table["nodes"] == 1) & (table["used_share_low"] < SHARE_GOT)) | (table["stolen"] > STOLEN)
+    table["disturbed"] = ((table["nodes"] == 1) & (table["used_share_low"] < SHARE_GOT)) | table.pop("machine_disturbed")
     return table
 
 

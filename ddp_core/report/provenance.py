@@ -12,8 +12,8 @@ import pandas as pd
 
 from ddp_core.engine.config import load_profile
 from ddp_core.report.comparisons import median_step, out_of_line, study_floor_power
-from ddp_core.report.results import (NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment, book_results_folder,
-                                     load_study, machine_use, read_run, read_steps)
+from ddp_core.report.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
+                                     book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.report.figures import chance_line
 from ddp_core.report.tables import commit_text, counted, in_words, markdown_table, one_row_each, rank_label
 
@@ -191,9 +191,8 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
     """Per study, what else the machine did while its runs trained (run.json's `machine`): the median and largest
     number of cores other processes used, the largest share the hypervisor took, and the runs that count as
     disturbed; and the runs that their own repeats call out of line (`comparisons.out_of_line`), with how many times
-    their repeats' median step theirs was. On an emulated cluster the kernel's work for the links counts as other
-    processes, so there only the hypervisor's share can call a run disturbed (the nodes study also checks each
-    node's CPU share)."""
+    their repeats' median step theirs was (`results.disturbed`: on an emulated cluster, where the kernel's work for the
+    links counts as other processes, against a higher limit; the nodes study also checks each node's CPU share)."""
     rows = []
     for name, study in studies.items():
         uses = []
@@ -202,10 +201,8 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
             use = machine_use(info)
             if use is None:
                 continue
-            emulated = "network" in info
-            disturbed = use["stolen"] > STOLEN or (not emulated and use["other_cores"] > OTHER_CORES)
             run = info_path.parent.relative_to(results / name)
-            uses.append(use | {"run": run.as_posix(), "disturbed": disturbed,
+            uses.append(use | {"run": run.as_posix(), "disturbed": disturbed(info),
                                "configuration": f"{run.parent}/{info['world_size']}",
                                "step_time_s": median_step(read_steps(info_path.parent)["step_time_s"])})
         if not uses:
@@ -247,5 +244,6 @@ def floor_power_markdown(results: Path, studies: dict) -> str:
 
 
 def quiet_machine_findings() -> dict:
-    return {"other_cores_limit": OTHER_CORES, "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE,
+    return {"other_cores_limit": OTHER_CORES, "emulated_other_cores_limit": EMULATED_OTHER_CORES,
+            "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE,
             "out_of_line_low": 1 / OUT_OF_LINE}

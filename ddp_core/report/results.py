@@ -74,6 +74,11 @@ class RunInfo:
 
 
 OTHER_CORES = 0.1  # cores that other processes used, on average, while a run on shared cores trained: more disturbs it
+# On emulated nodes the kernel's work for the links and the launcher count as other processes: on the quiet machine of
+# the reference they used at most 0.45 of a core (reference/cpu_period, 4 unshaped nodes at a 5 ms period; the nodes
+# study at most 0.27), and two busy processes beside a cluster add about a core, which slows the work the nodes do
+# outside their quotas.
+EMULATED_OTHER_CORES = 0.6
 STOLEN = 0.02  # of the machine's cores taken by the hypervisor while a run trained: more, and the run is disturbed
 OUT_OF_LINE = 1.5  # a run whose median step is this many times its repeats' median, or 1/this of it, is out of line
 
@@ -87,6 +92,15 @@ def machine_use(info: dict) -> dict | None:
         return None
     return {"cores": machine["cores"], "other_cores": machine["other_cpu_s"] / machine["wall_s"],
             "stolen": machine["steal_cpu_s"] / (machine["wall_s"] * machine["cores"])}
+
+
+def disturbed(info: dict) -> bool:
+    """Whether the machine did more beside a run (run.json's `machine`, as `read_run` gives it) than a quiet machine
+    does: the hypervisor took more than STOLEN of it, or other processes used more cores than OTHER_CORES (on emulated
+    nodes, EMULATED_OTHER_CORES). False for a run made before that was recorded."""
+    use = machine_use(info)
+    limit = EMULATED_OTHER_CORES if "network" in info else OTHER_CORES
+    return use is not None and (use["stolen"] > STOLEN or use["other_cores"] > limit)
 
 
 @dataclass
