@@ -15,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from conftest import REPO
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
-from ddp_core.engine.model_cost import BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_sizes, training_flops
+from ddp_core.engine.model_cost import (BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_ready_shares, bucket_sizes,
+                                       training_flops)
 from ddp_core.report.cost_model import fit_alpha_beta
 from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, FORECAST_GPUS, forecast, measured_forecast, nvlink_fit
 from ddp_core.report.prediction import measured_forecast_markdown
@@ -52,6 +53,17 @@ def test_buckets_hold_every_gradient_byte_the_first_small_the_rest_up_to_the_cap
     assert buckets[0] >= FIRST_BUCKET_BYTES and len(buckets) >= 2
     largest_parameter = 4 * max(p.numel() for p in model.parameters())
     assert all(size < BUCKET_BYTES + largest_parameter for size in buckets[1:-1])
+
+
+def test_a_bucket_is_ready_when_backward_has_done_the_flops_of_its_parameters_and_of_all_registered_after_them():
+    """The small model, by hand, in weight-equivalents of 2 FLOPs a token: a block's Linear weights are 384*128 (qkv),
+    128*128 (proj), 512*128 and 128*512 (the feed-forward), its attention scores 4 T d / 2 = 2*128*128 at qkv:
+    229,376 a block, 2 blocks and the head's 2*128: 459,008. The first bucket (1 MiB: 262,144 elements) closes,
+    counting back from the head, at block 0's second feed-forward weight (264,066 elements): the head, block 1 and
+    that weight, 256 + 229,376 + 65,536 FLOPs. The second holds the rest and the embeddings: ready at the end."""
+    small = {"vocab_size": 20000, "max_len": 128, "num_classes": 2, "d_model": 128, "n_layers": 2, "n_heads": 4,
+             "d_ff": 512, "dropout": 0.1}
+    assert bucket_ready_shares(small) == pytest.approx([(256 + 229_376 + 65_536) / 459_008, 1.0])
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])

@@ -240,6 +240,40 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
+def test_each_point_of_the_efficiency_curve_sits_at_its_runs_compute_over_their_exposed_all_reduce(project):
+    """x = R_N / f = (T_c / N) / (the all-reduce a step waited for), from the steady epochs' CSV rows; the theory's
+    efficiency there is x / (1 + x)."""
+    from ddp_core.report.nodes import efficiency_table
+
+    folder = project / "results" / "nodes"
+    table = efficiency_table(load_study(folder)).set_index("configuration")
+    one = metrics_of(folder / "one_node" / "n1").iloc[1:]
+    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]).mean()
+    two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
+    x = (one_node_compute / 2) / (two["comm_exposed_s"] / two["steps"]).mean()
+    row = table.loc["100 Mbit/s"]
+    assert (row["ratio_over_exposed"], row["theory_efficiency"]) == pytest.approx((x, x / (1 + x)))
+    assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
+def test_the_measured_gradient_profile_is_when_the_one_nodes_buckets_were_ready_within_its_backward(project):
+    from ddp_core.engine.model_cost import bucket_sizes
+    from ddp_core.report.nodes import gradient_ready_table
+
+    folder = project / "results" / "nodes"
+    timeline = pd.read_csv(folder / "one_node" / "n1" / "timeline.csv").set_index("what")
+    start, end = timeline.loc["backward", "start_s"], timeline.loc["backward", "end_s"]
+    sizes = bucket_sizes(json.loads((folder / "one_node" / "n1" / "run.json").read_text())["model"])
+    measured = gradient_ready_table(load_study(folder)).groupby("model", sort=False).get_group(
+        "tiny model, measured on one node")
+    assert measured["backward_done"].tolist() == pytest.approx(
+        [(timeline.loc[f"gradients ready, bucket {k}", "start_s"] - start) / (end - start)
+         for k in range(1, len(sizes) + 1)])
+    assert measured["bytes_ready"].tolist() == pytest.approx(list(pd.Series(sizes).cumsum() / sum(sizes)))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_they_used(project, tmp_path):
     from ddp_core.report.nodes import disturbed_runs, fidelity_table
 

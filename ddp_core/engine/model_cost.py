@@ -51,6 +51,24 @@ def bucket_sizes(model_config: dict) -> list[int]:
     return [sizes[bucket] for bucket in sorted(sizes)]
 
 
+def bucket_ready_shares(model_config: dict) -> list[float]:
+    """The share of backward's FLOPs done when each of DDP's buckets is complete, bucket 1 first, where a GPU's
+    backward time follows its FLOPs: backward reaches the parameters in the reverse of their registration, a Linear
+    weight costing in proportion to its elements and a layer's attention scores costing at its qkv weight
+    (`training_flops`'s terms); embeddings and vectors cost none. The last bucket holds the first parameters
+    registered, the embeddings: it is complete only when backward ends, whatever its share of the bytes."""
+    shapes = parameter_shapes(ModelConfig(**model_config))
+    attention = 2 * model_config["max_len"] * model_config["d_model"]  # 4 T d per token against 2 per weight
+    flops = [prod(shape) * (len(shape) == 2 and name not in EMBEDDINGS) + attention * name.endswith(".qkv.weight")
+             for name, shape in shapes.items()]
+    buckets = bucket_indices([prod(shape) for shape in shapes.values()])
+    done, ready = 0, {}
+    for cost, bucket in zip(reversed(flops), reversed(buckets)):
+        done += cost
+        ready[bucket] = done  # the bucket's last parameter reached so far
+    return [ready[bucket] / done for bucket in sorted(ready)]
+
+
 def training_flops(model_config: dict, tokens: int) -> float:
     """FLOPs of forward and backward over `tokens` tokens (padding included: it is computed too).
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ddp_core.report import gpu, time_to_accuracy
 from ddp_core.report.single_device import ratio_findings
-from ddp_core.report.nodes import headline_findings, nodes_figure
+from ddp_core.report.nodes import configurations_markdown, headline_findings, nodes_figure
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, Measurement, load_experiment, load_measurements, load_study
@@ -40,6 +40,11 @@ def headline_figure(results: Path):
     path.parent.mkdir(exist_ok=True)
     figure.savefig(path, dpi=100)
     return figure
+
+
+def configurations_table(results: Path) -> str:
+    """Each configuration the emulated nodes modelled, with the efficiency they measured."""
+    return configurations_markdown(load_study(results / "nodes"))
 
 
 def findings(experiment: Experiment) -> dict:

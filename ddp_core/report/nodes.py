@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.launch.cpu_share import PERIOD_US
+from ddp_core.engine.model_cost import bucket_ready_shares, bucket_sizes
+from ddp_core.engine.run_files import READY
 from ddp_core.launch.emulated import rate_bits_per_s
 from ddp_core.studies.wind_tunnel import TOLERANCE
 from ddp_core.report.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, compare_times, paired_sides,
@@ -26,7 +28,7 @@ from ddp_core.report.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, d
                                      load_experiment, machine_use,
                                      measured_gbit_s, rate_text, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.similarity import CONFIGURATIONS
+from ddp_core.report.similarity import CONFIGURATIONS, large_model
 from ddp_core.report.tables import commit_text, counted, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
@@ -391,18 +393,125 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+RATIOS = {"target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
+          "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}")}
+EFFICIENCY = {"efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
+              "verdict": ("Verdict against one node", "{}")}
+
+
+def _efficiency_range(table: pd.DataFrame) -> list[str]:
+    return [f"{e:.0%} ({low:.0%} to {high:.0%})"
+            for e, low, high in zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
+
+
 def similarity_markdown(study: dict[str, Experiment]) -> str:
-    table = similarity_table(study)
-    table["efficiency_range"] = [f"{e:.0%} ({low:.0%} to {high:.0%})" for e, low, high in
-                                 zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
+    table = similarity_table(study).assign(efficiency_range=_efficiency_range)
     return one_row_each(table, {
         "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
-        "modelled_batch": ("Global batch modelled", "{:.0f}"),
-        "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
-        "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
-        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"),
-        "efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
-        "verdict": ("Verdict against one node", "{}")}, index_name=None)
+        "modelled_batch": ("Global batch modelled", "{:.0f}"), **RATIOS,
+        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"), **EFFICIENCY}, index_name=None)
+
+
+def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per variant and number of nodes: the parallel efficiency measured (median of the repeats, with their range)
+    against x = R_N / f, the runs' own compute-to-communication ratio over the share of the all-reduce they left
+    exposed, and the theory's efficiency at that x, x / (1 + x): a step of T_c/N + f T_comm (the theory chapter),
+    whatever the CPU, the link or the configuration modelled."""
+    rows = []
+    for variant, experiment in variant_experiments(study).items():
+        table = scaling_table(experiment)
+        for n in [n for n in table.index if n > 1]:
+            row = table.loc[n]
+            x = row["compute_to_comm_ratio"] * row["comm_total_per_step_s"] / row["comm_exposed_per_step_s"]
+            rows.append(dict(configuration=variant_label(experiment, study), nodes=n, ratio_over_exposed=x,
+                             efficiency=row["efficiency"], efficiency_low=row["speedup_low"] / n,
+                             efficiency_high=row["speedup_high"] / n, theory_efficiency=x / (1 + x)))
+    table = pd.DataFrame(rows)
+    table["below_theory"] = table["efficiency"] / table["theory_efficiency"] - 1
+    return table
+
+
+def efficiency_figure(study: dict[str, Experiment]):
+    """Every point's efficiency against R_N / f (a colour per configuration, a marker per number of nodes, a bar for
+    the range of the repeats), on the theory's curve x / (1 + x)."""
+    table = efficiency_table(study)
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    x = np.geomspace(min(0.05, table["ratio_over_exposed"].min() / 2), max(50, table["ratio_over_exposed"].max() * 2))
+    ax.plot(x, x / (1 + x), color="gray", label="theory: $x/(1+x)$")
+    markers = dict(zip(sorted(table["nodes"].unique()), "osD^v"))
+    for i, (configuration, rows) in enumerate(table.groupby("configuration", sort=False)):
+        for row in rows.itertuples():
+            ax.errorbar(row.ratio_over_exposed, row.efficiency, capsize=3, color=f"C{i}", fmt=markers[row.nodes],
+                        yerr=[[row.efficiency - row.efficiency_low], [row.efficiency_high - row.efficiency]],
+                        label=f"{configuration}, {row.nodes} nodes")
+    ax.set(xscale="log", xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
+           ylabel="parallel efficiency (bar: range of the repeats)", ylim=(0, 1.05),
+           title="Efficiency against the compute-to-communication ratio")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def efficiency_findings(study: dict[str, Experiment]) -> dict:
+    """How far the points lie from the theory's curve: the median and the range of efficiency measured over the
+    curve's at the same x, less 1 (negative: below the curve)."""
+    below = efficiency_table(study)["below_theory"]
+    return {"curve_points": len(below), "below_curve_median": below.median(),
+            "below_curve_range": f"{below.min():+.0%} to {below.max():+.0%}"}
+
+
+def configurations_markdown(study: dict[str, Experiment]) -> str:
+    """`similarity_table` narrowed for the key findings: per configuration and number of nodes, its ratio as targeted
+    and as reached, and the efficiency with its range and the verdict."""
+    table = similarity_table(study).assign(efficiency_range=_efficiency_range)
+    table["configuration"] = [label if share == node_share(study[BASELINE]) else f"{label} (nodes of {share:g} core)"
+                              for label, share in zip(table["configuration"], table["share"])]
+    return one_row_each(table, {"configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), **RATIOS,
+                                **EFFICIENCY}, index_name=None)
+
+
+def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """When each of DDP's gradient buckets is complete during backward, as a share of backward, with the share of
+    the gradient's bytes complete by then: for the study's model as its one-node run measured it (the first repeat's
+    timeline, the step the wind tunnel replays), and for it and for the large model the configurations train as
+    backward's FLOPs place them (`model_cost.bucket_ready_shares`, how a GPU's backward spends its time)."""
+    one = study[BASELINE].baseline
+    timeline = pd.read_csv(study[BASELINE].folder / one.name / "timeline.csv").set_index("what")
+    start, end = timeline.loc["backward", "start_s"], timeline.loc["backward", "end_s"]
+    small, large = one.raw["model"], large_model(one.raw["model"])
+    profiles = {f"{one.config['preset']} model, measured on one node": (
+                    bucket_sizes(small), [(timeline.loc[f"{READY}{k}", "start_s"] - start) / (end - start)
+                                          for k in range(1, len(bucket_sizes(small)) + 1)]),
+                f"{one.config['preset']} model, by FLOPs": (bucket_sizes(small), bucket_ready_shares(small)),
+                "large model, by FLOPs": (bucket_sizes(large), bucket_ready_shares(large))}
+    rows = [dict(model=model, bucket=k, backward_done=share, bytes_ready=sum(sizes[:k]) / sum(sizes),
+                 last_bucket_bytes=sizes[-1] / sum(sizes))
+            for model, (sizes, shares) in profiles.items() for k, share in enumerate(shares, 1)]
+    return pd.DataFrame(rows)
+
+
+def gradient_ready_figure(study: dict[str, Experiment]):
+    """The gradient's bytes complete against the share of backward done, a step per bucket, per `gradient_ready_table`
+    profile: what backward lets the all-reduce overlap."""
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for i, (model, rows) in enumerate(gradient_ready_table(study).groupby("model", sort=False)):
+        ax.step([0, *rows["backward_done"], 1], [0, *rows["bytes_ready"], 1], where="post", color=f"C{i}",
+                linestyle=["-", "--", "-"][i % 3], marker="o", markersize=4, label=model)
+    ax.set(xlabel="share of backward done", ylabel="share of the gradient's bytes ready to all-reduce",
+           title="When the gradient is ready", xlim=(0, 1.02), ylim=(0, 1.02))
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def gradient_ready_findings(study: dict[str, Experiment]) -> dict:
+    """The share of the gradient's bytes in the last bucket, complete only as backward ends (the share of the
+    all-reduce no backward can hide), of the study's model and of the large one; and the share f of the all-reduce
+    the runs left exposed, lowest and highest over the links and numbers of nodes."""
+    last = gradient_ready_table(study).groupby("model", sort=False)["last_bucket_bytes"].first()
+    exposed = [row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"]
+               for e in variant_experiments(study).values() for n, row in scaling_table(e).iterrows() if n > 1]
+    return {"last_bucket_small": last.iloc[0], "last_bucket_large": last.iloc[-1], "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}"}
 
 
 def similarity_findings(study: dict[str, Experiment]) -> dict:
