@@ -20,7 +20,7 @@ from ddp_core.engine.config import global_batch_size, parse_args
 from ddp_core.report import precision
 from ddp_core.report.comparisons import WARMUP_STEPS
 from ddp_core.report.compute_ratio import cores_per_rank
-from ddp_core.report.provenance import study_setup_findings, studies_shown_findings
+from ddp_core.report.provenance import results_shown_findings, study_setup_findings
 from ddp_core.report.results import load_experiment, load_study
 from ddp_core.studies.run import main as runner_main, plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
@@ -139,20 +139,25 @@ def test_the_gpu_profile_on_a_machine_without_gpus_is_refused_in_one_line_before
     assert not (tmp_path / "results").exists()
 
 
-def test_the_overview_says_which_studies_show_the_readers_runs_and_which_the_reference(tmp_path):
+def test_the_overview_says_which_results_are_the_readers_runs_and_which_the_reference(tmp_path):
     studies = {name: STUDIES[name] for name in ("scaling", "ag_news")}
-    (tmp_path / "reference" / "scaling").mkdir(parents=True)
-    (tmp_path / "mine" / "ag_news").mkdir(parents=True)
+    for made in ("reference/scaling", "mine/ag_news", "reference/cpu_period", "reference/single_device/amd-epyc",
+                 "mine/single_device/intel-xeon"):
+        (tmp_path / made).mkdir(parents=True)
     links = tmp_path / "book_results"
-    links.mkdir()
-    (links / "scaling").symlink_to(tmp_path / "reference" / "scaling")
-    (links / "ag_news").symlink_to(tmp_path / "mine" / "ag_news")
-    assert studies_shown_findings(links, studies) == {"studies_from_results": "Strong scaling on AG News",
-                                                      "studies_from_reference": "Strong scaling on IMDB"}
+    (links / "single_device").mkdir(parents=True)
+    for link, target in (("scaling", "reference/scaling"), ("ag_news", "mine/ag_news"),
+                         ("cpu_period", "reference/cpu_period"),
+                         ("single_device/amd-epyc", "reference/single_device/amd-epyc"),
+                         ("single_device/intel-xeon", "mine/single_device/intel-xeon")):
+        (links / link).symlink_to(tmp_path / target)
+    assert results_shown_findings(links, studies) == {
+        "results_from_here": "Strong scaling on AG News, one device's throughput (intel-xeon)",
+        "results_from_reference": "Strong scaling on IMDB, the quota's period (emulated nodes), "
+                                  "one device's throughput (amd-epyc)"}
     (links / "ag_news").unlink()
     (links / "ag_news").symlink_to(tmp_path / "reference" / "scaling")
-    assert studies_shown_findings(links, studies) == {"studies_from_results": "none",
-                                                      "studies_from_reference": "Strong scaling on IMDB, Strong scaling on AG News"}
+    assert results_shown_findings(links, studies)["results_from_here"] == "one device's throughput (intel-xeon)"
 
 
 def processes_working_in(folder) -> list[int]:

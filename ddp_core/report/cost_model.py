@@ -73,7 +73,8 @@ def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
     weights = 1 / seconds
     (alpha, beta), *_ = np.linalg.lstsq(design * weights[:, None], seconds * weights, rcond=None)
     predicted = design @ [alpha, beta]
-    r2 = 1 - np.sum((seconds - predicted) ** 2) / np.sum((seconds - seconds.mean()) ** 2)
+    spread = np.sum((seconds - seconds.mean()) ** 2)  # 0 for one size (the wind tunnel's of a one-bucket model)
+    r2 = 1 - np.sum((seconds - predicted) ** 2) / spread if spread > 0 else float("nan")
     return AlphaBeta(n, float(alpha), float(beta), float(r2), float(np.max(np.abs(predicted / seconds - 1))))
 
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from ddp_core.report import gpu, time_to_accuracy
 from ddp_core.report.single_device import ratio_findings
-from ddp_core.report.nodes import configurations_markdown, headline_findings, nodes_figure
+from ddp_core.report.nodes import (BASELINE, headline_findings, node_share, nodes_figure, similarity_table,
+                                   similarity_test_table)
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, Measurement, load_experiment, load_measurements, load_study
+from ddp_core.report.provenance import shown_folder
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import in_words
+from ddp_core.report.tables import in_words, one_row_each
 from ddp_core.studies.study_list import load_study_list
 
 
@@ -21,7 +25,7 @@ def key_findings(results: Path) -> dict:
     chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
     chapter's ratios (`device_`) and the list of studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
-    return (findings(scaling) | headline_findings(nodes) | gpu.headline_findings(results, nodes)
+    return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]} | gpu.headline_findings(results, nodes)
             | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy"))
             | one_device_findings(load_measurements(results / "single_device"), scaling))
 
@@ -42,9 +46,44 @@ def headline_figure(results: Path):
     return figure
 
 
-def configurations_table(results: Path) -> str:
-    """Each configuration the emulated nodes modelled, with the efficiency they measured."""
-    return configurations_markdown(load_study(results / "nodes"))
+def summary_table(results: Path) -> pd.DataFrame:
+    """One row per finding the key findings page leads with: each configuration the emulated nodes modelled at each
+    number of nodes (the ratio R_N^bench targeted and reached, the speedup with its range, the efficiency, the
+    verdict against one node, and the runs' own R_N against the break-even f/(N-1)); the similarity test (the
+    speedups' ratio on nodes of half the share); and the results chapter's ranks that share one machine's cores."""
+    nodes = load_study(results / "nodes")
+    rows = []
+    for row in similarity_table(nodes).itertuples():
+        share = "" if row.share == node_share(nodes[BASELINE]) else f" (nodes of {row.share:g} core)"
+        rows.append(dict(setting=row.configuration + share, nodes=row.nodes,
+                         ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
+                         value=f"{row.speedup:.2f} ({row.efficiency_low * row.nodes:.2f}–"
+                               f"{row.efficiency_high * row.nodes:.2f})",
+                         efficiency=f"{row.efficiency:.0%}", verdict=row.verdict,
+                         why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
+                             f"{row.break_even:.2f}"))
+    for row in similarity_test_table(nodes).itertuples():
+        rows.append(dict(setting=f"{row.configuration}: speedup at {row.other_share:g} core over at {row.share:g}",
+                         nodes=row.nodes, ratio="", value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
+                         efficiency="", verdict=row.verdict, why=f"floor {row.floor:.0%}"))
+    scaling = load_experiment(results / "scaling")
+    shared = scaling_table(scaling).loc[scaling.largest]
+    one = scaling.baseline
+    rows.append(dict(setting="ranks on a GPU each" if one.on_gpu else f"ranks sharing one machine's {one.cpu_count} cores",
+                     nodes=scaling.largest, ratio="",
+                     value=f"{shared['speedup']:.2f} ({shared['speedup_low']:.2f}–{shared['speedup_high']:.2f})",
+                     efficiency=f"{shared['efficiency']:.0%}", verdict=shared["verdict"],
+                     why="" if one.on_gpu else "no compute added"))
+    return pd.DataFrame(rows)
+
+
+def summary_markdown(results: Path) -> str:
+    return one_row_each(summary_table(results), {
+        "setting": ("Setting", "{}"), "nodes": ("Nodes or ranks", "{}"),
+        "ratio": ("$R_N^\\text{bench}$, target / reached", "{}"),
+        "value": ("Speedup or ratio, median (range)", "{}"), "efficiency": ("Efficiency", "{}"),
+        "verdict": ("Verdict", "{}"), "why": ("Why: runs' $R_N$ against break-even", "{}")},
+        index_name=None)
 
 
 def findings(experiment: Experiment) -> dict:

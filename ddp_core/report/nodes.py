@@ -97,6 +97,22 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
 SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other
 
 
+def similarity_test_findings(study: dict[str, Experiment]) -> dict:
+    """The similarity test's first comparison for the key findings: what it modelled, the shares and nodes, the
+    ratio of the speedups with its range, the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and
+    empty numbers where the study has no variant on nodes of another share."""
+    table = similarity_test_table(study)
+    if table.empty:
+        return {"similarity_verdict": "not run", "similarity_value": "none", "similarity_configuration": "none",
+                "similarity_shares": "none", "similarity_power": np.nan, "similarity_effect": SIMILARITY_EFFECT}
+    row = table.iloc[0]
+    return {"similarity_configuration": row["configuration"], "similarity_nodes": int(row["nodes"]),
+            "similarity_shares": f"{row['share']:g} and {row['other_share']:g}",
+            "similarity_value": f"{row['ratio']:.2f} ({row['low']:.2f} to {row['high']:.2f})",
+            "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
+            "similarity_effect": SIMILARITY_EFFECT}
+
+
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_test_table(study)
     table["shares"] = [f"{a:g} and {b:g}" for a, b in zip(table["share"], table["other_share"])]
@@ -339,9 +355,11 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
-    """`nodes_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue
-    them."""
-    return {f"nodes_{key}": value for key, value in nodes_findings(study).items()}
+    """`nodes_findings`, `efficiency_findings`, `similarity_test_findings` and `similarity_findings` (the machine)
+    named `nodes_<name>`, as the pages that quote the headline beside their own findings glue them."""
+    found = (nodes_findings(study) | efficiency_findings(study) | similarity_test_findings(study)
+             | similarity_findings(study))
+    return {f"nodes_{key}": value for key, value in found.items()}
 
 
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -370,7 +388,7 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     R_N^bench as that configuration has it (its target, from published figures or the measured GPU) and as the wind
     tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty for links set by
     a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of the same share,
-    with their ranges and the verdict."""
+    with their ranges and the verdict; and the runs' own R_N beside the theory's break-even f/(N-1)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
@@ -389,27 +407,23 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                              else rate * 1e3 if rate else np.nan,
                              speedup=row["speedup"], efficiency=row["efficiency"],
                              efficiency_low=row["speedup_low"] / n, efficiency_high=row["speedup_high"] / n,
-                             verdict=verdicts[n].says("slower", "faster")))
+                             verdict=verdicts[n].says("slower", "faster"), runs_ratio=row["compute_to_comm_ratio"],
+                             break_even=row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"] / (n - 1)))
     return pd.DataFrame(rows)
 
 
-RATIOS = {"target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
-          "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}")}
-EFFICIENCY = {"efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
-              "verdict": ("Verdict against one node", "{}")}
-
-
-def _efficiency_range(table: pd.DataFrame) -> list[str]:
-    return [f"{e:.0%} ({low:.0%} to {high:.0%})"
-            for e, low, high in zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
-
-
 def similarity_markdown(study: dict[str, Experiment]) -> str:
-    table = similarity_table(study).assign(efficiency_range=_efficiency_range)
+    table = similarity_table(study)
+    table["efficiency_range"] = [f"{e:.0%} ({low:.0%} to {high:.0%})" for e, low, high in
+                                 zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
     return one_row_each(table, {
         "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
-        "modelled_batch": ("Global batch modelled", "{:.0f}"), **RATIOS,
-        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"), **EFFICIENCY}, index_name=None)
+        "modelled_batch": ("Global batch modelled", "{:.0f}"),
+        "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
+        "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
+        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"),
+        "efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
+        "verdict": ("Verdict against one node", "{}")}, index_name=None)
 
 
 def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -427,7 +441,7 @@ def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
                              efficiency=row["efficiency"], efficiency_low=row["speedup_low"] / n,
                              efficiency_high=row["speedup_high"] / n, theory_efficiency=x / (1 + x)))
     table = pd.DataFrame(rows)
-    table["below_theory"] = table["efficiency"] / table["theory_efficiency"] - 1
+    table["of_theory"] = table["efficiency"] / table["theory_efficiency"]
     return table
 
 
@@ -453,21 +467,11 @@ def efficiency_figure(study: dict[str, Experiment]):
 
 
 def efficiency_findings(study: dict[str, Experiment]) -> dict:
-    """How far the points lie from the theory's curve: the median and the range of efficiency measured over the
-    curve's at the same x, less 1 (negative: below the curve)."""
-    below = efficiency_table(study)["below_theory"]
-    return {"curve_points": len(below), "below_curve_median": below.median(),
-            "below_curve_range": f"{below.min():+.0%} to {below.max():+.0%}"}
-
-
-def configurations_markdown(study: dict[str, Experiment]) -> str:
-    """`similarity_table` narrowed for the key findings: per configuration and number of nodes, its ratio as targeted
-    and as reached, and the efficiency with its range and the verdict."""
-    table = similarity_table(study).assign(efficiency_range=_efficiency_range)
-    table["configuration"] = [label if share == node_share(study[BASELINE]) else f"{label} (nodes of {share:g} core)"
-                              for label, share in zip(table["configuration"], table["share"])]
-    return one_row_each(table, {"configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), **RATIOS,
-                                **EFFICIENCY}, index_name=None)
+    """How far the points reach the theory's curve: the efficiency measured over the curve's at the same x, its
+    median and range over the points (below 1: under the curve)."""
+    reached = efficiency_table(study)["of_theory"]
+    return {"curve_points": len(reached), "curve_reached": reached.median(),
+            "curve_reached_range": f"{reached.min():.0%} to {reached.max():.0%}"}
 
 
 def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -164,12 +164,23 @@ def _span(values) -> str:
     return f"{low:,}" if low == high else f"{low:,} to {high:,}"
 
 
-def studies_shown_findings(results: Path, studies: dict) -> dict:
-    """The titles of the studies whose pages show runs made in this project (`studies_from_results`) and of
-    those shown from the shipped reference results (`studies_from_reference`), each "none" where empty."""
-    from_reference = {name for name in studies if "reference" in (results / name).resolve().parts}
-    return {"studies_from_results": ", ".join(s.title for n, s in studies.items() if n not in from_reference) or "none",
-            "studies_from_reference": ", ".join(s.title for n, s in studies.items() if n in from_reference) or "none"}
+# What the benchmarks' results are, as their pages title them (book/_ext's MEASUREMENTS and BENCHMARK_RUNS).
+BENCHMARK_TITLES = {"cpu_period": "the quota's period (emulated nodes)", "gpu_trainer": "the trainer on a GPU",
+                    "single_device": "one device's throughput", "peers": "DDP against other loops",
+                    "step_profile": "a step by operator"}
+
+
+def results_shown_findings(results: Path, studies: dict) -> dict:
+    """Every result the book shows, each folder of `results` (book/results: a study, a benchmark's runs, or a folder
+    of measured devices, one link each), by title, as made in this project (`results_from_here`) or shipped in
+    `reference/` (`results_from_reference`), each "none" where empty."""
+    shown = {"here": [], "reference": []}
+    for entry in sorted(results.iterdir(), key=lambda entry: (entry.name not in studies, entry.name)):
+        title = studies[entry.name].title if entry.name in studies else BENCHMARK_TITLES.get(entry.name, entry.name)
+        for part in [entry] if entry.is_symlink() else sorted(entry.iterdir()):
+            name = title if part == entry else f"{title} ({in_words(part.name)})"
+            shown["reference" if "reference" in part.resolve().parts else "here"].append(name)
+    return {f"results_from_{origin}": ", ".join(names) or "none" for origin, names in shown.items()}
 
 
 def studies_overview_markdown(studies: dict) -> str:

@@ -93,7 +93,8 @@ VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference
 def ratio_findings(m: Measurement) -> dict:
     """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
     them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
-    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, and the
+    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, those outcomes
+    that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the
     noise floor all of them were held against (`device_floor`)."""
     table = verdict_table(m)
     found = {"device_overview_name": m.info["device_name"],
@@ -103,6 +104,8 @@ def ratio_findings(m: Measurement) -> dict:
         row = table.loc[words]
         found |= {f"device_{name}_low": float(row["lowest_median"]), f"device_{name}_high": float(row["highest_median"])}
         found |= {f"device_{name}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
+        found[f"device_{name}_verdicts"] = ", ".join(f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
+                                                     for outcome in VERDICT_COUNTS if row[outcome] > 0)
     return found
 
 
