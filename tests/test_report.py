@@ -176,8 +176,8 @@ def test_the_studies_the_tiny_report_left_out_are_shown_from_the_reference_resul
     made_here = ", ".join(study.title for name, study in STUDIES.items() if name in runnable_tiny_studies())
     from_reference = ", ".join(study.title for name, study in STUDIES.items() if name not in runnable_tiny_studies())
     page = re.sub(r"\s+([.,:)])", r"\1", re.sub(r"\(\s+", "(", page_text(project / "_build" / "html", "studies")))
-    assert f"Shown from runs made in this project (results/): {made_here}." in page
-    assert f"Shown from the reference results shipped with the report (reference/): {from_reference}." in page
+    assert f"From runs made by this build: {made_here}." in page
+    assert f"From the shipped reference: {from_reference}, the CPU quota period (emulated nodes)," in page
 
 
 def test_make_report_prints_a_line_per_run_with_its_time_and_no_kernel_chatter(project):

@@ -152,12 +152,12 @@ def test_the_overview_says_which_results_are_the_readers_runs_and_which_the_refe
                          ("single_device/intel-xeon", "mine/single_device/intel-xeon")):
         (links / link).symlink_to(tmp_path / target)
     assert results_shown_findings(links, studies) == {
-        "results_from_here": "Strong scaling on AG News, one device's throughput (intel-xeon)",
-        "results_from_reference": "Strong scaling on IMDB, the quota's period (emulated nodes), "
-                                  "one device's throughput (amd-epyc)"}
+        "results_from_here": "Strong scaling on AG News, throughput on one device (intel-xeon)",
+        "results_from_reference": "Strong scaling on IMDB, the CPU quota period (emulated nodes), "
+                                  "throughput on one device (amd-epyc)"}
     (links / "ag_news").unlink()
     (links / "ag_news").symlink_to(tmp_path / "reference" / "scaling")
-    assert results_shown_findings(links, studies)["results_from_here"] == "one device's throughput (intel-xeon)"
+    assert results_shown_findings(links, studies)["results_from_here"] == "throughput on one device (intel-xeon)"
 
 
 def processes_working_in(folder) -> list[int]:

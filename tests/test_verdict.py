@@ -18,9 +18,25 @@ def test_a_ratio_every_pair_agrees_on_and_beyond_the_floor_gets_a_direction():
 
 
 def test_pairs_that_disagree_or_a_ratio_inside_the_floor_are_no_visible_difference():
+    """Each condition of each side on its own: a median beyond the floor with one pair on the other side of 1, and
+    every pair on one side with the median inside the floor."""
     assert compare([80, 90, 105], [100, 100, 100], floor=0.05).verdict == "no visible difference"
     assert compare([97, 98, 96], [100, 100, 100], floor=0.05).verdict == "no visible difference"
     assert compare([97, 98, 96], [100, 100, 100], floor=0.01).verdict == "lower"
+    assert compare([120, 110, 95], [100, 100, 100], floor=0.05).verdict == "no visible difference"
+    assert compare([103, 102, 104], [100, 100, 100], floor=0.05).verdict == "no visible difference"
+    assert compare([103, 102, 104], [100, 100, 100], floor=0.01).verdict == "higher"
+
+
+@pytest.mark.parametrize("a, floor", [([80, 84, 78], 0.2), ([70, 90, 75], 0.3), ([120, 130, 125], 0.25)])
+def test_one_side_against_the_other_gets_the_mirrored_verdict_of_the_other_against_the_one(a, floor):
+    """A speedup is the inverse of a ratio of times: a floor held in log-ratio calls both the same way (1/1.25 =
+    0.8 lies as far below 1 as 1.25 above it)."""
+    b = [100, 100, 100]
+    mirrored = {"lower": "higher", "higher": "lower", "no visible difference": "no visible difference"}
+    assert compare(b, a, floor).verdict == mirrored[compare(a, b, floor).verdict]
+    assert compare([80, 80, 80], b, floor=0.25).verdict == "no visible difference"  # 0.8 = 1/1.25: not beyond it
+    assert compare([79, 79, 79], b, floor=0.25).verdict == "lower"
 
 
 def test_the_ratio_pairs_repeat_k_with_repeat_k_not_means():

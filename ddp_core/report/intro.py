@@ -9,8 +9,8 @@ import pandas as pd
 
 from ddp_core.report import gpu, time_to_accuracy
 from ddp_core.report.single_device import ratio_findings
-from ddp_core.report.nodes import (BASELINE, headline_findings, node_share, nodes_figure, similarity_table,
-                                   similarity_test_table)
+from ddp_core.report.nodes import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
+                                   similarity_table, similarity_test_table)
 from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, Measurement, load_experiment, load_measurements, load_study
@@ -25,7 +25,8 @@ def key_findings(results: Path) -> dict:
     chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
     chapter's ratios (`device_`) and the list of studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
-    return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]} | gpu.headline_findings(results, nodes)
+    return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
+            | gpu.headline_findings(results, nodes)
             | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy"))
             | one_device_findings(load_measurements(results / "single_device"), scaling))
 
@@ -59,20 +60,23 @@ def summary_table(results: Path) -> pd.DataFrame:
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
                          value=f"{row.speedup:.2f} ({row.efficiency_low * row.nodes:.2f}–"
                                f"{row.efficiency_high * row.nodes:.2f})",
-                         efficiency=f"{row.efficiency:.0%}", verdict=row.verdict,
+                         efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
                              f"{row.break_even:.2f}"))
     for row in similarity_test_table(nodes).itertuples():
         rows.append(dict(setting=f"{row.configuration}: speedup at {row.other_share:g} core over at {row.share:g}",
                          nodes=row.nodes, ratio="", value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
-                         efficiency="", verdict=row.verdict, why=f"floor {row.floor:.0%}"))
+                         efficiency="", verdict=row.verdict, floor=f"{row.floor:.0%}",
+                         why=f"finds a {SIMILARITY_EFFECT:.0%} difference {row.finds_effect:.0%} of the time"))
     scaling = load_experiment(results / "scaling")
     shared = scaling_table(scaling).loc[scaling.largest]
     one = scaling.baseline
-    rows.append(dict(setting="ranks on a GPU each" if one.on_gpu else f"ranks sharing one machine's {one.cpu_count} cores",
+    setting = "Ranks on a GPU each" if one.on_gpu else f"Ranks sharing one machine's {one.cpu_count} cores"
+    rows.append(dict(setting=setting,
                      nodes=scaling.largest, ratio="",
                      value=f"{shared['speedup']:.2f} ({shared['speedup_low']:.2f}–{shared['speedup_high']:.2f})",
                      efficiency=f"{shared['efficiency']:.0%}", verdict=shared["verdict"],
+                     floor=f"{shared['noise_floor']:.0%}",
                      why="" if one.on_gpu else "no compute added"))
     return pd.DataFrame(rows)
 
@@ -80,9 +84,10 @@ def summary_table(results: Path) -> pd.DataFrame:
 def summary_markdown(results: Path) -> str:
     return one_row_each(summary_table(results), {
         "setting": ("Setting", "{}"), "nodes": ("Nodes or ranks", "{}"),
-        "ratio": ("$R_N^\\text{bench}$, target / reached", "{}"),
+        "ratio": ("Compute over all-reduce, target / reached", "{}"),
         "value": ("Speedup or ratio, median (range)", "{}"), "efficiency": ("Efficiency", "{}"),
-        "verdict": ("Verdict", "{}"), "why": ("Why: runs' $R_N$ against break-even", "{}")},
+        "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{}"),
+        "why": ("Why", "{}")},
         index_name=None)
 
 

@@ -104,10 +104,11 @@ def similarity_test_findings(study: dict[str, Experiment]) -> dict:
     table = similarity_test_table(study)
     if table.empty:
         return {"similarity_verdict": "not run", "similarity_value": "none", "similarity_configuration": "none",
-                "similarity_shares": "none", "similarity_power": np.nan, "similarity_effect": SIMILARITY_EFFECT}
+                "similarity_share": "none", "similarity_other_share": "none", "similarity_power": np.nan,
+                "similarity_effect": SIMILARITY_EFFECT}
     row = table.iloc[0]
     return {"similarity_configuration": row["configuration"], "similarity_nodes": int(row["nodes"]),
-            "similarity_shares": f"{row['share']:g} and {row['other_share']:g}",
+            "similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
             "similarity_value": f"{row['ratio']:.2f} ({row['low']:.2f} to {row['high']:.2f})",
             "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
             "similarity_effect": SIMILARITY_EFFECT}
@@ -281,11 +282,15 @@ def nodes_figure(study: dict[str, Experiment]):
         parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "x--", color=f"C{i}", markersize=8)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
     main = link_experiments(study)
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
     for i, (variant, e) in enumerate(((v, e) for v, e in variant_experiments(study).items() if v not in main),
                                      len(colours)):  # the similarity test's nodes: their speedup, over their one node
         curve = scaling_table(e).query("index > 1")
         error = [[0, *(curve["speedup"] - curve["speedup_low"])], [0, *(curve["speedup_high"] - curve["speedup"])]]
         speed.errorbar([1, *curve.index], [1, *curve["speedup"]], yerr=error, fmt="D-", capsize=3, color=f"C{i}")
+        ahead = record.get(variant, {}).get("by_nodes", {})
+        speed.plot([int(n) for n in ahead], [entry["forecast_speedup"] for entry in ahead.values()], "s--",
+                   color=f"C{i}", alpha=0.6)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=variant_label(e, study)))
     styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
               Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6,
@@ -407,7 +412,8 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                              else rate * 1e3 if rate else np.nan,
                              speedup=row["speedup"], efficiency=row["efficiency"],
                              efficiency_low=row["speedup_low"] / n, efficiency_high=row["speedup_high"] / n,
-                             verdict=verdicts[n].says("slower", "faster"), runs_ratio=row["compute_to_comm_ratio"],
+                             verdict=verdicts[n].says("slower", "faster"), floor=verdicts[n].floor,
+                             runs_ratio=row["compute_to_comm_ratio"],
                              break_even=row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"] / (n - 1)))
     return pd.DataFrame(rows)
 

@@ -165,8 +165,8 @@ def _span(values) -> str:
 
 
 # What the benchmarks' results are, as their pages title them (book/_ext's MEASUREMENTS and BENCHMARK_RUNS).
-BENCHMARK_TITLES = {"cpu_period": "the quota's period (emulated nodes)", "gpu_trainer": "the trainer on a GPU",
-                    "single_device": "one device's throughput", "peers": "DDP against other loops",
+BENCHMARK_TITLES = {"cpu_period": "the CPU quota period (emulated nodes)", "gpu_trainer": "the trainer on a GPU",
+                    "single_device": "throughput on one device", "peers": "DDP against other loops",
                     "step_profile": "a step by operator"}
 
 
@@ -175,7 +175,9 @@ def results_shown_findings(results: Path, studies: dict) -> dict:
     of measured devices, one link each), by title, as made in this project (`results_from_here`) or shipped in
     `reference/` (`results_from_reference`), each "none" where empty."""
     shown = {"here": [], "reference": []}
-    for entry in sorted(results.iterdir(), key=lambda entry: (entry.name not in studies, entry.name)):
+    order = list(studies)  # the studies as the study list gives them, then the benchmarks by name
+    for entry in sorted(results.iterdir(), key=lambda e: (e.name not in studies, order.index(e.name) if e.name in
+                                                           studies else 0, e.name)):
         title = studies[entry.name].title if entry.name in studies else BENCHMARK_TITLES.get(entry.name, entry.name)
         for part in [entry] if entry.is_symlink() else sorted(entry.iterdir()):
             name = title if part == entry else f"{title} ({in_words(part.name)})"

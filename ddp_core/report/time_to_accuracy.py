@@ -19,7 +19,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ddp_core.report.comparisons import median_step
 from ddp_core.report.results import Experiment, ResultsError
-from ddp_core.report.tables import one_row_each
+from ddp_core.report.tables import in_words, one_row_each
 from ddp_core.report.verdict import compare, noise_floor
 
 
@@ -148,7 +148,8 @@ def findings(variants: dict[str, Experiment]) -> dict:
     chance = 1 / first.model["num_classes"]
     smallest, largest = batches.index.min(), batches.index.max()
     return {
-        "tta_target": first.config["target_accuracy"], "tta_chance": chance,
+        "tta_target": first.config["target_accuracy"], "tta_chance": chance, "tta_preset": first.config["preset"],
+        "tta_dataset": in_words(first.config["dataset"]),
         "tta_eval_samples": first.config["eval_samples"],
         "tta_target_se": math.sqrt(first.config["target_accuracy"] * (1 - first.config["target_accuracy"])
                                    / first.config["eval_samples"]),
