@@ -51,6 +51,8 @@ CASES = {
     "evaluations every 0 steps": ([*TINY_SYNTHETIC, *BATCH, "--eval-every-steps", "0"],
                                   "--eval-every-steps must be positive"),
     "vocabulary too small": ([*TINY_SYNTHETIC[:-5], "--vocab-size", "2", *BATCH], "--vocab-size must be at least 3"),
+    "vocabulary too small for the generated task": ([*TINY_SYNTHETIC[:-5], "--vocab-size", "4", *BATCH],
+                                                    "--vocab-size must be at least 5 for --dataset synthetic"),
     "bucket of no size": ([*TINY_SYNTHETIC, *BATCH, "--bucket-cap-mb", "0"], "--bucket-cap-mb must be positive"),
     "PowerSGD of rank zero": ([*TINY_SYNTHETIC, *BATCH, "--comm-hook", "powersgd", "--powersgd-rank", "0"],
                               "--powersgd-rank must be positive"),

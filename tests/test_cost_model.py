@@ -18,7 +18,8 @@ from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
 from ddp_core.engine.model_cost import (BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_ready_shares, bucket_sizes,
                                        training_flops)
 from ddp_core.report.cost_model import fit_alpha_beta
-from ddp_core.report.nvlink_forecast import ALLREDUCE_FILE, FORECAST_GPUS, forecast, measured_forecast, nvlink_fit
+from ddp_core.report.nvlink_forecast import (ALLREDUCE_FILE, FORECAST_GPUS, fixed_batch_forecast, forecast,
+                                             measured_forecast, nvlink_fit)
 from ddp_core.report.prediction import measured_forecast_markdown
 from ddp_core.report.results import Measurement
 
@@ -124,6 +125,20 @@ def test_the_forecast_from_a_measured_gpu_takes_the_whole_batch_from_the_trainer
     assert cells == ["small, bf16, 32", f"{whole_ms:.3g}", f"{share_ms:.3g}", f"{sum(buckets):.3g}",
                      f"{whole_ms / (share_ms + sum(buckets)):.2f}", f"{whole_ms / (share_ms + buckets[-1]):.2f}"]
     assert measured_forecast_markdown([]) == ""  # the page then says that no GPU was timed
+
+
+def test_at_a_fixed_batch_per_gpu_the_efficiency_is_one_gpus_step_over_a_gpus_step_in_ddp_plus_the_all_reduce():
+    """Weak scaling: each of 4 GPUs steps the batch one GPU steps (no pair of batch sizes needed), in DDP."""
+    rows = gpu_epochs("small", 32, [0.1, 0.3]) + gpu_epochs("small", 128, [0.5, 0.7])
+    m = Measurement("cuda-test", {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "matmul_tflops": {"bf16": 500.0}},
+                    pd.DataFrame(rows))
+    ahead = fixed_batch_forecast(m, world_size=4).set_index("batch_per_gpu")
+    buckets = [nvlink_fit(4).allreduce_s(size) for size in
+               bucket_sizes(vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2)))]
+    one_s, share_s = 0.95 * 1.2 / 2560 * 128, 1.1 * 1.2 / 2560 * 128  # seconds / samples x batch, rounds summed
+    assert ahead.loc[128, "efficiency_no_overlap"] == pytest.approx(one_s / (share_s + sum(buckets)))
+    assert ahead.loc[128, "efficiency_last_bucket"] == pytest.approx(one_s / (share_s + buckets[-1]))
+    assert list(ahead.index) == [32, 128]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

@@ -38,6 +38,7 @@ class UsageError(Exception):
 # A dataset with one labelled split (AG News offline: its test split) is split into training and evaluation parts,
 # this fraction for evaluation. Here and not in data.py, which needs torch, so that the book quotes it without it.
 EVAL_FRACTION_WHEN_UNSPLIT = 0.2
+SYNTHETIC_MIN_VOCAB = 5  # the generated task's ids: padding, unknown, a keyword for each of its 2 classes, a word
 ERROR_PREFIX = "ddp_core.train: error:"  # starts the trainer's one line; the launchers look for it in the output
 
 
@@ -274,6 +275,9 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         raise UsageError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.vocab_size < 3:
         raise UsageError(f"--vocab-size must be at least 3 (padding, unknown and one word), got {cfg.vocab_size}")
+    if cfg.dataset == "synthetic" and cfg.vocab_size < SYNTHETIC_MIN_VOCAB:
+        raise UsageError(f"--vocab-size must be at least {SYNTHETIC_MIN_VOCAB} for --dataset synthetic (padding, "
+                         f"unknown, a keyword per class and one neutral word), got {cfg.vocab_size}")
     if cfg.global_batch_size is not None and cfg.global_batch_size % (world_size * cfg.grad_accum):
         raise UsageError(
             f"--global-batch-size {cfg.global_batch_size} does not divide by world size {world_size} "

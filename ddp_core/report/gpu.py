@@ -19,7 +19,7 @@ import pandas as pd
 
 from ddp_core.engine.model_shape import PRESETS
 from ddp_core.report.nodes import link_table
-from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, measured_forecast
+from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, fixed_batch_forecast, measured_forecast
 from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
 from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
 from ddp_core.report.step_profile import StepProfile, categorised, load_step_profiles
@@ -246,6 +246,33 @@ def forecast_markdown(gpu: GpuResults) -> str:
         "Large model: precision, batch per GPU")
 
 
+def fixed_batch_table(gpu: GpuResults) -> pd.DataFrame:
+    """The large model's forecast on FORECAST_GPUS GPUs at a fixed batch per GPU (`fixed_batch_forecast`)."""
+    ahead = fixed_batch_forecast(gpu.eager)
+    return ahead[ahead["preset"] == "large"].reset_index(drop=True)
+
+
+def fixed_batch_markdown(gpu: GpuResults) -> str:
+    table = fixed_batch_table(gpu)
+    table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu}" for row in table.itertuples()]
+    table["efficiency"] = [f"{low * 100:.0f}–{high:.0%}" for low, high in zip(table["efficiency_no_overlap"],
+                                                                              table["efficiency_last_bucket"])]
+    return one_row_each(table, {
+        "one_gpu_ms": ("One GPU's step (ms)", "{:.1f}"), "per_gpu_ms": ("A GPU's step in DDP (ms)", "{:.1f}"),
+        "comm_ms": ("All-reduce (ms)", "{:.1f}"),
+        "efficiency": ("Efficiency at a fixed batch per GPU", "{}")}, "Large model: precision, batch per GPU")
+
+
+def fixed_batch_findings(gpu: GpuResults) -> dict:
+    """The fixed-batch forecast at the largest bf16 batch per GPU the GPU was timed at, the one that fills it most."""
+    table = fixed_batch_table(gpu).query("amp == 'bf16'").sort_values("batch_per_gpu")
+    row = table.iloc[-1]
+    return {"fixed_batch": int(row["batch_per_gpu"]), "fixed_low": row["efficiency_no_overlap"],
+            "fixed_high": row["efficiency_last_bucket"], "fixed_smallest_batch": int(table.iloc[0]["batch_per_gpu"]),
+            "fixed_smallest_low": table.iloc[0]["efficiency_no_overlap"],
+            "fixed_smallest_high": table.iloc[0]["efficiency_last_bucket"]}
+
+
 def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many):
     R_N from the benchmarked all-reduce, as the forecast's, and the efficiency its runs measured with its range."""
@@ -307,10 +334,10 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
-    """`mfu_findings` and `forecast_findings` named `gpu_<name>`, with the GPU's name as `gpu_device`, for the first
-    page."""
+    """`mfu_findings`, `forecast_findings` and `fixed_batch_findings` named `gpu_<name>`, with the GPU's name as
+    `gpu_device`, for the first page."""
     gpu = load_gpu_results(results)
-    found = mfu_findings(gpu) | forecast_findings(gpu, nodes)
+    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | fixed_batch_findings(gpu)
     return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}
 
 

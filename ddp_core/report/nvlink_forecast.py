@@ -125,6 +125,29 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+def fixed_batch_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
+    """Per preset, precision and batch b per GPU that the measurement timed: `world_size` GPUs each stepping b in DDP
+    (`SHARE_LOOP`'s step at b, plus the all-reduce over NVLink by the published fit, every bucket exposed or the
+    last only) against one GPU stepping b (`WHOLE_LOOP`): how many times one GPU's samples per second they process,
+    and that over `world_size`, the efficiency of adding GPUs at a fixed batch per GPU (weak scaling), where the
+    global batch grows with the GPUs."""
+    fit = nvlink_fit(world_size)
+    table = throughput_table(m)
+    workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
+    rows = []
+    for (preset, amp, batch), row in table.iterrows():
+        shape = workload.loc[(preset, amp, batch)]
+        model = ModelConfig.from_preset(preset, vocab_size=int(shape["vocab_size"]), max_len=int(shape["seq_len"]),
+                                        num_classes=int(shape["num_classes"]))
+        buckets = [fit.allreduce_s(size) for size in bucket_sizes(vars(model))]
+        one_s, share_s = batch / row[f"samples_per_s_{WHOLE_LOOP}"], batch / row[f"samples_per_s_{SHARE_LOOP}"]
+        rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_s * 1e3, per_gpu_ms=share_s * 1e3,
+                         comm_ms=sum(buckets) * 1e3,
+                         efficiency_no_overlap=one_s / (share_s + sum(buckets)),
+                         efficiency_last_bucket=one_s / (share_s + buckets[-1])))
+    return pd.DataFrame(rows)
+
+
 def print_forecast(experiment: Experiment) -> None:
     workload = experiment.baseline
     fit = nvlink_fit(FORECAST_GPUS)
