@@ -314,10 +314,10 @@ def nodes_figure(study: dict[str, Experiment]):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
     parts.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.06, 0), fontsize=8,
-               title_fontsize=8, frameon=False)
-    fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.2, 1, 1))
+    fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.04, 0), fontsize=9,
+               title_fontsize=9, frameon=False)
+    fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.22, 1, 1))
     return fig
 
 
@@ -467,7 +467,7 @@ def efficiency_figure(study: dict[str, Experiment]):
     ax.set(xscale="log", xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
            ylabel="parallel efficiency (bar: range of the repeats)", ylim=(0, 1.05),
            title="Efficiency against the compute-to-communication ratio")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 
