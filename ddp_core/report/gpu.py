@@ -23,7 +23,7 @@ from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, fixed_bat
 from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
 from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
 from ddp_core.report.step_profile import StepProfile, categorised, load_step_profiles
-from ddp_core.report.tables import commit_text, one_row_each
+from ddp_core.report.tables import measured_by, one_row_each
 from ddp_core.report.verdict import compare, noise_floor
 
 MFU_GOAL = 0.40  # the model FLOP utilisation this project set itself for the large preset in bf16 on one GPU
@@ -56,8 +56,7 @@ def load_gpu_results(results: Path) -> GpuResults | None:
 def provenance_findings(gpu: GpuResults) -> dict:
     info = gpu.eager.info
     return {"gpu": info["device_name"], "gpu_driver": info["gpu_driver"], "gpu_cuda": info["cuda"],
-            "gpu_nccl": info["nccl"], "gpu_torch": info["torch"], "gpu_measured_on": info["start_time"][:10],
-            "gpu_commit": commit_text(info["git_commit"]), "gpu_peak_tflops": peak_tflops(gpu.eager),
+            "gpu_nccl": info["nccl"], "gpu_torch": info["torch"], **{f"gpu_{key}": value for key, value in measured_by(info).items()}, "gpu_peak_tflops": peak_tflops(gpu.eager),
             "gpu_matmul_tflops": info["matmul_tflops"]["bf16"], "mfu_goal": MFU_GOAL,
             "gpu_rounds": int(gpu.eager.epochs["round"].nunique()),
             "gpu_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0])}

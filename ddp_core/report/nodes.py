@@ -29,7 +29,7 @@ from ddp_core.report.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, d
                                      measured_gbit_s, rate_text, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.report.scaling import scaling_table
 from ddp_core.report.similarity import CONFIGURATIONS, large_model
-from ddp_core.report.tables import commit_text, counted, one_row_each, quantities_by_column
+from ddp_core.report.tables import commit_text, counted, day, one_row_each, quantities_by_column
 
 BASELINE = "one_node"
 
@@ -626,6 +626,6 @@ def period_findings(folder: Path) -> dict:
     runs = [e.baseline for e in periods.values()]
     return {"study_period_ms": STUDY_PERIOD_MS,
             "period_commits": ", ".join(sorted({commit_text(run.raw.get("git_commit")) for run in runs})),
-            "period_dates": ", ".join(sorted({run.raw["start_time"][:10] for run in runs})),
+            "period_dates": ", ".join(sorted({day(run.raw["start_time"]) for run in runs})),
             "period_comparisons": "; ".join(f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}"
                                             for row in table.itertuples())}

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
-from ddp_core.report.tables import commit_text, one_row_each, rank_label
+from ddp_core.report.tables import measured_by, one_row_each, rank_label
 from ddp_core.report.verdict import Comparison, compare, noise_floor
 
 # benchmarks/peers's loops other than ddp_core, as the page names them
@@ -102,7 +102,7 @@ def findings(m: PeerMeasurement) -> dict:
     """What the page says around the table: provenance and the workload."""
     info = m.info
     return {"device": info["device_name"], "torch": info["torch"], "accelerate": info["accelerate"],
-            "measured_on": info["start_time"][:10], "commit": commit_text(info["git_commit"]),
+            **measured_by(info),
             "rounds": m.steps["round"].nunique(), "epochs": info["epochs"],
             "samples": info["workload"][info["workload"].index("--train-samples") + 1]}
 

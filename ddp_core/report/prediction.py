@@ -14,7 +14,7 @@ from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, MFU_SCENARIOS, forec
                                              peak_gemm_flops_per_s)
 from ddp_core.report.results import Experiment, Measurement
 from ddp_core.report.single_device import precision_name
-from ddp_core.report.tables import commit_text, counted, markdown_table, one_row_each, quantities_by_column
+from ddp_core.report.tables import counted, markdown_table, measured_by, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
@@ -240,7 +240,7 @@ def measured_forecast_markdown(gpus: list[Measurement]) -> str:
         ahead["configuration"] = [f"{row.preset}, {precision_name(row.amp)}, {row.batch_per_gpu}"
                                   for row in ahead.itertuples()]
         sections += [f"**{m.info['device_name']}**{', compiled' if m.info.get('compile') else ''} (measured on "
-                     f"{m.info['start_time'][:10]} by code commit {commit_text(m.info['git_commit'])}).",
+                     "{measured_on} by code commit {commit}).".format(**measured_by(m.info)),
                      one_row_each(ahead.set_index("configuration"), MEASURED_FORECAST_COLUMNS,
                                   "Model, precision, batch per GPU (samples)")]
     return "\n\n".join(sections)

@@ -15,7 +15,7 @@ from ddp_core.report.comparisons import median_step, out_of_line, study_floor_po
 from ddp_core.report.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
                                      book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.report.figures import chance_line
-from ddp_core.report.tables import commit_text, counted, in_words, markdown_table, one_row_each, rank_label
+from ddp_core.report.tables import commit_text, counted, day, in_words, markdown_table, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -55,7 +55,7 @@ def setup_findings(experiment: Experiment) -> dict:
         "device": first["device_name"], "backend": first["backend"], "hostname": first["hostname"],
         "cpu_count": first["cpu_count"], "torch_version": first["torch"],
         "dataset": in_words(first["config"]["dataset"]),
-        "measured_on": min(run.raw["start_time"] for run in experiment.all_runs)[:10],
+        "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
         "repeats": _repeats_phrase(experiment),
     }
 

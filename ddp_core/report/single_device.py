@@ -23,7 +23,7 @@ import pandas as pd
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.report.comparisons import run_times
 from ddp_core.report.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.report.tables import commit_text, counted, one_row_each, with_article
+from ddp_core.report.tables import counted, day, measured_by, one_row_each, with_article
 from ddp_core.report.verdict import compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
@@ -163,7 +163,7 @@ def findings(m: Measurement) -> dict:
         "compiled": ", the trainer under torch.compile" if info.get("compile") else "",
         "device": info["device"], "cpu": _cpu_phrase(m), "backend": info["backend"], "torch": info["torch"],
         "cuda": f"; CUDA {info['cuda']}" if info.get("cuda") and info["device"] != "cpu" else "",
-        "measured_on": info["start_time"][:10], "commit": commit_text(info["git_commit"]),
+        **measured_by(info),
         "rounds": m.epochs["round"].nunique(),
         "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {precision_name(amp)}"
                                for amp, tflops in info["matmul_tflops"].items()),
@@ -191,8 +191,8 @@ def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
     times = run_times(scaling).query("world_size == 1")
     return found | {"outcome": "comparable", "preset": key[0], "precision": precision_name(key[1]), "batch": key[2],
                     "runs_samples_per_s": 1 / times["time_per_sample_s"].median(), "repeats": counted(len(times), "repeat"),
-                    "runs_measured_on": ", ".join(sorted({run.raw["start_time"][:10] for run in scaling.repeats[1]})),
-                    "samples_per_s": table.loc[key, "samples_per_s_timed"], "measured_on": m.info["start_time"][:10]}
+                    "runs_measured_on": ", ".join(sorted({day(run.raw["start_time"]) for run in scaling.repeats[1]})),
+                    "samples_per_s": table.loc[key, "samples_per_s_timed"], "measured_on": day(m.info["start_time"])}
 
 
 def _cpu_phrase(m: Measurement) -> str:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
 from ddp_core.report.single_device import precision_name
-from ddp_core.report.tables import commit_text, one_row_each
+from ddp_core.report.tables import measured_by, one_row_each
 
 # An operator's category, which the book sums by, is the first whose pattern its name contains; any other is OTHER
 # (elementwise arithmetic, filling tensors with zeros, views).
@@ -116,7 +116,7 @@ def findings(p: StepProfile) -> dict:
     model = info["model_flops_per_step"] / info["step_s"] / 1e9
     unit = rate_unit(p)
     return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
-            "measured_on": info["measured_on"][:10], "commit": commit_text(info["git_commit"]),
+            **measured_by(info, "measured_on"),
             "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
             "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
             "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_rate": rate_text(large, unit),

@@ -17,6 +17,17 @@ def commit_text(commit: str | None) -> str:
     return "unknown" if commit is None else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
+def day(stamp: str) -> str:
+    """The date of an ISO time as run.json and device.json write it: '2026-11-26'."""
+    return stamp[:10]
+
+
+def measured_by(info: dict, stamp: str = "start_time") -> dict:
+    """What ran, as every page says it of a run or a benchmark: the day it was measured (its `stamp` field) and the
+    code commit (`commit_text`), under the same keys everywhere."""
+    return {"measured_on": day(info[stamp]), "commit": commit_text(info.get("git_commit"))}
+
+
 def counted(n: int, noun: str) -> str:
     """"1 thread", "2 threads": a count with its noun, never "thread(s)"."""
     return f"{n} {noun}{'s' if n != 1 else ''}"
