@@ -314,7 +314,7 @@ def test_the_key_findings_table_says_why_from_the_runs_ratio_against_the_break_e
     two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
     in_flight, exposed = (two["comm_total_s"] / two["steps"]).mean(), (two["comm_exposed_s"] / two["steps"]).mean()
     ratio, break_even = one_node_compute / 2 / in_flight, exposed / in_flight
-    row = summary_table(project / "results").set_index("setting").loc["100 Mbit/s"]
+    row = summary_table(project / "results").set_index("setting").loc["100 Mbit/s, 2 nodes"]
     assert row["why"] == f"$R_N$ {ratio:.2f} {'>' if ratio > break_even else '<'} {break_even:.2f}"
     assert row["ratio"] == ""  # a link set by its rate models no configuration
 

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.model_shape import PRESETS
-from ddp_core.report.nodes import link_table
+from ddp_core.report.nodes import BASELINE, link_table, node_share, similarity_table
 from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, fixed_batch_forecast, measured_forecast
 from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
 from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
@@ -274,11 +274,16 @@ def fixed_batch_findings(gpu: GpuResults) -> dict:
 
 def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many):
-    R_N from the benchmarked all-reduce, as the forecast's, and the efficiency its runs measured with its range."""
+    R_N from the benchmarked all-reduce, as the forecast's (the ratio the wind tunnel reached, where it set the
+    links; else one node's forward and backward over N, over the benchmark), and the efficiency its runs measured
+    with its range."""
     links = link_table(nodes)
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links[links["world_size"] == n].set_index("link")
-    return pd.DataFrame({"nodes": n, "ratio": table["predicted_compute_s"] / table["predicted_comm_s"],
+    share = node_share(nodes[BASELINE])  # the links' nodes, not the similarity test's
+    reached = similarity_table(nodes).query("nodes == @n and share == @share").set_index("configuration")["achieved_ratio"]
+    ratio = reached.reindex(table.index).fillna(table["predicted_compute_s"] / table["predicted_comm_s"])
+    return pd.DataFrame({"nodes": n, "ratio": ratio,
                          "compute_over_ideal": table["compute_per_step_s"] / table["predicted_compute_s"],
                          "efficiency": table["efficiency"], "efficiency_low": table["speedup_low"] / n,
                          "efficiency_high": table["speedup_high"] / n}).sort_values("ratio")

@@ -16,7 +16,7 @@ from ddp_core.report.discussion import payoff_findings
 from ddp_core.report.results import Experiment, Measurement, load_experiment, load_measurements, load_study
 from ddp_core.report.provenance import shown_folder
 from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import in_words, one_row_each
+from ddp_core.report.tables import counted, in_words, one_row_each
 from ddp_core.studies.study_list import load_study_list
 
 
@@ -56,7 +56,7 @@ def summary_table(results: Path) -> pd.DataFrame:
     rows = []
     for row in similarity_table(nodes).itertuples():
         share = "" if row.share == node_share(nodes[BASELINE]) else f" (nodes of {row.share:g} core)"
-        rows.append(dict(setting=row.configuration + share, nodes=row.nodes,
+        rows.append(dict(setting=f"{row.configuration}{share}, {counted(row.nodes, 'node')}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
                          value=f"{row.speedup:.2f} ({row.efficiency_low * row.nodes:.2f}–"
                                f"{row.efficiency_high * row.nodes:.2f})",
@@ -64,16 +64,15 @@ def summary_table(results: Path) -> pd.DataFrame:
                          why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
                              f"{row.break_even:.2f}"))
     for row in similarity_test_table(nodes).itertuples():
-        rows.append(dict(setting=f"{row.configuration}: speedup at {row.other_share:g} core over at {row.share:g}",
-                         nodes=row.nodes, ratio="", value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
+        rows.append(dict(setting=f"{row.configuration}, {counted(row.nodes, 'node')}: speedup at {row.other_share:g} "
+                                 f"core over at {row.share:g}", ratio="", value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
                          efficiency="", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"finds a {SIMILARITY_EFFECT:.0%} difference {row.finds_effect:.0%} of the time"))
     scaling = load_experiment(results / "scaling")
     shared = scaling_table(scaling).loc[scaling.largest]
     one = scaling.baseline
     setting = "Ranks on a GPU each" if one.on_gpu else f"Ranks sharing one machine's {one.cpu_count} cores"
-    rows.append(dict(setting=setting,
-                     nodes=scaling.largest, ratio="",
+    rows.append(dict(setting=f"{setting}, {counted(scaling.largest, 'rank')}", ratio="",
                      value=f"{shared['speedup']:.2f} ({shared['speedup_low']:.2f}–{shared['speedup_high']:.2f})",
                      efficiency=f"{shared['efficiency']:.0%}", verdict=shared["verdict"],
                      floor=f"{shared['noise_floor']:.0%}",
@@ -83,8 +82,8 @@ def summary_table(results: Path) -> pd.DataFrame:
 
 def summary_markdown(results: Path) -> str:
     return one_row_each(summary_table(results), {
-        "setting": ("Setting", "{}"), "nodes": ("Nodes or ranks", "{}"),
-        "ratio": ("Compute over all-reduce, target / reached", "{}"),
+        "setting": ("Setting", "{}"),
+        "ratio": ("Compute over all-reduce as benchmarked, target / reached", "{}"),
         "value": ("Speedup or ratio, median (range)", "{}"), "efficiency": ("Efficiency", "{}"),
         "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{}"),
         "why": ("Why", "{}")},
