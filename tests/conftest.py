@@ -133,12 +133,14 @@ def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
         code, deadline = 0, time.monotonic() + timeout
         try:
             while running := [rank for rank in ranks if rank.exitcode is None]:
+                # Looked for after `running`, not only after a wake: a rank's sentinel can be ready a moment before
+                # the kernel lets its exit code be read, and the failure would go unseen until the timeout.
+                if not code and (code := first_failure()):
+                    deadline = min(deadline, time.monotonic() + 30)
                 if not wait([rank.sentinel for rank in running], timeout=max(0.0, deadline - time.monotonic())):
                     if code:
                         break  # ranks that outlived a failed one by 30 s: killed below
                     pytest.fail(f"{nproc} forked ranks still running after {timeout} s")
-                if not code and (code := first_failure()):
-                    deadline = min(deadline, time.monotonic() + 30)
             code = code or first_failure()  # ranks that all ended between two looks
         finally:
             for rank in ranks:
