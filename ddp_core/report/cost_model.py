@@ -112,15 +112,14 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
         buckets = [measured_allreduce_s(benchmarks[n], size, fits[n]) for size in bucket_sizes(info.model)]
         comm = sum(buckets)
         measured = table.loc[n]
-        exposed_fraction = measured["comm_exposed_per_step_s"] / measured["comm_total_per_step_s"]
-        exposed = max(exposed_fraction * comm, buckets[-1])  # backward cannot hide the last bucket
+        exposed = max(measured["exposed_share"] * comm, buckets[-1])  # backward cannot hide the last bucket
         compute_1 = table.loc[1, "compute_per_step_s"]
         compute = rank_compute_s(compute_1, one, info)
         compute_1_per_sample = compute_1 / one.global_batch_size
         speedup = {name: compute_1_per_sample / (step / info.global_batch_size) for name, step in [
             ("predicted", compute + exposed), ("no_overlap", compute + comm),
             ("last_bucket_only", compute + buckets[-1])]}
-        rows.append(dict(world_size=n, buckets=len(buckets), exposed_fraction=exposed_fraction,
+        rows.append(dict(world_size=n, buckets=len(buckets), exposed_fraction=measured["exposed_share"],
                          last_bucket_share=buckets[-1] / comm, predicted_compute_s=compute,
                          measured_compute_s=measured["compute_per_step_s"], predicted_comm_s=comm,
                          measured_comm_s=measured["comm_total_per_step_s"],

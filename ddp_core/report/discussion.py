@@ -52,7 +52,7 @@ def measurement_findings(experiment: Experiment) -> dict:
         "main_cause": "computation that did not shrink to one N-th" if lost_compute > lost_comm
         else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
-        "hidden_share": float(1 - big["comm_exposed_per_step_s"] / big["comm_total_per_step_s"]),
+        "hidden_share": float(1 - big["exposed_share"]),
         **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),
         "dropout": base.model["dropout"],
         "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
@@ -105,7 +105,7 @@ def payoff_findings(experiment: Experiment) -> dict:
     table = scaling_table(experiment)
     n, _ = _benchmarked(experiment)
     one = experiment.baseline
-    exposed_fraction = float(table.loc[n, "comm_exposed_per_step_s"] / table.loc[n, "comm_total_per_step_s"])
+    exposed_fraction = float(table.loc[n, "exposed_share"])
     break_even_ratio = exposed_fraction / (n - 1)
     ratio = float(table.loc[n, "compute_to_comm_ratio"])
     hardware, ratios = _hardware(experiment), _ratio_per_token(experiment)

@@ -56,7 +56,9 @@ def load_gpu_results(results: Path) -> GpuResults | None:
 def provenance_findings(gpu: GpuResults) -> dict:
     info = gpu.eager.info
     return {"gpu": info["device_name"], "gpu_driver": info["gpu_driver"], "gpu_cuda": info["cuda"],
-            "gpu_nccl": info["nccl"], "gpu_torch": info["torch"], **{f"gpu_{key}": value for key, value in measured_by(info).items()}, "gpu_peak_tflops": peak_tflops(gpu.eager),
+            "gpu_nccl": info["nccl"], "gpu_torch": info["torch"],
+            **{f"gpu_{key}": value for key, value in measured_by(info).items()},
+            "gpu_peak_tflops": peak_tflops(gpu.eager),
             "gpu_matmul_tflops": info["matmul_tflops"]["bf16"], "mfu_goal": MFU_GOAL,
             "gpu_rounds": int(gpu.eager.epochs["round"].nunique()),
             "gpu_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0])}
@@ -265,11 +267,11 @@ def fixed_batch_markdown(gpu: GpuResults) -> str:
 def fixed_batch_findings(gpu: GpuResults) -> dict:
     """The fixed-batch forecast at the largest bf16 batch per GPU the GPU was timed at, the one that fills it most."""
     table = fixed_batch_table(gpu).query("amp == 'bf16'").sort_values("batch_per_gpu")
-    row = table.iloc[-1]
-    return {"fixed_batch": int(row["batch_per_gpu"]), "fixed_low": row["efficiency_no_overlap"],
-            "fixed_high": row["efficiency_last_bucket"], "fixed_smallest_batch": int(table.iloc[0]["batch_per_gpu"]),
-            "fixed_smallest_low": table.iloc[0]["efficiency_no_overlap"],
-            "fixed_smallest_high": table.iloc[0]["efficiency_last_bucket"]}
+    smallest, largest = table.iloc[0], table.iloc[-1]
+    return {"fixed_batch": int(largest["batch_per_gpu"]), "fixed_low": largest["efficiency_no_overlap"],
+            "fixed_high": largest["efficiency_last_bucket"], "fixed_smallest_batch": int(smallest["batch_per_gpu"]),
+            "fixed_smallest_low": smallest["efficiency_no_overlap"],
+            "fixed_smallest_high": smallest["efficiency_last_bucket"]}
 
 
 def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
@@ -281,7 +283,8 @@ def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links[links["world_size"] == n].set_index("link")
     share = node_share(nodes[BASELINE])  # the links' nodes, not the similarity test's
-    reached = similarity_table(nodes).query("nodes == @n and share == @share").set_index("configuration")["achieved_ratio"]
+    reached = similarity_table(nodes).query("nodes == @n and share == @share").set_index("configuration")[
+        "achieved_ratio"]
     ratio = reached.reindex(table.index).fillna(table["predicted_compute_s"] / table["predicted_comm_s"])
     return pd.DataFrame({"nodes": n, "ratio": ratio,
                          "compute_over_ideal": table["compute_per_step_s"] / table["predicted_compute_s"],

@@ -58,14 +58,14 @@ def summary_table(results: Path) -> pd.DataFrame:
         share = "" if row.share == node_share(nodes[BASELINE]) else f" (nodes of {row.share:g} core)"
         rows.append(dict(setting=f"{row.configuration}{share}, {counted(row.nodes, 'node')}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
-                         value=f"{row.speedup:.2f} ({row.efficiency_low * row.nodes:.2f}–"
-                               f"{row.efficiency_high * row.nodes:.2f})",
+                         value=f"{row.speedup:.2f} ({row.speedup_low:.2f}–{row.speedup_high:.2f})",
                          efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
                              f"{row.break_even:.2f}"))
     for row in similarity_test_table(nodes).itertuples():
         rows.append(dict(setting=f"{row.configuration}, {counted(row.nodes, 'node')}: speedup at {row.other_share:g} "
-                                 f"core over at {row.share:g}", ratio="", value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
+                                 f"core over at {row.share:g}", ratio="",
+                         value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
                          efficiency="", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"finds a {SIMILARITY_EFFECT:.0%} difference {row.finds_effect:.0%} of the time"))
     scaling = load_experiment(results / "scaling")

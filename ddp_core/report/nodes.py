@@ -152,7 +152,7 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 predicted_compute_s=prediction.loc[n, "predicted_compute_s"] if n in prediction.index else np.nan,
                 compute_per_step_s=row["compute_per_step_s"],
                 compute_to_comm_ratio=row["compute_to_comm_ratio"],
-                break_even_ratio=row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"] / (n - 1),
+                break_even_ratio=row["exposed_share"] / (n - 1),
                 predicted_speedup=prediction.loc[n, "predicted_speedup"] if n in prediction.index else np.nan,
                 prediction_error=prediction.loc[n, "error"] if n in prediction.index else np.nan))
     return pd.DataFrame(rows)
@@ -335,7 +335,8 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
              "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
              "train_samples": one.config["train_samples"], "epochs": one.config["epochs"],
-             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES, "runs_each": counted(len(study[BASELINE].all_runs), "run"),
+             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
+             "runs_each": counted(len(study[BASELINE].all_runs), "run"),
              "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
              "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              **chance_glue("one_node", study[BASELINE], 1),
@@ -411,10 +412,10 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                              link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry
                              else rate * 1e3 if rate else np.nan,
                              speedup=row["speedup"], efficiency=row["efficiency"],
+                             speedup_low=row["speedup_low"], speedup_high=row["speedup_high"],
                              efficiency_low=row["speedup_low"] / n, efficiency_high=row["speedup_high"] / n,
                              verdict=verdicts[n].says("slower", "faster"), floor=verdicts[n].floor,
-                             runs_ratio=row["compute_to_comm_ratio"],
-                             break_even=row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"] / (n - 1)))
+                             runs_ratio=row["compute_to_comm_ratio"], break_even=row["exposed_share"] / (n - 1)))
     return pd.DataFrame(rows)
 
 
@@ -442,7 +443,7 @@ def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
         table = scaling_table(experiment)
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
-            x = row["compute_to_comm_ratio"] * row["comm_total_per_step_s"] / row["comm_exposed_per_step_s"]
+            x = row["compute_to_comm_ratio"] / row["exposed_share"]
             rows.append(dict(configuration=variant_label(experiment, study), nodes=n, ratio_over_exposed=x,
                              efficiency=row["efficiency"], efficiency_low=row["speedup_low"] / n,
                              efficiency_high=row["speedup_high"] / n, theory_efficiency=x / (1 + x)))
@@ -519,9 +520,10 @@ def gradient_ready_findings(study: dict[str, Experiment]) -> dict:
     all-reduce no backward can hide), of the study's model and of the large one; and the share f of the all-reduce
     the runs left exposed, lowest and highest over the links and numbers of nodes."""
     last = gradient_ready_table(study).groupby("model", sort=False)["last_bucket_bytes"].first()
-    exposed = [row["comm_exposed_per_step_s"] / row["comm_total_per_step_s"]
-               for e in variant_experiments(study).values() for n, row in scaling_table(e).iterrows() if n > 1]
-    return {"last_bucket_small": last.iloc[0], "last_bucket_large": last.iloc[-1], "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}"}
+    exposed = [share for e in variant_experiments(study).values()
+               for n, share in scaling_table(e)["exposed_share"].items() if n > 1]
+    return {"last_bucket_small": last.iloc[0], "last_bucket_large": last.iloc[-1],
+            "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}"}
 
 
 def similarity_findings(study: dict[str, Experiment]) -> dict:

@@ -96,27 +96,33 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
     return pd.DataFrame(rows).set_index("preset")
 
 
+def bucket_allreduces_s(m: Measurement, fit: AlphaBeta) -> dict[tuple, list[float]]:
+    """Per configuration the measurement timed (preset, precision, batch), the all-reduce of each of its model's
+    gradient buckets by `fit`, the model built at the workload it was timed on."""
+    workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
+    return {(preset, amp, batch): [fit.allreduce_s(size) for size in bucket_sizes(vars(ModelConfig.from_preset(
+                preset, vocab_size=int(shape["vocab_size"]), max_len=int(shape["seq_len"]),
+                num_classes=int(shape["num_classes"]))))]
+            for (preset, amp, batch), shape in workload.iterrows()}
+
+
 def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
     """Per preset, precision and batch b per GPU that the measurement timed at b and at `world_size` b: the step of
     the whole batch on one GPU (the trainer, timers off, `WHOLE_LOOP`; its samples over its seconds, summed over the
     rounds), the step of its share on each GPU (the same in DDP over a group of one, `SHARE_LOOP`: DDP's buckets
     and hooks cost on every GPU), the all-reduce of the model's gradients over NVLink by the published fit,
     and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
-    fit = nvlink_fit(world_size)
+    allreduces = bucket_allreduces_s(m, nvlink_fit(world_size))
     table = throughput_table(m)
     batches = table.index.get_level_values("batch_size")
     step_s, share_step_s = (batches / table[f"samples_per_s_{WHOLE_LOOP}"],
                             batches / table[f"samples_per_s_{SHARE_LOOP}"])
-    workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
     rows = []
     for (preset, amp, batch), share_s in share_step_s.items():
         whole = (preset, amp, batch * world_size)
         if whole not in step_s.index:
             continue
-        shape = workload.loc[(preset, amp, batch)]
-        model = ModelConfig.from_preset(preset, vocab_size=int(shape["vocab_size"]), max_len=int(shape["seq_len"]),
-                                        num_classes=int(shape["num_classes"]))
-        buckets = [fit.allreduce_s(size) for size in bucket_sizes(vars(model))]
+        buckets = allreduces[(preset, amp, batch)]
         one_gpu_s = step_s[whole]
         rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_gpu_s * 1e3,
                          per_gpu_ms=share_s * 1e3, comm_ms=sum(buckets) * 1e3, last_bucket_ms=buckets[-1] * 1e3,
@@ -131,15 +137,10 @@ def fixed_batch_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.
     last only) against one GPU stepping b (`WHOLE_LOOP`): how many times one GPU's samples per second they process,
     and that over `world_size`, the efficiency of adding GPUs at a fixed batch per GPU (weak scaling), where the
     global batch grows with the GPUs."""
-    fit = nvlink_fit(world_size)
-    table = throughput_table(m)
-    workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
+    allreduces = bucket_allreduces_s(m, nvlink_fit(world_size))
     rows = []
-    for (preset, amp, batch), row in table.iterrows():
-        shape = workload.loc[(preset, amp, batch)]
-        model = ModelConfig.from_preset(preset, vocab_size=int(shape["vocab_size"]), max_len=int(shape["seq_len"]),
-                                        num_classes=int(shape["num_classes"]))
-        buckets = [fit.allreduce_s(size) for size in bucket_sizes(vars(model))]
+    for (preset, amp, batch), row in throughput_table(m).iterrows():
+        buckets = allreduces[(preset, amp, batch)]
         one_s, share_s = batch / row[f"samples_per_s_{WHOLE_LOOP}"], batch / row[f"samples_per_s_{SHARE_LOOP}"]
         rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_s * 1e3, per_gpu_ms=share_s * 1e3,
                          comm_ms=sum(buckets) * 1e3,

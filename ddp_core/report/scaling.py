@@ -77,6 +77,7 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     one, comm = experiment.runs[1], table["comm_total_per_step_s"]
     share = [rank_share_s(table.loc[1, "compute_per_step_s"], one, experiment.runs[n]) for n in table.index]
     table["compute_to_comm_ratio"] = compute_to_comm_ratio(pd.Series(share, index=table.index), comm).where(comm > 0)
+    table["exposed_share"] = (table["comm_exposed_per_step_s"] / comm).where(comm > 0)  # f of the theory chapter
     return table
 
 
