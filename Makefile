@@ -80,10 +80,11 @@ $(QUIET_KERNELS):
 # book needs none). Commit them with the code they were made with. The measurements of single devices, of the
 # peers and of a step's operators stay: they come from other machines too (make single-device, peers, step-profile);
 # so do the quota period's (python benchmarks/cpu_period.py --results-dir reference/cpu_period) and a GPU lease's
-# (benchmarks/gpu_session.sh: gpu_trainer, and gpu_lease with its provenance).
+# (benchmarks/gpu_session.sh: gpu_trainer, gpu_timeline, and gpu_lease with their provenance).
 reference: | $(VENV)/.installed
 	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device ! -name peers \
-		! -name step_profile ! -name cpu_period ! -name gpu_trainer ! -name gpu_lease -exec rm -rf {} +
+		! -name step_profile ! -name cpu_period ! -name gpu_trainer ! -name gpu_timeline ! -name gpu_lease \
+		-exec rm -rf {} +
 	$(MAKE) report RESULTS_DIR=$(REFERENCE) STUDIES=
 	cp _build/headline.png $(REFERENCE)/headline.png
 	find $(REFERENCE) -name checkpoint.pt -delete

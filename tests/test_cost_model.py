@@ -18,9 +18,8 @@ from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
 from ddp_core.engine.model_cost import (BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_ready_shares, bucket_sizes,
                                        training_flops)
 from ddp_core.report.cost_model import fit_alpha_beta
-from ddp_core.report.nvlink_forecast import (ALLREDUCE_FILE, FORECAST_GPUS, fixed_batch_forecast, forecast,
-                                             measured_forecast, nvlink_fit)
-from ddp_core.report.prediction import measured_forecast_markdown
+from ddp_core.report.nvlink_forecast import (ALLREDUCE_FILE, FORECAST_GPUS, StepTimeline, forecast, measured_forecast,
+                                             nvlink_fit, replay_forecast, replay_markdown)
 from ddp_core.report.results import Measurement
 
 
@@ -119,26 +118,35 @@ def test_the_forecast_from_a_measured_gpu_takes_the_whole_batch_from_the_trainer
     assert row["comm_ms"] == pytest.approx(sum(buckets))
     assert row["speedup_no_overlap"] == pytest.approx(whole_ms / (share_ms + sum(buckets)))
     assert row["speedup_last_bucket_only"] == pytest.approx(whole_ms / (share_ms + buckets[-1]))
-    table = measured_forecast_markdown([m]).splitlines()
-    assert table[0] == "**NVIDIA H100 80GB HBM3** (measured on 2026-11-24 by code commit 0123456789)."
-    cells = [cell.strip() for cell in table[-1].split("|")[1:-1]]
-    assert cells == ["small, bf16, 32", f"{whole_ms:.3g}", f"{share_ms:.3g}", f"{sum(buckets):.3g}",
-                     f"{whole_ms / (share_ms + sum(buckets)):.2f}", f"{whole_ms / (share_ms + buckets[-1]):.2f}"]
-    assert measured_forecast_markdown([]) == ""  # the page then says that no GPU was timed
 
 
-def test_at_a_fixed_batch_per_gpu_the_efficiency_is_one_gpus_step_over_a_gpus_step_in_ddp_plus_the_all_reduce():
-    """Weak scaling: each of 4 GPUs steps the batch one GPU steps (no pair of batch sizes needed), in DDP."""
-    rows = gpu_epochs("small", 32, [0.1, 0.3]) + gpu_epochs("small", 128, [0.5, 0.7])
-    m = Measurement("cuda-test", {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "matmul_tflops": {"bf16": 500.0}},
-                    pd.DataFrame(rows))
-    ahead = fixed_batch_forecast(m, world_size=4).set_index("batch_per_gpu")
-    buckets = [nvlink_fit(4).allreduce_s(size) for size in
-               bucket_sizes(vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2)))]
-    one_s, share_s = 0.95 * 1.2 / 2560 * 128, 1.1 * 1.2 / 2560 * 128  # seconds / samples x batch, rounds summed
-    assert ahead.loc[128, "efficiency_no_overlap"] == pytest.approx(one_s / (share_s + sum(buckets)))
-    assert ahead.loc[128, "efficiency_last_bucket"] == pytest.approx(one_s / (share_s + buckets[-1]))
-    assert list(ahead.index) == [32, 128]
+def gpu_timeline(batch: int, step_s: float, buckets: int) -> StepTimeline:
+    """One GPU's step of the small model at `batch`: forward the first fifth, backward to 0.9 of the step with every
+    bucket but the last ready as it starts and the last as it ends, then the optimizer."""
+    rows = [("data", 0.0, 0.0), ("forward", 0.0, 0.2 * step_s), ("backward", 0.2 * step_s, 0.9 * step_s),
+            *((f"gradients ready, bucket {k}", 0.2 * step_s, 0.2 * step_s) for k in range(1, buckets)),
+            (f"gradients ready, bucket {buckets}", 0.9 * step_s, 0.9 * step_s), ("optimizer", 0.9 * step_s, step_s)]
+    model = vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2))
+    info = {"config": {"amp": "bf16"}, "per_rank_batch_size": batch, "model": model, "device_name": "NVIDIA H200",
+            "start_time": "2026-11-26T21:22:19+00:00", "git_commit": "f7713e857323a461d1335629c3fc5dc485a2f2ce"}
+    return StepTimeline(info, pd.DataFrame(rows, columns=["what", "start_s", "end_s"]))
+
+
+def test_the_gpu_forecast_replays_a_gpus_measured_step_at_its_share_against_one_gpu_stepping_the_whole_batch():
+    """Four GPUs at 32 each: the step measured at 32 (nothing scaled down) plus the last bucket's all-reduce, which
+    backward cannot hide (the others are done long before it ends), against one GPU's step measured at 128."""
+    model = vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2))
+    allreduces = [nvlink_fit(4).allreduce_s(size) for size in bucket_sizes(model)]
+    timelines = [gpu_timeline(32, 0.02, len(allreduces)), gpu_timeline(128, 0.05, len(allreduces))]
+    ahead = replay_forecast(timelines, world_size=4).set_index("batch_per_gpu")
+    assert ahead.loc[32, "exposed_ms"] == pytest.approx(allreduces[-1] * 1e3)
+    assert ahead.loc[32, "step_ms"] == pytest.approx((0.02 + allreduces[-1]) * 1e3)
+    assert ahead.loc[32, "speedup"] == pytest.approx(0.05 / (0.02 + allreduces[-1]))
+    assert ahead.loc[32, "fixed_batch_efficiency"] == pytest.approx(0.02 / (0.02 + allreduces[-1]))
+    assert np.isnan(ahead.loc[128, "speedup"]), "no step of 512 was measured"
+    table = replay_markdown(timelines).splitlines()
+    assert [cell.strip() for cell in table[-2].split("|")[1:-1]][-2:] == [
+        f"{0.05 / (0.02 + allreduces[-1]):.2f}", f"{0.02 / (0.02 + allreduces[-1]):.1%}"]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

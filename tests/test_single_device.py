@@ -185,4 +185,4 @@ def test_the_gpu_session_refuses_a_part_it_does_not_have(tmp_path):
     proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "everything", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True)
     assert (proc.returncode, proc.stderr) == (2, "gpu_session.sh: no part 'everything' (trainer, measure, studies, "
-                                                 "compiled or profile)\n")
+                                                 "compiled, profile or timeline)\n")

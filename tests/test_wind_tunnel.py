@@ -134,20 +134,23 @@ def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the
 
 def test_the_replay_runs_each_buckets_all_reduce_when_it_is_ready_and_the_one_before_is_done():
     """A one-node step of 10 ms data, 100 ms forward, 400 ms backward whose three buckets are ready 100, 200 and
-    400 ms into it, and 50 ms of optimizer; on 2 nodes each all-reduce takes 60, 150 and 30 ms."""
+    400 ms into it, 10 ms before the optimizer and 50 ms of optimizer; on 2 nodes each all-reduce takes 60, 150 and
+    30 ms."""
     from ddp_core.report.replay import one_node_step_s, replay_step
 
     timeline = pd.DataFrame([("data", 0.0, 0.01), ("forward", 0.01, 0.11), ("backward", 0.11, 0.51),
                              ("gradients ready, bucket 1", 0.21, 0.21), ("gradients ready, bucket 2", 0.31, 0.31),
-                             ("gradients ready, bucket 3", 0.51, 0.51), ("optimizer", 0.51, 0.56)],
+                             ("gradients ready, bucket 3", 0.51, 0.51), ("optimizer", 0.52, 0.57)],
                             columns=["what", "start_s", "end_s"])
     step = replay_step(timeline, nodes=2, allreduce_s=[0.06, 0.15, 0.03])
     # within a backward of 200 ms: bucket 1 ready at 50, reduced 50-110; bucket 2 ready at 100, waits, 110-260;
     # bucket 3 ready at 200, waits, 260-290: 90 ms after backward ends
     assert step["exposed_s"] == pytest.approx(0.09)
-    assert step["compute_s"] == pytest.approx(0.05 + 0.2 + 0.05)  # forward and backward halved, the optimizer not
-    assert step["step_s"] == pytest.approx(0.01 + 0.05 + 0.2 + 0.09 + 0.05)
-    assert one_node_step_s(timeline) == pytest.approx(0.56)
+    assert step["compute_s"] == pytest.approx(0.05 + 0.2 + 0.06)  # forward and backward halved, what follows not
+    assert step["step_s"] == pytest.approx(0.01 + 0.05 + 0.2 + 0.09 + 0.06)
+    assert one_node_step_s(timeline) == pytest.approx(0.57)
+    same = replay_step(timeline, nodes=1, allreduce_s=[0.0, 0.0, 0.0])  # a timeline at each rank's batch, no link
+    assert same["step_s"] == pytest.approx(one_node_step_s(timeline)) and same["exposed_s"] == 0
     quick = replay_step(timeline, nodes=2, allreduce_s=[0.01, 0.01, 0.01])  # each done before the next is ready
     assert quick["exposed_s"] == pytest.approx(0.01)  # only the last bucket, ready as backward ends
 

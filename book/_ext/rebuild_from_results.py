@@ -5,8 +5,8 @@ links, and what hangs on them, right at every build.
   runs of it ($DDP_CORE_RESULTS_DIR/<study>, default results/<study>) when there are any, and else to
   the reference runs shipped in the repository (reference/<study>): a fresh clone builds the book
   before anything was trained, and `make report STUDIES=...` replaces only the studies it ran.
-- So do `book/results/cpu_period`, the runs of benchmarks/cpu_period.py, and `book/results/gpu_trainer`, the
-  trainer's runs on a GPU by benchmarks/gpu_session.sh (`BENCHMARK_RUNS`).
+- So do `book/results/cpu_period`, the runs of benchmarks/cpu_period.py, and `book/results/gpu_trainer` and
+  `gpu_timeline`, the trainer's runs on a GPU by benchmarks/gpu_session.sh (`BENCHMARK_RUNS`).
 - `book/results/<measurement>/<device>` links to each device's measurement of `MEASUREMENTS` (the benchmarks
   single_device.py, peers and step_profile): the reference ones, each replaced by the user's own of the same device.
 - The runs are written out as one tidy table, `_generated/all_runs.csv` (one row per run and epoch,
@@ -31,7 +31,7 @@ from sphinx.errors import ExtensionError
 
 MEASUREMENTS = ("single_device", "peers", "step_profile")
 # Runs of a benchmark that a page reads as it reads a study's: linked the same way, the user's when there are any.
-BENCHMARK_RUNS = ("cpu_period", "gpu_trainer")
+BENCHMARK_RUNS = ("cpu_period", "gpu_trainer", "gpu_timeline")
 
 
 def link_and_tabulate(app):

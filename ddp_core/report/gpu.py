@@ -19,7 +19,8 @@ import pandas as pd
 
 from ddp_core.engine.model_shape import PRESETS
 from ddp_core.report.nodes import BASELINE, link_table, node_share, similarity_table
-from ddp_core.report.nvlink_forecast import FORECAST_GPUS, SHARE_LOOP, fixed_batch_forecast, measured_forecast
+from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, load_timelines, measured_forecast, replay_findings,
+                                             replay_markdown)
 from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
 from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
 from ddp_core.report.step_profile import StepProfile, categorised, load_step_profiles
@@ -247,33 +248,6 @@ def forecast_markdown(gpu: GpuResults) -> str:
         "Large model: precision, batch per GPU")
 
 
-def fixed_batch_table(gpu: GpuResults) -> pd.DataFrame:
-    """The large model's forecast on FORECAST_GPUS GPUs at a fixed batch per GPU (`fixed_batch_forecast`)."""
-    ahead = fixed_batch_forecast(gpu.eager)
-    return ahead[ahead["preset"] == "large"].reset_index(drop=True)
-
-
-def fixed_batch_markdown(gpu: GpuResults) -> str:
-    table = fixed_batch_table(gpu)
-    table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu}" for row in table.itertuples()]
-    table["efficiency"] = [f"{low * 100:.0f}–{high:.0%}" for low, high in zip(table["efficiency_no_overlap"],
-                                                                              table["efficiency_last_bucket"])]
-    return one_row_each(table, {
-        "one_gpu_ms": ("One GPU's step (ms)", "{:.1f}"), "per_gpu_ms": ("A GPU's step in DDP (ms)", "{:.1f}"),
-        "comm_ms": ("All-reduce (ms)", "{:.1f}"),
-        "efficiency": ("Efficiency at a fixed batch per GPU", "{}")}, "Large model: precision, batch per GPU")
-
-
-def fixed_batch_findings(gpu: GpuResults) -> dict:
-    """The fixed-batch forecast at the largest bf16 batch per GPU the GPU was timed at, the one that fills it most."""
-    table = fixed_batch_table(gpu).query("amp == 'bf16'").sort_values("batch_per_gpu")
-    smallest, largest = table.iloc[0], table.iloc[-1]
-    return {"fixed_batch": int(largest["batch_per_gpu"]), "fixed_low": largest["efficiency_no_overlap"],
-            "fixed_high": largest["efficiency_last_bucket"], "fixed_smallest_batch": int(smallest["batch_per_gpu"]),
-            "fixed_smallest_low": smallest["efficiency_no_overlap"],
-            "fixed_smallest_high": smallest["efficiency_last_bucket"]}
-
-
 def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many):
     R_N from the benchmarked all-reduce, as the forecast's (the ratio the wind tunnel reached, where it set the
@@ -319,6 +293,7 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
     links = emulated_table(nodes)
     place, beside = place_among(row["ratio"], links["ratio"])
     return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": int(row["batch_per_gpu"]),
+            "forecast_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
             "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", int(row["batch_per_gpu"]), False), "mfu"],
             "forecast_compute_over_ideal": row["compute_over_ideal"],
             "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
@@ -341,10 +316,10 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
-    """`mfu_findings`, `forecast_findings` and `fixed_batch_findings` named `gpu_<name>`, with the GPU's name as
+    """`mfu_findings`, `forecast_findings` and `replay_findings` named `gpu_<name>`, with the GPU's name as
     `gpu_device`, for the first page."""
     gpu = load_gpu_results(results)
-    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | fixed_batch_findings(gpu)
+    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(load_timelines(results / "gpu_timeline"))
     return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}
 
 
@@ -358,7 +333,8 @@ def print_summary(results: Path) -> None:
     print(mfu_markdown(gpu), mfu_findings(gpu), step_findings(gpu), sep="\n\n")
     if (results / "gpu_trainer").is_dir():
         print(trainer_markdown(results / "gpu_trainer"))
-    print(forecast_markdown(gpu), emulated_markdown(load_study(results / "nodes")), sep="\n\n")
+    print(replay_markdown(load_timelines(results / "gpu_timeline")), forecast_markdown(gpu),
+          emulated_markdown(load_study(results / "nodes")), sep="\n\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_cor
 on one GPU and the step of each GPU's share on N of them (in DDP), both measured; only the all-reduce comes
 from the published fit.
 
+`replay_forecast` is the prediction chapter's and the GPU chapter's predictor, the emulated cluster's too
+(`ddp_core.report.replay`): one GPU's measured step timeline (`benchmarks/gpu_session.sh timeline`) at the batch
+each GPU computes, its buckets' all-reduces over NVLink by the published fit replayed into its backward as DDP
+issues them, against one GPU's measured step of the whole batch. No step is scaled: a GPU's step at a quarter of a
+batch is measured, not taken as a quarter of the step.
+
 Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
 bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
 by the two scenarios of `ddp_core.report.cost_model`: none, or all but the last bucket hidden.
@@ -27,16 +33,20 @@ by the two scenarios of `ddp_core.report.cost_model`: none, or all but the last 
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_flops
 from ddp_core.engine.model_shape import ModelConfig
+from ddp_core.engine.run_files import READY
 from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta
-from ddp_core.report.results import Experiment, Measurement, run_on_folder
+from ddp_core.report.replay import one_node_step_s, replay_step
+from ddp_core.report.results import Experiment, Measurement, ResultsError, run_on_folder
 from ddp_core.report.single_device import CONFIG, throughput_table
+from ddp_core.report.tables import measured_by, one_row_each
 
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
@@ -44,10 +54,6 @@ FORECAST_GPUS = 4
 # The single-device benchmark's loops whose steps stand for one GPU's whole batch and each GPU's share of it: the
 # trainer, timers off, bare and in DDP over a group of one.
 WHOLE_LOOP, SHARE_LOOP = "ddp_core", "ddp_of_one"
-# Shares of the peak rate a real step may reach. The peak is a bound no step reaches; 40 % is a little below the
-# model FLOP utilisation of the largest published training runs (PaLM 540B: 46.2 %, Chowdhery et al. 2022);
-# 10 % stands for small models, whose steps are dominated by kernel launches rather than by FLOPs.
-MFU_SCENARIOS = (1.0, 0.4, 0.1)
 ALLREDUCE_FILE = LITERATURE / "nd_a100_v4_allreduce.csv"
 GEMM_FILE = LITERATURE / "nd_a100_v4_gemm_fp16.csv"
 
@@ -89,9 +95,6 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
             break_even_compute_ms=comm * n / (n - 1) * 1e3,
             efficiency_90_compute_ms=9 * n * comm * 1e3,
         )
-        for mfu in MFU_SCENARIOS[1:]:
-            real = compute_1 / mfu
-            row[f"speedup_no_overlap_mfu{mfu:.0%}"] = real / (real / n + comm)
         rows.append(row)
     return pd.DataFrame(rows).set_index("preset")
 
@@ -131,22 +134,81 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def fixed_batch_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
-    """Per preset, precision and batch b per GPU that the measurement timed: `world_size` GPUs each stepping b in DDP
-    (`SHARE_LOOP`'s step at b, plus the all-reduce over NVLink by the published fit, every bucket exposed or the
-    last only) against one GPU stepping b (`WHOLE_LOOP`): how many times one GPU's samples per second they process,
-    and that over `world_size`, the efficiency of adding GPUs at a fixed batch per GPU (weak scaling), where the
-    global batch grows with the GPUs."""
-    allreduces = bucket_allreduces_s(m, nvlink_fit(world_size))
+@dataclass
+class StepTimeline:
+    """One GPU's step as a trainer run drew it (timeline.csv: phases and each bucket's ready moment), with its run's
+    run.json."""
+    info: dict
+    timeline: pd.DataFrame
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.info["config"]["amp"], int(self.info["per_rank_batch_size"])
+
+
+def load_timelines(folder: Path) -> list[StepTimeline]:
+    """The runs under `folder` (the GPU session's gpu_timeline) whose timeline marks when each bucket was ready."""
+    timelines = []
+    for run in sorted(folder.glob("*/timeline.csv")) if folder.is_dir() else []:
+        info = json.loads((run.parent / "run.json").read_text())
+        timeline = pd.read_csv(run)
+        if not timeline["what"].str.startswith(READY).any():
+            raise ResultsError(f"{run}: no bucket's ready moment (a run of more than one rank, or timers off)")
+        timelines.append(StepTimeline(info, timeline))
+    return timelines
+
+
+def replay_forecast(timelines: list[StepTimeline], world_size: int = FORECAST_GPUS) -> pd.DataFrame:
+    """Per precision and batch b per GPU that one GPU's timeline was taken at: the step of `world_size` GPUs each
+    computing b (that timeline replayed with the buckets' all-reduces over NVLink, `replay_step` with nothing shrunk),
+    against one GPU stepping the whole batch of `world_size` b (its own timeline there, where one was taken: the
+    speedup) and stepping b (the efficiency at a fixed batch per GPU, where the global batch grows with the GPUs)."""
+    fit = nvlink_fit(world_size)
+    steps = {t.key: one_node_step_s(t.timeline) for t in timelines}
     rows = []
-    for (preset, amp, batch), row in throughput_table(m).iterrows():
-        buckets = allreduces[(preset, amp, batch)]
-        one_s, share_s = batch / row[f"samples_per_s_{WHOLE_LOOP}"], batch / row[f"samples_per_s_{SHARE_LOOP}"]
-        rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_s * 1e3, per_gpu_ms=share_s * 1e3,
-                         comm_ms=sum(buckets) * 1e3,
-                         efficiency_no_overlap=one_s / (share_s + sum(buckets)),
-                         efficiency_last_bucket=one_s / (share_s + buckets[-1])))
+    for t in sorted(timelines, key=lambda t: t.key):
+        amp, batch = t.key
+        allreduces = [fit.allreduce_s(size) for size in bucket_sizes(t.info["model"])]
+        step = replay_step(t.timeline, 1, allreduces)
+        whole_s = steps.get((amp, batch * world_size), float("nan"))
+        rows.append(dict(amp=amp, batch_per_gpu=batch, global_batch=batch * world_size, one_gpu_ms=whole_s * 1e3,
+                         per_gpu_ms=steps[t.key] * 1e3, comm_ms=sum(allreduces) * 1e3,
+                         exposed_ms=step["exposed_s"] * 1e3, step_ms=step["step_s"] * 1e3,
+                         speedup=whole_s / step["step_s"], fixed_batch_efficiency=steps[t.key] / step["step_s"]))
     return pd.DataFrame(rows)
+
+
+def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GPUS) -> str:
+    """The replay forecast as a table, a row per precision and batch per GPU."""
+    table = replay_forecast(timelines, world_size)
+    table.index = [f"{'fp32' if row.amp == 'off' else row.amp}, {row.batch_per_gpu}" for row in table.itertuples()]
+    n = world_size
+    return one_row_each(table, {
+        "per_gpu_ms": ("A GPU's step (ms)", "{:.1f}"), "exposed_ms": ("All-reduce exposed (ms)", "{:.2f}"),
+        "step_ms": (f"Forecast step on {n} GPUs (ms)", "{:.1f}"),
+        "one_gpu_ms": (f"One GPU, {n} times the batch (ms)", "{:.1f}"), "speedup": (f"Speedup, {n} GPUs", "{:.2f}"),
+        "fixed_batch_efficiency": ("Efficiency at a fixed batch per GPU", "{:.1%}")}, "Precision, batch per GPU")
+
+
+def replay_findings(timelines: list[StepTimeline]) -> dict:
+    """The GPU and what ran (`measured_by`), and the replay forecast (`replay_forecast`) in bf16: at the smallest and the largest batch per GPU whose whole
+    batch one GPU also stepped, the speedup and how many times a quarter of one GPU's step a GPU's step takes; the
+    efficiency at a fixed batch per GPU from its lowest to its highest; the all-reduce and the most of it exposed."""
+    table = replay_forecast(timelines)
+    bf16 = table.query("amp == 'bf16'").sort_values("batch_per_gpu")
+    paired = bf16.dropna(subset=["speedup"])
+    info = timelines[0].info
+    found = {"replay_gpu": info["device_name"], "replay_gpus": FORECAST_GPUS, "replay_seq_len": info["model"]["max_len"],
+             **{f"replay_{key}": value for key, value in measured_by(info).items()},
+             "replay_comm_ms": table["comm_ms"].max(), "replay_exposed_ms": table["exposed_ms"].max(),
+             "replay_fixed_low": bf16["fixed_batch_efficiency"].min(),
+             "replay_fixed_high": bf16["fixed_batch_efficiency"].max(),
+             "replay_fixed_batches": f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}"}
+    for end, row in (("small", paired.iloc[0]), ("large", paired.iloc[-1])):
+        found |= {f"replay_{end}_batch": int(row["batch_per_gpu"]), f"replay_{end}_global": int(row["global_batch"]),
+                  f"replay_{end}_speedup": row["speedup"],
+                  f"replay_{end}_over_ideal": row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS)}
+    return found
 
 
 def print_forecast(experiment: Experiment) -> None:

@@ -10,18 +10,15 @@ import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, predict
-from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, MFU_SCENARIOS, forecast, measured_forecast, nvlink_fit,
-                                             peak_gemm_flops_per_s)
-from ddp_core.report.results import Experiment, Measurement
-from ddp_core.report.single_device import precision_name
-from ddp_core.report.tables import counted, markdown_table, measured_by, one_row_each, quantities_by_column
+from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.report.results import Experiment
+from ddp_core.report.tables import counted, markdown_table, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
     "last_bucket_ms": "last bucket (ms)", "compute_bound_ms": "T1 at the peak rate (ms)",
     "speedup_no_overlap": "speedup, no overlap", "speedup_last_bucket_only": "speedup, last bucket only",
-    "break_even_compute_ms": "break-even T1 (ms)", "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)",
-    **{f"speedup_no_overlap_mfu{mfu:.0%}": f"speedup, no overlap, at {mfu:.0%} of peak" for mfu in MFU_SCENARIOS[1:]}}
+    "break_even_compute_ms": "break-even T1 (ms)", "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)"}
 
 
 def findings(experiment: Experiment) -> dict:
@@ -90,9 +87,6 @@ def forecast_findings(experiment: Experiment) -> dict:
         "nv_batch": workload.global_batch_size, "nv_seq": workload.model["max_len"],
         "nv_paying": ", ".join(ahead.index[ahead["speedup_no_overlap"] > 1]) or "none",
         "nv_paying_best_case": ", ".join(ahead.index[ahead["speedup_last_bucket_only"] > 1]) or "none",
-        "nv_paying_by_mfu": "; ".join(
-            f"at {mfu:.0%} of the peak rate: {', '.join(ahead.index[ahead[f'speedup_no_overlap_mfu{mfu:.0%}'] > 1]) or 'none'}"
-            for mfu in MFU_SCENARIOS[1:]),
     }
 
 
@@ -220,27 +214,3 @@ def forecast_markdown(experiment: Experiment) -> str:
     cells = ahead.apply(lambda column: column.map(
         "{:,}".format if column.name in ("parameters", "buckets") else "{:.3g}".format))
     return markdown_table(cells.rename(columns=FORECAST_LABELS).T, "")
-
-
-MEASURED_FORECAST_COLUMNS = {
-    "one_gpu_ms": ("Step of the whole batch, one GPU (ms)", "{:.3g}"),
-    "per_gpu_ms": ("Step of its share, each GPU (ms)", "{:.3g}"), "comm_ms": ("All-reduce (ms)", "{:.3g}"),
-    "speedup_no_overlap": ("Speedup, no overlap", "{:.2f}"),
-    "speedup_last_bucket_only": ("Speedup, last bucket only", "{:.2f}")}
-
-
-def measured_forecast_markdown(gpus: list[Measurement]) -> str:
-    """Per GPU measured, the forecast of `measured_forecast` as a table after a line on where its steps come from;
-    empty where no GPU was timed at a batch and at FORECAST_GPUS times it."""
-    sections = []
-    for m in gpus:
-        ahead = measured_forecast(m)
-        if ahead.empty:
-            continue
-        ahead["configuration"] = [f"{row.preset}, {precision_name(row.amp)}, {row.batch_per_gpu}"
-                                  for row in ahead.itertuples()]
-        sections += [f"**{m.info['device_name']}**{', compiled' if m.info.get('compile') else ''} (measured on "
-                     "{measured_on} by code commit {commit}).".format(**measured_by(m.info)),
-                     one_row_each(ahead.set_index("configuration"), MEASURED_FORECAST_COLUMNS,
-                                  "Model, precision, batch per GPU (samples)")]
-    return "\n\n".join(sections)

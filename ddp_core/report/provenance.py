@@ -166,6 +166,7 @@ def _span(values) -> str:
 
 # What the benchmarks' results are, as their pages title them (book/_ext's MEASUREMENTS and BENCHMARK_RUNS).
 BENCHMARK_TITLES = {"cpu_period": "the CPU quota period (emulated nodes)", "gpu_trainer": "the trainer on a GPU",
+                    "gpu_timeline": "a GPU's step timeline",
                     "single_device": "throughput on one device", "peers": "DDP against other loops",
                     "step_profile": "a step by operator"}
 

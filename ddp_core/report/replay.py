@@ -4,10 +4,13 @@ USENIX ATC 2020), which predicts a distributed step from the trace of one device
 One node's median step (its timeline.csv: forward, backward, optimizer, and the moments each of DDP's gradient
 buckets would be complete, `ddp_core.engine.run_files.READY`) is carried to N nodes: a rank computes 1/N of the global
 batch, so forward, backward and the moments within backward at which the buckets are ready shrink N times; the
-optimizer steps the whole model on every rank and does not. Then the buckets' all-reduces are replayed in order on
+optimizer steps the whole model on every rank and does not, nor does anything else outside forward and backward
+(taking the batch, the moments between backward and the optimizer). Then the buckets' all-reduces are replayed in order on
 one channel, as DDP issues them: bucket k starts when it is ready and the one before it has finished, and takes
-what the all-reduce benchmark measured for its size over the nodes' links. The step ends when backward and the last
-all-reduce have both ended, plus the optimizer. What the replay leaves out is where it errs: on an emulated node
+what the all-reduce benchmark measured for its size over the nodes' links (or, for GPUs, a published curve). The
+step ends when backward and the last all-reduce have both ended, plus what followed backward on the one node. A
+timeline taken at the batch each rank computes is replayed with `nodes=1`: nothing shrinks, only the all-reduces are
+added (the GPU forecast does so, since a GPU's step does not shrink in proportion to its batch). What the replay leaves out is where it errs: on an emulated node
 the all-reduce's own CPU work (gloo's sums, the kernel's network stack) competes with backward for the node's quota.
 """
 
@@ -25,13 +28,13 @@ def replay_step(timeline: pd.DataFrame, nodes: int, allreduce_s: list[float]) ->
     start, end = span.loc["forward", "start_s"], span.loc["backward", "start_s"]
     forward = (end - start) / nodes
     backward = (span.loc["backward", "end_s"] - end) / nodes
-    optimizer = span.loc["optimizer", "end_s"] - span.loc["optimizer", "start_s"]
+    after = one_node_step_s(timeline) - span.loc["backward", "end_s"]  # the optimizer, and any gap before it
     ready = [(span.loc[f"{READY}{k}", "start_s"] - end) / nodes for k in range(1, len(allreduce_s) + 1)]
     done = 0.0  # within backward, from its start: when the last all-reduce so far ends
     for at, seconds in zip(ready, allreduce_s):
         done = max(at, done) + seconds
     exposed = max(0.0, done - backward)
-    return {"step_s": start + forward + backward + exposed + optimizer, "compute_s": forward + backward + optimizer,
+    return {"step_s": start + forward + backward + exposed + after, "compute_s": forward + backward + after,
             "exposed_s": exposed}
 
 
