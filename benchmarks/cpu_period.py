@@ -8,7 +8,7 @@ A node that has spent its quota waits for the next period, however many cores ar
 all-reduce every other node waits with it: the longer the period, the longer such a stall (up to the period less
 the quota). A shorter period costs the kernel more work per second. Prints each period's step, the median over
 the rounds of each run's median step, and its ratio to the 10 ms runs', paired round by round, with the verdict
-of the report's one verdict function (`ddp_core.report.nodes.period_table`, which the nodes page shows).
+of the report's one verdict function (`ddp_core.analysis.cpu_period.period_table`, which the nodes page shows).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.local import follow_trainer, prepare, trainer_args
-from ddp_core.report.nodes import load_periods, period_table
+from ddp_core.analysis.cpu_period import load_periods, period_table
 from ddp_core.studies.study_list import load_study_list
 
 PERIODS_MS = (10, 100, 5)

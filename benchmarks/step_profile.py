@@ -7,9 +7,9 @@ It trains the default profile's model and batch (small preset, IMDB, sequence le
 on a GPU `--preset large --amp bf16 --batch-size 128` is the workload worth a look) with the trainer's
 `train_epoch`, timers off, one rank: an epoch of warm-up, then an epoch of `--steps` steps
 profiled. Each operator's self time (the time spent in it, not in the operators it calls) is summed and
-divided by the steps, and each operator is put in a category (`ddp_core.report.step_profile.CATEGORIES`); the matrix products carry the
-FLOPs the profiler counts from their shapes. One large matrix product is timed on the same device, the
-rate the model's own products are held against.
+divided by the steps, and each operator is put in a category (`ddp_core.analysis.step_profile.CATEGORIES`); the
+matrix products carry the FLOPs the profiler counts from their shapes. One large matrix product is timed on the
+same device, the rate the model's own products are held against.
 
 Output: RESULTS_DIR/step_profile/<device>/operators.csv (category, operator, calls_per_step,
 self_s_per_step, flops_per_step), device.json (provenance, the workload, the profiled steps' wall time and
@@ -38,7 +38,7 @@ from ddp_core.engine.model_shape import PRESETS
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
 from ddp_core.paths import RESULTS_DIR
-from ddp_core.report.step_profile import category
+from ddp_core.analysis.step_profile import category
 from ddp_core.train import model_config
 
 

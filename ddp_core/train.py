@@ -49,8 +49,8 @@ from ddp_core.engine.model_cost import bucket_indices
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.noise_scale import GradientNoise, noise_scale
 from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS,
-                                      append_rows, drop_rows_after, MachineClock, environment, machine_activity,
-                                      now_iso, save_atomic)
+                                       append_rows, drop_rows_after, MachineClock, environment, machine_activity,
+                                       now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer

@@ -11,11 +11,13 @@ import pytest
 from matplotlib.container import BarContainer
 
 from conftest import REPO
-from ddp_core.report import cost_model, discussion, prediction, provenance, scaling
-from ddp_core.report.comparisons import (WARMUP_STEPS, accuracy_floor, compare_accuracies, compare_times, final_accuracies,
-                                         out_of_line, paired_sides, run_times, speedup_comparisons)
-from ddp_core.report.results import ResultsError, load_experiment
-from ddp_core.report.verdict import compare, noise_floor
+from ddp_core.report import discussion, prediction, scaling
+from ddp_core.analysis import cost_model, provenance
+from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.comparisons import (WARMUP_STEPS, accuracy_floor, compare_accuracies, compare_times,
+                                           final_accuracies, out_of_line, paired_sides, run_times, speedup_comparisons)
+from ddp_core.analysis.results import ResultsError, load_experiment
+from ddp_core.analysis.verdict import compare, noise_floor
 
 
 WORLD_SIZES = (1, 4)
@@ -113,7 +115,7 @@ def test_the_speedup_verdict_reads_right_for_every_outcome(folder, speedups, val
 
 
 def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(experiment):
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     found = prediction.findings(experiment)
     predicted = prediction.predict(experiment)
     assert list(predicted.index) == [n for n in WORLD_SIZES if n > 1]
@@ -169,7 +171,7 @@ def test_figures_draw_each_world_size_from_its_csv(folder, experiment):
     assert list(chance.get_ydata()) == [1 / classes] * 2 and chance.get_label().startswith("chance")
     speedup = scaling.speedup_figure(experiment)
     measured = next(c for c in speedup.axes[0].containers if isinstance(c, BarContainer))
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     assert [bar.get_height() for bar in measured] == pytest.approx(list(table["speedup"]))
 
 
@@ -209,7 +211,7 @@ def test_a_slow_round_slows_both_sides_of_its_pairs_and_leaves_the_speedup_as_it
     # round 2 ran while the machine was 30 % slower: both world sizes' repeat 2 took 1.3 times as long
     one, four = median_step(folder, 1), median_step(folder, 4)
     experiment = add_repeats(folder, {1: [one, one * 1.3, one], 4: [four, four * 1.3, four]})
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     assert list(table["runs"]) == list(table["pairs"]) == [3, 3]
     assert table.loc[4, "speedup_low"] == pytest.approx(table.loc[4, "speedup_high"]) == pytest.approx(one / four)
     assert table.loc[4, "noise_floor"] == pytest.approx(0.0, abs=1e-12)  # both sides slowed: pairing cancels it
@@ -241,7 +243,7 @@ def test_only_a_run_far_from_the_median_of_at_least_three_repeats_is_out_of_line
 def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
     drift, speedups = (1.0, 1.5, 1.2), (1.0, 2.0, 0.8)  # the rounds' slowness, and the 4-rank speedup in each
     experiment = add_repeats(folder, {1: [0.1 * d for d in drift], 4: [0.1 * d / s for d, s in zip(drift, speedups)]})
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     assert table.loc[4, ["speedup", "speedup_low", "speedup_high"]].tolist() == pytest.approx([1.0, 0.8, 2.0])
 
 
@@ -321,7 +323,7 @@ def test_r_n_is_one_nth_of_the_one_rank_compute_over_the_all_reduce(folder, expe
     compute_1 = steady_per_step(folder, 1, ["forward_time_s", "backward_time_s", "optimizer_time_s"])
     comm_4 = steady_per_step(folder, 4, ["comm_total_s"])
     expected = compute_1 / 4 / comm_4
-    assert scaling.scaling_table(experiment).loc[4, "compute_to_comm_ratio"] == pytest.approx(expected)
+    assert scaling_table(experiment).loc[4, "compute_to_comm_ratio"] == pytest.approx(expected)
     found = discussion.findings(experiment)
     assert found["ratio_n_model"] == pytest.approx(expected)
     assert found["break_even_ratio"] == pytest.approx(
@@ -334,7 +336,7 @@ def test_the_time_a_step_loses_is_split_into_parts_that_add_up_to_it(folder, exp
     assert found["ideal_step_ms"] == pytest.approx(steady_per_step(folder, 1, ["epoch_time_s"]) * 1e3 / 4)
     assert found["lost_ms"] == pytest.approx(lost)
     assert found["lost_compute_ms"] + found["lost_comm_ms"] + found["lost_other_ms"] == pytest.approx(lost)
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     assert found["lost_comm_ms"] == pytest.approx(table.loc[4, "comm_exposed_per_step_s"] * 1e3)
 
 
@@ -355,7 +357,7 @@ def test_the_all_reduce_in_flight_is_split_into_the_benchmarked_transfer_and_wai
 
 
 def test_the_parts_of_the_mean_step_add_up_to_no_more_than_it(experiment):
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     parts = table["compute_per_step_s"] + table["comm_exposed_per_step_s"] + table["data_per_step_s"]
     assert (parts <= table["mean_step_s"]).all()
     assert table.loc[4, "mean_step_s"] == pytest.approx(
@@ -398,7 +400,7 @@ def test_the_ideal_speedup_for_the_cores_counts_the_cores_the_ranks_computed_on(
         info = json.loads((folder / f"n{n}" / "run.json").read_text())
         return min(info["threads_per_rank"], info["cpu_count"] / info["local_world_size"])
 
-    table = scaling.scaling_table(experiment)
+    table = scaling_table(experiment)
     assert table.loc[4, "cores_ideal"] == pytest.approx(4 * cores(4) / cores(1))
     assert table.loc[1, "cores_ideal"] == 1
 

@@ -16,11 +16,11 @@ from conftest import REPO
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_shape import PRESETS, ModelConfig, parameter_shapes
 from ddp_core.engine.model_cost import (BUCKET_BYTES, FIRST_BUCKET_BYTES, bucket_ready_shares, bucket_sizes,
-                                       training_flops)
-from ddp_core.report.cost_model import fit_alpha_beta
-from ddp_core.report.nvlink_forecast import (ALLREDUCE_FILE, FORECAST_GPUS, StepTimeline, forecast, measured_forecast,
-                                             nvlink_fit, replay_forecast, replay_markdown)
-from ddp_core.report.results import Measurement
+                                        training_flops)
+from ddp_core.analysis.cost_model import fit_alpha_beta
+from ddp_core.analysis.nvlink_forecast import (ALLREDUCE_FILE, FORECAST_GPUS, StepTimeline, forecast, measured_forecast,
+                                               nvlink_fit, replay_forecast, replay_markdown)
+from ddp_core.analysis.results import Measurement
 
 
 def test_the_benchmark_never_overwrites_a_measurement(tmp_path, monkeypatch, capsys):
@@ -158,13 +158,14 @@ def test_the_shapes_the_report_counts_are_the_models_own(preset):
 
 
 def test_the_book_pages_and_the_report_start_without_importing_torch():
-    """A book page starts without torch (seconds per page, several pages per build): neither the report's modules
-    nor anything a page imports loads it."""
+    """A book page starts without torch (seconds per page, several pages per build): neither the pages' modules, the
+    analysis layer, nor anything a page imports loads it."""
     pages = [*(REPO / "book").glob("*.md"), *(REPO / "book" / "studies").glob("*.md"),
              REPO / "notebooks" / "scaling_analysis.md"]
     imported = {match for page in pages for match in re.findall(r"^(?:from|import) (ddp_core[\w.]*)", page.read_text(), re.M)}
-    modules = sorted(imported | {f"ddp_core.report.{m.name}" for m in pkgutil.iter_modules([str(REPO / "ddp_core" / "report")])})
-    assert "ddp_core.report.nodes" in modules and "ddp_core.engine.config" in modules
+    modules = sorted(imported | {f"ddp_core.{layer}.{m.name}" for layer in ("analysis", "report")
+                                 for m in pkgutil.iter_modules([str(REPO / "ddp_core" / layer)])})
+    assert {"ddp_core.report.nodes", "ddp_core.analysis.emulated", "ddp_core.engine.config"} <= set(modules)
     check = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
                           cwd=REPO).stdout.strip() == "False"

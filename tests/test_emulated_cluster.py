@@ -175,7 +175,7 @@ def test_a_run_beside_two_busy_processes_is_named_disturbed(tmp_path, in_env):
     and leave the nodes' own shares whole, so the run's record of the machine, not the nodes', must show them."""
     from ddp_core.launch.emulated import run_emulated
     from ddp_core.report.nodes import fidelity_table
-    from ddp_core.report.results import EMULATED_OTHER_CORES, disturbed, load_study, machine_use, read_run
+    from ddp_core.analysis.results import EMULATED_OTHER_CORES, disturbed, load_study, machine_use, read_run
 
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:

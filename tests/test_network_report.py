@@ -15,8 +15,9 @@ def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss,
 
 def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_inside_the_repeats():
     from conftest import REPO
-    from ddp_core.report.nodes import link_findings, link_table
-    from ddp_core.report.results import load_study
+    from ddp_core.analysis.emulated import link_table
+    from ddp_core.report.nodes import link_findings
+    from ddp_core.analysis.results import load_study
 
     study = load_study(REPO / "reference" / "nodes")
     table, found = link_table(study), link_findings(study)

@@ -12,9 +12,10 @@ import pytest
 
 from benchmarks.single_device import LOOPS
 from conftest import REPO, copy_project
-from ddp_core.report import discussion, prediction, provenance, scaling
-from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.results import load_experiment, load_measurements, load_study, tidy_runs
+from ddp_core.report import discussion, prediction, scaling
+from ddp_core.analysis import provenance
+from ddp_core.analysis.comparisons import WARMUP_STEPS
+from ddp_core.analysis.results import load_experiment, load_measurements, load_study, tidy_runs
 from ddp_core.report.single_device import throughput_table
 from ddp_core.studies.study_list import load_study_list
 

@@ -21,8 +21,8 @@ from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZE
 from ddp_core.launch.emulated import rate_bits_per_s
 from ddp_core.launch.local import ExperimentError, prepare, run_local
 from ddp_core.report import grad_accum
-from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.results import load_study
+from ddp_core.analysis.comparisons import WARMUP_STEPS
+from ddp_core.analysis.results import load_study
 from ddp_core.studies.study_list import interleaved, load_study_list
 
 
@@ -220,7 +220,7 @@ def test_each_study_page_shows_its_figure_or_table(project, name):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(project):
-    from ddp_core.report.nodes import link_table
+    from ddp_core.analysis.emulated import link_table
 
     folder = project / "results" / "nodes"
     table = link_table(load_study(folder)).set_index("link")
@@ -244,7 +244,7 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
 def test_each_point_of_the_efficiency_curve_sits_at_its_runs_compute_over_their_exposed_all_reduce(project):
     """x = R_N / f = (T_c / N) / (the all-reduce a step waited for), from the steady epochs' CSV rows; the theory's
     efficiency there is x / (1 + x)."""
-    from ddp_core.report.nodes import efficiency_table
+    from ddp_core.analysis.emulated import efficiency_table
 
     folder = project / "results" / "nodes"
     table = efficiency_table(load_study(folder)).set_index("configuration")
@@ -279,7 +279,7 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
     """At tiny scale (steps of milliseconds, shorter than a node's quota period) the speedups need not agree; what
     holds at any scale: both shares reach the configuration's ratio, the slower nodes get slower links for it, and
     each speedup is taken over the one node of its own share."""
-    from ddp_core.report.nodes import similarity_test_table
+    from ddp_core.analysis.emulated import similarity_test_table
     from ddp_core.studies.wind_tunnel import TOLERANCE
 
     folder = project / "results" / "nodes"
@@ -354,8 +354,8 @@ def test_each_link_of_the_link_study_trains_and_benchmarks_over_two_nodes_at_its
 def test_a_run_the_machine_disturbed_is_named_in_the_methods_chapter(project, tmp_path):
     """Other processes' cores call a run on shared cores disturbed; on emulated nodes (the kernel's link work counts
     as other processes) only more than a quiet machine's launcher and links use; and the hypervisor's share."""
-    from ddp_core.report.provenance import quiet_machine_table
-    from ddp_core.report.results import EMULATED_OTHER_CORES, OTHER_CORES, STOLEN
+    from ddp_core.analysis.provenance import quiet_machine_table
+    from ddp_core.analysis.results import EMULATED_OTHER_CORES, OTHER_CORES, STOLEN
 
     results = tmp_path / "results"
     for name in ("scaling", "nodes"):

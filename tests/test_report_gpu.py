@@ -12,8 +12,8 @@ from torch.autograd import DeviceType
 from benchmarks.step_profile import operator_rows
 from ddp_core.report.gpu import (GpuResults, forecast_table, load_gpu_results, mfu_findings, place_among,
                                  step_findings, trainer_table)
-from ddp_core.report.results import Measurement
-from ddp_core.report.step_profile import GPU_IDLE, StepProfile, category_table
+from ddp_core.analysis.results import Measurement
+from ddp_core.analysis.step_profile import GPU_IDLE, StepProfile, category_table
 
 H200_PEAK = 989.4
 

@@ -14,12 +14,12 @@ from conftest import REPO, run_in_process
 from ddp_core.engine.config import TrainConfig
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.model_shape import ModelConfig
-from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.nvlink_forecast import measured_forecast, nvlink_fit
-from ddp_core.report.results import Measurement, load_experiment, read_measurement
+from ddp_core.analysis.comparisons import WARMUP_STEPS
+from ddp_core.analysis.nvlink_forecast import measured_forecast, nvlink_fit
+from ddp_core.analysis.results import Measurement, load_experiment, read_measurement
 from ddp_core.report.precision import precision_crossref
 from ddp_core.report.single_device import (RATIOS, baseline_comparison, ratio_findings, ratio_table,
-                                          throughput_table, verdict_table)
+                                           throughput_table, verdict_table)
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",

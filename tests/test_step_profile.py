@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from ddp_core.report.step_profile import (OTHER, OUTSIDE, StepProfile, category, category_table, findings,
-                                         read_step_profile, short_name)
+from ddp_core.analysis.step_profile import (OTHER, OUTSIDE, StepProfile, category, category_table, findings,
+                                            read_step_profile, short_name)
 
 
 @pytest.mark.parametrize("operator,expected", [

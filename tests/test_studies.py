@@ -18,10 +18,10 @@ import yaml
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, run_in_process
 from ddp_core.engine.config import global_batch_size, parse_args
 from ddp_core.report import precision
-from ddp_core.report.comparisons import WARMUP_STEPS
-from ddp_core.report.compute_ratio import cores_per_rank
-from ddp_core.report.provenance import results_shown_findings, study_setup_findings
-from ddp_core.report.results import load_experiment, load_study
+from ddp_core.analysis.comparisons import WARMUP_STEPS
+from ddp_core.analysis.compute_ratio import cores_per_rank
+from ddp_core.analysis.provenance import results_shown_findings, study_setup_findings
+from ddp_core.analysis.results import load_experiment, load_study
 from ddp_core.studies.run import main as runner_main, plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
 
@@ -260,7 +260,8 @@ def test_the_bucket_table_gives_each_settings_step_with_its_range_over_the_repea
 
 
 def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repeat():
-    from ddp_core.report.nodes import STUDY_PERIOD_MS, load_periods, period_findings, period_table
+    from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
+    from ddp_core.report.nodes import period_findings
 
     folder = REFERENCE / "cpu_period"
     table = period_table(load_periods(folder)).set_index("period_ms")
@@ -280,7 +281,7 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
 
 
 def test_each_studys_floor_in_the_methods_table_is_the_one_its_page_holds_comparisons_against():
-    from ddp_core.report.comparisons import study_floor_power, time_floor
+    from ddp_core.analysis.comparisons import study_floor_power, time_floor
 
     for name in ("precision", "bucket_size", "nodes"):
         study = load_study(REFERENCE / name)

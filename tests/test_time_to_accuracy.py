@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from ddp_core.report import time_to_accuracy as tta
-from ddp_core.report.results import load_study
+from ddp_core.analysis.results import load_study
 from ddp_core.report.time_to_accuracy import critical_batch, steps_to_target
 
 

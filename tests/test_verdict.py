@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from ddp_core.report.verdict import MIN_REPEATS, Z, compare, degrees_of_freedom, error_rates, noise_floor
+from ddp_core.analysis.verdict import MIN_REPEATS, Z, compare, degrees_of_freedom, error_rates, noise_floor
 
 
 def test_a_ratio_every_pair_agrees_on_and_beyond_the_floor_gets_a_direction():

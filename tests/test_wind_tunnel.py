@@ -12,8 +12,8 @@ import yaml
 from conftest import REPO, TINY_STUDIES
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.launch.emulated import leftovers
-from ddp_core.report.nvlink_forecast import forecast, nvlink_fit
-from ddp_core.report.similarity import CONFIGURATIONS, ETHERNET_FILE, H200_MEASUREMENT, large_model
+from ddp_core.analysis.nvlink_forecast import forecast, nvlink_fit
+from ddp_core.analysis.similarity import CONFIGURATIONS, ETHERNET_FILE, H200_MEASUREMENT, large_model
 from ddp_core.studies.run import main as runner_main
 from ddp_core.studies.study_list import StudyError, parse_study
 from ddp_core.studies.wind_tunnel import FASTEST_RATE, link_rate_for, ring_bits
@@ -109,9 +109,9 @@ def test_a_target_this_host_cannot_reach_stops_the_study_before_the_variants_nod
 
 
 def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the_nodes_reached():
-    from ddp_core.report.comparisons import WARMUP_STEPS
-    from ddp_core.report.nodes import similarity_table
-    from ddp_core.report.results import load_study
+    from ddp_core.analysis.comparisons import WARMUP_STEPS
+    from ddp_core.analysis.emulated import similarity_table
+    from ddp_core.analysis.results import load_study
 
     folder = REPO / "reference" / "nodes"
     record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]
@@ -136,7 +136,7 @@ def test_the_replay_runs_each_buckets_all_reduce_when_it_is_ready_and_the_one_be
     """A one-node step of 10 ms data, 100 ms forward, 400 ms backward whose three buckets are ready 100, 200 and
     400 ms into it, 10 ms before the optimizer and 50 ms of optimizer; on 2 nodes each all-reduce takes 60, 150 and
     30 ms."""
-    from ddp_core.report.replay import one_node_step_s, replay_step
+    from ddp_core.analysis.replay import one_node_step_s, replay_step
 
     timeline = pd.DataFrame([("data", 0.0, 0.01), ("forward", 0.01, 0.11), ("backward", 0.11, 0.51),
                              ("gradients ready, bucket 1", 0.21, 0.21), ("gradients ready, bucket 2", 0.31, 0.31),

@@ -36,7 +36,7 @@ BENCHMARK_RUNS = ("cpu_period", "gpu_trainer", "gpu_timeline")
 
 def link_and_tabulate(app):
     from ddp_core.paths import RESULTS_DIR
-    from ddp_core.report.results import ResultsError, study_tables
+    from ddp_core.analysis.results import ResultsError, study_tables
     from ddp_core.studies.study_list import StudyError, load_study_list
 
     project = Path(app.srcdir).parent
@@ -92,7 +92,7 @@ RUN_TITLE = "# One training run"
 
 
 def title_run_page(app, docname, source):
-    from ddp_core.report.tables import in_words, rank_label
+    from ddp_core.analysis.tables import in_words, rank_label
 
     parts = docname.split("/")
     if parts[0] != "results" or parts[-1] != "run_experiment":

@@ -174,7 +174,7 @@ class EpochTimer:
     def _timeline(self, step: int, buckets: list[tuple[float, float]]) -> list[dict]:
         """The phases and each bucket's all-reduce of optimizer step `step`, in seconds from its start, or on one rank
         when each bucket's gradients were ready: what a timeline of one step draws (rows of timeline.csv), and what
-        a replay of the step on N ranks starts from (`ddp_core.report.replay`)."""
+        a replay of the step on N ranks starts from (`ddp_core.analysis.replay`)."""
         if step < 0:
             return []
         sec = self.clock.seconds

@@ -8,9 +8,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
-from ddp_core.report.results import Experiment, link_label
-from ddp_core.report.tables import configurations_as_columns, in_words
+from ddp_core.analysis.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
+from ddp_core.analysis.results import Experiment, link_label
+from ddp_core.analysis.tables import configurations_as_columns, in_words
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -8,11 +8,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.report.comparisons import (accuracy_floor, accuracy_glue, at_world_size, compare_accuracies,
-                                         compare_times, final_accuracies, time_floor, time_glue)
-from ddp_core.report.figures import chance_line
-from ddp_core.report.results import Experiment, link_label
-from ddp_core.report.tables import configurations_as_columns, in_words
+from ddp_core.analysis.comparisons import (accuracy_floor, accuracy_glue, at_world_size, compare_accuracies,
+                                           compare_times, final_accuracies, time_floor, time_glue)
+from ddp_core.analysis.figures import chance_line
+from ddp_core.analysis.results import Experiment, link_label
+from ddp_core.analysis.tables import configurations_as_columns, in_words
 
 
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:

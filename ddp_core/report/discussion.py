@@ -11,15 +11,15 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
-from ddp_core.report.nodes import headline_findings
-from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict, rank_compute_s
-from ddp_core.report.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
-from ddp_core.report.results import Experiment, load_study
-from ddp_core.report.tables import counted, markdown_table
-from ddp_core.report.verdict import Comparison, compare, noise_floor
-from ddp_core.report.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
-                                         speedup_glue, time_glue)
-from ddp_core.report.scaling import scaling_table
+from ddp_core.analysis.emulated import headline_findings
+from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict, rank_compute_s
+from ddp_core.analysis.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.analysis.results import Experiment, load_study
+from ddp_core.analysis.tables import counted, markdown_table
+from ddp_core.analysis.verdict import Comparison, compare, noise_floor
+from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
+                                           speedup_glue, time_glue)
+from ddp_core.analysis.speedups import scaling_table
 
 CPU, GPU = "this CPU", "A100 + NVLink"
 

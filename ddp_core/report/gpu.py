@@ -18,14 +18,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.model_shape import PRESETS
-from ddp_core.report.nodes import BASELINE, link_table, node_share, similarity_table
-from ddp_core.report.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, load_timelines, measured_forecast, replay_findings,
-                                             replay_markdown)
-from ddp_core.report.results import Experiment, Measurement, load_measurements, read_run
-from ddp_core.report.single_device import CONFIG, peak_tflops, precision_name, throughput_table
-from ddp_core.report.step_profile import StepProfile, categorised, load_step_profiles
-from ddp_core.report.tables import measured_by, one_row_each
-from ddp_core.report.verdict import compare, noise_floor
+from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
+from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, load_timelines, measured_forecast,
+                                               replay_findings, replay_markdown)
+from ddp_core.analysis.results import Experiment, Measurement, load_measurements, read_run
+from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name, throughput_table
+from ddp_core.analysis.step_profile import StepProfile, categorised, load_step_profiles
+from ddp_core.analysis.tables import measured_by, one_row_each
+from ddp_core.analysis.verdict import compare, noise_floor
 
 MFU_GOAL = 0.40  # the model FLOP utilisation this project set itself for the large preset in bf16 on one GPU
 PRESET_ORDER = {name: size for size, name in enumerate(PRESETS)}  # smallest model first
@@ -324,7 +324,7 @@ def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
 
 
 def print_summary(results: Path) -> None:
-    from ddp_core.report.results import load_study
+    from ddp_core.analysis.results import load_study
 
     gpu = load_gpu_results(results)
     if gpu is None:

@@ -8,9 +8,9 @@ from statistics import median
 
 import pandas as pd
 
-from ddp_core.report.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
-from ddp_core.report.results import Experiment
-from ddp_core.report.tables import configurations_as_columns
+from ddp_core.analysis.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
+from ddp_core.analysis.results import Experiment
+from ddp_core.analysis.tables import configurations_as_columns
 
 
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -9,14 +9,15 @@ import pandas as pd
 
 from ddp_core.report import gpu, time_to_accuracy
 from ddp_core.report.single_device import ratio_findings
-from ddp_core.report.nodes import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
-                                   similarity_table, similarity_test_table)
-from ddp_core.report.comparisons import speedup_comparisons, speedup_glue
+from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, similarity_table,
+                                        similarity_test_table)
+from ddp_core.report.nodes import nodes_figure
+from ddp_core.analysis.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.report.discussion import payoff_findings
-from ddp_core.report.results import Experiment, Measurement, load_experiment, load_measurements, load_study
-from ddp_core.report.provenance import shown_folder
-from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import counted, in_words, one_row_each
+from ddp_core.analysis.results import Experiment, Measurement, load_experiment, load_measurements, load_study
+from ddp_core.analysis.provenance import shown_folder
+from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.tables import counted, in_words, one_row_each
 from ddp_core.studies.study_list import load_study_list
 
 

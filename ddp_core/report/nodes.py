@@ -15,103 +15,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.launch.cpu_share import PERIOD_US
 from ddp_core.engine.model_cost import bucket_ready_shares, bucket_sizes
 from ddp_core.engine.run_files import READY
-from ddp_core.launch.emulated import rate_bits_per_s
-from ddp_core.studies.wind_tunnel import TOLERANCE
-from ddp_core.report.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, compare_times, paired_sides,
-                                        run_times, speedup_comparisons, steady_phases, time_floor)
-from ddp_core.report.verdict import error_rates
-from ddp_core.report.cost_model import predict
-from ddp_core.report.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, disturbed, joined, link_label,
-                                     load_experiment, machine_use,
-                                     measured_gbit_s, rate_text, read_wind_tunnel, wind_tunnel_record)
-from ddp_core.report.scaling import scaling_table
-from ddp_core.report.similarity import CONFIGURATIONS, large_model
-from ddp_core.report.tables import commit_text, counted, day, one_row_each, quantities_by_column
+from ddp_core.analysis.comparisons import compare_times, run_times, time_floor
+from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
+from ddp_core.analysis.emulated import (BASELINE, SHARE_GOT, SIMILARITY_EFFECT, efficiency_table, link_experiments,
+                                        link_table, similarity_table, similarity_test_table, variant_experiments,
+                                        variant_label)
+from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text, wind_tunnel_record
+from ddp_core.analysis.similarity import large_model
+from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.tables import commit_text, day, one_row_each, quantities_by_column
 
-BASELINE = "one_node"
-
-
-# Link bandwidth ----------------------------------------------------------------------------------------------
-
-def node_share(experiment: Experiment) -> float:
-    """The CPU share of the nodes an experiment's runs trained on, in cores."""
-    return experiment.baseline.raw["network"]["cpus_per_node"]
-
-
-def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Each link's runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
-    (the variants at another share are the similarity test's)."""
-    share = node_share(study[BASELINE])
-    links = {variant: joined(study[BASELINE], e) for variant, e in study.items()
-             if e.largest > 1 and node_share(e) == share}
-    return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
-
-
-def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Every variant of several nodes, with the one-node runs of its nodes' share beside it: the link experiments,
-    then those of the similarity test."""
-    ones = {node_share(e): e for e in study.values() if e.largest == 1}
-    others = {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
-              if e.largest > 1 and variant not in link_experiments(study)}
-    return link_experiments(study) | others
-
-
-def variant_label(experiment: Experiment, study: dict[str, Experiment]) -> str:
-    """What its links are set for, and the nodes' share where it is not the one node's."""
-    share = node_share(experiment)
-    return link_label(experiment) + ("" if share == node_share(study[BASELINE]) else f", nodes of {share:g} core")
-
-
-def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """The similarity test: per variant on nodes of another share than the one node's, against the variant that
-    models the same configuration at the one node's share, each over its own one node: both shares, the speedups
-    (medians of the repeats), their ratio repeat by repeat with its range and the verdict of the one rule (held
-    against the floor of the two sides' runs together), and how often that rule finds a true difference of
-    SIMILARITY_EFFECT with runs this noisy (`verdict.error_rates` on their repeats)."""
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    share = node_share(study[BASELINE])
-    ones = {node_share(e): e for e in study.values() if e.largest == 1}
-    twins = {record[v]["models"]: v for v, e in study.items() if v in record and node_share(e) == share}
-    rows = []
-    for variant, experiment in study.items():
-        other = node_share(experiment)
-        if variant not in record or other == share:
-            continue
-        twin = joined(study[BASELINE], study[twins[record[variant]["models"]]])
-        tested = joined(ones[other], experiment)
-        for n in sorted(n for n in experiment.repeats if n > 1 and n in twin.repeats):
-            c = compare_speedups(tested, twin, n)
-            repeats = [sides[m] for sides in (paired_sides(tested), paired_sides(twin)) for m in (1, n)]
-            rows.append(dict(configuration=record[variant]["configuration"], nodes=n, share=share, other_share=other,
-                             speedup=speedup_comparisons(twin)[n].ratio, other_speedup=speedup_comparisons(tested)[n].ratio,
-                             ratio=c.ratio, low=c.low, high=c.high, floor=c.floor,
-                             verdict=c.says("scales worse", "scales better"),
-                             finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS)[SIMILARITY_EFFECT]))
-    return pd.DataFrame(rows, columns=["configuration", "nodes", "share", "other_share", "speedup", "other_speedup",
-                                       "ratio", "low", "high", "floor", "verdict", "finds_effect"])
-
-
-SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other
-
-
-def similarity_test_findings(study: dict[str, Experiment]) -> dict:
-    """The similarity test's first comparison for the key findings: what it modelled, the shares and nodes, the
-    ratio of the speedups with its range, the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and
-    empty numbers where the study has no variant on nodes of another share."""
-    table = similarity_test_table(study)
-    if table.empty:
-        return {"similarity_verdict": "not run", "similarity_value": "none", "similarity_configuration": "none",
-                "similarity_share": "none", "similarity_other_share": "none", "similarity_power": np.nan,
-                "similarity_effect": SIMILARITY_EFFECT}
-    row = table.iloc[0]
-    return {"similarity_configuration": row["configuration"], "similarity_nodes": int(row["nodes"]),
-            "similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
-            "similarity_value": f"{row['ratio']:.2f} ({row['low']:.2f} to {row['high']:.2f})",
-            "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
-            "similarity_effect": SIMILARITY_EFFECT}
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
@@ -125,37 +40,6 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
         "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
         "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.0%}"),
         "finds_effect": (f"Chance to detect a {SIMILARITY_EFFECT:.0%} difference", "{:.0%}")}, index_name=None)
-
-
-def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per (link, world size): the link set and measured, the speedup with its range over the repeats, the
-    communication per step (means over the steady epochs), and the cost model's speedup from the all-reduce
-    measured over the same links; where the wind tunnel set the links, the speedup it forecast before the runs (the
-    one node's step replayed, `ddp_core.report.replay`)."""
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    rows = []
-    for variant, e in link_experiments(study).items():
-        table, prediction = scaling_table(e), predict(e)
-        for n in [n for n in table.index if n > 1]:
-            row = table.loc[n]
-            ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
-            rows.append(dict(
-                forecast_speedup=ahead.get("forecast_speedup", np.nan),
-                link=link_label(e), measured_gbit_s=float(np.median([run.raw["network"]["measured_gbit_s"]
-                                                                    for run in e.repeats[n]])),
-                world_size=n, speedup=row["speedup"],
-                speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
-                step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
-                comm_total_per_step_s=row["comm_total_per_step_s"],
-                comm_exposed_per_step_s=row["comm_exposed_per_step_s"],
-                predicted_comm_s=prediction.loc[n, "predicted_comm_s"] if n in prediction.index else np.nan,
-                predicted_compute_s=prediction.loc[n, "predicted_compute_s"] if n in prediction.index else np.nan,
-                compute_per_step_s=row["compute_per_step_s"],
-                compute_to_comm_ratio=row["compute_to_comm_ratio"],
-                break_even_ratio=row["exposed_share"] / (n - 1),
-                predicted_speedup=prediction.loc[n, "predicted_speedup"] if n in prediction.index else np.nan,
-                prediction_error=prediction.loc[n, "error"] if n in prediction.index else np.nan))
-    return pd.DataFrame(rows)
 
 
 LINK_ROWS = [
@@ -208,7 +92,6 @@ def link_figure(study: dict[str, Experiment]):
 
 def link_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
-    links = link_experiments(study)
     error = table["prediction_error"].abs()
     inside = table[(table["speedup_low"] <= table["predicted_speedup"])
                    & (table["predicted_speedup"] <= table["speedup_high"])]
@@ -321,53 +204,6 @@ def nodes_figure(study: dict[str, Experiment]):
     return fig
 
 
-def nodes_findings(study: dict[str, Experiment]) -> dict:
-    """The numbers of the headline: each node's share, the speedup and efficiency of the fastest and the slowest
-    link at the most nodes, with their ranges and the verdict word, a step's compute against one node's / N and
-    its exposed all-reduce; and at how many of the (link, nodes) points the
-    theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
-    table = link_table(study)
-    links = link_experiments(study)
-    most = int(table["world_size"].max())
-    one = study[BASELINE].baseline
-    network = one.raw["network"]
-    nodes = [1, *sorted(table["world_size"].unique())]
-    found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
-             "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
-             "train_samples": one.config["train_samples"], "epochs": one.config["epochs"],
-             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
-             "runs_each": counted(len(study[BASELINE].all_runs), "run"),
-             "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
-             "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
-             **chance_glue("one_node", study[BASELINE], 1),
-             "prediction_errors": ("all positive" if (table["prediction_error"] > 0).all() else "all negative"
-                                   if (table["prediction_error"] < 0).all() else "of both signs")}
-    for end, experiment in (("fastest", next(iter(links.values()))), ("slowest", list(links.values())[-1])):
-        row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
-        found |= {f"{end}_link": link_label(experiment), f"{end}_speedup": row["speedup"],
-                  f"{end}_speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}",
-                  f"{end}_efficiency": row["efficiency"],
-                  f"{end}_compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
-                  f"{end}_exposed_ms": row["comm_exposed_per_step_s"] * 1e3, f"{end}_step_ms": row["mean_step_s"] * 1e3,
-                  f"{end}_comm_ms": row["comm_total_per_step_s"] * 1e3,
-                  f"{end}_benchmark_ms": row["predicted_comm_s"] * 1e3,
-                  f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
-    at_most = table[table["world_size"] == most]
-    inflation = at_most["compute_per_step_s"] / at_most["predicted_compute_s"]
-    found["compute_inflation_range"] = f"{inflation.min():.2f} to {inflation.max():.2f}"
-    theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
-    return found | {"points": len(table), "faster_points": int((table["speedup"] > 1).sum()),
-                    "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
-
-
-def headline_findings(study: dict[str, Experiment]) -> dict:
-    """`nodes_findings`, `efficiency_findings`, `similarity_test_findings` and `similarity_findings` (the machine)
-    named `nodes_<name>`, as the pages that quote the headline beside their own findings glue them."""
-    found = (nodes_findings(study) | efficiency_findings(study) | similarity_test_findings(study)
-             | similarity_findings(study))
-    return {f"nodes_{key}": value for key, value in found.items()}
-
-
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per link and each doubling of the nodes (N/2 to N): the time per sample at N over that at N/2, repeat by
     repeat, with its range and the verdict."""
@@ -389,36 +225,6 @@ def doubling_markdown(study: dict[str, Experiment]) -> str:
         "high": ("highest", "{:.2f}"), "verdict": ("Verdict", "{}")})
 
 
-def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the configuration its links model (else their rate) and the nodes' share,
-    R_N^bench as that configuration has it (its target, from published figures or the measured GPU) and as the wind
-    tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty for links set by
-    a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of the same share,
-    with their ranges and the verdict; and the runs' own R_N beside the theory's break-even f/(N-1)."""
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    rows = []
-    for variant, experiment in variant_experiments(study).items():
-        table, verdicts = scaling_table(experiment), speedup_comparisons(experiment)
-        rate = experiment.all_runs[-1].raw["network"]["link_rate_gbit_s"]
-        for n in [n for n in table.index if n > 1]:
-            row = table.loc[n]
-            entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
-            models = record.get(variant, {}).get("models")
-            rows.append(dict(configuration=link_label(experiment), share=node_share(experiment), nodes=n,
-                             modelled_batch=(CONFIGURATIONS[models].global_batch or experiment.baseline.global_batch_size)
-                             if models else np.nan,
-                             target_ratio=entry.get("target_ratio", np.nan),
-                             achieved_ratio=entry.get("achieved_ratio", np.nan),
-                             link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry
-                             else rate * 1e3 if rate else np.nan,
-                             speedup=row["speedup"], efficiency=row["efficiency"],
-                             speedup_low=row["speedup_low"], speedup_high=row["speedup_high"],
-                             efficiency_low=row["speedup_low"] / n, efficiency_high=row["speedup_high"] / n,
-                             verdict=verdicts[n].says("slower", "faster"), floor=verdicts[n].floor,
-                             runs_ratio=row["compute_to_comm_ratio"], break_even=row["exposed_share"] / (n - 1)))
-    return pd.DataFrame(rows)
-
-
 def similarity_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_table(study)
     table["efficiency_range"] = [f"{e:.0%} ({low:.0%} to {high:.0%})" for e, low, high in
@@ -431,25 +237,6 @@ def similarity_markdown(study: dict[str, Experiment]) -> str:
         "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"),
         "efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
         "verdict": ("Verdict against one node", "{}")}, index_name=None)
-
-
-def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the parallel efficiency measured (median of the repeats, with their range)
-    against x = R_N / f, the runs' own compute-to-communication ratio over the share of the all-reduce they left
-    exposed, and the theory's efficiency at that x, x / (1 + x): a step of T_c/N + f T_comm (the theory chapter),
-    whatever the CPU, the link or the configuration modelled."""
-    rows = []
-    for variant, experiment in variant_experiments(study).items():
-        table = scaling_table(experiment)
-        for n in [n for n in table.index if n > 1]:
-            row = table.loc[n]
-            x = row["compute_to_comm_ratio"] / row["exposed_share"]
-            rows.append(dict(configuration=variant_label(experiment, study), nodes=n, ratio_over_exposed=x,
-                             efficiency=row["efficiency"], efficiency_low=row["speedup_low"] / n,
-                             efficiency_high=row["speedup_high"] / n, theory_efficiency=x / (1 + x)))
-    table = pd.DataFrame(rows)
-    table["of_theory"] = table["efficiency"] / table["theory_efficiency"]
-    return table
 
 
 def efficiency_figure(study: dict[str, Experiment]):
@@ -471,14 +258,6 @@ def efficiency_figure(study: dict[str, Experiment]):
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
-
-
-def efficiency_findings(study: dict[str, Experiment]) -> dict:
-    """How far the points reach the theory's curve: the efficiency measured over the curve's at the same x, its
-    median and range over the points (below 1: under the curve)."""
-    reached = efficiency_table(study)["of_theory"]
-    return {"curve_points": len(reached), "curve_reached": reached.median(),
-            "curve_reached_range": f"{reached.min():.0%} to {reached.max():.0%}"}
 
 
 def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -526,23 +305,6 @@ def gradient_ready_findings(study: dict[str, Experiment]) -> dict:
             "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}"}
 
 
-def similarity_findings(study: dict[str, Experiment]) -> dict:
-    """One node's compute per step on this machine, the CPU, the tolerance the wind tunnel held every target to and
-    where the configurations' ratios come from ("none" where no variant models one)."""
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    one = study[BASELINE].baseline
-    calibrated = (read_wind_tunnel(study[BASELINE].folder.parent) or {}).get("shares", {}).get(
-        f"{node_share(study[BASELINE]):g}")
-    repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
-    return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
-            "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}",
-            "tunnel_cpu": one.raw["device_name"],
-            "tunnel_cpu_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
-            "tunnel_tolerance": TOLERANCE,
-            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in {
-                m["configuration"]: CONFIGURATIONS[m["models"]].source for m in record.values()}.items()) or "none"}
-
-
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per run on nodes with a CPU share: how far its nodes got the share they were set, and what else the machine
     did. `used_share` is a node's CPU over the periods it ran in, against its share: 1 for a node that computed all
@@ -572,9 +334,6 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return table
 
 
-SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
-
-
 def disturbed_runs(study: dict[str, Experiment]) -> str:
     """The runs `fidelity_table` calls disturbed, by folder, or "none"."""
     table = fidelity_table(study)
@@ -593,31 +352,6 @@ def fidelity_markdown(study: dict[str, Experiment]) -> str:
         "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
         "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
-
-
-# The quota's period -------------------------------------------------------------------------------------------
-
-STUDY_PERIOD_MS = PERIOD_US // 1000  # the period every emulated node's quota runs at
-
-
-def load_periods(folder: Path) -> dict[int, Experiment]:
-    """The runs of `benchmarks/cpu_period.py` (`folder`/period-<P>ms: the study's 4 unshaped nodes, round by round),
-    by period in ms."""
-    return {int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
-            for path in folder.glob("period-*ms")}
-
-
-def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
-    """Per period (`load_periods`), the median of its repeats' median steps, and its step against the study's
-    period's, repeat by repeat, through the one verdict function (the floor from every period's repeats)."""
-    floor = time_floor(*periods.values())
-    rows = []
-    for period, e in sorted(periods.items()):
-        c = compare_times(e, periods[STUDY_PERIOD_MS], e.largest, e.largest, floor=floor)
-        rows.append(dict(period_ms=period, median_step_ms=run_times(e)["step_time_s"].median() * 1e3,
-                         ratio_to_study=c.ratio, low=c.low, high=c.high, value=c.value(),
-                         verdict=c.judged("faster", "slower")))
-    return pd.DataFrame(rows)
 
 
 def period_findings(folder: Path) -> dict:

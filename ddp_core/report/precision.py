@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.report.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
-from ddp_core.report.results import Experiment, Measurement
-from ddp_core.report.scaling import scaling_table
-from ddp_core.report.tables import configurations_as_columns, counted
+from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
+from ddp_core.analysis.results import Experiment, Measurement
+from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.tables import configurations_as_columns, counted
 
 
 def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes
-from ddp_core.report.cost_model import allreduce_fits, measured_allreduce_s, predict
-from ddp_core.report.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
-from ddp_core.report.results import Experiment
-from ddp_core.report.tables import counted, markdown_table, one_row_each, quantities_by_column
+from ddp_core.analysis.cost_model import allreduce_fits, measured_allreduce_s, predict
+from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.analysis.results import Experiment
+from ddp_core.analysis.tables import counted, markdown_table, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",

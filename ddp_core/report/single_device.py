@@ -21,41 +21,18 @@ import sys
 import pandas as pd
 
 from ddp_core.engine.run_files import CPU_EXTENSIONS
-from ddp_core.report.comparisons import run_times
-from ddp_core.report.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.report.tables import counted, day, measured_by, one_row_each, with_article
-from ddp_core.report.verdict import compare, noise_floor
+from ddp_core.analysis.comparisons import run_times
+from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
+from ddp_core.analysis.tables import counted, day, measured_by, one_row_each, with_article
+from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name, throughput_table
+from ddp_core.analysis.verdict import compare, noise_floor
 
-CONFIG = ["preset", "amp", "batch_size"]
 # name: (loop, against loop, in words)
 RATIOS = {
     "trainer": ("ddp_core", "plain", "throughput, the project's trainer / plain loop"),
     "timers": ("timed", "ddp_core", "throughput, timers on / off"),
     "ddp": ("ddp_of_one", "ddp_core", "throughput, in DDP, group of one / bare model"),
 }
-# Dense bf16 tensor-core peaks by NVIDIA's datasheets (TFLOP/s, no sparsity); the first name the device's contains.
-DATASHEET_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
-
-
-def peak_tflops(m: Measurement) -> float | None:
-    """The device's dense bf16 peak by its datasheet; none for a device without one (a CPU)."""
-    return next((peak for name, peak in DATASHEET_BF16_TFLOPS if name in m.info["device_name"]), None)
-
-
-def throughput_table(m: Measurement) -> pd.DataFrame:
-    """Per configuration: samples/s of each loop; model TFLOP/s, MFU and share of the matrix-product rate of
-    the trainer as every run uses it (the timed loop)."""
-    sums = m.epochs.groupby(CONFIG + ["loop"])[["samples", "seconds"]].sum()
-    rates = (sums["samples"] / sums["seconds"]).unstack("loop").add_prefix("samples_per_s_")
-    flops = m.epochs.groupby(CONFIG)["flops_per_sample"].first()
-    table = rates.join(flops)
-    table["tflops"] = table["samples_per_s_timed"] * table["flops_per_sample"] / 1e12
-    table["share_of_matmul"] = [row.tflops / m.info["matmul_tflops"][amp] for (_, amp, _), row in table.iterrows()]
-    peak = peak_tflops(m)
-    table["mfu"] = table["tflops"] / peak if peak else float("nan")
-    return table
-
-
 def ratio_table(m: Measurement) -> pd.DataFrame:
     """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
     (throughput of the loop it is set against)."""
@@ -116,11 +93,6 @@ def verdict_markdown(m: Measurement) -> str:
     columns = {"medians": ("Median per configuration, lowest to highest", "{}"), "floor": ("Noise floor", "{:.0%}")}
     columns |= {outcome: (label, "{:.0f}") for outcome, label in VERDICT_COUNTS.items()}
     return one_row_each(table, columns, "Ratio, the first loop against the second (counts: configurations)")
-
-
-def precision_name(amp: str) -> str:
-    """A run's --amp as a reader names the precision."""
-    return "bf16" if amp == "bf16" else "fp32"
 
 
 def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:

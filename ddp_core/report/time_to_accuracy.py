@@ -17,10 +17,10 @@ import pandas as pd
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from ddp_core.report.comparisons import median_step
-from ddp_core.report.results import Experiment, ResultsError
-from ddp_core.report.tables import in_words, one_row_each
-from ddp_core.report.verdict import compare, noise_floor
+from ddp_core.analysis.comparisons import median_step
+from ddp_core.analysis.results import Experiment, ResultsError
+from ddp_core.analysis.tables import in_words, one_row_each
+from ddp_core.analysis.verdict import compare, noise_floor
 
 
 def steps_to_target(evals: pd.DataFrame, target: float) -> float:

@@ -42,7 +42,7 @@ class Run:
     nodes: int | None = None  # an emulated cluster's nodes (None: the ranks run on this machine)
     link_rate: str | None = None  # the emulated links' rate (None: unshaped)
     cpus_per_node: float | None = None  # the emulated nodes' CPU share (None: the machine's cores, shared)
-    models: str | None = None  # the configuration the links model (ddp_core.report.similarity); its rate set later
+    models: str | None = None  # the configuration the links model (ddp_core.analysis.similarity); its rate set later
 
     @property
     def folder(self) -> str:
@@ -60,7 +60,7 @@ class Variant:
     world_sizes: tuple[int, ...]
     link_rate: str | None = None
     cpus_per_node: float | None = None
-    models: str | None = None  # a configuration of ddp_core.report.similarity: the wind tunnel sets link_rate
+    models: str | None = None  # a configuration of ddp_core.analysis.similarity: the wind tunnel sets link_rate
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def parse_study(name: str, entry) -> Study:
 def _check_models(models, link_rate, cpus_per_node, ranks_per_node, where: str) -> None:
     """A modelled variant: a known configuration, one rank on each node with a CPU share of its own (R_N compares
     one node's compute with its link), and no link rate of its own (the wind tunnel sets it)."""
-    from ddp_core.report.similarity import CONFIGURATIONS
+    from ddp_core.analysis.similarity import CONFIGURATIONS
 
     if models not in CONFIGURATIONS:
         raise StudyError(f"{where}: models {models!r} is no configuration; they are: {', '.join(CONFIGURATIONS)}")

@@ -1,6 +1,6 @@
 """The emulated cluster dimensioned by similarity: before a modelled variant trains, its links' rate is chosen on this
 host so that its compute-to-communication ratio R_N^bench equals the real configuration's
-(`ddp_core.report.similarity`) within TOLERANCE. A link set in Mbit/s models one cluster on one CPU and another on a
+(`ddp_core.analysis.similarity`) within TOLERANCE. A link set in Mbit/s models one cluster on one CPU and another on a
 CPU twice as fast; a link set by R_N models the same cluster on both.
 
 R_N^bench = (T_c/N) / T_comm: T_c is one node's compute per step at its CPU share, T_comm the all-reduce of the
@@ -18,7 +18,7 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
    the mean, so that at a rate where A is most of the time one benchmark's noise is not a new A), and r set again,
    at most MAX_TRIES times;
 4. the forecast of each variant's step on N nodes, made here, before its runs: the one node's median step replayed
-   on N nodes with the accepted benchmark's all-reduces (`ddp_core.report.replay`).
+   on N nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`).
 The accepted benchmark becomes the variant's allreduce-n<N>, which the cost model reads as before. A target this host
 cannot reach (the all-reduce over the fastest link still too long, or the rate beyond what a link can be set to) is
 refused in one line before any of the variant's nodes are made.
@@ -121,8 +121,8 @@ def baseline_run(study: Study, share: float, results_dir: str) -> Path:
 
 def node_compute_s(run_dir: Path) -> tuple[float, dict, int]:
     """A one-node run's compute per step over its steady epochs (as the pages take it), its model and global batch."""
-    from ddp_core.report.comparisons import steady_phases
-    from ddp_core.report.results import ResultsError, read_run
+    from ddp_core.analysis.comparisons import steady_phases
+    from ddp_core.analysis.results import ResultsError, read_run
 
     try:
         metrics, info = read_run(run_dir)
@@ -135,7 +135,7 @@ def node_compute_s(run_dir: Path) -> tuple[float, dict, int]:
 
 def recorded(study: Study, results_dir: str) -> dict | None:
     """The study's wind_tunnel.json, None before its calibration."""
-    from ddp_core.report.results import read_wind_tunnel
+    from ddp_core.analysis.results import read_wind_tunnel
 
     return read_wind_tunnel(Path(results_dir) / study.name)
 
@@ -159,7 +159,7 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
     variant is to train."""
     import torch
 
-    from ddp_core.report.similarity import SimilarityError, configuration
+    from ddp_core.analysis.similarity import SimilarityError, configuration
 
     home = Path(results_dir) / study.name
     record = recorded(study, results_dir) or {"study": study.name, "tolerance": TOLERANCE, "shares": {},
@@ -228,8 +228,8 @@ def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path
 
 def forecast(timeline, n: int, buckets: list[int], out: Path) -> dict:
     """The step on n nodes replayed from the one node's `timeline` with the buckets' all-reduces the benchmark in
-    `out` measured (`ddp_core.report.replay`), and the speedup it forecasts."""
-    from ddp_core.report.replay import one_node_step_s, replay_step
+    `out` measured (`ddp_core.analysis.replay`), and the speedup it forecasts."""
+    from ddp_core.analysis.replay import one_node_step_s, replay_step
 
     step = replay_step(timeline, n, bucket_times(out, buckets))
     return {"forecast_step_s": step["step_s"], "forecast_exposed_s": step["exposed_s"],

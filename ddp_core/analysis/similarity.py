@@ -14,7 +14,7 @@ published figures kept with their source in `literature/`, or from the GPU this 
 - the large model on A100s, one a node, over 32 Gbit/s Ethernet (NCCL over TCP, a published bus bandwidth): the
   configuration where DDP struggles, at a global batch of `ETHERNET_GLOBAL_BATCH`.
 
-R_N is taken as the emulated side takes it (`ddp_core.report.compute_ratio`): the whole batch's step over N, as if
+R_N is taken as the emulated side takes it (`ddp_core.analysis.compute_ratio`): the whole batch's step over N, as if
 each GPU did exactly its share, over the sum of the model's gradient buckets' all-reduces as a benchmark times them.
 """
 
@@ -27,9 +27,9 @@ import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_flops
 from ddp_core.paths import REPO_ROOT
-from ddp_core.report.compute_ratio import compute_to_comm_ratio
-from ddp_core.report.nvlink_forecast import LITERATURE, WHOLE_LOOP, nvlink_fit, peak_gemm_flops_per_s
-from ddp_core.report.results import read_measurement
+from ddp_core.analysis.compute_ratio import compute_to_comm_ratio
+from ddp_core.analysis.nvlink_forecast import LITERATURE, WHOLE_LOOP, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.analysis.results import read_measurement
 
 PRESET = "large"  # the model every configuration trains
 A100_MFU = 0.4  # the share of the A100's peak its step reaches (nvlink_forecast.MFU_SCENARIOS says why 40 %)

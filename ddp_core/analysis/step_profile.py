@@ -1,7 +1,7 @@
 """Where a training step's time goes, by category of operator, from the profile of `benchmarks/step_profile`
 (a folder per device: operators.csv, device.json).
 
-    python -m ddp_core.report.step_profile results/step_profile/cpu     # prints the table
+    python -m ddp_core.analysis.step_profile results/step_profile/cpu     # prints the table
 
 Each operator's self time per step (its own, not that of the operators it calls; on a GPU, that of the kernels it
 launched) falls in one category; the time of the profiled step that no operator spent (Python, the loop, the
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
-from ddp_core.report.single_device import precision_name
-from ddp_core.report.tables import measured_by, one_row_each
+from ddp_core.analysis.results import load_per_device, read_device_files, run_on_folder
+from ddp_core.analysis.throughput import precision_name
+from ddp_core.analysis.tables import measured_by, one_row_each
 
 # An operator's category, which the book sums by, is the first whose pattern its name contains; any other is OTHER
 # (elementwise arithmetic, filling tensors with zeros, views).
@@ -140,4 +140,4 @@ def print_summary(p: StepProfile) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.report.step_profile", print_summary, load=read_step_profile))
+    sys.exit(run_on_folder("ddp_core.analysis.step_profile", print_summary, load=read_step_profile))

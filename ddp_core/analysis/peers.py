@@ -1,7 +1,7 @@
 """ddp_core against the loops a user would write instead (the loop of PyTorch's DDP tutorial, a loop in
 Accelerate), from the measurement of `benchmarks/peers` (a folder per device: steps.csv, device.json).
 
-    python -m ddp_core.report.peers results/peers/cpu     # prints the table
+    python -m ddp_core.analysis.peers results/peers/cpu     # prints the table
 
 A run's step time is the median of its steps after the first epoch (a burst of other load moves a median far
 less than a mean). A round ran every loop once at each world size, back to back; its ratio is a peer's step
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.report.results import load_per_device, read_device_files, run_on_folder
-from ddp_core.report.tables import measured_by, one_row_each, rank_label
-from ddp_core.report.verdict import Comparison, compare, noise_floor
+from ddp_core.analysis.results import load_per_device, read_device_files, run_on_folder
+from ddp_core.analysis.tables import measured_by, one_row_each, rank_label
+from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 
 # benchmarks/peers's loops other than ddp_core, as the page names them
 PEERS = {"tutorial": "DDP tutorial loop", "accelerate": "Accelerate loop"}
@@ -128,4 +128,4 @@ def print_summary(m: PeerMeasurement) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.report.peers", print_summary, load=read_peers))
+    sys.exit(run_on_folder("ddp_core.analysis.peers", print_summary, load=read_peers))

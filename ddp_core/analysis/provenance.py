@@ -11,11 +11,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.config import load_profile
-from ddp_core.report.comparisons import median_step, out_of_line, study_floor_power
-from ddp_core.report.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
-                                     book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
-from ddp_core.report.figures import chance_line
-from ddp_core.report.tables import commit_text, counted, day, in_words, markdown_table, one_row_each, rank_label
+from ddp_core.analysis.comparisons import median_step, out_of_line, study_floor_power
+from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
+                                       book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
+from ddp_core.analysis.figures import chance_line
+from ddp_core.analysis.tables import commit_text, counted, day, in_words, markdown_table, one_row_each, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).

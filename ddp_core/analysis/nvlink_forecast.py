@@ -2,11 +2,11 @@
 Reads an `Experiment` for its workload and the published figures under `literature/`; offers the fit
 (`nvlink_fit`), the peak rate (`peak_gemm_flops_per_s`) and the forecast per preset (`forecast`, a DataFrame).
 
-    python -m ddp_core.report.nvlink_forecast results/report     # prints the forecast for every preset
+    python -m ddp_core.analysis.nvlink_forecast results/report     # prints the forecast for every preset
 
 The runs shown in the book fix the workload (sequence length, global batch, vocabulary); each preset
 is then placed on a node of A100 GPUs joined by NVLink, described by Azure's published ND A100 v4
-benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_core/report/literature/`:
+benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_core/analysis/literature/`:
 - the NCCL all-reduce bus bandwidth from 1 KiB to 8 GiB on 8 GPUs, fitted with the same alpha-beta
   model as our own benchmark. busbw does not depend on N by its definition, so beta carries over to
   any N; the latency term follows the ring model, 2(N-1) alpha.
@@ -20,14 +20,14 @@ on one GPU and the step of each GPU's share on N of them (in DDP), both measured
 from the published fit.
 
 `replay_forecast` is the prediction chapter's and the GPU chapter's predictor, the emulated cluster's too
-(`ddp_core.report.replay`): one GPU's measured step timeline (`benchmarks/gpu_session.sh timeline`) at the batch
+(`ddp_core.analysis.replay`): one GPU's measured step timeline (`benchmarks/gpu_session.sh timeline`) at the batch
 each GPU computes, its buckets' all-reduces over NVLink by the published fit replayed into its backward as DDP
 issues them, against one GPU's measured step of the whole batch. No step is scaled: a GPU's step at a quarter of a
 batch is measured, not taken as a quarter of the step.
 
 Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
 bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
-by the two scenarios of `ddp_core.report.cost_model`: none, or all but the last bucket hidden.
+by the two scenarios of `ddp_core.analysis.cost_model`: none, or all but the last bucket hidden.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ import pandas as pd
 from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_flops
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.run_files import READY
-from ddp_core.report.cost_model import AlphaBeta, fit_alpha_beta
-from ddp_core.report.replay import one_node_step_s, replay_step
-from ddp_core.report.results import Experiment, Measurement, ResultsError, run_on_folder
-from ddp_core.report.single_device import CONFIG, throughput_table
-from ddp_core.report.tables import measured_by, one_row_each
+from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta
+from ddp_core.analysis.replay import one_node_step_s, replay_step
+from ddp_core.analysis.results import Experiment, Measurement, ResultsError, run_on_folder
+from ddp_core.analysis.throughput import CONFIG, throughput_table
+from ddp_core.analysis.tables import measured_by, one_row_each
 
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
@@ -224,4 +224,4 @@ def print_forecast(experiment: Experiment) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.report.nvlink_forecast", print_forecast))
+    sys.exit(run_on_folder("ddp_core.analysis.nvlink_forecast", print_forecast))

@@ -4,7 +4,7 @@ share of the machine a rank computes on, which sets how far a rank's measured co
 
 from __future__ import annotations
 
-from ddp_core.report.results import RunInfo
+from ddp_core.analysis.results import RunInfo
 
 
 def compute_to_comm_ratio(rank_share_s: float, allreduce_s: float) -> float:

@@ -2,7 +2,7 @@
 Reads an `Experiment` (`results.load_experiment`); offers the fit (`fit_alpha_beta`, `allreduce_fits`), the
 prediction (`predict`, a DataFrame per world size) and the per-rank compute both use (`rank_compute_s`).
 
-    python -m ddp_core.report.cost_model results/report     # prints the fit and the prediction errors
+    python -m ddp_core.analysis.cost_model results/report     # prints the fit and the prediction errors
 
 Fit: T(S) = 2(N-1) alpha + 2 (N-1)/N S beta by least squares on relative error (each message size
 counts alike, from bytes to hundreds of MB).
@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes, training_flops
-from ddp_core.report.results import Experiment, ResultsError, RunInfo, run_on_folder
-from ddp_core.report.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
-from ddp_core.report.scaling import scaling_table
+from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, run_on_folder
+from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
+from ddp_core.analysis.speedups import scaling_table
 
 
 @dataclass
@@ -155,4 +155,4 @@ def print_prediction(experiment: Experiment) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.report.cost_model", print_prediction))
+    sys.exit(run_on_folder("ddp_core.analysis.cost_model", print_prediction))

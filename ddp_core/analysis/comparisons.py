@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ddp_core.report.results import OUT_OF_LINE, Experiment, ResultsError
-from ddp_core.report.compute_ratio import compute_to_comm_ratio, rank_share_s
-from ddp_core.report.tables import one_row_each
-from ddp_core.report.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
-                                     noise_floor)
+from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError
+from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, rank_share_s
+from ddp_core.analysis.tables import one_row_each
+from ddp_core.analysis.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
+                                       noise_floor)
 
 WARMUP_STEPS = 5  # a run's first steps pay for start-up (allocator, DDP's bucket rebuild, cold caches)
 WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is left out of its phases

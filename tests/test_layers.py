@@ -1,0 +1,28 @@
+"""The report's code in two layers: the analysis (ddp_core/analysis) below the pages (ddp_core/report), and what
+measures and trains (the benchmarks, the engine, the launchers, the study runner) independent of the pages."""
+
+import ast
+
+from conftest import REPO
+
+
+def imported_modules(path) -> set[str]:
+    """Every module a Python file imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_neither_the_analysis_nor_what_measures_and_trains_imports_a_page():
+    below = [*(REPO / "ddp_core").glob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
+             *(REPO / "book" / "_ext").glob("*.py"),
+             *(path for folder in ("analysis", "engine", "launch", "bench", "studies")
+               for path in (REPO / "ddp_core" / folder).glob("*.py"))]
+    assert len(below) > 40 and (REPO / "ddp_core" / "analysis" / "results.py") in below
+    offenders = {str(path.relative_to(REPO)): sorted(m for m in imported_modules(path) if m.startswith("ddp_core.report"))
+                 for path in below}
+    assert {path: modules for path, modules in offenders.items() if modules} == {}
