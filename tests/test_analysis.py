@@ -12,7 +12,7 @@ from matplotlib.container import BarContainer
 
 from conftest import REPO
 from ddp_core.report import discussion, prediction, scaling
-from ddp_core.analysis import cost_model, provenance
+from ddp_core.analysis import cost_model, payoff, provenance
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.comparisons import (WARMUP_STEPS, accuracy_floor, compare_accuracies, compare_times,
                                            final_accuracies, out_of_line, paired_sides, run_times, speedup_comparisons)
@@ -372,7 +372,7 @@ def test_the_parts_of_the_mean_step_add_up_to_no_more_than_it(experiment):
     (True, [0.9, 1.1, 1.0], "the runs can neither confirm nor refute it (within the noise"),
 ], ids=["gain predicted, gain", "gain predicted, loss", "loss predicted, loss", "loss predicted, gain", "noise"])
 def test_the_discussion_says_whether_the_theory_held_for_every_outcome(predicts_gain, ratios, says):
-    assert discussion.theory_outcome(predicts_gain, compare(ratios, [1.0] * 3, 0.05)).startswith(says)
+    assert payoff.theory_outcome(predicts_gain, compare(ratios, [1.0] * 3, 0.05)).startswith(says)
 
 
 @pytest.mark.parametrize("exposed,last,says", [(0.5, 0.8, "the last bucket"), (0.9, 0.8, "the measured share")],

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import TINY_SYNTHETIC, run_training
 from ddp_core.engine.run_files import EVALS_COLUMNS
-from ddp_core.report.time_to_accuracy import steps_to_target
+from ddp_core.analysis.critical_batch import steps_to_target
 
 pytestmark = pytest.mark.slow  # every test here trains
 

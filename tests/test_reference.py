@@ -16,7 +16,7 @@ from ddp_core.report import discussion, prediction, scaling
 from ddp_core.analysis import provenance
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.results import load_experiment, load_measurements, load_study, tidy_runs
-from ddp_core.report.single_device import throughput_table
+from ddp_core.analysis.throughput import throughput_table
 from ddp_core.studies.study_list import load_study_list
 
 REFERENCE = REPO / "reference" / "scaling"

@@ -18,8 +18,8 @@ from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.analysis.results import Measurement, load_experiment, read_measurement
 from ddp_core.report.precision import precision_crossref
-from ddp_core.report.single_device import (RATIOS, baseline_comparison, ratio_findings, ratio_table,
-                                           throughput_table, verdict_table)
+from ddp_core.analysis.throughput import RATIOS, ratio_findings, ratio_table, throughput_table, verdict_table
+from ddp_core.report.single_device import baseline_comparison
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",

@@ -9,9 +9,11 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
+from ddp_core.analysis import critical_batch as cb
+from ddp_core.analysis.critical_batch import critical_batch_findings
 from ddp_core.report import time_to_accuracy as tta
 from ddp_core.analysis.results import load_study
-from ddp_core.report.time_to_accuracy import critical_batch, steps_to_target
+from ddp_core.analysis.critical_batch import critical_batch, steps_to_target
 
 
 def test_steps_to_target_is_the_first_evaluation_at_or_past_it():
@@ -64,7 +66,7 @@ def run_dirs(study):
 
 
 def test_each_run_s_steps_to_target_are_read_from_its_evaluations_and_b_simple_from_its_epochs(study):
-    table = tta.runs_table(load_study(study)).set_index(["variant", "seed"])
+    table = cb.runs_table(load_study(study)).set_index(["variant", "seed"])
     assert len(table) == len(run_dirs(study))
     for run_dir in run_dirs(study):
         info = json.loads((run_dir / "run.json").read_text())
@@ -83,25 +85,25 @@ def test_each_run_s_steps_to_target_are_read_from_its_evaluations_and_b_simple_f
 
 
 def test_a_run_that_missed_the_target_is_shown_as_missing_it_and_left_out_of_the_fit(study):
-    before = tta.findings(load_study(study))
+    before = critical_batch_findings(load_study(study))
     missed = next(p for p in run_dirs(study) if p.parent.name == f"b{before['tta_smallest']}")
     evals = pd.read_csv(missed / "evals.csv")
     evals.assign(val_accuracy=0.3).to_csv(missed / "evals.csv", index=False)
     variants = load_study(study)
-    after = tta.findings(variants)
+    after = critical_batch_findings(variants)
     assert after["tta_unreached"] == before["tta_unreached"] + 1
-    smallest = tta.per_batch(tta.runs_table(variants)).iloc[0]
+    smallest = cb.per_batch(cb.runs_table(variants)).iloc[0]
     assert smallest["reached"] == smallest["runs"] - 1
-    table = tta.runs_table(variants)
-    rule = table[tta.follows_rule(table)].dropna(subset=["steps"])
+    table = cb.runs_table(variants)
+    rule = table[cb.follows_rule(table)].dropna(subset=["steps"])
     slope, intercept = np.polyfit(1 / rule["batch"], rule["steps"], 1, w=1 / rule["steps"])
     assert after["tta_b_crit"] == pytest.approx(slope / intercept)
 
 
 def test_the_rule_s_neighbours_are_the_runs_off_the_square_root_rule_and_a_better_neighbour_fails_the_rule(study):
     variants = load_study(study)
-    table = tta.runs_table(variants)
-    off = table[~tta.follows_rule(table)]
+    table = cb.runs_table(variants)
+    off = table[~cb.follows_rule(table)]
     assert set(off["variant"]) == {"b512_half_lr", "b512_double_lr"}
     # a neighbour that reaches the target at its first evaluation in every repeat beats the rule's rate
     for run_dir in (study / "b512_double_lr").iterdir():
@@ -114,8 +116,8 @@ def test_the_rule_s_neighbours_are_the_runs_off_the_square_root_rule_and_a_bette
 
 def test_the_projected_time_to_target_is_the_fitted_steps_times_the_measured_step(study):
     variants = load_study(study)
-    table = tta.runs_table(variants)
-    fit = tta.critical_batch(table.loc[tta.follows_rule(table), "batch"], table.loc[tta.follows_rule(table), "steps"])
+    table = cb.runs_table(variants)
+    fit = critical_batch(table.loc[cb.follows_rule(table), "batch"], table.loc[cb.follows_rule(table), "steps"])
     projection = tta.time_to_target(variants).set_index(["per_rank_batch", "ranks"])
     b128 = [p for p in run_dirs(study) if p.parent.name == "b128"]
     per_rank = json.loads((b128[0] / "run.json").read_text())["per_rank_batch_size"]
@@ -133,14 +135,14 @@ def test_the_projected_time_to_target_is_the_fitted_steps_times_the_measured_ste
 
 
 def test_the_critical_batch_s_interval_comes_from_resampled_seeds_and_holds_the_fit(study):
-    table = tta.runs_table(load_study(study))
-    rule = table[tta.follows_rule(table)]
-    fit = tta.critical_batch(rule["batch"], rule["steps"])
-    interval = tta.critical_batch_interval(rule, draws=300)
+    table = cb.runs_table(load_study(study))
+    rule = table[cb.follows_rule(table)]
+    fit = critical_batch(rule["batch"], rule["steps"])
+    interval = cb.critical_batch_interval(rule, draws=300)
     assert interval["b_crit_low"] <= fit["b_crit"] <= interval["b_crit_high"]
     # one seed a batch leaves nothing to resample: the interval is the fit itself
-    single = tta.critical_batch_interval(rule.groupby("batch").head(1), draws=50)
-    alone = tta.critical_batch(*rule.groupby("batch").head(1)[["batch", "steps"]].T.to_numpy())
+    single = cb.critical_batch_interval(rule.groupby("batch").head(1), draws=50)
+    alone = critical_batch(*rule.groupby("batch").head(1)[["batch", "steps"]].T.to_numpy())
     assert single["b_crit_low"] == pytest.approx(alone["b_crit"]) == single["b_crit_high"]
 
 
@@ -149,7 +151,7 @@ def test_the_fit_is_least_squares_in_relative_error():
     nearby (S_min, E_min) misses the runs by less."""
     batches = np.array([8, 8, 32, 32, 128, 512, 512])
     steps = np.array([352.0, 288.0, 80.0, 96.0, 28.0, 13.0, 14.0])
-    fit = tta.critical_batch(batches, steps)
+    fit = critical_batch(batches, steps)
     misses = lambda s_min, e_min: (((s_min + e_min / batches) - steps) / steps) ** 2  # noqa: E731
     best = misses(fit["s_min"], fit["e_min"]).sum()
     for ds, de in ((0.1, 0), (-0.1, 0), (0, 10), (0, -10)):

@@ -8,6 +8,7 @@ A study is `results.load_study`'s dict of variant -> `Experiment`; `BASELINE` is
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -22,7 +23,6 @@ from ddp_core.analysis.tables import counted
 from ddp_core.analysis.verdict import error_rates
 from ddp_core.launch.emulated import rate_bits_per_s
 from ddp_core.studies.wind_tunnel import TOLERANCE
-
 
 BASELINE = "one_node"
 
@@ -258,3 +258,66 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
 
 
 SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
+
+
+def nodes_figure(study: dict[str, Experiment]):
+    """The speedup over one node against the number of nodes, per link (a colour each), beside the ideal N and the
+    cost model's prediction; and a step's compute and exposed all-reduce against the nodes, beside the one node's
+    compute / N. One legend below both panels: the links by colour, then what each line style shows."""
+    from matplotlib.lines import Line2D
+
+    table = link_table(study)
+    one = scaling_table(study[BASELINE]).loc[1]
+    nodes = sorted({1, *(n for e in variant_experiments(study).values() for n in e.repeats)})
+    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 5.4))
+    speed.plot(nodes, nodes, ":", color="gray")
+    parts.plot(nodes, [one["compute_per_step_s"] * 1e3 / n for n in nodes], ":", color="gray")
+    colours = []
+    for i, (link, rows) in enumerate(table.groupby("link", sort=False)):
+        error = [[0, *(rows["speedup"] - rows["speedup_low"])], [0, *(rows["speedup_high"] - rows["speedup"])]]
+        speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3,
+                       color=f"C{i}")
+        ahead = rows["forecast_speedup"].where(rows["forecast_speedup"].notna(), rows["predicted_speedup"])
+        speed.plot(rows["world_size"], ahead, "s--", color=f"C{i}", alpha=0.6)
+        parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
+                   markersize=8 - 2 * i)
+        parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "x--", color=f"C{i}", markersize=8)
+        colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
+    main = link_experiments(study)
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    for i, (variant, e) in enumerate(((v, e) for v, e in variant_experiments(study).items() if v not in main),
+                                     len(colours)):  # the similarity test's nodes: their speedup, over their one node
+        curve = scaling_table(e).query("index > 1")
+        error = [[0, *(curve["speedup"] - curve["speedup_low"])], [0, *(curve["speedup_high"] - curve["speedup"])]]
+        speed.errorbar([1, *curve.index], [1, *curve["speedup"]], yerr=error, fmt="D-", capsize=3, color=f"C{i}")
+        ahead = record.get(variant, {}).get("by_nodes", {})
+        speed.plot([int(n) for n in ahead], [entry["forecast_speedup"] for entry in ahead.values()], "s--",
+                   color=f"C{i}", alpha=0.6)
+        colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=variant_label(e, study)))
+    styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
+              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6,
+                     label="speedup forecast before the runs" if table["forecast_speedup"].notna().all()
+                     else "speedup predicted"),
+              Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
+              Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
+              Line2D([], [], color="black", marker="x", linestyle="--", label="exposed all-reduce per step")]
+    speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node",
+              title="Speedup against nodes")
+    speed_ticks = [0.5, *nodes] if speed.get_ylim()[0] < 1 else nodes
+    speed.set_yticks(speed_ticks, [f"{t:g}" for t in speed_ticks])
+    parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
+              title="Compute and exposed all-reduce per step")
+    nice = [m * 10 ** e for e in range(-1, 5) for m in (1, 2, 5)]  # ms: down to the next of these, a tick at each
+    low, high = parts.get_ylim()
+    low = max([t for t in nice if t <= low], default=low)
+    parts.set_ylim(low, high)
+    ticks = [t for t in nice if low <= t <= high]
+    for ax in (speed, parts):
+        ax.set_xticks(nodes, [str(n) for n in nodes])
+        ax.minorticks_off()
+    parts.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.04, 0), fontsize=9,
+               title_fontsize=9, frameon=False)
+    fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.22, 1, 1))
+    return fig

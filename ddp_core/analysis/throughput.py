@@ -5,7 +5,9 @@ Throughput of a loop: its samples over its seconds, summed over the timed epochs
 utilisation (MFU): the model's training FLOPs per second (the cost model's count, padding included)
 over the device's dense bf16 peak from its datasheet, the usual definition (PaLM, Chowdhery et al.
 2022); beside it, the share of the rate one large matrix product reached on the same device, which
-a CPU, with no datasheet figure, has too.
+a CPU, with no datasheet figure, has too. A ratio of two loops is computed per round (the loops of a round ran back
+to back) and reported as the median over the rounds with its range; whether one loop is faster is the one verdict
+function's call (`verdict.compare`), the rounds paired.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.results import Measurement
+from ddp_core.analysis.tables import counted
+from ddp_core.analysis.verdict import compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
 # Dense bf16 tensor-core peaks by NVIDIA's datasheets (TFLOP/s, no sparsity); the first name the device's contains.
@@ -41,3 +45,64 @@ def throughput_table(m: Measurement) -> pd.DataFrame:
 def precision_name(amp: str) -> str:
     """A run's --amp as a reader names the precision."""
     return "bf16" if amp == "bf16" else "fp32"
+
+
+# name: (loop, against loop, in words)
+RATIOS = {
+    "trainer": ("ddp_core", "plain", "throughput, the project's trainer / plain loop"),
+    "timers": ("timed", "ddp_core", "throughput, timers on / off"),
+    "ddp": ("ddp_of_one", "ddp_core", "throughput, in DDP, group of one / bare model"),
+}
+
+
+def ratio_table(m: Measurement) -> pd.DataFrame:
+    """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
+    (throughput of the loop it is set against)."""
+    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop")
+    columns = {}
+    for name, (loop, against, _) in RATIOS.items():
+        per_round = (seconds[against] / seconds[loop]).groupby(CONFIG)
+        columns |= {f"{name}_median": per_round.median(), f"{name}_low": per_round.min(),
+                    f"{name}_high": per_round.max()}
+    return pd.DataFrame(columns)
+
+
+def verdict_table(m: Measurement) -> pd.DataFrame:
+    """Per ratio, what the measurement says of it over every configuration: the range of its medians, the noise
+    floor, and how many configurations the one verdict function calls faster, slower, not told apart, or leaves
+    without a verdict (too few rounds). Per configuration the rounds' epochs of the two loops are paired, against
+    the noise that pairing by rounds leaves of every loop's epochs."""
+    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
+    floor = noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
+    medians = ratio_table(m)
+    rows = []
+    for name, (loop, against, words) in RATIOS.items():
+        verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
+                    for _, group in seconds.groupby(CONFIG)]
+        rows.append({"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
+                     "highest_median": medians[f"{name}_median"].max(), "floor": floor,
+                     **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
+    return pd.DataFrame(rows).set_index("ratio")
+
+
+VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
+                  "too few repeats": "No verdict (few rounds)"}
+
+
+def ratio_findings(m: Measurement) -> dict:
+    """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
+    them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
+    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, those outcomes
+    that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the
+    noise floor all of them were held against (`device_floor`)."""
+    table = verdict_table(m)
+    found = {"device_overview_name": m.info["device_name"],
+             "device_configurations": m.epochs.groupby(CONFIG).ngroups,
+             "device_floor": float(table["floor"].iloc[0])}
+    for name, (_, _, words) in RATIOS.items():
+        row = table.loc[words]
+        found |= {f"device_{name}_low": float(row["lowest_median"]), f"device_{name}_high": float(row["highest_median"])}
+        found |= {f"device_{name}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
+        found[f"device_{name}_verdicts"] = ", ".join(f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
+                                                     for outcome in VERDICT_COUNTS if row[outcome] > 0)
+    return found

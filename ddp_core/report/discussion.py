@@ -1,6 +1,7 @@
 """The discussion: where the time went, and when DDP pays off, from the runs and the cost model. Reads an
-`Experiment`; offers `findings` for the page's glue (`measurement_findings` and `payoff_findings`, which the
-introduction quotes too), the emulated nodes' `nodes_findings`, `ratio_figure` and `tokens_needed_markdown`."""
+`Experiment`; offers `findings` for the page's glue (`measurement_findings` and `analysis.payoff`'s
+`payoff_findings`, which the introduction quotes too), the emulated nodes' `nodes_findings`, `ratio_figure` and
+`tokens_needed_markdown`."""
 
 from __future__ import annotations
 
@@ -10,18 +11,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
+from ddp_core.engine.model_cost import preset_configs
 from ddp_core.analysis.emulated import headline_findings
-from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict, rank_compute_s
-from ddp_core.analysis.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.analysis.cost_model import rank_compute_s
 from ddp_core.analysis.results import Experiment, load_study
 from ddp_core.analysis.tables import counted, markdown_table
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
                                            speedup_glue, time_glue)
 from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.payoff import CPU, GPU, benchmarked, payoff_findings, ratio_per_token
 
-CPU, GPU = "this CPU", "A100 + NVLink"
 
 
 def _listing(sizes: list[int]) -> str:
@@ -71,80 +71,9 @@ def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
     return compare(compute[n][:len(divided)], divided[:len(compute[n])], noise_floor(list(compute.values())))
 
 
-def _benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
-    """The largest world size with an all-reduce benchmark, and its fit."""
-    n = max(experiment.allreduce)
-    return n, fit_alpha_beta(experiment.allreduce[n])
-
-
-def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
-    """Compute rate and all-reduce fit of ranks like the 1-rank run here (each with its own cores, at its
-    measured rate), and of A100s on NVLink from published figures."""
-    n, cpu_fit = _benchmarked(experiment)
-    one = experiment.runs[1]
-    compute_1 = scaling_table(experiment).loc[1, "compute_per_step_s"]
-    cpu_rate = training_flops(one.model, one.global_batch_size * one.model["max_len"]) / compute_1
-    return {CPU: (cpu_rate, cpu_fit), GPU: (peak_gemm_flops_per_s(), nvlink_fit(n))}
-
-
-def _ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
-    """R_N at one token per rank, per kind of rank and preset: R_N grows linearly with the tokens per rank."""
-    models = preset_configs(experiment.baseline.model)
-    return {(name, preset): model_compute_to_comm_ratio(model, 1, rate, fit)
-            for name, (rate, fit) in _hardware(experiment).items() for preset, model in models.items()}
-
-
 def _targets(experiment: Experiment) -> dict[str, float]:
-    n, _ = _benchmarked(experiment)
+    n, _ = benchmarked(experiment)
     return {"break even, no overlap": 1 / (n - 1), "90 % efficiency, no overlap": 9.0}
-
-
-def payoff_findings(experiment: Experiment) -> dict:
-    """The theory's break-even against the measured R_N, whether the theory's verdict held, and how tokens, model
-    size and hardware move R_N."""
-    table = scaling_table(experiment)
-    n, _ = _benchmarked(experiment)
-    one = experiment.baseline
-    exposed_fraction = float(table.loc[n, "exposed_share"])
-    break_even_ratio = exposed_fraction / (n - 1)
-    ratio = float(table.loc[n, "compute_to_comm_ratio"])
-    hardware, ratios = _hardware(experiment), _ratio_per_token(experiment)
-    models = preset_configs(one.model)
-    fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
-    embedding_share = {preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
-                       for preset, model in models.items()}
-    link_per_flop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate) for name, (rate, fit) in hardware.items()}
-    model_ratio = ratios[CPU, one.config["preset"]] * experiment.runs[n].tokens_per_rank  # same T_c/N: same compute
-    predicts_gain = ratio > break_even_ratio
-    measured = speedup_comparisons(experiment)[n]
-    predicted = predict(experiment).loc[n]
-    return {
-        "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
-        "ratio_n_model": ratio,
-        "theory_side": "above" if predicts_gain else "below",
-        "theory_prediction": "a speedup above 1" if predicts_gain else "a slowdown",
-        "measured_speedup_value": measured.value(),
-        "theory_outcome": theory_outcome(predicts_gain, measured),
-        "cost_model_speedup": float(predicted["predicted_speedup"]),
-        "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
-        "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
-        "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
-        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU],
-        "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
-        "smallest_embedding_share": min(embedding_share.values()),
-        "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
-        "model_ratio_at_runs": float(model_ratio),
-        "allreduce_in_training_factor": float(model_ratio / ratio),
-        "allreduce_vs_benchmark_factor": float(predicted["measured_comm_s"] / predicted["predicted_comm_s"]),
-    }
-
-
-def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:
-    """Whether the measured speedup (through the one verdict function) bears the theory's prediction out: 'as the
-    theory predicts', 'against the theory's prediction', or why the runs cannot tell."""
-    if not measured.decided:
-        return f"the runs can neither confirm nor refute it ({measured.why_undecided()})"
-    return "as the theory predicts" if (measured.verdict == "higher") == predicts_gain else "against the theory's prediction"
 
 
 def findings(experiment: Experiment) -> dict:
@@ -158,8 +87,8 @@ def nodes_findings(results: Path) -> dict:
 
 def ratio_figure(experiment: Experiment):
     """R_N against tokens per rank, per preset, on CPU ranks like these and on A100s, with the two targets."""
-    n, _ = _benchmarked(experiment)
-    ratios = _ratio_per_token(experiment)
+    n, _ = benchmarked(experiment)
+    ratios = ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
     tokens = np.logspace(np.log10(64), np.log10(2**20), 40)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
@@ -182,7 +111,7 @@ def ratio_figure(experiment: Experiment):
 
 def tokens_needed_markdown(experiment: Experiment) -> str:
     """Tokens per rank per step that each preset needs on each kind of rank to reach each target (Markdown)."""
-    ratios = _ratio_per_token(experiment)
+    ratios = ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
     needed = pd.DataFrame(
         {preset: {f"{name}: {target}": value / ratios[name, preset]

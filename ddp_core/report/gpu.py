@@ -1,6 +1,6 @@
 """The GPU chapter (book/gpu.md): one GPU's throughput and model FLOP utilisation by model, precision and batch,
-where a step of the report's GPU workload goes, the trainer end to end on IMDB, and the 4-GPU forecast from the
-measured step beside the emulated cluster's links at the same number of nodes.
+where a step of the report's GPU workload goes, the trainer end to end on IMDB, and the 4-GPU forecasts beside the
+emulated cluster's links at the same number of nodes, over `ddp_core.analysis.gpu_measurements`.
 
     python -m ddp_core.report.gpu book/results      # prints the tables, from the links the book's build made
 
@@ -11,47 +11,18 @@ It reads what `benchmarks/gpu_session.sh` measures: `single_device/<gpu>` (eager
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ddp_core.engine.model_shape import PRESETS
-from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
-from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, load_timelines, measured_forecast,
-                                               replay_findings, replay_markdown)
-from ddp_core.analysis.results import Experiment, Measurement, load_measurements, read_run
-from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name, throughput_table
-from ddp_core.analysis.step_profile import StepProfile, categorised, load_step_profiles
+from ddp_core.analysis.gpu_measurements import (MFU_GOAL, PRESET_ORDER, GpuResults, emulated_table, forecast_table,
+                                                load_gpu_results, mfu_findings, mfu_table)
+from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_markdown
+from ddp_core.analysis.results import Experiment, read_run
+from ddp_core.analysis.step_profile import categorised
 from ddp_core.analysis.tables import measured_by, one_row_each
-from ddp_core.analysis.verdict import compare, noise_floor
-
-MFU_GOAL = 0.40  # the model FLOP utilisation this project set itself for the large preset in bf16 on one GPU
-PRESET_ORDER = {name: size for size, name in enumerate(PRESETS)}  # smallest model first
-
-
-@dataclass
-class GpuResults:
-    eager: Measurement
-    compiled: Measurement | None
-    profile: StepProfile | None
-
-
-def load_gpu_results(results: Path) -> GpuResults | None:
-    """The first GPU under `results` (a book's or a RESULTS_DIR) measured in full, as `gpu_session.sh` measures one:
-    eager, compiled and profiled, the large model in bf16 at a batch and at FORECAST_GPUS times it; or None. A GPU
-    measured in part (`make single-device` alone) leaves the chapter to one measured in full."""
-    measurements = load_measurements(results / "single_device")
-    profiles = load_step_profiles(results / "step_profile")
-    for eager in (m for m in measurements if m.info["device"] != "cpu" and not m.info.get("compile")):
-        name = eager.info["device_name"]
-        compiled = next((m for m in measurements if m.info.get("compile") and m.info["device_name"] == name), None)
-        profile = next((p for p in profiles if p.info["device_name"] == name), None)
-        gpu = GpuResults(eager, compiled, profile)
-        if compiled and profile and not forecast_table(gpu).query("amp == 'bf16'").empty:
-            return gpu
-    return None
+from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name
 
 
 def provenance_findings(gpu: GpuResults) -> dict:
@@ -63,18 +34,6 @@ def provenance_findings(gpu: GpuResults) -> dict:
             "gpu_matmul_tflops": info["matmul_tflops"]["bf16"], "mfu_goal": MFU_GOAL,
             "gpu_rounds": int(gpu.eager.epochs["round"].nunique()),
             "gpu_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0])}
-
-
-def mfu_table(gpu: GpuResults) -> pd.DataFrame:
-    """Per configuration, eager and (where measured) compiled: the trainer's samples/s as a run trains (timers on),
-    its model TFLOP/s, MFU against the datasheet's dense bf16 peak and share of one large product's rate."""
-    parts = [throughput_table(gpu.eager).assign(compiled=False)]
-    if gpu.compiled is not None:
-        parts.append(throughput_table(gpu.compiled).assign(compiled=True))
-    table = pd.concat(parts).set_index("compiled", append=True)
-    return table[["samples_per_s_timed", "tflops", "mfu", "share_of_matmul"]].sort_index(
-        level=["preset", "amp", "batch_size"], key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset"
-        else index)
 
 
 def mfu_markdown(gpu: GpuResults) -> str:
@@ -112,40 +71,6 @@ def mfu_figure(gpu: GpuResults):
     ax.legend(fontsize=8, loc="upper left", ncol=3, frameon=False)
     fig.tight_layout()
     return fig
-
-
-def mfu_findings(gpu: GpuResults) -> dict:
-    """The best MFU eager and compiled, against the goal; and the compiled trainer against the eager plain loop
-    that its measurement ran in the same rounds, judged by the one verdict function."""
-    table = mfu_table(gpu)
-    eager = table.xs(False, level="compiled").sort_index()
-    best = eager["mfu"].idxmax()
-    found = {"best_mfu": eager["mfu"].max(), "best_config": f"{best[0]}, {precision_name(best[1])}, batch {best[2]}",
-             "best_tflops": eager.loc[best, "tflops"],
-             "goal_word": "reached" if table["mfu"].max() >= MFU_GOAL else "not reached",
-             "fp32_best_mfu": eager[eager.index.get_level_values("amp") == "off"]["mfu"].max(),
-             "fp32_matmul_tflops": gpu.eager.info["matmul_tflops"].get("off", float("nan"))}
-    smallest = min(eager.index.get_level_values("preset"), key=PRESET_ORDER.get)
-    amp = eager.loc[smallest].index.get_level_values("amp")[0]  # bf16 where measured
-    steps = (eager.index.get_level_values("batch_size") / eager["samples_per_s_timed"]).loc[(smallest, amp)]
-    found |= {"smallest_preset": smallest, "smallest_precision": precision_name(amp),
-              "smallest_batch_low": int(steps.index.min()),
-              "smallest_batch_high": int(steps.index.max()),
-              "smallest_batch_growth": steps.index.max() / steps.index.min(),
-              "smallest_step_growth": steps.loc[steps.index.max()] / steps.loc[steps.index.min()]}
-    if gpu.compiled is not None:
-        compiled = table.xs(True, level="compiled")
-        config = compiled["mfu"].idxmax()
-        seconds = gpu.compiled.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").loc[config]
-        floor = noise_floor([list(seconds[loop]) for loop in seconds])
-        verdict = compare(list(seconds["plain"]), list(seconds["timed"]), floor)
-        found |= {"compiled_mfu": compiled.loc[config, "mfu"], "compiled_tflops": compiled.loc[config, "tflops"],
-                  "compiled_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
-                  "eager_mfu_same_config": eager.loc[config, "mfu"] if config in eager.index else float("nan"),
-                  "compiled_vs_plain": verdict.ratio, "compiled_vs_plain_low": verdict.low,
-                  "compiled_vs_plain_high": verdict.high, "compiled_rounds": len(seconds),
-                  "compiled_verdict": verdict.says("slower", "faster")}
-    return found
 
 
 def step_findings(gpu: GpuResults) -> dict:
@@ -210,31 +135,6 @@ def trainer_findings(folder: Path) -> dict:
             "trainer_above_chance": int((table["val_accuracy"] > table["chance"]).sum())}
 
 
-def forecast_table(gpu: GpuResults) -> pd.DataFrame:
-    """The large model's forecast on FORECAST_GPUS GPUs from the measured steps, per precision and batch per GPU:
-    `measured_forecast`'s steps and speedups with each GPU's share stepped in DDP; R_N as the emulated cluster takes
-    it, T_1/N over the all-reduce; how much longer a GPU's share takes than T_1/N; and the efficiency with every
-    bucket exposed and with the last only, the lowest also from the share's slowest and fastest round."""
-    ahead = measured_forecast(gpu.eager)
-    ahead = ahead[ahead["preset"] == "large"].reset_index(drop=True)
-    epochs = gpu.eager.epochs[gpu.eager.epochs["loop"] == SHARE_LOOP].set_index(CONFIG)
-    rounds = (epochs["seconds"] / (epochs["samples"] / epochs.index.get_level_values("batch_size"))).groupby(CONFIG)
-    shares = [rounds.get_group(("large", row.amp, row.batch_per_gpu)) * 1e3 for row in ahead.itertuples()]
-    ideal_ms = ahead["one_gpu_ms"] / FORECAST_GPUS
-    ahead["ratio"] = ideal_ms / ahead["comm_ms"]
-    ahead["compute_over_ideal"] = ahead["per_gpu_ms"] / ideal_ms
-    n = FORECAST_GPUS
-    ahead["efficiency_no_overlap"] = ahead["speedup_no_overlap"] / n
-    ahead["efficiency_last_bucket"] = ahead["speedup_last_bucket_only"] / n
-    ahead["compute_over_ideal_low"] = [share.min() / ideal for share, ideal in zip(shares, ideal_ms)]
-    ahead["compute_over_ideal_high"] = [share.max() / ideal for share, ideal in zip(shares, ideal_ms)]
-    ahead["efficiency_no_overlap_low"] = [row.one_gpu_ms / (share.max() + row.comm_ms) / n
-                                          for row, share in zip(ahead.itertuples(), shares)]
-    ahead["efficiency_no_overlap_high"] = [row.one_gpu_ms / (share.min() + row.comm_ms) / n
-                                           for row, share in zip(ahead.itertuples(), shares)]
-    return ahead
-
-
 def forecast_markdown(gpu: GpuResults) -> str:
     table = forecast_table(gpu)
     table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu}" for row in table.itertuples()]
@@ -248,24 +148,6 @@ def forecast_markdown(gpu: GpuResults) -> str:
         "Large model: precision, batch per GPU")
 
 
-def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
-    """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many):
-    R_N from the benchmarked all-reduce, as the forecast's (the ratio the wind tunnel reached, where it set the
-    links; else one node's forward and backward over N, over the benchmark), and the efficiency its runs measured
-    with its range."""
-    links = link_table(nodes)
-    n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
-    table = links[links["world_size"] == n].set_index("link")
-    share = node_share(nodes[BASELINE])  # the links' nodes, not the similarity test's
-    reached = similarity_table(nodes).query("nodes == @n and share == @share").set_index("configuration")[
-        "achieved_ratio"]
-    ratio = reached.reindex(table.index).fillna(table["predicted_compute_s"] / table["predicted_comm_s"])
-    return pd.DataFrame({"nodes": n, "ratio": ratio,
-                         "compute_over_ideal": table["compute_per_step_s"] / table["predicted_compute_s"],
-                         "efficiency": table["efficiency"], "efficiency_low": table["speedup_low"] / n,
-                         "efficiency_high": table["speedup_high"] / n}).sort_values("ratio")
-
-
 def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     table = emulated_table(nodes)
     table["range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"], table["efficiency_high"])]
@@ -274,53 +156,6 @@ def emulated_markdown(nodes: dict[str, Experiment]) -> str:
                                 "compute_over_ideal": (f"A node's compute / ($T_1$/{n})", "{:.2f}"),
                                 "efficiency": ("Efficiency, measured (median)", "{:.0%}"),
                                 "range": ("lowest to highest", "{}")}, "Emulated link")
-
-
-def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
-    """Where `ratio` falls among the links' (indexed by link): "between", "above" or "below" them all, and the links
-    on either side of it, lower first."""
-    below = link_ratios[link_ratios <= ratio].sort_values()
-    above = link_ratios[link_ratios > ratio].sort_values()
-    place = "between" if len(below) and len(above) else "above" if len(below) else "below"
-    return place, list(below.index[-1:]) + list(above.index[:1])
-
-
-def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
-    """For the bf16 row with the largest batch per GPU: its forecast, and where its R_N falls among the emulated
-    links' ("between" two of them, "above" or "below" all), with the links on either side and their efficiencies."""
-    table = forecast_table(gpu).sort_values("batch_per_gpu")
-    row, fp32 = table.query("amp == 'bf16'").iloc[-1], table.query("amp == 'off'")
-    links = emulated_table(nodes)
-    place, beside = place_among(row["ratio"], links["ratio"])
-    return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": int(row["batch_per_gpu"]),
-            "forecast_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
-            "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", int(row["batch_per_gpu"]), False), "mfu"],
-            "forecast_compute_over_ideal": row["compute_over_ideal"],
-            "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
-                                                  f"{row['compute_over_ideal_high']:.2f}",
-            "forecast_speedup_low": row["speedup_no_overlap"], "forecast_speedup_high": row["speedup_last_bucket_only"],
-            "forecast_speedup_word": "slower than one GPU" if row["speedup_last_bucket_only"] < 1
-            else "faster than one GPU" if row["speedup_no_overlap"] > 1 else "about as fast as one GPU",
-            "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
-            "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
-            "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),
-            "forecast_fp32_compute_over_ideal": fp32["compute_over_ideal"].iloc[-1] if len(fp32) else float("nan"),
-            "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
-            "forecast_global_batch": int(row["batch_per_gpu"]) * FORECAST_GPUS,
-            "forecast_one_gpu_ms": row["one_gpu_ms"], "forecast_per_gpu_ms": row["per_gpu_ms"],
-            "forecast_comm_ms": row["comm_ms"], "forecast_ratio": row["ratio"],
-            "forecast_low": row["efficiency_no_overlap"], "forecast_high": row["efficiency_last_bucket"],
-            "forecast_place": place, "emulated_nodes": int(links["nodes"].iloc[0]),
-            "forecast_beside": " and ".join(f"{link} at {links.loc[link, 'ratio']:.2f}, {links.loc[link, 'efficiency']:.0%} "
-                                            f"measured" for link in beside)}
-
-
-def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
-    """`mfu_findings`, `forecast_findings` and `replay_findings` named `gpu_<name>`, with the GPU's name as
-    `gpu_device`, for the first page."""
-    gpu = load_gpu_results(results)
-    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(load_timelines(results / "gpu_timeline"))
-    return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}
 
 
 def print_summary(results: Path) -> None:

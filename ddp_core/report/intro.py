@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.report import gpu, time_to_accuracy
-from ddp_core.report.single_device import ratio_findings
-from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, similarity_table,
-                                        similarity_test_table)
-from ddp_core.report.nodes import nodes_figure
+from ddp_core.analysis import gpu_measurements
 from ddp_core.analysis.comparisons import speedup_comparisons, speedup_glue
-from ddp_core.report.discussion import payoff_findings
-from ddp_core.analysis.results import Experiment, Measurement, load_experiment, load_measurements, load_study
+from ddp_core.analysis.critical_batch import critical_batch_findings
+from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
+                                        similarity_table, similarity_test_table)
+from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
+from ddp_core.analysis.results import Experiment, Measurement, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, in_words, one_row_each
+from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
 
@@ -27,8 +27,8 @@ def key_findings(results: Path) -> dict:
     chapter's ratios (`device_`) and the list of studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
     return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
-            | gpu.headline_findings(results, nodes)
-            | studies_findings(load_study_list()) | time_to_accuracy.findings(load_study(results / "time_to_accuracy"))
+            | gpu_measurements.headline_findings(results, nodes)
+            | studies_findings(load_study_list()) | critical_batch_findings(load_study(results / "time_to_accuracy"))
             | one_device_findings(load_measurements(results / "single_device"), scaling))
 
 

@@ -24,66 +24,8 @@ from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
 from ddp_core.analysis.tables import counted, day, measured_by, one_row_each, with_article
-from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name, throughput_table
-from ddp_core.analysis.verdict import compare, noise_floor
-
-# name: (loop, against loop, in words)
-RATIOS = {
-    "trainer": ("ddp_core", "plain", "throughput, the project's trainer / plain loop"),
-    "timers": ("timed", "ddp_core", "throughput, timers on / off"),
-    "ddp": ("ddp_of_one", "ddp_core", "throughput, in DDP, group of one / bare model"),
-}
-def ratio_table(m: Measurement) -> pd.DataFrame:
-    """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
-    (throughput of the loop it is set against)."""
-    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop")
-    columns = {}
-    for name, (loop, against, _) in RATIOS.items():
-        per_round = (seconds[against] / seconds[loop]).groupby(CONFIG)
-        columns |= {f"{name}_median": per_round.median(), f"{name}_low": per_round.min(),
-                    f"{name}_high": per_round.max()}
-    return pd.DataFrame(columns)
-
-
-def verdict_table(m: Measurement) -> pd.DataFrame:
-    """Per ratio, what the measurement says of it over every configuration: the range of its medians, the noise
-    floor, and how many configurations the one verdict function calls faster, slower, not told apart, or leaves
-    without a verdict (too few rounds). Per configuration the rounds' epochs of the two loops are paired, against
-    the noise that pairing by rounds leaves of every loop's epochs."""
-    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
-    floor = noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
-    medians = ratio_table(m)
-    rows = []
-    for name, (loop, against, words) in RATIOS.items():
-        verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
-                    for _, group in seconds.groupby(CONFIG)]
-        rows.append({"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
-                     "highest_median": medians[f"{name}_median"].max(), "floor": floor,
-                     **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
-    return pd.DataFrame(rows).set_index("ratio")
-
-
-VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
-                  "too few repeats": "No verdict (few rounds)"}
-
-
-def ratio_findings(m: Measurement) -> dict:
-    """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
-    them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
-    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, those outcomes
-    that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the
-    noise floor all of them were held against (`device_floor`)."""
-    table = verdict_table(m)
-    found = {"device_overview_name": m.info["device_name"],
-             "device_configurations": m.epochs.groupby(CONFIG).ngroups,
-             "device_floor": float(table["floor"].iloc[0])}
-    for name, (_, _, words) in RATIOS.items():
-        row = table.loc[words]
-        found |= {f"device_{name}_low": float(row["lowest_median"]), f"device_{name}_high": float(row["highest_median"])}
-        found |= {f"device_{name}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
-        found[f"device_{name}_verdicts"] = ", ".join(f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
-                                                     for outcome in VERDICT_COUNTS if row[outcome] > 0)
-    return found
+from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
+                                          throughput_table, verdict_table)
 
 
 def verdict_markdown(m: Measurement) -> str:

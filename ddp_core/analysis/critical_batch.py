@@ -1,0 +1,174 @@
+"""Steps to a target accuracy against the global batch size (Shallue et al., JMLR 2019), and the critical batch
+size past which a larger batch stops saving steps (McCandlish et al., 2018), from the time-to-accuracy study's runs:
+each run's steps to the target, the fit of S = S_min + E_min / B through them with its interval over the seeds, and
+the gradient noise scale the runs measured. The page book/studies/time_to_accuracy.md shows them, the key findings
+quote them.
+
+McCandlish et al.'s model of training speed: the steps S and samples E = B·S to reach a target satisfy
+(S/S_min - 1)(E/E_min - 1) = 1. With E = B·S this is S = S_min + E_min / B: perfect scaling (S halves as B doubles)
+while B is far below B_crit = E_min / S_min, no saving far above it. S is linear in 1/B, so a least-squares line
+through the measured (1/B, S) gives S_min (its intercept) and E_min (its slope).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ddp_core.analysis.comparisons import median_step
+from ddp_core.analysis.results import Experiment, ResultsError
+from ddp_core.analysis.tables import in_words
+
+
+def steps_to_target(evals: pd.DataFrame, target: float) -> float:
+    """The optimizer step of the first evaluation at or past `target` (rows of evals.csv: step, val_accuracy);
+    NaN for a run that never reached it, never its last step."""
+    reached = evals.loc[evals["val_accuracy"] >= target, "step"]
+    return float(reached.min()) if len(reached) else math.nan
+
+
+def critical_batch(batch_sizes, steps) -> dict[str, float]:
+    """S_min, E_min and B_crit = E_min / S_min from steps to target at each global batch size (runs that never
+    reached it left out), by least squares of S = S_min + E_min / B in relative error: the spread of the steps over
+    seeds grows with the steps, and a plain fit would let the smallest batch's scatter set the bend. NaN where
+    fewer than two batch sizes reached it or the fit has no positive S_min and E_min (no bend in the measured
+    range)."""
+    batch, measured = np.asarray(batch_sizes, float), np.asarray(steps, float)
+    keep = np.isfinite(measured)
+    batch, measured = batch[keep], measured[keep]
+    if len(np.unique(batch)) < 2:
+        return dict.fromkeys(["s_min", "e_min", "b_crit"], math.nan)
+    e_min, s_min = np.polyfit(1.0 / batch, measured, 1, w=1.0 / measured)
+    if s_min <= 0 or e_min <= 0:
+        return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": math.nan}
+    return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min)}
+
+
+DRAWS = 2000  # resamples of the seeds in `critical_batch_interval`
+
+
+def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> dict[str, float]:
+    """How far B_crit and S_min move with the seeds: the runs of each batch size resampled with replacement and
+    fitted again; the 2.5th and 97.5th percentiles over the draws (NaN fits, with no bend, left out: their share
+    is `no_bend`)."""
+    rng = np.random.default_rng(seed)
+    groups = {batch: group["steps"].to_numpy(float) for batch, group in table.groupby("batch")}
+    batches = np.concatenate([np.full(len(g), batch) for batch, g in groups.items()])
+    fits = [critical_batch(batches, np.concatenate([rng.choice(g, size=len(g)) for g in groups.values()]))
+            for _ in range(draws)]
+    b_crit = np.array([f["b_crit"] for f in fits])
+    s_min = np.array([f["s_min"] for f in fits])[np.isfinite(b_crit)]
+    b_crit = b_crit[np.isfinite(b_crit)]
+    if not len(b_crit):
+        return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan) | {"no_bend": 1.0}
+    return {"b_crit_low": float(np.percentile(b_crit, 2.5)), "b_crit_high": float(np.percentile(b_crit, 97.5)),
+            "s_min_low": float(np.percentile(s_min, 2.5)), "s_min_high": float(np.percentile(s_min, 97.5)),
+            "no_bend": 1 - len(b_crit) / draws}
+
+
+def _evals(experiment: Experiment, run: str) -> pd.DataFrame:
+    path = experiment.folder / run / "evals.csv"
+    if not path.is_file():
+        raise ResultsError(f"{path}: missing (the study's runs evaluate inside epochs: train them again)")
+    return pd.read_csv(path)
+
+
+def noise_scale_of_run(metrics: pd.DataFrame) -> float:
+    """B_simple over a whole run: the estimates of tr(Σ) and |G|² averaged over its steps, then divided (the
+    paper's smoothing: a ratio of averages, not an average of the epochs' noisy ratios)."""
+    weights = metrics["steps"]
+    trace = (metrics["grad_noise_trace"] * weights).sum() / weights.sum()
+    signal = (metrics["grad_sq_norm"] * weights).sum() / weights.sum()
+    return float(trace / signal) if signal > 0 else math.nan
+
+
+def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
+    """One row per run: its variant, global and per-rank batch, learning rate, seed, the target, the steps and
+    samples it took to reach it (NaN: never reached), its last evaluated step and its evaluations' interval in
+    steps, B_simple over the run, and in seconds its median step, the median of a step less the all-reduce it
+    waited for (compute), and the median of that all-reduce (exposed)."""
+    rows = []
+    for name, experiment in variants.items():
+        for run in experiment.all_runs:
+            target = run.config["target_accuracy"]
+            evals = _evals(experiment, run.name)
+            steps = steps_to_target(evals, target)
+            metrics = experiment.metrics[experiment.metrics["run"] == run.name]
+            steps_csv = experiment.steps[experiment.steps["run"] == run.name]
+            rows.append({"variant": name, "batch": run.global_batch_size, "per_rank_batch": run.per_rank_batch_size,
+                         "ranks": run.world_size, "lr": run.config["lr"], "seed": run.config["seed"],
+                         "target": target, "steps": steps, "samples": steps * run.global_batch_size,
+                         "last_step": float(evals["step"].max()), "eval_every": run.config["eval_every_steps"],
+                         "b_simple": noise_scale_of_run(metrics), "step_s": median_step(steps_csv["step_time_s"]),
+                         "compute_s": median_step(steps_csv["step_time_s"] - steps_csv["comm_exposed_s"]),
+                         "exposed_s": median_step(steps_csv["comm_exposed_s"])})
+    return pd.DataFrame(rows)
+
+
+def follows_rule(table: pd.DataFrame) -> pd.Series:
+    """Which runs have the learning rate of the square-root rule, lr = c·√B: c is the one most variants share
+    (the median of lr/√B), and the runs of the rule's neighbours differ from it."""
+    c = table["lr"] / np.sqrt(table["batch"])
+    return pd.Series(np.isclose(c, c.median(), rtol=0.01), index=table.index)
+
+
+def rule_fit(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The runs at the rule's learning rate, and McCandlish's model fitted to them (`critical_batch`): what the
+    page's figures, tables and findings all rest on."""
+    rule = table[follows_rule(table)]
+    return rule, critical_batch(rule["batch"], rule["steps"])
+
+
+def per_batch(table: pd.DataFrame) -> pd.DataFrame:
+    """The rule's runs by global batch: median steps and samples to the target over the repeats, their range,
+    how many reached it, the evaluations' interval, B_simple's mean, and the medians of the runs' step, compute
+    and exposed all-reduce."""
+    rule = table[follows_rule(table)]
+    grouped = rule.groupby("batch")
+    return pd.DataFrame({
+        "per_rank_batch": grouped["per_rank_batch"].first(), "lr": grouped["lr"].first(),
+        "steps": grouped["steps"].median(), "steps_low": grouped["steps"].min(), "steps_high": grouped["steps"].max(),
+        "samples": grouped["samples"].median(), "reached": grouped["steps"].count(), "runs": grouped.size(),
+        "eval_every": grouped["eval_every"].first(), "b_simple": grouped["b_simple"].mean(),
+        "step_s": grouped["step_s"].median(), "compute_s": grouped["compute_s"].median(),
+        "exposed_s": grouped["exposed_s"].median()})
+
+
+def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
+    table = runs_table(variants)
+    batches = per_batch(table)
+    rule, fit = rule_fit(table)
+    interval = critical_batch_interval(rule)
+    first = next(iter(variants.values())).baseline
+    chance = 1 / first.model["num_classes"]
+    smallest, largest = batches.index.min(), batches.index.max()
+    return {
+        "tta_target": first.config["target_accuracy"], "tta_chance": chance, "tta_preset": first.config["preset"],
+        "tta_dataset": in_words(first.config["dataset"]),
+        "tta_eval_samples": first.config["eval_samples"],
+        "tta_target_se": math.sqrt(first.config["target_accuracy"] * (1 - first.config["target_accuracy"])
+                                   / first.config["eval_samples"]),
+        "tta_ranks": int(table["ranks"].iloc[0]), "tta_smallest": int(smallest), "tta_largest": int(largest),
+        "tta_lr_at_32": float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
+        "tta_unreached": int(table["steps"].isna().sum()), "tta_runs": len(table),
+        "tta_samples_smallest": float(batches.loc[smallest, "samples"]),
+        "tta_samples_largest": float(batches.loc[largest, "samples"]),
+        "tta_steps_smallest": float(batches.loc[smallest, "steps"]),
+        "tta_steps_largest": float(batches.loc[largest, "steps"]),
+        "tta_b_crit": fit["b_crit"], "tta_s_min": fit["s_min"], "tta_e_min": fit["e_min"],
+        "tta_b_simple": float(rule["b_simple"].mean()), "tta_b_simple_low": float(rule["b_simple"].min()),
+        "tta_b_simple_high": float(rule["b_simple"].max()),
+        "tta_b_crit_over_b_simple": fit["b_crit"] / float(rule["b_simple"].mean()),
+        "tta_rule_unreached": int(rule["steps"].isna().sum()), "tta_rule_runs": len(rule),
+        "tta_evals_largest": int(batches.loc[largest, "eval_every"]),
+        **{f"tta_{key}": value for key, value in interval.items()},
+        "tta_b_crit_against_range": "past the largest batch measured" if fit["b_crit"] > largest
+        else "below the smallest batch measured" if fit["b_crit"] < smallest else "inside the range measured",
+        "tta_ratio_low": interval["b_crit_low"] / float(rule["b_simple"].mean()),
+        "tta_ratio_high": interval["b_crit_high"] / float(rule["b_simple"].mean()),
+        "tta_b_crit_against_b_simple": "larger than every noise scale measured"
+        if interval["b_crit_low"] > rule["b_simple"].max() else "smaller than every noise scale measured"
+        if interval["b_crit_high"] < rule["b_simple"].min() else "not told apart from the noise scale",
+    }
