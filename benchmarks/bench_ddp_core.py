@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ddp_core.launch.local import launch_command
+from ddp_core.launch.plan import launch_command
 
 EPOCHS = 3
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from ddp_core.launch.emulated import EmulatedCluster
-from ddp_core.launch.local import follow_trainer, prepare, trainer_args
+from ddp_core.launch.plan import follow_trainer, prepare, trainer_args
 from ddp_core.analysis.cpu_period import load_periods, period_table
 from ddp_core.studies.study_list import load_study_list
 

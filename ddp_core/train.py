@@ -55,7 +55,7 @@ from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
-from ddp_core.launch.local import RUN_FINISHED_LINE
+from ddp_core.launch.plan import RUN_FINISHED_LINE
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import pytest
 from filelock import FileLock
 
 from ddp_core.engine.config import load_profile, to_args
-from ddp_core.launch.local import launch_command
+from ddp_core.launch.plan import launch_command
 from ddp_core.paths import REPO_ROOT as REPO
 
 TINY_STUDIES = REPO / "tests" / "studies-tiny.yml"

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, one_line_error
-from ddp_core.launch.local import ExperimentError, prepare, run_local
+from ddp_core.launch.local import run_local
+from ddp_core.launch.plan import ExperimentError, prepare
 
 BATCH = ["--global-batch-size", "8"]
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, TWO_RANKS_SETTINGS, read_metrics
 from ddp_core.launch.cpu_share import CpuShareError, find_controller
 from ddp_core.launch.emulated import EmulatedCluster, leftovers
-from ddp_core.launch.local import ExperimentError, prepare
+from ddp_core.launch.plan import ExperimentError, prepare
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
                                 reason="an emulated cluster needs root on Linux (network namespaces)")
@@ -86,7 +86,7 @@ def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
 def test_a_node_that_fails_stops_the_others_and_is_the_one_named(tmp_path):
     """Each node runs its one rank without a torchrun agent: the launcher ends the job when a rank fails, as the
     agents would, so that no rank waits in a collective for a peer that is gone."""
-    from ddp_core.launch.emulated import ClusterError
+    from ddp_core.launch.plan import ClusterError
 
     program = ["-c", "import os, sys, time\nif os.environ['RANK'] == '2': sys.exit(3)\ntime.sleep(120)"]
     with EmulatedCluster(nodes=3) as cluster:
@@ -150,7 +150,7 @@ def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, i
 
 
 def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
-    code = ("from ddp_core.launch.local import prepare\n"
+    code = ("from ddp_core.launch.plan import prepare\n"
             "prepare(world_size=2, nodes=2, launcher='emulated', results_dir='/tmp', experiment='x', profile='tiny')")
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                           cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, read_metrics, run_training
-from ddp_core.launch.local import launch_command
+from ddp_core.launch.plan import launch_command
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 

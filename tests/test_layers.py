@@ -7,9 +7,14 @@ from conftest import REPO
 
 
 def imported_modules(path) -> set[str]:
-    """Every module a Python file imports, at its top or inside a function."""
+    """Every module a Python file imports, at its top or inside a function, but for annotations alone (under
+    `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -37,3 +42,24 @@ def test_a_page_imports_no_other_page():
                  for path in pages}
     assert {page: modules for page, modules in offenders.items() if modules} == {}
 
+
+
+def test_the_modules_import_each_other_without_a_circle():
+    modules = {f"ddp_core.{path.parent.name}.{path.stem}": path for folder in ("analysis", "report", "engine", "launch",
+                                                                               "studies", "bench")
+               for path in (REPO / "ddp_core" / folder).glob("*.py") if path.stem != "__init__"}
+    graph = {name: {m for m in imported_modules(path) if m in modules and m != name} for name, path in modules.items()}
+    done, path = set(), []
+
+    def visit(name):
+        assert name not in path, f"an import circle: {' -> '.join(path[path.index(name):] + [name])}"
+        if name in done:
+            return
+        path.append(name)
+        for imported in sorted(graph[name]):
+            visit(imported)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, TINY_SYNTHETIC, read_metrics, run_training
 from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS
-from ddp_core.launch.local import launch_command
+from ddp_core.launch.plan import launch_command
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 

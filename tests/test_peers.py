@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.peers.__main__ import EPOCHS, LOOPS, PEERS, main as peers_main, round_order
 from conftest import REPO, run_in_process
-from ddp_core.launch.local import launch_command
+from ddp_core.launch.plan import launch_command
 from ddp_core.analysis.peers import PeerMeasurement, comparisons, speed_table
 
 BENCHMARK = [sys.executable, "-m", "benchmarks.peers"]

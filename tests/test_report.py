@@ -18,8 +18,9 @@ import papermill
 import pytest
 
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZES, runnable_tiny_studies
-from ddp_core.launch.emulated import rate_bits_per_s
-from ddp_core.launch.local import ExperimentError, prepare, run_local
+from ddp_core.launch.plan import rate_bits_per_s
+from ddp_core.launch.local import run_local
+from ddp_core.launch.plan import ExperimentError, prepare
 from ddp_core.report import grad_accum
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.results import load_study

@@ -36,7 +36,7 @@ from ddp_core.engine.config import OneLineParser, UsageError, parse_args
 from ddp_core.engine.data import load_data
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import resolve_runtime
-from ddp_core.launch.local import launch_command
+from ddp_core.launch.plan import launch_command
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 
 LOOPS = {"ddp_core": "ddp_core.train", "tutorial": "benchmarks.peers.tutorial_loop",

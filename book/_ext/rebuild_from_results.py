@@ -15,7 +15,7 @@ links, and what hangs on them, right at every build.
   their executed notebooks stay in their folders): the others' folders are excluded from the sources.
 - The executed run notebooks all open with the notebook's own title; each page is titled by its run
   instead (world size, dataset, model), so the contents and the PDF can tell them apart.
-- Runs made before the trainer's command was printed in lines continued with ` \\` (launch.local.shell_command)
+- Runs made before the trainer's command was printed in lines continued with ` \\` (launch.plan.shell_command)
   printed it on one line; their pages show it the new way, so that it fits the PDF's page.
 - Sphinx reads a page again only when its source changed, but a new run, or the links pointed at
   other runs, changes the pages with no source change. So every build reads every page again (a
@@ -111,7 +111,7 @@ def wrap_printed_commands(notebook_json: str) -> str:
     """The notebook with each one-line `$ COMMAND` of its printed output in the lines that the runs print now."""
     import shlex
 
-    from ddp_core.launch.local import shell_command
+    from ddp_core.launch.plan import shell_command
 
     def wrapped(line):
         if not line.startswith("$ ") or line.endswith("\\"):

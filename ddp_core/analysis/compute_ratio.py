@@ -4,7 +4,10 @@ share of the machine a rank computes on, which sets how far a rank's measured co
 
 from __future__ import annotations
 
-from ddp_core.analysis.results import RunInfo
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotations only: results imports the study list, which checks against similarity's
+    from ddp_core.analysis.results import RunInfo
 
 
 def compute_to_comm_ratio(rank_share_s: float, allreduce_s: float) -> float:

@@ -21,7 +21,7 @@ from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted
 from ddp_core.analysis.verdict import error_rates
-from ddp_core.launch.emulated import rate_bits_per_s
+from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.studies.wind_tunnel import TOLERANCE
 
 BASELINE = "one_node"

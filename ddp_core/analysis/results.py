@@ -22,7 +22,7 @@ from statistics import median
 import pandas as pd
 
 from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS
-from ddp_core.launch.local import WIND_TUNNEL_FILE
+from ddp_core.launch.plan import WIND_TUNNEL_FILE
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
 NOT_SETTINGS = ("out", "data_dir", "cache_dir", "check", "progress", "resume")
@@ -233,20 +233,20 @@ def joined(*experiments: Experiment) -> Experiment:
 
 def load_study(folder: str | Path, variant_order: list[str] | None = None) -> dict[str, Experiment]:
     """A study's experiments by variant: the folder itself ("") when it holds runs, else each subfolder that
-    does (not the wind tunnel's measurements beside them), in `variant_order` (default: the order of the study list's entry named like the folder)."""
+    does (not the wind tunnel's measurements beside them), in `variant_order` (default: the order in which the
+    variants first ran, which the study runner takes from the study list)."""
     folder = Path(folder)
     if folder.is_dir() and any((p / "run.json").exists() for p in folder.iterdir() if p.is_dir()):
         return {"": load_experiment(folder)}
     found = {p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*/run.json"))} if folder.is_dir() else set()
     if not found:
         raise ResultsError(f"{folder}: no runs of this study (run it: make report STUDIES={folder.name})")
+    experiments = {name: load_experiment(folder / name) for name in found}
     if variant_order is None:
-        from ddp_core.studies.study_list import load_study_list
-
-        study = load_study_list().get(folder.name)
-        variant_order = [v.name for v in study.variants] if study else []
+        first_run = {name: min(run.raw["start_time"] for run in e.all_runs) for name, e in experiments.items()}
+        variant_order = sorted(found, key=lambda name: (first_run[name], name))
     ordered = [name for name in variant_order if name in found] + sorted(found - set(variant_order))
-    return {name: load_experiment(folder / name) for name in ordered}
+    return {name: experiments[name] for name in ordered}
 
 
 def study_tables(folder: Path, studies: list[str]) -> pd.DataFrame:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ddp_core.engine.config import TrainConfig, world_size_from_env
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
-from ddp_core.launch.local import ALLREDUCE_READY_LINE
+from ddp_core.launch.plan import ALLREDUCE_READY_LINE
 
 COLUMNS = ["size_bytes", "iterations", "time_s", "algbw_GBps", "busbw_GBps", "world_size"]
 

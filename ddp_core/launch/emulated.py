@@ -38,59 +38,18 @@ from pathlib import Path
 
 from ddp_core.engine.config import ERROR_PREFIX
 from ddp_core.engine.run_files import save_atomic
-from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, NodeCpu, check_shares, find_controller, remove_group
-from ddp_core.launch.local import (NETWORK_FILE, ExperimentError, Plan, follow_trainer, refuse_interrupted,
-                                   shell_command, stop_with_parent, trainer_args)
+from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, NodeCpu, find_controller, remove_group
+from ddp_core.launch.plan import (NETWORK_FILE, ClusterError, ExperimentError, Plan, check_can_emulate, follow_trainer,
+                                  rate_bits_per_s, refuse_interrupted, shell_command, stop_with_parent, trainer_args)
 
 SUBNET = "198.18.0"  # nodes are SUBNET.1, SUBNET.2, ...: RFC 2544's benchmarking range
-MAX_NODES = 32
 NETNS_ETC = Path("/etc/netns")
 PREFIX = "ddc"  # ddc<owner pid, 6 hex digits><sequence>: <=15 characters with the link suffixes (Linux's limit)
 NAME = re.compile(rf"^{PREFIX}(?P<owner>[0-9a-f]{{6}})[0-9a-z](?:-n\d+|br|v\d+)$")
-RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>kbit|mbit|gbit)$")
-UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 STOP_GRACE_S = 5  # after a node failed, the others' time to end by themselves before they are stopped
 MASTER_PORT = 29500  # every cluster has its own network stacks: two clusters never share this port
 _sequence = itertools.count()
 _failure_lock = threading.Lock()
-
-
-class ClusterError(ExperimentError):
-    """This machine cannot emulate the cluster asked for, or a node failed, in one line."""
-
-
-def rate_bits_per_s(link_rate: str | None) -> float | None:
-    """Bits per second of a tc rate such as "100mbit" or "2.5gbit"; None (unshaped) stays None."""
-    if link_rate is None:
-        return None
-    match = RATE.match(str(link_rate))
-    if not match or float(match["value"]) <= 0:
-        raise ClusterError(f"link_rate must be a rate such as 100mbit or 1gbit (kbit, mbit or gbit), or None for an "
-                           f"unshaped link; got {link_rate!r}")
-    return float(match["value"]) * UNITS[match["unit"]]
-
-
-def check_can_emulate(nodes: int, link_rate: str | None, cpus_per_node: float | None = None) -> None:
-    """Refuse, before anything is created, what cannot work here: not root, no ip/tc/unshare, a bad rate, a CPU share
-    that is not positive or that the machine's cores cannot give every node, no writable CPU controller."""
-    if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
-        raise ClusterError(f"an emulated cluster has 1 to {MAX_NODES} nodes, got {nodes!r}")
-    rate_bits_per_s(link_rate)
-    if sys.platform != "linux":
-        raise ClusterError("an emulated cluster needs Linux network namespaces")
-    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
-    if missing:
-        raise ClusterError(f"an emulated cluster needs {', '.join(missing)} (Debian: apt-get install iproute2 "
-                           f"util-linux)")
-    if os.geteuid() != 0:
-        raise ClusterError("an emulated cluster creates network namespaces and links: run as root (sudo), or use "
-                           "launcher='local'")
-    if cpus_per_node is not None:
-        try:
-            check_shares(nodes, cpus_per_node)
-            find_controller()
-        except CpuShareError as exc:
-            raise ClusterError(str(exc)) from None
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ddp_core.engine.config import ERROR_PREFIX
-from ddp_core.launch.local import ExperimentError, Plan, refuse_interrupted
+from ddp_core.launch.plan import ExperimentError, Plan, refuse_interrupted
 from ddp_core.paths import REPO_ROOT
 
 SBATCH_SCRIPT = REPO_ROOT / "slurm" / "ddp_train.sbatch"

@@ -25,8 +25,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_core.launch.emulated import check_can_emulate
-from ddp_core.launch.local import ExperimentError, Plan, launch_command, prepare
+from ddp_core.launch.plan import check_can_emulate
+from ddp_core.launch.plan import ExperimentError, Plan, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
 from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ddp_core.launch.local import run_dir_name
+from ddp_core.launch.plan import run_dir_name
 from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"

@@ -34,8 +34,9 @@ import numpy as np
 
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
-from ddp_core.launch.emulated import EmulatedCluster, rate_bits_per_s
-from ddp_core.launch.local import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, run_dir_name
+from ddp_core.launch.emulated import EmulatedCluster
+from ddp_core.launch.plan import rate_bits_per_s
+from ddp_core.launch.plan import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, run_dir_name
 from ddp_core.studies.study_list import Run, Study, StudyError
 
 TOLERANCE = 0.05  # the achieved R_N^bench within 5 % of the target

@@ -1,0 +1,263 @@
+"""One experiment configuration's launch plan, which every launcher takes (`local.run_local`, `emulated.run_emulated`,
+`slurm`): each parameter checked before any process starts, so a bad value fails the run notebook's first cell with
+one line (an emulated cluster's nodes, link rate and CPU share too, and whether this machine can make it), and what
+to do with the run directory decided. A run's settings are a profile (`notebooks/profiles/NAME.yml`, fields of
+`TrainConfig`) plus overrides, checked with the trainer's own parser. A run directory that already holds the same
+finished run is reused (papermill can re-execute the notebook without retraining), an interrupted one is resumed,
+and one with other settings is never touched. Also what the launchers share: the trainer's command line, printed as
+a shell would take it, and following its output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, UsageError, differing_settings, load_profile,
+                                    parse_args, to_args)
+from ddp_core.launch.cpu_share import CpuShareError, check_shares, find_controller
+
+LAUNCHERS = ("local", "slurm", "emulated")
+NETWORK_FILE = "network.json"  # an emulated cluster's nodes and link, beside run.json
+WIND_TUNNEL_FILE = "wind_tunnel.json"  # a study's links set by similarity: what they model, target and achieved
+
+
+class ExperimentError(Exception):
+    """A bad notebook parameter or a failed launch, in one line."""
+
+
+@dataclass
+class Plan:
+    world_size: int
+    nodes: int
+    run_dir: Path
+    train_args: list[str]
+    action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
+    link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
+    cpus_per_node: float | None = None  # launcher "emulated": each node's CPU share in cores, None the shared cores
+    max_restarts: int = 0  # times torchrun starts the ranks again after one failed
+
+
+def _int_at_least(value, minimum: int) -> bool:
+    """An int (not a bool) of at least `minimum`: what a count in a notebook parameter must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def run_dir_name(world_size: int, repeat: int = 1) -> str:
+    """`n4` for the first run at 4 ranks, `n4-r2` for its second repeat."""
+    return f"n{world_size}" + (f"-r{repeat}" if repeat > 1 else "")
+
+
+def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
+            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None, cpus_per_node=None,
+            max_restarts=0) -> Plan:
+    """Check every parameter and decide what to do with the run directory; starts nothing.
+
+    Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
+    accuracy move from run to run, the yardstick the report holds every difference against.
+    With max_restarts, torchrun starts the ranks again when one fails, and they continue from the run's last
+    checkpoint: a run that must finish, not one that is measured (the restart's time is not in its epochs)."""
+    if not _int_at_least(world_size, 1):
+        raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
+    if not _int_at_least(repeat, 1):
+        raise ExperimentError(f"repeat must be a positive integer, got {repeat!r}")
+    if not _int_at_least(max_restarts, 0):
+        raise ExperimentError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if launcher not in LAUNCHERS:
+        raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    if not _int_at_least(nodes, 1) or world_size % nodes:
+        raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
+    if launcher == "local" and nodes != 1:
+        raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm' "
+                              f"(a cluster) or 'emulated' (nodes emulated on this machine)")
+    if launcher != "emulated" and link_rate is not None:
+        raise ExperimentError(f"link_rate sets the links of an emulated cluster; launcher {launcher!r} has none")
+    if launcher != "emulated" and cpus_per_node is not None:
+        raise ExperimentError(f"cpus_per_node sets the compute of an emulated cluster's nodes; launcher {launcher!r} "
+                              f"has none")
+    if launcher == "emulated":
+        check_can_emulate(nodes, link_rate, cpus_per_node)
+    run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
+    try:
+        settings = load_profile(profile) | (overrides or {})
+        args = to_args(settings | {"seed": settings.get("seed", 0) + repeat - 1})
+        cfg = parse_args(args, world_size=world_size)
+    except UsageError as exc:
+        raise ExperimentError(str(exc)) from None
+    action = "train"
+    if (run_dir / "run.json").exists():
+        info = json.loads((run_dir / "run.json").read_text())
+        changed = differing_settings(info["config"], cfg)
+        if changed or info["world_size"] != world_size:
+            raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed) or 'world size'}); "
+                                  f"choose another experiment name")
+        network = network_of(run_dir)
+        if network and ((network["nodes"], network["link_rate"], network.get("cpus_per_node"))
+                        != (nodes, link_rate, cpus_per_node)):
+            raise ExperimentError(f"{run_dir} holds a run on {network['nodes']} emulated node(s) at link rate "
+                                  f"{network['link_rate']} with {network.get('cpus_per_node') or 'shared'} cores "
+                                  f"each; choose another experiment name")
+        finished = info.get("end_time") and info["config"]["epochs"] >= cfg.epochs
+        if finished:
+            action = "reuse"
+        elif (run_dir / CHECKPOINT_NAME).exists():
+            action = "resume"
+        else:
+            action = "interrupted"
+    if launcher == "local" and action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
+        from ddp_core.engine.runtime import check_gpus, visible_gpus  # torch: imported only when GPUs are asked for
+
+        try:
+            check_gpus(cfg, world_size, visible_gpus())
+        except UsageError as exc:
+            raise ExperimentError(str(exc)) from None
+    return Plan(world_size, nodes, run_dir, args, action, link_rate, cpus_per_node, max_restarts)
+
+
+def network_of(run_dir: Path) -> dict | None:
+    """The emulated network a run trained over (network.json), None for a run on one machine."""
+    path = run_dir / NETWORK_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def refuse_interrupted(plan: Plan) -> None:
+    if plan.action == "interrupted":
+        raise ExperimentError(f"{plan.run_dir} holds a run that stopped before its first checkpoint; delete it or "
+                              f"choose another experiment name")
+
+
+def launch_command(world_size: int, *program: str, max_restarts: int = 0, torchrun: bool = False) -> list[str]:
+    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more, when it
+    is to restart the ranks after a failure, or when asked (a program that needs torchrun's environment at 1 rank
+    too). PROGRAM is `-m MODULE` or a script; by default the trainer."""
+    program = program or ("-m", "ddp_core.train")
+    if world_size == 1 and not max_restarts and not torchrun:
+        return [sys.executable, *program]
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+            *restarts, *program]
+
+
+def stop_with_parent() -> None:
+    """Linux: SIGTERM to the trainer when the process that started it (the notebook's kernel) dies. A kernel runs
+    in a session of its own, so an interrupted `make report` (Ctrl-C, a killed job) would otherwise leave the
+    trainer running, still writing into the run directory that the next attempt resumes."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+OPTION = re.compile(r"-[^\d.]")  # an option word (not a negative number)
+
+
+def shell_command(words: list[str], width: int = 80) -> str:
+    """`words` as the shell command line that the run prints: `$ `, the words quoted, an option and its value
+    never apart, and lines continued with ` \\` so that none passes `width` characters unless one option does."""
+    groups: list[str] = []
+    for word in words:
+        if groups and not OPTION.match(word):
+            groups[-1] += " " + shlex.quote(word)
+        else:
+            groups.append(shlex.quote(word))
+    lines: list[str] = []
+    for group in groups:
+        if lines and len(lines[-1]) + len(" ") + len(group) + len(" \\") <= width:
+            lines[-1] += " " + group
+        else:
+            lines.append(("    " if lines else "$ ") + group)
+    return " \\\n".join(lines)
+
+
+def trainer_args(plan: Plan) -> list[str]:
+    """The trainer's arguments for this plan: its settings, its run directory, and --resume when it resumes."""
+    return [*plan.train_args, "--out", str(plan.run_dir), "--no-progress", *(["--resume"] if plan.action == "resume"
+                                                                              else [])]
+
+
+# Lines that frame what is measured: an emulated cluster's nodes compute at their CPU shares from the first (every
+# rank has started: imports, data) to the last (the run's files are written; the processes only exit after it).
+RUN_DIRECTORY_LINE = "ddp_core: run directory"  # the trainer's rank 0 has loaded everything and starts to train
+
+
+RUN_FINISHED_LINE = "ddp_core: run finished"
+
+
+ALLREDUCE_READY_LINE = "bench_allreduce: every rank is ready"
+
+
+def follow_trainer(proc: subprocess.Popen, on_start=None, on_finish=None) -> None:
+    """Echo the trainer's own lines (epochs, run directory) as they come, calling `on_start` at its run directory's
+    line and `on_finish` once its files are written; raise its one error line if it refused, or the end of its
+    output if it failed otherwise."""
+    tail, refusal = deque(maxlen=20), None
+    for line in proc.stdout:
+        tail.append(line.rstrip())
+        if line.startswith(RUN_DIRECTORY_LINE) and on_start:
+            on_start()
+        if line.startswith(RUN_FINISHED_LINE) and on_finish:
+            on_finish()
+        if line.startswith("ddp_core:"):
+            print(line.rstrip(), flush=True)
+        elif line.startswith(ERROR_PREFIX):
+            refusal = line.rstrip()
+    proc.wait()
+    if refusal:
+        raise ExperimentError(refusal)
+    if proc.returncode != 0:
+        raise ExperimentError(f"training exited with code {proc.returncode}; its last lines:\n" + "\n".join(tail))
+
+
+MAX_NODES = 32
+
+
+RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>kbit|mbit|gbit)$")
+
+
+UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+class ClusterError(ExperimentError):
+    """This machine cannot emulate the cluster asked for, or a node failed, in one line."""
+
+
+def rate_bits_per_s(link_rate: str | None) -> float | None:
+    """Bits per second of a tc rate such as "100mbit" or "2.5gbit"; None (unshaped) stays None."""
+    if link_rate is None:
+        return None
+    match = RATE.match(str(link_rate))
+    if not match or float(match["value"]) <= 0:
+        raise ClusterError(f"link_rate must be a rate such as 100mbit or 1gbit (kbit, mbit or gbit), or None for an "
+                           f"unshaped link; got {link_rate!r}")
+    return float(match["value"]) * UNITS[match["unit"]]
+
+
+def check_can_emulate(nodes: int, link_rate: str | None, cpus_per_node: float | None = None) -> None:
+    """Refuse, before anything is created, what cannot work here: not root, no ip/tc/unshare, a bad rate, a CPU share
+    that is not positive or that the machine's cores cannot give every node, no writable CPU controller."""
+    if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"an emulated cluster has 1 to {MAX_NODES} nodes, got {nodes!r}")
+    rate_bits_per_s(link_rate)
+    if sys.platform != "linux":
+        raise ClusterError("an emulated cluster needs Linux network namespaces")
+    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterError(f"an emulated cluster needs {', '.join(missing)} (Debian: apt-get install iproute2 "
+                           f"util-linux)")
+    if os.geteuid() != 0:
+        raise ClusterError("an emulated cluster creates network namespaces and links: run as root (sudo), or use "
+                           "launcher='local'")
+    if cpus_per_node is not None:
+        try:
+            check_shares(nodes, cpus_per_node)
+            find_controller()
+        except CpuShareError as exc:
+            raise ClusterError(str(exc)) from None
