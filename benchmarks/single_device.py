@@ -49,7 +49,7 @@ from ddp_core.engine.stopping import StopRequest
 from ddp_core.engine.noise_scale import GradientNoise
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.paths import RESULTS_DIR
-from ddp_core.train import Evaluations, TrainingState, batch_plan, model_config, train_epoch
+from ddp_core.train import Evaluations, Training, TrainingState, batch_plan, model_config, train_epoch
 
 # The loops of the docstring, in the order of a forward round: epochs.csv names each row's loop.
 LOOPS = ("plain", "ddp_core", "timed", "ddp_of_one")
@@ -158,8 +158,9 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
     plan = batch_plan(cfg, rt, data)
     epochs = iter(range(1, sys.maxsize))
     evaluations = Evaluations(state, data, plan, cfg, rt, None)  # none inside the epoch: cfg evaluates at its end
-    return lambda: train_epoch(model, state, data, sampler, next(epochs), plan, timer, GradientNoise(), evaluations,
-                               StopRequest(), None, cfg, rt, None)
+    training = Training(cfg, rt, state, model, data, sampler, plan, timer, GradientNoise(), evaluations, StopRequest(),
+                        None)
+    return lambda: train_epoch(training, next(epochs), None)
 
 
 def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:

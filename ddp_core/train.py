@@ -115,10 +115,10 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     evaluations = Evaluations(state, data, batch, cfg, rt, out)
+    training = Training(cfg, rt, state, ddp_model, data, sampler, batch, timer, noise, evaluations, stop, out)
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
-        done = train_epoch(ddp_model, state, data, sampler, epoch, batch, timer, noise, evaluations, stop, out, cfg,
-                           rt, progress)
+        done = train_epoch(training, epoch, progress)
         progress = None  # only the first epoch of a resumed run continues from a checkpoint's progress
         stop_if_diverged(epoch, done.first_bad_step, batch, rt)
         if done.steps == batch.steps:  # else the epoch ended at the target, just evaluated
@@ -420,13 +420,32 @@ def communication_hook(cfg: TrainConfig):
     return None, default_hooks.allreduce_hook
 
 
-def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: DistributedSampler, epoch: int,
-                batch: BatchPlan, timer: EpochTimer, noise: GradientNoise, evaluations: Evaluations, stop: StopRequest,
-                out: Path | None, cfg: TrainConfig, rt: Runtime, done: EpochProgress | None) -> EpochProgress:
+@dataclass
+class Training:
+    """What every epoch of one run trains with, made once by `run`."""
+    cfg: TrainConfig
+    rt: Runtime
+    state: TrainingState
+    ddp_model: torch.nn.Module  # the model in DDP, or bare on one rank
+    data: EncodedData
+    sampler: DistributedSampler
+    batch: BatchPlan
+    timer: EpochTimer
+    noise: GradientNoise
+    evaluations: Evaluations
+    stop: StopRequest
+    out: Path | None  # the run directory on rank 0, None on the others
+
+
+def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> EpochProgress:
     """One pass over this rank's shard, or what is left of it after `done` (a mid-epoch checkpoint's progress), or
     up to the evaluation inside it that reached the target. Checkpoints inside the epoch every
     --checkpoint-every-steps steps, and when the ranks agree to stop (then raises Stopped). Whether a loss was not
     finite is checked on the device: it costs no synchronisation."""
+    cfg, rt, state, batch, timer, noise = (training.cfg, training.rt, training.state, training.batch, training.timer,
+                                           training.noise)
+    data, sampler, evaluations, stop, out = (training.data, training.sampler, training.evaluations, training.stop,
+                                             training.out)
     done = done or EpochProgress()
     if done.rng is None:
         torch.manual_seed(cfg.seed + 1000 * epoch + rt.rank)  # dropout masks a resumed run repeats exactly
@@ -447,8 +466,8 @@ def train_epoch(ddp_model, state: TrainingState, data: EncodedData, sampler: Dis
     steps = batch.steps
     for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
                      disable=not (rt.leader and cfg.progress), file=sys.stderr):
-        step_loss = train_step(ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer, state.scheduler,
-                               state.scaler, state.autocast)
+        step_loss = train_step(training.ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer,
+                               state.scheduler, state.scaler, state.autocast)
         loss_sum += step_loss
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
         if step + 1 < batch.steps and evaluations.due():

@@ -129,7 +129,8 @@ def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_pa
     ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local, slurm"),
     ({"overrides": {"dataset": "mnist"}}, "invalid choice: 'mnist'"),
     ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
-], ids=["world_size 0", "unknown launcher", "unknown dataset", "negative restarts"])
+    ({"launcher": "slurm", "slurm_gpus_per_rank": -1}, "slurm_gpus_per_rank must be an integer >= 0"),
+], ids=["world_size 0", "unknown launcher", "unknown dataset", "negative restarts", "negative GPUs"])
 def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, message):
     notebook = as_ipynb(REPO / "notebooks" / "run_experiment.md", tmp_path)
     with pytest.raises(papermill.PapermillExecutionError) as failure:

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, UsageError, differing_settings, load_profile,
@@ -35,15 +35,27 @@ class ExperimentError(Exception):
 
 
 @dataclass
+class SlurmOptions:
+    """How launcher "slurm" asks for the job's resources and waits for it."""
+    gpus_per_rank: int = 0  # 1 on a GPU cluster, 0 on a CPU-only one (gloo)
+    cpus_per_rank: int = 1  # CPU cores per rank
+    sbatch_args: str = ""  # more sbatch options, e.g. "--partition gpu --time 01:00:00"
+    wait: bool = True  # False submits and returns; the same plan later collects the results
+    poll_s: float = 5.0  # seconds between looks at the job's state
+
+
+@dataclass
 class Plan:
     world_size: int
     nodes: int
     run_dir: Path
     train_args: list[str]
     action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
+    launcher: str = "local"  # one of LAUNCHERS: `ddp_core.launch.launchers.start` starts it
     link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
     cpus_per_node: float | None = None  # launcher "emulated": each node's CPU share in cores, None the shared cores
     max_restarts: int = 0  # times torchrun starts the ranks again after one failed
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # launcher "slurm"
 
 
 def _int_at_least(value, minimum: int) -> bool:
@@ -58,7 +70,7 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
 
 def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
             overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None, cpus_per_node=None,
-            max_restarts=0) -> Plan:
+            max_restarts=0, slurm: SlurmOptions | None = None) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing.
 
     Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
@@ -73,6 +85,10 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
         raise ExperimentError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    slurm = slurm or SlurmOptions()
+    if not _int_at_least(slurm.gpus_per_rank, 0) or not _int_at_least(slurm.cpus_per_rank, 1):
+        raise ExperimentError(f"slurm_gpus_per_rank must be an integer >= 0 and slurm_cpus_per_rank one >= 1, got "
+                              f"{slurm.gpus_per_rank!r} and {slurm.cpus_per_rank!r}")
     if not _int_at_least(nodes, 1) or world_size % nodes:
         raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
     if launcher == "local" and nodes != 1:
@@ -119,7 +135,7 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             check_gpus(cfg, world_size, visible_gpus())
         except UsageError as exc:
             raise ExperimentError(str(exc)) from None
-    return Plan(world_size, nodes, run_dir, args, action, link_rate, cpus_per_node, max_restarts)
+    return Plan(world_size, nodes, run_dir, args, action, launcher, link_rate, cpus_per_node, max_restarts, slurm)
 
 
 def network_of(run_dir: Path) -> dict | None:

@@ -104,9 +104,9 @@ def failure_report(run_dir: Path, job_id: str, lines: int = 15) -> str:
     return "\n".join([*causes, f"--- end of {log}:", *text[-lines:]])
 
 
-def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sbatch_args: str = "",
-              wait: bool = True, poll_s: float = 5.0) -> bool:
-    """Submit (or attach to) the run's job; with `wait`, block until it ends. True when the run is finished."""
+def run_slurm(plan: Plan) -> bool:
+    """Submit (or attach to) the run's job as `plan.slurm` asks for it; with its `wait`, block until it ends. True
+    when the run is finished."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not resubmitting")
         return True
@@ -117,8 +117,8 @@ def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sba
         print(f"job {job_id} for {plan.run_dir} is already in the queue: attaching to it")
     else:
         refuse_interrupted(plan)
-        command = sbatch_command(plan, gpus_per_rank=gpus_per_rank, cpus_per_rank=cpus_per_rank,
-                                 extra_args=sbatch_args.split())
+        command = sbatch_command(plan, gpus_per_rank=plan.slurm.gpus_per_rank, cpus_per_rank=plan.slurm.cpus_per_rank,
+                                 extra_args=plan.slurm.sbatch_args.split())
         env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes),
                    DDP_MAX_RESTARTS=str(plan.max_restarts))
         submitted = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -127,10 +127,10 @@ def run_slurm(plan: Plan, *, gpus_per_rank: int = 0, cpus_per_rank: int = 1, sba
         job_id = submitted.stdout.strip().split(";")[0]
         id_file.write_text(job_id + "\n")
         print(f"submitted job {job_id}; log: {plan.run_dir / f'slurm-{job_id}.out'}")
-    if not wait:
+    if not plan.slurm.wait:
         print("not waiting (wait=False): run this notebook again with the same parameters to collect the results")
         return False
-    state, exit_code = wait_for(job_id, poll_s, plan.run_dir / f"slurm-{job_id}.out")
+    state, exit_code = wait_for(job_id, plan.slurm.poll_s, plan.run_dir / f"slurm-{job_id}.out")
     if state != "COMPLETED":
         raise ExperimentError(f"job {job_id} ended {state} (exit code {exit_code or '?'})\n"
                               + failure_report(plan.run_dir, job_id))
