@@ -51,6 +51,11 @@ def with_article(name: str) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
+# The headers several tables share, each defined once: a quantity in words with its unit.
+STEP_MEDIAN_MS = "Step time, median of the repeats' medians (ms)"
+LOWEST, HIGHEST = "lowest, over repeats", "highest, over repeats"  # a median's range, in the rows below it
+FINAL_ACCURACY = "Final validation accuracy, median of the repeats"
+
 NUMBER = re.compile(r"[-+–]?\d|–$")  # a formatted number, or "–" for none
 
 

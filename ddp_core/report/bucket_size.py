@@ -10,7 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import configurations_as_columns, in_words
+from ddp_core.analysis.tables import STEP_MEDIAN_MS, configurations_as_columns, in_words
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -35,7 +35,7 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
 BUCKET_ROWS = [
     ("Bucket size set (MiB; –: PyTorch's default)", "bucket_cap_mb", 1, "{:g}"),
     ("All-reduces per step", "allreduces", 1, "{:.0f}"),
-    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.0f}"),
     ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
     ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
     ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),

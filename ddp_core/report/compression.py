@@ -12,7 +12,8 @@ from ddp_core.analysis.comparisons import (accuracy_floor, accuracy_glue, at_wor
                                            compare_times, final_accuracies, time_floor, time_glue)
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import configurations_as_columns, in_words
+from ddp_core.analysis.tables import (FINAL_ACCURACY, HIGHEST, LOWEST, STEP_MEDIAN_MS, configurations_as_columns,
+                                      in_words)
 
 
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -30,13 +31,13 @@ def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 COMPRESSION_ROWS = [
-    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.0f}"),
     ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
     ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
     ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.3f}"),
-    ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
-    ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
+    (FINAL_ACCURACY, "final_val_accuracy", 1, "{:.3f}"),
+    (LOWEST, "accuracy_low", 1, "{:.3f}"),
+    (HIGHEST, "accuracy_high", 1, "{:.3f}"),
     ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
 ]
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import configurations_as_columns
+from ddp_core.analysis.tables import FINAL_ACCURACY, configurations_as_columns
 
 
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -43,7 +43,7 @@ ACCUMULATION_ROWS = [
     ("Micro-batches per step", "grad_accum", 1, "{:.0f}"),
     ("Global batch (samples)", "global_batch", 1, "{:.0f}"),
     ("Step time, median of the repeats (ms)", "step_time_ms", 1, "{:.1f}"),
-    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.4f}"),
+    (FINAL_ACCURACY, "final_val_accuracy", 1, "{:.4f}"),
     ("Largest training-loss gap to the first variant", "max_train_loss_gap", 1, "{:.1e}"),
 ]
 

@@ -25,7 +25,8 @@ from ddp_core.analysis.emulated import (BASELINE, SHARE_GOT, SIMILARITY_EFFECT, 
 from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text, wind_tunnel_record
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import commit_text, day, one_row_each, quantities_by_column
+from ddp_core.analysis.tables import (HIGHEST, LOWEST, STEP_MEDIAN_MS, commit_text, day, one_row_each,
+                                      quantities_by_column)
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
@@ -43,10 +44,10 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
 
 LINK_ROWS = [
     ("Link measured before the runs, median (Mbit/s)", "measured_gbit_s", 1e3, "{:,.0f}"),
-    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.0f}"),
+    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.0f}"),
     ("Speedup over one node, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
-    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
-    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
+    (LOWEST, "speedup_low", 1, "{:.2f}"),
+    (HIGHEST, "speedup_high", 1, "{:.2f}"),
     ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
     ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
     ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),

@@ -9,7 +9,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
 from ddp_core.analysis.results import Experiment, Measurement
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import configurations_as_columns, counted
+from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, configurations_as_columns, counted
 
 
 def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -22,10 +22,10 @@ def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 PRECISION_ROWS = [
-    ("Step time, median of the repeats' medians (ms)", "step_time_ms", 1, "{:.1f}"),
+    (STEP_MEDIAN_MS, "step_time_ms", 1, "{:.1f}"),
     ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
     ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
-    ("Final validation accuracy, median of the repeats", "final_val_accuracy", 1, "{:.3f}"),
+    (FINAL_ACCURACY, "final_val_accuracy", 1, "{:.3f}"),
 ]
 
 

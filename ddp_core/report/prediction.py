@@ -12,7 +12,7 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.analysis.cost_model import allreduce_fits, measured_allreduce_s, predict
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import counted, markdown_table, one_row_each, quantities_by_column
+from ddp_core.analysis.tables import HIGHEST, LOWEST, counted, markdown_table, one_row_each, quantities_by_column
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
@@ -172,8 +172,8 @@ PREDICTION_ROWS = [
     ("Step, measured: median of the repeats' medians (ms)", "measured_step_s", 1e3, "{:.1f}"),
     ("Speedup, predicted", "predicted_speedup", 1, "{:.3f}"),
     ("Speedup, measured: median of the repeats' paired ratios", "measured_speedup", 1, "{:.3f}"),
-    ("lowest, over repeats", "measured_speedup_low", 1, "{:.3f}"),
-    ("highest, over repeats", "measured_speedup_high", 1, "{:.3f}"),
+    (LOWEST, "measured_speedup_low", 1, "{:.3f}"),
+    (HIGHEST, "measured_speedup_high", 1, "{:.3f}"),
     ("Speedup, scenario without overlap", "speedup_no_overlap", 1, "{:.3f}"),
     ("Speedup, scenario last bucket only", "speedup_last_bucket_only", 1, "{:.3f}"),
     ("Error of the compute estimate (%)", "compute_error", 100, "{:+.0f}"),

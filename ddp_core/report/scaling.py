@@ -25,7 +25,8 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted, in_words, quantities_by_column, rank_label
+from ddp_core.analysis.tables import (HIGHEST, LOWEST, STEP_MEDIAN_MS, counted, in_words, quantities_by_column,
+                                      rank_label)
 
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
                    "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
@@ -69,11 +70,11 @@ RESULTS_ROWS = [
     ("Epoch time, median of the repeats (s)", "epoch_time_s", 1, "{:.2f}"),
     ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
     ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
-    ("lowest, over repeats", "speedup_low", 1, "{:.2f}"),
-    ("highest, over repeats", "speedup_high", 1, "{:.2f}"),
+    (LOWEST, "speedup_low", 1, "{:.2f}"),
+    (HIGHEST, "speedup_high", 1, "{:.2f}"),
     ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
     ("Ideal speedup for the cores the ranks had", "cores_ideal", 1, "{:.2f}"),
-    ("Step time, median of the repeats' medians (ms)", "step_time_s", 1e3, "{:.1f}"),
+    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.1f}"),
     ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
     ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
     ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
@@ -81,8 +82,8 @@ RESULTS_ROWS = [
     ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
     ("Peak memory, largest rank and repeat (MB)", "peak_memory_mb", 1, "{:,.0f}"),
     ("Final validation accuracy, median", "final_val_accuracy", 1, "{:.3f}"),
-    ("lowest, over repeats", "accuracy_low", 1, "{:.3f}"),
-    ("highest, over repeats", "accuracy_high", 1, "{:.3f}"),
+    (LOWEST, "accuracy_low", 1, "{:.3f}"),
+    (HIGHEST, "accuracy_high", 1, "{:.3f}"),
 ]
 
 
