@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
-from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, load_timelines, measured_forecast,
+from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_LOOP, load_timelines, measured_forecast,
                                                replay_findings)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
@@ -118,6 +118,14 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
                                           for row, share in zip(ahead.itertuples(), shares)]
     ahead["efficiency_no_overlap_high"] = [row.one_gpu_ms / (share.min() + row.comm_ms) / n
                                            for row, share in zip(ahead.itertuples(), shares)]
+    ahead["speedup_slowest_round"] = [row.one_gpu_ms / (share.max() + row.comm_ms)
+                                      for row, share in zip(ahead.itertuples(), shares)]
+    ahead["speedup_fastest_round"] = [row.one_gpu_ms / (share.min() + row.last_bucket_ms)
+                                      for row, share in zip(ahead.itertuples(), shares)]
+    bare = throughput_table(gpu.eager)[f"samples_per_s_{WHOLE_LOOP}"]
+    ahead["bare_per_gpu_ms"] = [row.batch_per_gpu / bare[("large", row.amp, row.batch_per_gpu)] * 1e3
+                                for row in ahead.itertuples()]
+    ahead["ddp_cost_ms"] = ahead["per_gpu_ms"] - ahead["bare_per_gpu_ms"]  # DDP's own work on each GPU
     return ahead
 
 
@@ -162,8 +170,10 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
             "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
                                                   f"{row['compute_over_ideal_high']:.2f}",
             "forecast_speedup_low": row["speedup_no_overlap"], "forecast_speedup_high": row["speedup_last_bucket_only"],
-            "forecast_speedup_word": "slower than one GPU" if row["speedup_last_bucket_only"] < 1
-            else "faster than one GPU" if row["speedup_no_overlap"] > 1 else "about as fast as one GPU",
+            "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
+            "forecast_speedup_word": "slower than one GPU" if row["speedup_fastest_round"] < 1
+            else "faster than one GPU" if row["speedup_slowest_round"] > 1 else "about as fast as one GPU",
+            "forecast_bare_per_gpu_ms": row["bare_per_gpu_ms"], "forecast_ddp_cost_ms": row["ddp_cost_ms"],
             "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
             "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
             "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),

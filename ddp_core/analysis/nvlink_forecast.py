@@ -11,8 +11,8 @@ benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_cor
   model as our own benchmark. busbw does not depend on N by its definition, so beta carries over to
   any N; the latency term follows the ring model, 2(N-1) alpha.
 - the fastest cuBLASLt FP16 GEMM rate of the same benchmark. No matrix product of these models runs
-  faster, so compute times from it are lower bounds and the speedups derived from them are the
-  pessimistic end: a slower real GPU step only makes DDP look better.
+  faster, so compute times from it are lower bounds; the speedups derived from them divide one GPU's step
+  exactly among the GPUs, which a real step with its fixed cost per step does not: an upper limit.
 
 `measured_forecast` takes the compute from a GPU instead: a single-device measurement
 (`benchmarks/single_device.py`) that timed one GPU at a batch b and at N b gives the step of the whole batch
@@ -206,7 +206,8 @@ def replay_findings(timelines: list[StepTimeline]) -> dict:
              "replay_fixed_batches": f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}"}
     for end, row in (("small", paired.iloc[0]), ("large", paired.iloc[-1])):
         found |= {f"replay_{end}_batch": int(row["batch_per_gpu"]), f"replay_{end}_global": int(row["global_batch"]),
-                  f"replay_{end}_speedup": row["speedup"],
+                  f"replay_{end}_speedup": row["speedup"], f"replay_{end}_one_gpu_ms": row["one_gpu_ms"],
+                  f"replay_{end}_per_gpu_ms": row["per_gpu_ms"],
                   f"replay_{end}_over_ideal": row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS)}
     return found
 
