@@ -52,6 +52,8 @@ from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COL
                                        append_rows, drop_rows_after, MachineClock, environment, machine_activity,
                                        now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
+from ddp_core.engine.sharding import FSDP_MODES, adamw, load_whole_state, set_gradient_sync, shard_model, whole_state
+from torch.distributed.fsdp import FSDPModule
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
@@ -109,7 +111,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     first_epoch, progress = restore_checkpoint(state, cfg, rt) if resuming else (1, None)
     out, run_info, track = (open_run_dir(cfg, rt, state, first_epoch, batch, resuming) if rt.leader
                             else (None, None, NoTracker()))
-    timer = EpochTimer(rt.device, enabled=cfg.timers)
+    timer = EpochTimer(rt.device, enabled=cfg.timers, communication=cfg.sharding not in FSDP_MODES)
     noise = GradientNoise()
     ddp_model = wrap_ddp(state.model, cfg, rt, timer, noise)
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
@@ -126,11 +128,12 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         val_loss, val_accuracy, eval_time = evaluations.last
         row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, state, batch, cfg, rt)
         step_rows = steps_rows(epoch, done.step_times, rt)
+        snapshot = state.checkpoint(epoch, cfg, rt)
         if rt.leader:
             append_rows(out / "metrics.csv", [row], METRICS_COLUMNS)
             append_rows(out / "steps.csv", step_rows, STEPS_COLUMNS)
             track.log_epoch(row)
-            save_atomic(state.checkpoint(epoch, cfg, rt), out / CHECKPOINT_NAME)
+            save_atomic(snapshot, out / CHECKPOINT_NAME)
             print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
                   f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s", flush=True)
         if evaluations.reached_target():
@@ -237,6 +240,7 @@ class TrainingState:
     scaler: torch.amp.GradScaler
     amp: str
     device_type: str
+    sharding: str  # --sharding: what each rank keeps of the model's state (ddp_core/engine/sharding.py)
 
     @classmethod
     def create(cls, cfg: TrainConfig, rt: Runtime, data: EncodedData) -> TrainingState:
@@ -245,21 +249,22 @@ class TrainingState:
         model = TransformerClassifier(model_cfg).to(rt.device)
         if cfg.compile:
             model.compile()  # in place: DDP, checkpoints and evaluation see the same module and parameter names
-        # The fused AdamW updates every parameter in one pass per tensor (a few kernels on a GPU) instead of a dozen
-        # elementwise operations over it: a CPU's default, the per-tensor loop, took 4-5 times as long.
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+        model = shard_model(model, cfg.sharding)  # before the optimizer: FSDP2 replaces the parameters by shards
+        optimizer = adamw(model, cfg.sharding, cfg.lr, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg.warmup_steps))
         scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.amp == "fp16")
-        return cls(model, model_cfg, optimizer, scheduler, scaler, cfg.amp, rt.device.type)
+        return cls(model, model_cfg, optimizer, scheduler, scaler, cfg.amp, rt.device.type, cfg.sharding)
 
     def autocast(self):
         dtype = torch.float16 if self.amp == "fp16" else torch.bfloat16
         return torch.autocast(self.device_type, dtype=dtype, enabled=self.amp != "off")
 
     def checkpoint(self, epoch: int, cfg: TrainConfig, rt: Runtime) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "epoch": epoch,
-                "config": cfg.to_dict(), "world_size": rt.world_size}
+        """The whole state (gathered to rank 0 where it is sharded: every rank calls it; rank 0 saves it)."""
+        model_state, optimizer_state = whole_state(self.model, self.optimizer, self.sharding)
+        return {"model": model_state, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(), "epoch": epoch, "config": cfg.to_dict(),
+                "world_size": rt.world_size}
 
 
 def model_config(cfg: TrainConfig, num_classes: int) -> ModelConfig:
@@ -296,8 +301,7 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> t
                          f"resume with the same arguments (only --epochs may grow)")
     if ckpt["world_size"] != rt.world_size:
         raise UsageError(f"--resume: the run used {ckpt['world_size']} rank(s), this launch has {rt.world_size}")
-    state.model.load_state_dict(ckpt["model"])
-    state.optimizer.load_state_dict(ckpt["optimizer"])
+    load_whole_state(state.model, state.optimizer, state.sharding, ckpt["model"], ckpt["optimizer"])
     state.scheduler.load_state_dict(ckpt["scheduler"])
     state.scaler.load_state_dict(ckpt["scaler"])
     if "in_epoch" not in ckpt:
@@ -315,9 +319,9 @@ def save_mid_epoch_checkpoint(state: TrainingState, epoch: int, progress: EpochP
     if rt.distributed:
         ranks = [None] * rt.world_size
         dist.all_gather_object(ranks, asdict(progress))
+    snapshot = state.checkpoint(epoch - 1, cfg, rt)
     if rt.leader:
-        save_atomic(state.checkpoint(epoch - 1, cfg, rt) | {"in_epoch": {"epoch": epoch, "ranks": ranks}},
-                    out / CHECKPOINT_NAME)
+        save_atomic(snapshot | {"in_epoch": {"epoch": epoch, "ranks": ranks}}, out / CHECKPOINT_NAME)
     if rt.distributed:
         dist.barrier()
 
@@ -363,7 +367,8 @@ def new_run_dir(cfg: TrainConfig, world_size: int) -> Path:
 
 def measures_noise(cfg: TrainConfig, rt: Runtime) -> bool:
     """Whether the run measures the gradient noise scale: see ddp_core/engine/noise_scale.py for where it cannot."""
-    return cfg.noise_scale and rt.distributed and cfg.comm_hook != "powersgd" and cfg.amp != "fp16"
+    return (cfg.noise_scale and rt.distributed and cfg.comm_hook != "powersgd" and cfg.amp != "fp16"
+            and cfg.sharding not in FSDP_MODES)
 
 
 def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer: EpochTimer,
@@ -377,6 +382,8 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
             for parameter, bucket in zip(parameters, bucket_indices([p.numel() for p in parameters])):
                 parameter.register_post_accumulate_grad_hook(lambda _, bucket=bucket: timer.gradient_ready(bucket))
         return model
+    if cfg.sharding in FSDP_MODES:
+        return model  # FSDP2 reduce-scatters the gradients itself (sharded in TrainingState.create)
     # Gradients as views into DDP's buckets: backward writes each gradient where its all-reduce reads it, instead
     # of DDP copying every gradient into its bucket and the averaged one back.
     ddp_model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
@@ -523,6 +530,7 @@ def train_step(model, micro_batches, grad_accum: int, timer: EpochTimer, optimiz
         with timer.phase("data"):
             ids, labels = next(micro_batches)
         last_micro_step = k == grad_accum - 1
+        set_gradient_sync(model, last_micro_step)
         with contextlib.nullcontext() if last_micro_step or not isinstance(model, DistributedDataParallel) \
                 else model.no_sync():
             with timer.phase("forward"), autocast():
@@ -540,13 +548,20 @@ def train_step(model, micro_batches, grad_accum: int, timer: EpochTimer, optimiz
 
 @torch.no_grad()
 def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -> tuple[float, float]:
-    """Loss and accuracy over the WHOLE evaluation set: each rank takes every world_size-th sample, no padding."""
+    """Loss and accuracy over the WHOLE evaluation set: each rank takes every world_size-th sample, no padding. Under
+    FSDP2 every rank runs as many forward passes (each gathers the parameters with all the others): a rank whose
+    part is done passes one sample more and counts nothing of it."""
     model.eval()
     indices = torch.arange(rt.rank, len(data.eval_labels), rt.world_size)
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     correct = torch.zeros((), dtype=torch.float64, device=rt.device)
-    for start in range(0, len(indices), batch_size):
+    most = math.ceil(len(data.eval_labels) / rt.world_size)  # the largest part, a rank's
+    for start in range(0, most if isinstance(model, FSDPModule) else len(indices), batch_size):
         idx = indices[start:start + batch_size]
+        if len(idx) == 0:
+            with autocast():
+                model(data.eval_ids[:1].to(rt.device))
+            continue
         ids, labels = data.eval_ids[idx].to(rt.device), data.eval_labels[idx].to(rt.device)
         with autocast():
             logits = model(ids).float()

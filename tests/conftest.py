@@ -284,7 +284,7 @@ BOOK_TESTS = (REPORT_TESTS, "test_reference.py")  # the files that build a book,
 
 
 # Fixtures that train or benchmark on several processes: a test that asks for one is slow (make test-fast skips it).
-SLOW_FIXTURES = {"project", "hooked", "measured", "two_local_ranks"}
+SLOW_FIXTURES = {"project", "hooked", "measured", "two_local_ranks", "sharded_runs"}
 
 
 def pytest_collection_modifyitems(items):

@@ -91,6 +91,10 @@ class TrainConfig:
                 "PowerSGD's low-rank factors (--powersgd-rank; on gloo in one gradient bucket)")
     powersgd_rank: int = setting(1, "rank of PowerSGD's approximation of each gradient matrix (with --comm-hook "
                                     "powersgd)")
+    sharding: Literal["none", "zero1", "zero2", "zero3"] = setting(
+        "none", "what each rank keeps of the model's state: all of it (none, DDP), a 1/N shard of the optimizer's "
+                "state (zero1: DDP with ZeroRedundancyOptimizer), of the gradients too (zero2: FSDP2 keeping the "
+                "parameters between forward and backward), or of the parameters as well (zero3: FSDP2)")
     backend: Literal["auto", "nccl", "gloo"] = setting("auto", "process-group backend (auto: nccl on GPUs, else gloo)")
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto: a GPU per local rank when there are enough")
     threads_per_rank: int | None = setting(None, "CPU threads per rank (none: usable cores / local ranks)",
@@ -287,6 +291,15 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     if cfg.comm_hook == "bf16" and (cfg.backend == "gloo" or cfg.device == "cpu"):
         raise UsageError("--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend); use --comm-hook "
                          "fp16 on CPU")
+    if cfg.sharding != "none":
+        refusals = [
+            (cfg.comm_hook != "none", f"does not combine with --comm-hook {cfg.comm_hook} (leave it none)"),
+            (cfg.amp == "fp16", "does not combine with --amp fp16, whose loss scaler is not sharded (use bf16)"),
+            (cfg.compile and cfg.sharding != "zero1", "does not combine with --compile (FSDP2 here runs eager)"),
+            (world_size == 1, "needs 2 or more ranks: one rank holds the whole state whatever the mode")]
+        for refused, why in refusals:
+            if refused:
+                raise UsageError(f"--sharding {cfg.sharding} {why}")
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise UsageError("--amp fp16 needs a CUDA device; use --amp bf16 on CPU")
     if cfg.train_samples is not None:

@@ -90,8 +90,9 @@ class Clock:
 class EpochTimer:
     """Collects phase spans and per-bucket all-reduce spans for one epoch at a time."""
 
-    def __init__(self, device: torch.device, enabled: bool = True):
+    def __init__(self, device: torch.device, enabled: bool = True, communication: bool = True):
         self.enabled = enabled
+        self.communication = communication  # False where no DDP hook sees the collectives (FSDP2): not measured
         self.clock = Clock(device)
         self.begin_epoch()
 
@@ -143,11 +144,13 @@ class EpochTimer:
 
     def allreduces_in_last_step(self) -> int | None:
         """Buckets the last optimizer step all-reduced: one per bucket DDP formed (none when not timed)."""
-        return len(self.comm_spans_per_step[-1]) if self.enabled and self.comm_spans_per_step else None
+        timed = self.enabled and self.communication and self.comm_spans_per_step
+        return len(self.comm_spans_per_step[-1]) if timed else None
 
     def summary(self) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Of the steps since `begin_epoch` (all of the epoch's at its end, those so far at a mid-epoch checkpoint):
-        seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank); and per
+        seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank; NaN where the
+        collectives are not timed: FSDP2); and per
         step, `step_time_s` and `comm_exposed_s` (empty lists when the timers are off)."""
         if not self.enabled:
             totals = {f"{name}_time_s": float("nan") for name in PHASES} | {"comm_total_s": float("nan"),
@@ -166,6 +169,9 @@ class EpochTimer:
         steps = {"step_time_s": [end - start - sum(b - a for a, b in evals if start <= a < end)
                                  for start, end in zip([0.0] + step_ends, step_ends)],
                  "comm_exposed_s": exposed}
+        if not self.communication:
+            totals["comm_total_s"] = totals["comm_exposed_s"] = float("nan")
+            steps["comm_exposed_s"] = [float("nan")] * len(steps["step_time_s"])
         times = steps["step_time_s"]
         median = sorted(range(len(times)), key=times.__getitem__)[(len(times) - 1) // 2] if times else -1
         self.median_step_timeline = self._timeline(median, step_spans[median] if step_spans else [])

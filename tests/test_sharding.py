@@ -1,0 +1,88 @@
+"""Sharding the training state (--sharding: ZeRO-1, 2 and 3): the same training as DDP, a rank holding less of it."""
+
+import pytest
+import torch
+
+from conftest import TINY_SYNTHETIC, final_parameters, read_metrics
+
+MODES = ("zero1", "zero2", "zero3")
+# Two ranks, four micro-batches of 8 over two steps of two micro-batches each (accumulation on), no dropout: every
+# mode takes the same optimizer steps on the same samples.
+RUN = [*TINY_SYNTHETIC, "--dropout", "0", "--train-samples", "64", "--eval-samples", "21", "--global-batch-size", "32",
+       "--grad-accum", "2", "--epochs", "2", "--lr", "0.01"]
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory, isolated_env):
+    """The same two-rank run in DDP and under each sharding mode."""
+    from conftest import run_training
+
+    home = tmp_path_factory.mktemp("sharding")
+    for mode in ("none", *MODES):
+        run_training([*RUN, "--sharding", mode, "--out", home / mode], cwd=home, env=isolated_env, nproc=2)
+    return home
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_trains_the_weights_ddp_trains(sharded_runs, mode):
+    """After four optimizer steps with accumulation, the weights agree with DDP's to 1e-6 (the gradients are averaged
+    over the ranks, not summed, and every shard is stepped), and so do the losses and the evaluation of each epoch."""
+    ddp, sharded = final_parameters(sharded_runs / "none"), final_parameters(sharded_runs / mode)
+    assert set(sharded) == set(ddp)
+    worst = max((sharded[name].float() - ddp[name].float()).abs().max().item() for name in ddp)
+    assert worst < 1e-6
+    moved = max((ddp[name].float() - initial).abs().max().item() for name, initial in initial_weights().items())
+    assert moved > 1e-3, "the runs sharded_runs"
+    for ours, theirs in zip(read_metrics(sharded_runs / mode), read_metrics(sharded_runs / "none")):
+        for column in ("train_loss", "val_loss", "val_accuracy"):
+            assert float(ours[column]) == pytest.approx(float(theirs[column]), abs=1e-6)
+
+
+def test_fsdp2s_collectives_are_not_timed_and_say_so(sharded_runs):
+    """No DDP hook sees FSDP2's gathers and reduce-scatters: their time is not measured, and is not written as 0."""
+    import json
+    import math
+
+    for mode, timed in (("zero1", True), ("zero2", False), ("zero3", False)):
+        row = read_metrics(sharded_runs / mode)[-1]
+        assert math.isnan(float(row["comm_total_s"] or "nan")) != timed
+        assert (json.loads((sharded_runs / mode / "run.json").read_text())["allreduces_per_step"] is not None) == timed
+
+
+def initial_weights() -> dict:
+    """The tiny model's weights as every run starts from them (seed 0)."""
+    from ddp_core.engine.config import parse_args
+    from ddp_core.engine.model import TransformerClassifier
+    from ddp_core.train import model_config
+
+    cfg = parse_args([*RUN, "--out", "unused"], world_size=2)
+    torch.manual_seed(cfg.seed)
+    return TransformerClassifier(model_config(cfg, 2)).state_dict()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
+def test_a_sharded_run_resumes_exactly(sharded_runs, mode, tmp_path, isolated_env):
+    """One epoch, then --resume to the second from its checkpoint (the whole state gathered to rank 0, each rank's
+    shard loaded back from it): the same weights as the run that never stopped."""
+    from conftest import run_training
+
+    args = [a if a != "2" or RUN[i - 1] != "--epochs" else "1" for i, a in enumerate(RUN)]
+    run_training([*args, "--sharding", mode, "--out", tmp_path / "run"], cwd=tmp_path, env=isolated_env, nproc=2)
+    run_training([*RUN, "--sharding", mode, "--out", tmp_path / "run", "--resume"], cwd=tmp_path, env=isolated_env,
+                 nproc=2)
+    resumed, straight = final_parameters(tmp_path / "run"), final_parameters(sharded_runs / mode)
+    assert max((resumed[name] - straight[name]).abs().max().item() for name in straight) == 0.0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--sharding", "zero1"],
+     "--sharding zero1 needs 2 or more ranks: one rank holds the whole state whatever the mode"),
+    (["--sharding", "zero3", "--comm-hook", "fp16", "--backend", "gloo"],
+     "--sharding zero3 does not combine with --comm-hook fp16 (leave it none)"),
+    (["--sharding", "zero2", "--compile"], "--sharding zero2 does not combine with --compile (FSDP2 here runs eager)"),
+], ids=["one rank", "a communication hook", "compiled"])
+def test_what_sharding_cannot_combine_with_is_refused_in_one_line(refused, args, message):
+    proc = refused(*TINY_SYNTHETIC, "--global-batch-size", "8", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"ddp_core.train: error: {message}"]
