@@ -249,7 +249,7 @@ class TrainingState:
         model = TransformerClassifier(model_cfg).to(rt.device)
         if cfg.compile:
             model.compile()  # in place: DDP, checkpoints and evaluation see the same module and parameter names
-        model = shard_model(model, cfg.sharding)  # before the optimizer: FSDP2 replaces the parameters by shards
+        model = shard_model(model, cfg.sharding, rt.device)  # before the optimizer: FSDP2 puts shards in their place
         optimizer = adamw(model, cfg.sharding, cfg.lr, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg.warmup_steps))
         scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.amp == "fp16")

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -26,12 +27,15 @@ FSDP_MODES = ("zero2", "zero3")
 WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole state, on rank 0 only
 
 
-def shard_model(model: nn.Module, sharding: str) -> nn.Module:
-    """The model with its parameters sharded among the ranks where the mode shards them (in place)."""
+def shard_model(model: nn.Module, sharding: str, device: torch.device) -> nn.Module:
+    """The model with its parameters sharded among the ranks where the mode shards them (in place), over a mesh of
+    the ranks' own device type: left to itself, FSDP2 takes a CUDA mesh wherever CUDA is present, also for ranks that
+    train on the CPU beside a GPU they do not use."""
     if sharding in FSDP_MODES:
+        mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
         for block in model.blocks:
-            fully_shard(block, reshard_after_forward=sharding == "zero3")
-        fully_shard(model, reshard_after_forward=sharding == "zero3")
+            fully_shard(block, mesh=mesh, reshard_after_forward=sharding == "zero3")
+        fully_shard(model, mesh=mesh, reshard_after_forward=sharding == "zero3")
     return model
 
 
