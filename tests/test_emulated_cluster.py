@@ -56,6 +56,13 @@ def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, i
     assert network["nodes"] == 2 and network["ranks_per_node"] == 1 and network["cpus_per_node"] == 0.5
     for node in network["node_cpu"]:  # each node trained at its share: it ran, and the kernel held it to the quota
         assert node["cpu_s"] > 0 and 0 < node["throttled_periods"] <= node["periods"]
+    # Each node's link carried at least the ring all-reduce's 2 (N-1)/N of the fp32 gradient a step, which no
+    # all-reduce can undercut, and not half as much again: the start-up's broadcast of the weights, the evaluations
+    # and the protocols' headers are the rest (1.06 and 1.12 times the ring's bytes when this was written).
+    steps = sum(int(row["steps"]) for row in read_metrics(two_nodes.run_dir))
+    gradient = 4 * json.loads((two_nodes.run_dir / "run.json").read_text())["parameters"]
+    ring = steps * 2 * (2 - 1) / 2 * gradient
+    assert all(ring <= sent < 1.5 * ring for sent in network["sent_bytes"])
     assert json.loads((two_nodes.run_dir / "run.json").read_text())["local_world_size"] == 1
     assert nothing_left(os.getpid())
 

@@ -26,6 +26,7 @@ was killed (kill -9) is swept by the next one: the owner's process id is part of
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
@@ -199,6 +200,15 @@ class EmulatedCluster:
         for node_cpu in self.cpu:
             node_cpu.release()
 
+    def sent_bytes(self) -> list[int]:
+        """Per node, the bytes its interface has sent so far (the kernel's counter of eth0 in its namespace): what
+        crossed its link, every protocol's headers included."""
+        sent = []
+        for k in range(self.nodes):
+            stats = json.loads(_ip("-n", self.namespace(k), "-s", "-j", "link", "show", "eth0").stdout)
+            sent.append(int(stats[0]["stats64"]["tx"]["bytes"]))
+        return sent
+
     def cpu_use(self) -> dict:
         """From `limit_cpu` to `release_cpu`: the seconds, and per node the CPU seconds it used, the periods it ran
         in, and how often and how long in all it was throttled."""
@@ -320,7 +330,8 @@ def run_emulated(plan: Plan) -> bool:
     """Train across an emulated cluster of `plan.nodes` nodes at `plan.link_rate`, the world size split evenly
     among them: node 0's epoch lines are echoed, each other node's output goes to node<k>.log in the run directory,
     and network.json records the nodes, the rate the link was set to and measured at before training, each node's
-    CPU share and, after training, the CPU each node used and how often the kernel throttled it."""
+    CPU share and, after training, the bytes each node's link sent while the run trained (start-up and evaluations
+    included), the CPU each node used and how often the kernel throttled it."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
@@ -343,6 +354,7 @@ def run_emulated(plan: Plan) -> bool:
         shown = ["torchrun", *command[3:]] if command[1:3] == ["-m", "torch.distributed.run"] else \
             [word for word in command if word != "env"]
         print(shell_command([word.replace(sys.executable, "python") for word in shown]), flush=True)
+        sent_before = cluster.sent_bytes()
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
         try:
             follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
@@ -351,6 +363,8 @@ def run_emulated(plan: Plan) -> bool:
                 cluster.wait(others, plan.run_dir)
             raise
         cluster.wait(others, plan.run_dir)
+        network["sent_bytes"] = [after - before for before, after in zip(sent_before, cluster.sent_bytes())]
         if cluster.cpu and cluster.limited_s is not None:
-            save_atomic(network | cluster.cpu_use(), plan.run_dir / NETWORK_FILE)
+            network |= cluster.cpu_use()
+        save_atomic(network, plan.run_dir / NETWORK_FILE)
     return True
