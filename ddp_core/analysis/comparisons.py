@@ -14,7 +14,7 @@ import pandas as pd
 
 from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, rank_share_s
-from ddp_core.analysis.tables import one_row_each
+from ddp_core.analysis.tables import quantity_table
 from ddp_core.analysis.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
                                        noise_floor)
 
@@ -258,7 +258,7 @@ RULE_RATE_COLUMNS = {"effect": ("Planted effect: side A takes longer by", "{:.0%
 
 def rule_rates_markdown(rates: pd.DataFrame) -> str:
     """`rule_rates_table`, made once per build (its resampling takes seconds), as the book's table."""
-    return one_row_each(rates, RULE_RATE_COLUMNS)
+    return quantity_table(rates, RULE_RATE_COLUMNS)
 
 
 def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:
@@ -282,7 +282,7 @@ def run_order_markdown(experiment: Experiment) -> str:
     started = {run.name: run.raw["start_time"] for run in experiment.all_runs}
     times = times.assign(start=times["run"].map(started).str.slice(0, 19).str.replace("T", " "),
                          step_ms=times["step_time_s"] * 1e3).sort_values("start")
-    return one_row_each(times, RUN_ORDER_COLUMNS)
+    return quantity_table(times, RUN_ORDER_COLUMNS)
 
 
 def at_world_size(experiment: Experiment, n: int) -> pd.Series:

@@ -46,7 +46,7 @@ from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta
 from ddp_core.analysis.replay import one_node_step_s, replay_step
 from ddp_core.analysis.results import Experiment, Measurement, ResultsError, run_on_folder
 from ddp_core.analysis.throughput import CONFIG, throughput_table
-from ddp_core.analysis.tables import measured_by, one_row_each
+from ddp_core.analysis.tables import measured_by, quantity_table
 
 LITERATURE = Path(__file__).with_name("literature")
 # GPUs of the node the forecast describes (the book's chapter and the command line alike), a rank on each.
@@ -183,7 +183,7 @@ def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GP
     table = replay_forecast(timelines, world_size)
     table.index = [f"{'fp32' if row.amp == 'off' else row.amp}, {row.batch_per_gpu}" for row in table.itertuples()]
     n = world_size
-    return one_row_each(table, {
+    return quantity_table(table, {
         "per_gpu_ms": ("A GPU's step (ms)", "{:.1f}"), "exposed_ms": ("All-reduce exposed (ms)", "{:.2f}"),
         "step_ms": (f"Forecast step on {n} GPUs (ms)", "{:.1f}"),
         "one_gpu_ms": (f"One GPU, {n} times the batch (ms)", "{:.1f}"), "speedup": (f"Speedup, {n} GPUs", "{:.2f}"),
@@ -191,14 +191,16 @@ def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GP
 
 
 def replay_findings(timelines: list[StepTimeline]) -> dict:
-    """The GPU and what ran (`measured_by`), and the replay forecast (`replay_forecast`) in bf16: at the smallest and the largest batch per GPU whose whole
-    batch one GPU also stepped, the speedup and how many times a quarter of one GPU's step a GPU's step takes; the
-    efficiency at a fixed batch per GPU from its lowest to its highest; the all-reduce and the most of it exposed."""
+    """The GPU and what ran (`measured_by`), and the replay forecast (`replay_forecast`) in bf16: at the smallest and
+    the largest batch per GPU whose whole batch one GPU also stepped, the speedup and how many times a quarter of one
+    GPU's step a GPU's step takes; the efficiency at a fixed batch per GPU from its lowest to its highest; the
+    all-reduce and the most of it exposed."""
     table = replay_forecast(timelines)
     bf16 = table.query("amp == 'bf16'").sort_values("batch_per_gpu")
     paired = bf16.dropna(subset=["speedup"])
     info = timelines[0].info
-    found = {"replay_gpu": info["device_name"], "replay_gpus": FORECAST_GPUS, "replay_seq_len": info["model"]["max_len"],
+    found = {"replay_gpu": info["device_name"], "replay_gpus": FORECAST_GPUS,
+             "replay_seq_len": info["model"]["max_len"],
              **{f"replay_{key}": value for key, value in measured_by(info).items()},
              "replay_comm_ms": table["comm_ms"].max(), "replay_exposed_ms": table["exposed_ms"].max(),
              "replay_fixed_low": bf16["fixed_batch_efficiency"].min(),

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis.results import load_per_device, read_device_files, run_on_folder
-from ddp_core.analysis.tables import measured_by, one_row_each, rank_label
+from ddp_core.analysis.tables import measured_by, quantity_table, rank_label
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 
 # benchmarks/peers's loops other than ddp_core, as the page names them
@@ -95,7 +95,7 @@ def speed_markdown(m: PeerMeasurement) -> str:
                "ddp_core_step_ms": ("ddp_core's median step (ms)", "{:.1f}"),
                "ratio_text": ("ddp_core's speed relative to it (median of the rounds' ratios, range)", "{}"),
                "floor": ("Noise floor", "{:.1%}"), "verdict": ("Verdict", "{}"), "goal": ("Goal", "{}")}
-    return one_row_each(table, columns, "Loop, world size")
+    return quantity_table(table, columns, "Loop, world size")
 
 
 def findings(m: PeerMeasurement) -> dict:

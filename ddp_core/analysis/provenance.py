@@ -15,7 +15,7 @@ from ddp_core.analysis.comparisons import median_step, out_of_line, study_floor_
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
                                        book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.analysis.figures import chance_line
-from ddp_core.analysis.tables import commit_text, counted, day, in_words, markdown_table, one_row_each, rank_label
+from ddp_core.analysis.tables import commit_text, counted, day, in_words, markdown_table, quantity_table, rank_label
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -121,7 +121,7 @@ RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"), "samples_per_
 
 def run_epochs_markdown(metrics: pd.DataFrame) -> str:
     """One run's epochs, a row each, with headers in words and units."""
-    return one_row_each(metrics.set_index("epoch"), RUN_EPOCH_COLUMNS, "Epoch")
+    return quantity_table(metrics.set_index("epoch"), RUN_EPOCH_COLUMNS, "Epoch")
 
 
 def learning_curves_figure(metrics: pd.DataFrame, num_classes: int):
@@ -242,7 +242,7 @@ QUIET_MACHINE_COLUMNS = {"runs": ("Runs", "{:.0f}"),
 
 
 def quiet_machine_markdown(results: Path, studies: dict) -> str:
-    return one_row_each(quiet_machine_table(results, studies), QUIET_MACHINE_COLUMNS, "Study")
+    return quantity_table(quiet_machine_table(results, studies), QUIET_MACHINE_COLUMNS, "Study")
 
 
 FLOOR_POWER_COLUMNS = {"degrees": ("Degrees of freedom", "{:.0f}"),
@@ -254,7 +254,7 @@ FLOOR_POWER_COLUMNS = {"degrees": ("Degrees of freedom", "{:.0f}"),
 def floor_power_markdown(results: Path, studies: dict) -> str:
     """Per study, its time floor and what the rule can tell against it (`comparisons.study_floor_power`)."""
     rows = {study.title: study_floor_power(load_study(results / name)) for name, study in studies.items()}
-    return one_row_each(pd.DataFrame(rows).T, FLOOR_POWER_COLUMNS, "Study")
+    return quantity_table(pd.DataFrame(rows).T, FLOOR_POWER_COLUMNS, "Study")
 
 
 def quiet_machine_findings() -> dict:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ddp_core.analysis.results import load_per_device, read_device_files, run_on_folder
 from ddp_core.analysis.throughput import precision_name
-from ddp_core.analysis.tables import measured_by, one_row_each
+from ddp_core.analysis.tables import measured_by, quantity_table
 
 # An operator's category, which the book sums by, is the first whose pattern its name contains; any other is OTHER
 # (elementwise arithmetic, filling tensors with zeros, views).
@@ -105,7 +105,7 @@ def category_markdown(p: StepProfile) -> str:
     table["rate"] = table["gflops"] / (1e3 if unit == "TFLOP/s" else 1)
     columns = {"ms": ("Time per step (ms)", "{:.1f}"), "share": ("Share of the step (%)", "{}"),
                "rate": (f"Rate ({unit})", "{:,.0f}"), "largest": ("Largest operator", "{}")}
-    return one_row_each(table, columns, "Operators")
+    return quantity_table(table, columns, "Operators")
 
 
 def findings(p: StepProfile) -> dict:

@@ -74,26 +74,24 @@ def _formatted(value, fmt: str, scale: float = 1) -> str:
     return fmt.format(value * scale) if pd.notna(value) else "–"
 
 
-def quantities_by_column(table: pd.DataFrame, rows: list[tuple[str, str, float, str]], column_names: list[str]) -> str:
-    """Markdown with a column per row of `table` (named by `column_names`) and a row per (label, column of
-    `table`, scale, format): a wide table turned so that it fits a page however many quantities it shows."""
-    cells = pd.DataFrame([[_formatted(value, fmt, scale) for value in table[column]] for _, column, scale, fmt in rows],
-                         index=[label for label, *_ in rows], columns=column_names)
-    return markdown_table(cells, "")
+# A table's quantities, the one spec of every table of numbers: each column of the DataFrame it shows -> (its header
+# in words with its unit, its format, and a factor where the column's unit is not the header's, 1e3 for s to ms).
+Quantities = dict[str, tuple]
 
 
-def configurations_as_columns(table: pd.DataFrame, rows: list[tuple[str, str, float, str]]) -> str:
-    """`quantities_by_column` for a table indexed by configuration (a study's variants): a column each, named in
-    words ("linear LR warm-up", `in_words`), and a row per (label with unit, column of `table`, scale, format)."""
-    return quantities_by_column(table, rows, [in_words(name) for name in table.index])
-
-
-def one_row_each(table: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str | None = None) -> str:
-    """Markdown with a row per row of `table` and a column per (column of `table` -> (header in words with its
-    unit, format)): for tables with few quantities and one row per configuration. An empty value (nothing to
-    measure there, e.g. R_N of a run without an all-reduce) reads "–". No rows: no table (LaTeX has none of no rows)."""
+def quantity_table(table: pd.DataFrame, quantities: Quantities, index_name: str | None = None, *,
+                   turned: bool = False, column_names: list[str] | None = None) -> str:
+    """The one way a table of quantities is written: a row per row of `table` and a column per quantity, or, turned,
+    a row per quantity and a column per row of `table` (named `column_names`, else its index in words, a study's
+    variants as `in_words` names them): a wide table turned so that it fits a page however many quantities it shows.
+    An empty value (nothing to measure there, e.g. R_N of a run without an all-reduce) reads "–". No rows: no table
+    (LaTeX has none of no rows)."""
     if table.empty:
         return ""
-    shown = pd.DataFrame({label: [_formatted(v, fmt) for v in table[column]] for column, (label, fmt) in columns.items()},
-                         index=table.index)
-    return markdown_table(shown, index_name)
+    turned_cells = pd.DataFrame([[_formatted(value, *spec[1:]) for value in table[column]]
+                                 for column, spec in quantities.items()],
+                                index=[spec[0] for spec in quantities.values()], columns=table.index)
+    if not turned:
+        return markdown_table(turned_cells.T, index_name)
+    turned_cells.columns = column_names or [in_words(name) for name in table.index]
+    return markdown_table(turned_cells, "")

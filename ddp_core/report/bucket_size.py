@@ -10,7 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import STEP_MEDIAN_MS, configurations_as_columns, in_words
+from ddp_core.analysis.tables import STEP_MEDIAN_MS, in_words, quantity_table
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -32,21 +32,21 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
-BUCKET_ROWS = [
-    ("Bucket size set (MiB; –: PyTorch's default)", "bucket_cap_mb", 1, "{:g}"),
-    ("All-reduces per step", "allreduces", 1, "{:.0f}"),
-    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.0f}"),
-    ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
-    ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
-    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
-    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
-    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
-    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-]
+BUCKET_ROWS = {
+    "bucket_cap_mb": ("Bucket size set (MiB; –: PyTorch's default)", "{:g}"),
+    "allreduces": ("All-reduces per step", "{:.0f}"),
+    "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
+    "step_low_s": ("lowest, over repeats (ms)", "{:.0f}", 1e3),
+    "step_high_s": ("highest, over repeats (ms)", "{:.0f}", 1e3),
+    "mean_step_s": ("Step time, mean over the steady epochs (ms)", "{:.0f}", 1e3),
+    "compute_per_step_s": ("of which compute (ms)", "{:.0f}", 1e3),
+    "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", "{:.0f}", 1e3),
+    "comm_total_per_step_s": ("All-reduce in flight per step, mean (ms)", "{:.0f}", 1e3),
+}
 
 
 def bucket_markdown(study: dict[str, Experiment]) -> str:
-    return configurations_as_columns(bucket_table(study), BUCKET_ROWS)
+    return quantity_table(bucket_table(study), BUCKET_ROWS, turned=True)
 
 
 def bucket_findings(study: dict[str, Experiment]) -> dict:

@@ -12,8 +12,7 @@ from ddp_core.analysis.comparisons import (accuracy_floor, accuracy_glue, at_wor
                                            compare_times, final_accuracies, time_floor, time_glue)
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import (FINAL_ACCURACY, HIGHEST, LOWEST, STEP_MEDIAN_MS, configurations_as_columns,
-                                      in_words)
+from ddp_core.analysis.tables import FINAL_ACCURACY, HIGHEST, LOWEST, STEP_MEDIAN_MS, in_words, quantity_table
 
 
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -30,20 +29,20 @@ def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
-COMPRESSION_ROWS = [
-    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.0f}"),
-    ("lowest, over repeats (ms)", "step_low_s", 1e3, "{:.0f}"),
-    ("highest, over repeats (ms)", "step_high_s", 1e3, "{:.0f}"),
-    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-    (FINAL_ACCURACY, "final_val_accuracy", 1, "{:.3f}"),
-    (LOWEST, "accuracy_low", 1, "{:.3f}"),
-    (HIGHEST, "accuracy_high", 1, "{:.3f}"),
-    ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
-]
+COMPRESSION_ROWS = {
+    "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
+    "step_low_s": ("lowest, over repeats (ms)", "{:.0f}", 1e3),
+    "step_high_s": ("highest, over repeats (ms)", "{:.0f}", 1e3),
+    "comm_total_per_step_s": ("All-reduce in flight per step, mean (ms)", "{:.0f}", 1e3),
+    "final_val_accuracy": (FINAL_ACCURACY, "{:.3f}"),
+    "accuracy_low": (LOWEST, "{:.3f}"),
+    "accuracy_high": (HIGHEST, "{:.3f}"),
+    "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
+}
 
 
 def compression_markdown(study: dict[str, Experiment]) -> str:
-    return configurations_as_columns(compression_table(study), COMPRESSION_ROWS)
+    return quantity_table(compression_table(study), COMPRESSION_ROWS, turned=True)
 
 
 def compression_findings(study: dict[str, Experiment]) -> dict:

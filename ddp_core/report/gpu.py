@@ -21,7 +21,7 @@ from ddp_core.analysis.gpu_measurements import (MFU_GOAL, PRESET_ORDER, GpuResul
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_markdown
 from ddp_core.analysis.results import Experiment, read_run
 from ddp_core.analysis.step_profile import categorised
-from ddp_core.analysis.tables import measured_by, one_row_each
+from ddp_core.analysis.tables import measured_by, quantity_table
 from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name
 
 
@@ -40,7 +40,7 @@ def mfu_markdown(gpu: GpuResults) -> str:
     table = mfu_table(gpu)
     table.index = [f"{preset}, {precision_name(amp)}, {batch}{', compiled' if compiled else ''}"
                    for preset, amp, batch, compiled in table.index]
-    return one_row_each(table, {"samples_per_s_timed": ("Samples/s", "{:,.0f}"),
+    return quantity_table(table, {"samples_per_s_timed": ("Samples/s", "{:,.0f}"),
                                 "tflops": ("Model TFLOP/s", "{:.1f}"), "mfu": ("MFU", "{:.1%}"),
                                 "share_of_matmul": ("Share of the large product's rate", "{:.1%}")},
                         "Model, precision, batch (samples)")
@@ -118,7 +118,7 @@ def trainer_table(folder: Path) -> pd.DataFrame:
 def trainer_markdown(folder: Path) -> str:
     table = trainer_table(folder)
     table.index = [f"{row.preset}, {precision_name(row.amp)}" for row in table.itertuples()]
-    return one_row_each(table, {"parameters": ("Parameters", "{:,}"),
+    return quantity_table(table, {"parameters": ("Parameters", "{:,}"),
                                 "samples_per_s": ("Samples/s, last epoch", "{:,.0f}"),
                                 "val_accuracy": ("Validation accuracy, last epoch", "{:.1%}")},
                         "Model, precision")
@@ -141,7 +141,7 @@ def forecast_markdown(gpu: GpuResults) -> str:
     table["efficiency"] = [f"{low * 100:.0f}–{high:.0%}" for low, high in zip(table["efficiency_no_overlap"],
                                                                               table["efficiency_last_bucket"])]
     n = FORECAST_GPUS
-    return one_row_each(table, {
+    return quantity_table(table, {
         "one_gpu_ms": ("$T_1$ (ms)", "{:.1f}"), "per_gpu_ms": ("A quarter, in DDP (ms)", "{:.1f}"),
         "compute_over_ideal": (f"A quarter / ($T_1$/{n})", "{:.2f}"), "comm_ms": ("All-reduce (ms)", "{:.1f}"),
         "ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"), "efficiency": ("Efficiency", "{}")},
@@ -152,7 +152,7 @@ def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     table = emulated_table(nodes)
     table["range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"], table["efficiency_high"])]
     n = table["nodes"].iloc[0]
-    return one_row_each(table, {"ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"),
+    return quantity_table(table, {"ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"),
                                 "compute_over_ideal": (f"A node's compute / ($T_1$/{n})", "{:.2f}"),
                                 "efficiency": ("Efficiency, measured (median)", "{:.0%}"),
                                 "range": ("lowest to highest", "{}")}, "Emulated link")

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import FINAL_ACCURACY, configurations_as_columns
+from ddp_core.analysis.tables import FINAL_ACCURACY, quantity_table
 
 
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -37,20 +37,20 @@ def _epochs(experiment: Experiment, run) -> pd.DataFrame:
     return metrics.set_index("epoch")[["train_loss", "val_loss", "val_accuracy"]]
 
 
-ACCUMULATION_ROWS = [
-    ("Ranks", "ranks", 1, "{:.0f}"),
-    ("Micro-batch (samples)", "micro_batch", 1, "{:.0f}"),
-    ("Micro-batches per step", "grad_accum", 1, "{:.0f}"),
-    ("Global batch (samples)", "global_batch", 1, "{:.0f}"),
-    ("Step time, median of the repeats (ms)", "step_time_ms", 1, "{:.1f}"),
-    (FINAL_ACCURACY, "final_val_accuracy", 1, "{:.4f}"),
-    ("Largest training-loss gap to the first variant", "max_train_loss_gap", 1, "{:.1e}"),
-]
+ACCUMULATION_ROWS = {
+    "ranks": ("Ranks", "{:.0f}"),
+    "micro_batch": ("Micro-batch (samples)", "{:.0f}"),
+    "grad_accum": ("Micro-batches per step", "{:.0f}"),
+    "global_batch": ("Global batch (samples)", "{:.0f}"),
+    "step_time_ms": ("Step time, median of the repeats (ms)", "{:.1f}"),
+    "final_val_accuracy": (FINAL_ACCURACY, "{:.4f}"),
+    "max_train_loss_gap": ("Largest training-loss gap to the first variant", "{:.1e}"),
+}
 
 
 def accumulation_markdown(study: dict[str, Experiment]) -> str:
     table = accumulation_table(study)
-    return configurations_as_columns(table, ACCUMULATION_ROWS)
+    return quantity_table(table, ACCUMULATION_ROWS, turned=True)
 
 
 # A loss that agrees to this is the same computation up to the order of float32 sums.

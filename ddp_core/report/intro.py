@@ -16,7 +16,7 @@ from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, Measurement, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted, in_words, one_row_each
+from ddp_core.analysis.tables import counted, in_words, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
@@ -82,7 +82,7 @@ def summary_table(results: Path) -> pd.DataFrame:
 
 
 def summary_markdown(results: Path) -> str:
-    return one_row_each(summary_table(results), {
+    return quantity_table(summary_table(results), {
         "setting": ("Setting", "{}"),
         "ratio": ("Compute over all-reduce as benchmarked, target / reached", "{}"),
         "value": ("Speedup or ratio, median (range)", "{}"), "efficiency": ("Efficiency", "{}"),

@@ -25,8 +25,7 @@ from ddp_core.analysis.emulated import (BASELINE, SHARE_GOT, SIMILARITY_EFFECT, 
 from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text, wind_tunnel_record
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import (HIGHEST, LOWEST, STEP_MEDIAN_MS, commit_text, day, one_row_each,
-                                      quantities_by_column)
+from ddp_core.analysis.tables import HIGHEST, LOWEST, STEP_MEDIAN_MS, commit_text, day, quantity_table
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
@@ -35,36 +34,36 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
     table["speedups"] = [f"{a:.2f} and {b:.2f}" for a, b in zip(table["speedup"], table["other_speedup"])]
     table["ratio_range"] = [f"{r:.2f} ({low:.2f} to {high:.2f})" for r, low, high in zip(table["ratio"], table["low"],
                                                                                         table["high"])]
-    return one_row_each(table, {
+    return quantity_table(table, {
         "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
         "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
         "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.0%}"),
         "finds_effect": (f"Chance to detect a {SIMILARITY_EFFECT:.0%} difference", "{:.0%}")}, index_name=None)
 
 
-LINK_ROWS = [
-    ("Link measured before the runs, median (Mbit/s)", "measured_gbit_s", 1e3, "{:,.0f}"),
-    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.0f}"),
-    ("Speedup over one node, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
-    (LOWEST, "speedup_low", 1, "{:.2f}"),
-    (HIGHEST, "speedup_high", 1, "{:.2f}"),
-    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.0f}"),
-    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.0f}"),
-    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.0f}"),
-    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.0f}"),
-    ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.0f}"),
-    ("All-reduce per step, predicted from the benchmark (ms)", "predicted_comm_s", 1e3, "{:.0f}"),
-    ("Speedup, predicted", "predicted_speedup", 1, "{:.2f}"),
-    ("Error of the predicted speedup (%)", "prediction_error", 100, "{:+.0f}"),
-    ("$R_N = (T_c/N)/T_\\text{comm}$", "compute_to_comm_ratio", 1, "{:.2f}"),
-    ("Break-even $R_N = f/(N-1)$", "break_even_ratio", 1, "{:.2f}"),
-]
+LINK_ROWS = {
+    "measured_gbit_s": ("Link measured before the runs, median (Mbit/s)", "{:,.0f}", 1e3),
+    "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
+    "speedup": ("Speedup over one node, median of the repeats' paired ratios", "{:.2f}"),
+    "speedup_low": (LOWEST, "{:.2f}"),
+    "speedup_high": (HIGHEST, "{:.2f}"),
+    "mean_step_s": ("Step time, mean over the steady epochs (ms)", "{:.0f}", 1e3),
+    "compute_per_step_s": ("of which compute (ms)", "{:.0f}", 1e3),
+    "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", "{:.0f}", 1e3),
+    "comm_total_per_step_s": ("All-reduce in flight per step, mean (ms)", "{:.0f}", 1e3),
+    "predicted_compute_s": ("Compute per step, predicted (ms)", "{:.0f}", 1e3),
+    "predicted_comm_s": ("All-reduce per step, predicted from the benchmark (ms)", "{:.0f}", 1e3),
+    "predicted_speedup": ("Speedup, predicted", "{:.2f}"),
+    "prediction_error": ("Error of the predicted speedup (%)", "{:+.0f}", 100),
+    "compute_to_comm_ratio": ("$R_N = (T_c/N)/T_\\text{comm}$", "{:.2f}"),
+    "break_even_ratio": ("Break-even $R_N = f/(N-1)$", "{:.2f}"),
+}
 
 
 def link_markdown(study: dict[str, Experiment], world_size: int) -> str:
     """The table at one world size, a column per link."""
     table = link_table(study).query("world_size == @world_size")
-    return quantities_by_column(table, LINK_ROWS, list(table["link"]))
+    return quantity_table(table, LINK_ROWS, turned=True, column_names=list(table["link"]))
 
 
 def link_figure(study: dict[str, Experiment]):
@@ -129,7 +128,7 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
     """`forecast_table`, and whether each error is within FORECAST_BAR."""
     table = forecast_table(study)
     table["within"] = ["yes" if abs(error) <= FORECAST_BAR else "no" for error in table.get("error", [])]
-    return one_row_each(table, {
+    return quantity_table(table, {
         "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
         "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_at": ("Forecast at (UTC)", "{}"),
         "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_at": ("First run at (UTC)", "{}"),
@@ -156,7 +155,7 @@ def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def doubling_markdown(study: dict[str, Experiment]) -> str:
-    return one_row_each(doubling_table(study), {
+    return quantity_table(doubling_table(study), {
         "link": ("Link", "{}"), "doubling": ("Nodes", "{}"),
         "ratio": ("Time per sample, after / before (median)", "{:.2f}"), "low": ("lowest", "{:.2f}"),
         "high": ("highest", "{:.2f}"), "verdict": ("Verdict", "{}")})
@@ -166,7 +165,7 @@ def similarity_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_table(study)
     table["efficiency_range"] = [f"{e:.0%} ({low:.0%} to {high:.0%})" for e, low, high in
                                  zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
-    return one_row_each(table, {
+    return quantity_table(table, {
         "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "modelled_batch": ("Global batch modelled", "{:.0f}"),
         "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
@@ -284,7 +283,7 @@ def fidelity_markdown(study: dict[str, Experiment]) -> str:
         disturbed=("disturbed", "sum")).reset_index()
     percent = ["used_share_low", "used_share", "throttled", "stolen"]
     summary[percent] *= 100
-    return one_row_each(summary, {
+    return quantity_table(summary, {
         "link": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),

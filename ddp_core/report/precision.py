@@ -9,7 +9,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
 from ddp_core.analysis.results import Experiment, Measurement
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, configurations_as_columns, counted
+from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, quantity_table
 
 
 def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -21,17 +21,17 @@ def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
-PRECISION_ROWS = [
-    (STEP_MEDIAN_MS, "step_time_ms", 1, "{:.1f}"),
-    ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
-    ("Final training loss, median of the repeats", "final_train_loss", 1, "{:.3f}"),
-    (FINAL_ACCURACY, "final_val_accuracy", 1, "{:.3f}"),
-]
+PRECISION_ROWS = {
+    "step_time_ms": (STEP_MEDIAN_MS, "{:.1f}"),
+    "samples_per_s": ("Throughput, from the median step (samples/s)", "{:.1f}"),
+    "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
+    "final_val_accuracy": (FINAL_ACCURACY, "{:.3f}"),
+}
 
 
 def precision_markdown(study: dict[str, Experiment]) -> str:
     table = precision_table(study)
-    return configurations_as_columns(table, PRECISION_ROWS)
+    return quantity_table(table, PRECISION_ROWS, turned=True)
 
 
 BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")

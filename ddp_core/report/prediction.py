@@ -12,7 +12,7 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.analysis.cost_model import allreduce_fits, measured_allreduce_s, predict
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import HIGHEST, LOWEST, counted, markdown_table, one_row_each, quantities_by_column
+from ddp_core.analysis.tables import HIGHEST, LOWEST, counted, markdown_table, quantity_table
 
 FORECAST_LABELS = {
     "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
@@ -158,28 +158,28 @@ def fit_markdown(experiment: Experiment) -> str:
                              "bus_bandwidth_GBps": f.bus_bandwidth_GBps, "r2": f.r2,
                              "max_error_pct": f.max_relative_error * 100}
                          for n, f in allreduce_fits(experiment).items()}).T
-    return one_row_each(fits, FIT_COLUMNS, "Ranks")
+    return quantity_table(fits, FIT_COLUMNS, "Ranks")
 
 
 # The prediction table in the reader's words: (row label, column of `predict`, scale, format).
-PREDICTION_ROWS = [
-    ("DDP gradient buckets", "buckets", 1, "{:.0f}"),
-    ("Compute per step, predicted (ms)", "predicted_compute_s", 1e3, "{:.1f}"),
-    ("Compute per step, measured, mean (ms)", "measured_compute_s", 1e3, "{:.1f}"),
-    ("All-reduce per step, predicted (ms)", "predicted_comm_s", 1e3, "{:.1f}"),
-    ("All-reduce per step, measured, mean (ms)", "measured_comm_s", 1e3, "{:.1f}"),
-    ("Step, predicted (ms)", "predicted_step_s", 1e3, "{:.1f}"),
-    ("Step, measured: median of the repeats' medians (ms)", "measured_step_s", 1e3, "{:.1f}"),
-    ("Speedup, predicted", "predicted_speedup", 1, "{:.3f}"),
-    ("Speedup, measured: median of the repeats' paired ratios", "measured_speedup", 1, "{:.3f}"),
-    (LOWEST, "measured_speedup_low", 1, "{:.3f}"),
-    (HIGHEST, "measured_speedup_high", 1, "{:.3f}"),
-    ("Speedup, scenario without overlap", "speedup_no_overlap", 1, "{:.3f}"),
-    ("Speedup, scenario last bucket only", "speedup_last_bucket_only", 1, "{:.3f}"),
-    ("Error of the compute estimate (%)", "compute_error", 100, "{:+.0f}"),
-    ("Error of the all-reduce estimate (%)", "comm_error", 100, "{:+.0f}"),
-    ("Error of the predicted speedup (%)", "error", 100, "{:+.1f}"),
-]
+PREDICTION_ROWS = {
+    "buckets": ("DDP gradient buckets", "{:.0f}"),
+    "predicted_compute_s": ("Compute per step, predicted (ms)", "{:.1f}", 1e3),
+    "measured_compute_s": ("Compute per step, measured, mean (ms)", "{:.1f}", 1e3),
+    "predicted_comm_s": ("All-reduce per step, predicted (ms)", "{:.1f}", 1e3),
+    "measured_comm_s": ("All-reduce per step, measured, mean (ms)", "{:.1f}", 1e3),
+    "predicted_step_s": ("Step, predicted (ms)", "{:.1f}", 1e3),
+    "measured_step_s": ("Step, measured: median of the repeats' medians (ms)", "{:.1f}", 1e3),
+    "predicted_speedup": ("Speedup, predicted", "{:.3f}"),
+    "measured_speedup": ("Speedup, measured: median of the repeats' paired ratios", "{:.3f}"),
+    "measured_speedup_low": (LOWEST, "{:.3f}"),
+    "measured_speedup_high": (HIGHEST, "{:.3f}"),
+    "speedup_no_overlap": ("Speedup, scenario without overlap", "{:.3f}"),
+    "speedup_last_bucket_only": ("Speedup, scenario last bucket only", "{:.3f}"),
+    "compute_error": ("Error of the compute estimate (%)", "{:+.0f}", 100),
+    "comm_error": ("Error of the all-reduce estimate (%)", "{:+.0f}", 100),
+    "error": ("Error of the predicted speedup (%)", "{:+.1f}", 100),
+}
 
 
 def prediction_markdown(experiment: Experiment) -> str:
@@ -187,7 +187,8 @@ def prediction_markdown(experiment: Experiment) -> str:
     prediction = predict(experiment).assign(
         compute_error=lambda t: t["predicted_compute_s"] / t["measured_compute_s"] - 1,
         comm_error=lambda t: t["predicted_comm_s"] / t["measured_comm_s"] - 1)
-    return quantities_by_column(prediction, PREDICTION_ROWS, [f"{n} ranks" for n in prediction.index])
+    return quantity_table(prediction, PREDICTION_ROWS, turned=True,
+                          column_names=[f"{n} ranks" for n in prediction.index])
 
 
 def prediction_figure(experiment: Experiment):

@@ -25,8 +25,7 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import (HIGHEST, LOWEST, STEP_MEDIAN_MS, counted, in_words, quantities_by_column,
-                                      rank_label)
+from ddp_core.analysis.tables import HIGHEST, LOWEST, STEP_MEDIAN_MS, counted, in_words, quantity_table, rank_label
 
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
                    "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
@@ -65,32 +64,32 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None = None) 
 
 
 # What the results table shows, in the reader's words: (row label, column, scale, format).
-RESULTS_ROWS = [
-    ("Runs (seeds)", "runs", 1, "{:.0f}"),
-    ("Epoch time, median of the repeats (s)", "epoch_time_s", 1, "{:.2f}"),
-    ("Throughput, from the median step (samples/s)", "samples_per_s", 1, "{:.1f}"),
-    ("Speedup, median of the repeats' paired ratios", "speedup", 1, "{:.2f}"),
-    (LOWEST, "speedup_low", 1, "{:.2f}"),
-    (HIGHEST, "speedup_high", 1, "{:.2f}"),
-    ("Parallel efficiency (%)", "efficiency", 100, "{:.0f}"),
-    ("Ideal speedup for the cores the ranks had", "cores_ideal", 1, "{:.2f}"),
-    (STEP_MEDIAN_MS, "step_time_s", 1e3, "{:.1f}"),
-    ("Step time, mean over the steady epochs (ms)", "mean_step_s", 1e3, "{:.1f}"),
-    ("of which compute (ms)", "compute_per_step_s", 1e3, "{:.1f}"),
-    ("of which exposed all-reduce (ms)", "comm_exposed_per_step_s", 1e3, "{:.1f}"),
-    ("Optimizer step, part of compute, mean (ms)", "optimizer_per_step_s", 1e3, "{:.1f}"),
-    ("All-reduce in flight per step, mean (ms)", "comm_total_per_step_s", 1e3, "{:.1f}"),
-    ("Peak memory, largest rank and repeat (MB)", "peak_memory_mb", 1, "{:,.0f}"),
-    ("Final validation accuracy, median", "final_val_accuracy", 1, "{:.3f}"),
-    (LOWEST, "accuracy_low", 1, "{:.3f}"),
-    (HIGHEST, "accuracy_high", 1, "{:.3f}"),
-]
+RESULTS_ROWS = {
+    "runs": ("Runs (seeds)", "{:.0f}"),
+    "epoch_time_s": ("Epoch time, median of the repeats (s)", "{:.2f}"),
+    "samples_per_s": ("Throughput, from the median step (samples/s)", "{:.1f}"),
+    "speedup": ("Speedup, median of the repeats' paired ratios", "{:.2f}"),
+    "speedup_low": (LOWEST, "{:.2f}"),
+    "speedup_high": (HIGHEST, "{:.2f}"),
+    "efficiency": ("Parallel efficiency (%)", "{:.0f}", 100),
+    "cores_ideal": ("Ideal speedup for the cores the ranks had", "{:.2f}"),
+    "step_time_s": (STEP_MEDIAN_MS, "{:.1f}", 1e3),
+    "mean_step_s": ("Step time, mean over the steady epochs (ms)", "{:.1f}", 1e3),
+    "compute_per_step_s": ("of which compute (ms)", "{:.1f}", 1e3),
+    "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", "{:.1f}", 1e3),
+    "optimizer_per_step_s": ("Optimizer step, part of compute, mean (ms)", "{:.1f}", 1e3),
+    "comm_total_per_step_s": ("All-reduce in flight per step, mean (ms)", "{:.1f}", 1e3),
+    "peak_memory_mb": ("Peak memory, largest rank and repeat (MB)", "{:,.0f}"),
+    "final_val_accuracy": ("Final validation accuracy, median", "{:.3f}"),
+    "accuracy_low": (LOWEST, "{:.3f}"),
+    "accuracy_high": (HIGHEST, "{:.3f}"),
+}
 
 
 def results_markdown(experiment: Experiment) -> str:
     """Per world size (columns), averaged over the steady epochs."""
     table = scaling_table(experiment)
-    return quantities_by_column(table, RESULTS_ROWS, [rank_label(n) for n in table.index])
+    return quantity_table(table, RESULTS_ROWS, turned=True, column_names=[rank_label(n) for n in table.index])
 
 
 def _each_run(metrics: pd.DataFrame):

@@ -23,7 +23,7 @@ import pandas as pd
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.analysis.tables import counted, day, measured_by, one_row_each, with_article
+from ddp_core.analysis.tables import counted, day, measured_by, quantity_table, with_article
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
 
@@ -34,7 +34,7 @@ def verdict_markdown(m: Measurement) -> str:
                                                                         table["highest_median"])]
     columns = {"medians": ("Median per configuration, lowest to highest", "{}"), "floor": ("Noise floor", "{:.0%}")}
     columns |= {outcome: (label, "{:.0f}") for outcome, label in VERDICT_COUNTS.items()}
-    return one_row_each(table, columns, "Ratio, the first loop against the second (counts: configurations)")
+    return quantity_table(table, columns, "Ratio, the first loop against the second (counts: configurations)")
 
 
 def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +56,7 @@ def throughput_markdown(m: Measurement) -> str:
     if peak_tflops(m):
         table["mfu_pct"] = table["mfu"] * 100
         columns["mfu_pct"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1f}")
-    return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
+    return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
 def ratio_markdown(m: Measurement) -> str:
@@ -65,7 +65,7 @@ def ratio_markdown(m: Measurement) -> str:
         table[name] = [f"{mid:.3f} ({low:.3f}–{high:.3f})" for mid, low, high in
                        zip(table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"])]
     columns = {name: (f"{words} (median, range)", "{}") for name, (_, _, words) in RATIOS.items()}
-    return one_row_each(_configuration_index(table), columns, "Model, precision, batch (samples)")
+    return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
 def findings(m: Measurement) -> dict:

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import one_row_each
+from ddp_core.analysis.tables import quantity_table
 from ddp_core.analysis.verdict import compare, noise_floor
 from ddp_core.analysis.critical_batch import follows_rule, per_batch, rule_fit, runs_table
 
@@ -82,7 +82,7 @@ def lr_neighbours_markdown(variants: dict[str, Experiment]) -> str:
                                    zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
                        reached_text=[f"{r} of {n}" + (f" (missed: still short at step {m:.0f})" if m == m else "")
                                      for r, n, m in zip(rows["reached"], rows["runs"], rows["missed_by"])])
-    return one_row_each(rows, NEIGHBOUR_COLUMNS)
+    return quantity_table(rows, NEIGHBOUR_COLUMNS)
 
 
 def predicted_steps(fit: dict, batch) -> np.ndarray:
@@ -185,7 +185,7 @@ TIME_COLUMNS = {"step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
 
 
 def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
-    return one_row_each(time_to_target_table(variants), TIME_COLUMNS, "Per-rank batch (samples)")
+    return quantity_table(time_to_target_table(variants), TIME_COLUMNS, "Per-rank batch (samples)")
 
 
 def time_to_target_figure(variants: dict[str, Experiment]):
@@ -226,4 +226,4 @@ def per_batch_markdown(variants: dict[str, Experiment]) -> str:
     rows = rows.assign(steps_text=[_median_range(m, lo, hi) for m, lo, hi in
                                    zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
                        reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])])
-    return one_row_each(rows, BATCH_COLUMNS, "Global batch (samples)")
+    return quantity_table(rows, BATCH_COLUMNS, "Global batch (samples)")
