@@ -102,9 +102,8 @@ def test_compute_per_step_leaves_out_the_exposed_communication(folder, experimen
 @pytest.mark.parametrize("speedups,value,verdict", [
     ((0.8, 0.8, 0.8), "0.80 (0.80 to 0.80 over 3 repeats)", "slower (beyond the noise floor of 0.0%)"),
     ((1.25, 1.2, 1.3), "1.25 (1.20 to 1.30 over 3 repeats)", "faster (beyond the noise floor of"),
-    ((0.9, 1.1, 1.0), "1.00 (0.90 to 1.10 over 3 repeats)", "within the noise (identical configurations reach"),
-    ((0.8,), "0.80 (one run each)", "with 1 run of each side, fewer than the 3 repeats a verdict needs, this gives no "
-                                    "verdict"),
+    ((0.9, 1.1, 1.0), "1.00 (0.90 to 1.10 over 3 repeats)", "no visible difference (within the noise floor of"),
+    ((0.8,), "0.80 (one run each)", "no verdict (1 of each side; a verdict needs 3 repeats)"),
 ], ids=["4 ranks lose", "4 ranks gain", "within the noise", "too few repeats"])
 def test_the_speedup_verdict_reads_right_for_every_outcome(folder, speedups, value, verdict):
     # the 1-rank repeats take 0.1 s a step; so do all repeats of the 4-rank run but for its speedup
@@ -247,7 +246,7 @@ def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
     assert table.loc[4, ["speedup", "speedup_low", "speedup_high"]].tolist() == pytest.approx([1.0, 0.8, 2.0])
 
 
-@pytest.mark.parametrize("target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"), (1.0, "within the noise")])
+@pytest.mark.parametrize("target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"), (1.0, "no visible difference (within")])
 def test_the_ranks_compute_is_judged_against_the_one_rank_compute_divided_among_the_cores(folder, target, verdict):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     found = discussion.findings(load_experiment(folder))
@@ -369,7 +368,7 @@ def test_the_parts_of_the_mean_step_add_up_to_no_more_than_it(experiment):
     (True, [0.7, 0.72, 0.71], "against the theory's prediction"),
     (False, [0.7, 0.72, 0.71], "as the theory predicts"),
     (False, [1.2, 1.3, 1.25], "against the theory's prediction"),
-    (True, [0.9, 1.1, 1.0], "the runs can neither confirm nor refute it (within the noise"),
+    (True, [0.9, 1.1, 1.0], "the runs can neither confirm nor refute it: no visible difference"),
 ], ids=["gain predicted, gain", "gain predicted, loss", "loss predicted, loss", "loss predicted, gain", "noise"])
 def test_the_discussion_says_whether_the_theory_held_for_every_outcome(predicts_gain, ratios, says):
     assert payoff.theory_outcome(predicts_gain, compare(ratios, [1.0] * 3, 0.05)).startswith(says)

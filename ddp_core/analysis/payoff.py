@@ -83,5 +83,5 @@ def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:
     """Whether the measured speedup (through the one verdict function) bears the theory's prediction out: 'as the
     theory predicts', 'against the theory's prediction', or why the runs cannot tell."""
     if not measured.decided:
-        return f"the runs can neither confirm nor refute it ({measured.why_undecided()})"
+        return f"the runs can neither confirm nor refute it: {measured.why_undecided()}"
     return "as the theory predicts" if (measured.verdict == "higher") == predicts_gain else "against the theory's prediction"

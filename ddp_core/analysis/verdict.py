@@ -61,16 +61,15 @@ class Comparison:
         return f"{self.floor:.1%}"  # as the methods chapter gives it
 
     def why_undecided(self) -> str:
-        """Why there is no verdict, as a clause that follows the value and a colon: noise, or too few repeats."""
+        """The outcome where the rule decides neither way, in a few words with what decided it (the pages and the
+        methods chapter say what each means): noise, too few repeats, guesses, or no floor."""
         if self.verdict == "too few repeats":
-            return (f"with {self.pairs} run{'s' if self.pairs > 1 else ''} of each side, fewer than the "
-                    f"{MIN_REPEATS} repeats a verdict needs, this gives no verdict")
+            return f"no verdict ({self.pairs} of each side; a verdict needs {MIN_REPEATS} repeats)"
         if self.verdict == "at chance":
-            return "every repeat of both sides is at chance on its evaluation set, so the accuracies compare guesses"
+            return "no verdict (every repeat of both sides at chance)"
         if math.isnan(self.floor):
-            return "with no noise floor to hold it against (no two configurations ran in the same rounds), no verdict"
-        return (f"within the noise (identical configurations reach a ratio {self._floor_text()} from 1), so no "
-                f"difference can be told")
+            return "no verdict (no noise floor: no configurations shared rounds)"
+        return f"no visible difference (within the noise floor of {self._floor_text()})"
 
 
 def compare(a: list[float], b: list[float], floor: float) -> Comparison:
