@@ -55,6 +55,10 @@ def with_article(name: str) -> str:
 STEP_MEDIAN_MS = "Step time, median of the repeats' medians (ms)"
 LOWEST, HIGHEST = "lowest, over repeats", "highest, over repeats"  # a median's range, in the rows below it
 FINAL_ACCURACY = "Final validation accuracy, median of the repeats"
+LOWEST_MS, HIGHEST_MS = f"{LOWEST} (ms)", f"{HIGHEST} (ms)"
+MEAN_STEP_MS = "Step time, mean over the steady epochs (ms)"  # and its parts, in the rows below it:
+OF_WHICH_COMPUTE_MS, OF_WHICH_EXPOSED_MS = "of which compute (ms)", "of which exposed all-reduce (ms)"
+ALLREDUCE_IN_FLIGHT_MS = "All-reduce in flight per step, mean (ms)"
 
 NUMBER = re.compile(r"[-+–]?\d|–$")  # a formatted number, or "–" for none
 

@@ -10,7 +10,8 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import STEP_MEDIAN_MS, in_words, quantity_table
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST_MS, LOWEST_MS, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
+                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, in_words, quantity_table)
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -36,12 +37,12 @@ BUCKET_ROWS = {
     "bucket_cap_mb": ("Bucket size set (MiB; –: PyTorch's default)", "{:g}"),
     "allreduces": ("All-reduces per step", "{:.0f}"),
     "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
-    "step_low_s": ("lowest, over repeats (ms)", "{:.0f}", 1e3),
-    "step_high_s": ("highest, over repeats (ms)", "{:.0f}", 1e3),
-    "mean_step_s": ("Step time, mean over the steady epochs (ms)", "{:.0f}", 1e3),
-    "compute_per_step_s": ("of which compute (ms)", "{:.0f}", 1e3),
-    "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", "{:.0f}", 1e3),
-    "comm_total_per_step_s": ("All-reduce in flight per step, mean (ms)", "{:.0f}", 1e3),
+    "step_low_s": (LOWEST_MS, "{:.0f}", 1e3),
+    "step_high_s": (HIGHEST_MS, "{:.0f}", 1e3),
+    "mean_step_s": (MEAN_STEP_MS, "{:.0f}", 1e3),
+    "compute_per_step_s": (OF_WHICH_COMPUTE_MS, "{:.0f}", 1e3),
+    "comm_exposed_per_step_s": (OF_WHICH_EXPOSED_MS, "{:.0f}", 1e3),
+    "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}", 1e3),
 }
 
 

@@ -25,7 +25,9 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import HIGHEST, LOWEST, STEP_MEDIAN_MS, counted, in_words, quantity_table, rank_label
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
+                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, counted, in_words, quantity_table,
+                                      rank_label)
 
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
                    "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
@@ -74,11 +76,11 @@ RESULTS_ROWS = {
     "efficiency": ("Parallel efficiency (%)", "{:.0f}", 100),
     "cores_ideal": ("Ideal speedup for the cores the ranks had", "{:.2f}"),
     "step_time_s": (STEP_MEDIAN_MS, "{:.1f}", 1e3),
-    "mean_step_s": ("Step time, mean over the steady epochs (ms)", "{:.1f}", 1e3),
-    "compute_per_step_s": ("of which compute (ms)", "{:.1f}", 1e3),
-    "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", "{:.1f}", 1e3),
+    "mean_step_s": (MEAN_STEP_MS, "{:.1f}", 1e3),
+    "compute_per_step_s": (OF_WHICH_COMPUTE_MS, "{:.1f}", 1e3),
+    "comm_exposed_per_step_s": (OF_WHICH_EXPOSED_MS, "{:.1f}", 1e3),
     "optimizer_per_step_s": ("Optimizer step, part of compute, mean (ms)", "{:.1f}", 1e3),
-    "comm_total_per_step_s": ("All-reduce in flight per step, mean (ms)", "{:.1f}", 1e3),
+    "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.1f}", 1e3),
     "peak_memory_mb": ("Peak memory, largest rank and repeat (MB)", "{:,.0f}"),
     "final_val_accuracy": ("Final validation accuracy, median", "{:.3f}"),
     "accuracy_low": (LOWEST, "{:.3f}"),
