@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
@@ -52,8 +53,7 @@ from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COL
                                        append_rows, drop_rows_after, MachineClock, environment, machine_activity,
                                        now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
-from ddp_core.engine.sharding import FSDP_MODES, adamw, load_whole_state, set_gradient_sync, shard_model, whole_state
-from torch.distributed.fsdp import FSDPModule
+from ddp_core.engine.sharding import FSDP_MODES, adamw, load_whole_state, shard_model, whole_state
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
@@ -529,10 +529,7 @@ def train_step(model, micro_batches, grad_accum: int, timer: EpochTimer, optimiz
     for k in range(grad_accum):
         with timer.phase("data"):
             ids, labels = next(micro_batches)
-        last_micro_step = k == grad_accum - 1
-        set_gradient_sync(model, last_micro_step)
-        with contextlib.nullcontext() if last_micro_step or not isinstance(model, DistributedDataParallel) \
-                else model.no_sync():
+        with gradient_sync(model, k == grad_accum - 1):
             with timer.phase("forward"), autocast():
                 loss = F.cross_entropy(model(ids).float(), labels)
             with timer.phase("backward"):
@@ -544,6 +541,17 @@ def train_step(model, micro_batches, grad_accum: int, timer: EpochTimer, optimiz
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
     return loss_sum
+
+
+def gradient_sync(model, sync: bool):
+    """Whether this backward communicates the gradients: on a step's last micro-batch only. DDP skips its all-reduce
+    inside `no_sync`, FSDP2 its reduce-scatter while `set_requires_gradient_sync(False)`; one rank has nothing to
+    skip."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+    if sync or not isinstance(model, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
 
 
 @torch.no_grad()

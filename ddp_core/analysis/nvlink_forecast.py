@@ -32,8 +32,8 @@ by the two scenarios of `ddp_core.analysis.cost_model`: none, or all but the las
 
 from __future__ import annotations
 
-import sys
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 

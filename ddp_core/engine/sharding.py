@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 FSDP_MODES = ("zero2", "zero3")
@@ -73,9 +73,3 @@ def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, shardin
     model.load_state_dict(model_state)
     optimizer.load_state_dict(optimizer_state)
 
-
-def set_gradient_sync(model: nn.Module, sync: bool) -> None:
-    """Under FSDP2, whether this backward reduce-scatters the gradients (not on a step's micro-batches but its last,
-    as DDP's `no_sync`)."""
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(sync)

@@ -35,15 +35,17 @@ def _slurm(*command: str) -> subprocess.CompletedProcess:
         raise ExperimentError(f"{command[0]} not found: launcher='slurm' needs the Slurm client commands") from None
 
 
-def sbatch_command(plan: Plan, *, gpus_per_rank: int, cpus_per_rank: int, extra_args: list[str]) -> list[str]:
+def sbatch_command(plan: Plan) -> list[str]:
+    """The job's submission, with the resources `plan.slurm` asks for."""
     ranks_per_node = plan.world_size // plan.nodes
     command = ["sbatch", "--parsable", f"--job-name=ddp-{plan.run_dir.parent.name}-n{plan.world_size}",
-               f"--nodes={plan.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={ranks_per_node * cpus_per_rank}",
+               f"--nodes={plan.nodes}", "--ntasks-per-node=1",
+               f"--cpus-per-task={ranks_per_node * plan.slurm.cpus_per_rank}",
                f"--output={plan.run_dir.resolve()}/slurm-%j.out", "--export=ALL"]
-    if gpus_per_rank:
-        command.append(f"--gpus-per-node={ranks_per_node * gpus_per_rank}")
+    if plan.slurm.gpus_per_rank:
+        command.append(f"--gpus-per-node={ranks_per_node * plan.slurm.gpus_per_rank}")
     train_args = [*plan.train_args, "--resume"] if plan.action == "resume" else plan.train_args
-    return [*command, *extra_args, str(SBATCH_SCRIPT), str(plan.run_dir.resolve()), *train_args]
+    return [*command, *plan.slurm.sbatch_args.split(), str(SBATCH_SCRIPT), str(plan.run_dir.resolve()), *train_args]
 
 
 def job_state(job_id: str) -> tuple[str, str]:
@@ -117,8 +119,7 @@ def run_slurm(plan: Plan) -> bool:
         print(f"job {job_id} for {plan.run_dir} is already in the queue: attaching to it")
     else:
         refuse_interrupted(plan)
-        command = sbatch_command(plan, gpus_per_rank=plan.slurm.gpus_per_rank, cpus_per_rank=plan.slurm.cpus_per_rank,
-                                 extra_args=plan.slurm.sbatch_args.split())
+        command = sbatch_command(plan)
         env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes),
                    DDP_MAX_RESTARTS=str(plan.max_restarts))
         submitted = subprocess.run(command, capture_output=True, text=True, env=env)
