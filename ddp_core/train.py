@@ -53,6 +53,7 @@ from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COL
                                        append_rows, drop_rows_after, MachineClock, environment, machine_activity,
                                        now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
+from ddp_core.engine.memory import StateCensus
 from ddp_core.engine.sharding import FSDP_MODES, adamw, load_whole_state, shard_model, whole_state
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
@@ -117,7 +118,9 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     evaluations = Evaluations(state, data, batch, cfg, rt, out)
-    training = Training(cfg, rt, state, ddp_model, data, sampler, batch, timer, noise, evaluations, stop, out)
+    census = StateCensus(ddp_model, state.optimizer)
+    training = Training(cfg, rt, state, ddp_model, data, sampler, batch, timer, noise, census, evaluations, stop,
+                        out)
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
         done = train_epoch(training, epoch, progress)
@@ -126,7 +129,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         if done.steps == batch.steps:  # else the epoch ended at the target, just evaluated
             evaluations.run(epoch)
         val_loss, val_accuracy, eval_time = evaluations.last
-        row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, state, batch, cfg, rt)
+        row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, census.largest, state, batch, cfg, rt)
         step_rows = steps_rows(epoch, done.step_times, rt)
         snapshot = state.checkpoint(epoch, cfg, rt)
         if rt.leader:
@@ -439,6 +442,7 @@ class Training:
     batch: BatchPlan
     timer: EpochTimer
     noise: GradientNoise
+    census: StateCensus  # the bytes of training state the rank holds, by kind
     evaluations: Evaluations
     stop: StopRequest
     out: Path | None  # the run directory on rank 0, None on the others
@@ -469,12 +473,14 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
     start = time.perf_counter()
     timer.begin_epoch()  # after `start`: the steps' times, counted from here, add up to no more than the epoch's
     noise.begin_epoch()
+    training.census.begin_epoch()
     evaluating = 0.0  # seconds of the evaluations inside the epoch, left out of its time
     steps = batch.steps
     for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
                      disable=not (rt.leader and cfg.progress), file=sys.stderr):
         step_loss = train_step(training.ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer,
                                state.scheduler, state.scaler, state.autocast)
+        training.census.between_steps()
         loss_sum += step_loss
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
         if step + 1 < batch.steps and evaluations.due():
@@ -581,15 +587,18 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
 
 
 def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: float, val_accuracy: float,
-                state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
-    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times of the slowest rank, and the
+                state_bytes: dict[str, int], state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
+    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times and training state (by kind,
+    `state_bytes`) of the largest rank, and the
     gradient noise scale from the squared norms averaged over ranks and steps (empty where it was not measured). An
     epoch that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps, not of the
     pause."""
     names = list(done.phases)
     summed = all_reduce([done.phases[n] for n in names] + list(done.grad_sq) + [done.loss_sum], dist.ReduceOp.SUM,
                         rt)
-    slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device)], dist.ReduceOp.MAX, rt)
+    kinds = list(state_bytes)
+    slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device), *state_bytes.values()],
+                         dist.ReduceOp.MAX, rt)
     samples = done.steps * batch.global_batch
     row = {name: value / rt.world_size for name, value in zip(names, summed)}
     row.update(
@@ -597,7 +606,7 @@ def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: flo
         grad_accum=cfg.grad_accum, train_samples=samples, steps=done.steps, epoch_time_s=slowest[0],
         eval_time_s=slowest[1], train_loss=summed[-1] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
         lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2],
-        resumes=done.resumes)
+        resumes=done.resumes, **{kind: int(size) for kind, size in zip(kinds, slowest[3:])})
     local_sq, averaged_sq = summed[len(names):len(names) + 2]
     row.update(noise_scale(local_sq, averaged_sq, done.steps, rt.world_size, batch.micro * cfg.grad_accum)
                if measures_noise(cfg, rt)

@@ -49,17 +49,6 @@ def test_fsdp2s_collectives_are_not_timed_and_say_so(sharded_runs):
         assert (json.loads((sharded_runs / mode / "run.json").read_text())["allreduces_per_step"] is not None) == timed
 
 
-def initial_weights() -> dict:
-    """The tiny model's weights as every run starts from them (seed 0)."""
-    from ddp_core.engine.config import parse_args
-    from ddp_core.engine.model import TransformerClassifier
-    from ddp_core.train import model_config
-
-    cfg = parse_args([*RUN, "--out", "unused"], world_size=2)
-    torch.manual_seed(cfg.seed)
-    return TransformerClassifier(model_config(cfg, 2)).state_dict()
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.slow
 def test_a_sharded_run_resumes_exactly(sharded_runs, mode, tmp_path, isolated_env):
@@ -86,3 +75,40 @@ def test_what_sharding_cannot_combine_with_is_refused_in_one_line(refused, args,
     proc = refused(*TINY_SYNTHETIC, "--global-batch-size", "8", *args)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"ddp_core.train: error: {message}"]
+
+
+def test_each_rank_holds_the_training_state_zero_s_formula_gives(sharded_runs):
+    """The bytes of parameters, gradients and optimizer state a rank holds, counted from its tensors, are the
+    formula's for 2 ranks: exactly under DDP, ZeRO-2 and ZeRO-3 (the tiny model's tensors split evenly), and under
+    ZeRO-1, which gives each rank whole tensors, at least the even split and at most one tensor more. DDP keeps its
+    gradient buckets between steps, FSDP2 frees its shards."""
+    from ddp_core.analysis.zero_memory import formula_bytes
+    from ddp_core.engine.run_files import STATE_COLUMNS
+
+    sizes = [p.numel() for p in tiny_model().parameters()]
+    for mode in ("none", *MODES):
+        measured = {kind: int(read_metrics(sharded_runs / mode)[-1][kind]) for kind in STATE_COLUMNS}
+        formula = formula_bytes(sum(sizes), len(sizes), 2, mode)
+        if mode != "zero1":
+            assert measured == formula, mode
+            continue
+        assert {k: v for k, v in measured.items() if k != "optimizer_state_bytes"} == {
+            k: v for k, v in formula.items() if k != "optimizer_state_bytes"}
+        assert 8 * sum(sizes) / 2 <= measured["optimizer_state_bytes"] <= formula["optimizer_state_bytes"] + 8 * max(sizes)
+    assert formula_bytes(sum(sizes), len(sizes), 2, "zero3")["gradients_kept_bytes"] == 0
+
+
+def tiny_model():
+    """The tiny model of the runs, as they build it."""
+    from ddp_core.engine.config import parse_args
+    from ddp_core.engine.model import TransformerClassifier
+    from ddp_core.train import model_config
+
+    cfg = parse_args([*RUN, "--out", "unused"], world_size=2)
+    torch.manual_seed(cfg.seed)
+    return TransformerClassifier(model_config(cfg, 2))
+
+
+def initial_weights() -> dict:
+    """The tiny model's weights as every run starts from them (seed 0)."""
+    return tiny_model().state_dict()

@@ -21,7 +21,7 @@ from statistics import median
 
 import pandas as pd
 
-from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS
+from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STATE_COLUMNS, STEPS_COLUMNS
 from ddp_core.launch.plan import WIND_TUNNEL_FILE
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
@@ -154,14 +154,14 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise ResultsError(f"{metrics_path}: unreadable CSV ({str(exc).strip()})") from None
     if "resumes" not in metrics.columns:  # written before epochs could resume mid-way: none did
         metrics["resumes"] = 0
-    for column in set(NOISE_COLUMNS) - set(metrics.columns):  # written before the trainer measured it
+    for column in set(NOISE_COLUMNS + STATE_COLUMNS) - set(metrics.columns):  # written before the trainer measured it
         metrics[column] = float("nan")
     missing = [c for c in METRICS_COLUMNS if c not in metrics.columns]
     if missing:
         raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")
     if metrics.empty:
         raise ResultsError(f"{metrics_path}: no completed epoch")
-    measured = [c for c in METRICS_COLUMNS if c not in NOISE_COLUMNS]  # the noise scale is NaN where not measured
+    measured = [c for c in METRICS_COLUMNS if c not in NOISE_COLUMNS + STATE_COLUMNS]  # NaN where not measured
     if metrics[measured].isna().any().any() and info.get("config", {}).get("timers", True):
         raise ResultsError(f"{metrics_path}: empty or non-numeric values")
     network = run_dir / "network.json"  # a run on an emulated cluster: its nodes and link

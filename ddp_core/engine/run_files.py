@@ -20,11 +20,13 @@ from pathlib import Path
 
 # The gradient noise scale's estimates (ddp_core/engine/noise_scale.py): NaN where a run cannot measure them.
 NOISE_COLUMNS = ["grad_sq_norm", "grad_noise_trace", "noise_scale"]
+# The training state one rank held, by kind, the largest rank's (ddp_core/engine/memory.py).
+STATE_COLUMNS = ["parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "gradients_kept_bytes"]
 METRICS_COLUMNS = [
     "epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
     "epoch_time_s", "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s",
     "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
-    "samples_per_s", "peak_memory_mb", "resumes", *NOISE_COLUMNS,
+    "samples_per_s", "peak_memory_mb", "resumes", *NOISE_COLUMNS, *STATE_COLUMNS,
 ]
 # steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]

@@ -1,0 +1,60 @@
+"""The training state one rank holds under each sharding mode, by the formulas of ZeRO (Rajbhandari et al., SC 2020),
+in fp32 with AdamW as this project trains: 4 bytes a parameter for the weights, 4 for its gradient, 8 for AdamW's two
+moments and 4 a tensor for its step count. N ranks each hold 1/N of what a mode shards:
+
+| mode  | parameters | gradients | optimizer state | gradients kept between steps |
+| none  | 4Ψ         | 4Ψ        | 8Ψ              | 4Ψ (DDP's buckets)            |
+| zero1 | 4Ψ         | 4Ψ        | 8Ψ/N            | 4Ψ                            |
+| zero2 | 4Ψ         | 4Ψ/N      | 8Ψ/N            | 0                             |
+| zero3 | 4Ψ/N       | 4Ψ/N      | 8Ψ/N            | 0                             |
+
+The formula's 1/N is an even split; what a rank measures (`ddp_core.engine.memory`) departs from it where the split
+cannot be even: FSDP2 pads each tensor's first dimension to a multiple of N, and ZeRO-1 gives each rank whole
+tensors, so a model with one large tensor (an embedding) leaves one rank most of the optimizer's state.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddp_core.engine.run_files import STATE_COLUMNS
+
+MODES = ("none", "zero1", "zero2", "zero3")
+SHARDED = {  # per mode, the kinds each rank holds 1/N of
+    "none": set(),
+    "zero1": {"optimizer_state_bytes"},
+    "zero2": {"optimizer_state_bytes", "gradients_bytes"},
+    "zero3": {"optimizer_state_bytes", "gradients_bytes", "parameters_bytes"},
+}
+FSDP2_MODES = ("zero2", "zero3")  # gradients freed after the optimizer's step
+
+
+def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[str, float]:
+    """Per kind (STATE_COLUMNS), the bytes one of `ranks` ranks holds of a model of `parameters` parameters in
+    `tensors` tensors, under `mode`."""
+    whole = {"parameters_bytes": 4 * parameters, "gradients_bytes": 4 * parameters,
+             "optimizer_state_bytes": 8 * parameters}
+    held = {kind: size / ranks if kind in SHARDED[mode] else size for kind, size in whole.items()}
+    held["optimizer_state_bytes"] += 4 * tensors  # a step count per tensor, on every rank under FSDP2 and DDP
+    held["gradients_kept_bytes"] = 0 if mode in FSDP2_MODES else held["gradients_bytes"]
+    return {kind: held[kind] for kind in STATE_COLUMNS}
+
+
+def bytes_per_parameter(state: dict[str, float], parameters: int) -> float:
+    """What a rank holds of parameters, gradients and optimizer state together, per parameter of the model: the
+    number that sets the largest model a mode fits in a given memory."""
+    return sum(state[kind] for kind in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")) / parameters
+
+
+def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFrame:
+    """Per mode and ranks (`rows`: one per run, its mode, ranks and STATE_COLUMNS as measured), the measured bytes
+    of each kind beside the formula's, and the bytes per parameter of each."""
+    out = []
+    for (mode, ranks), group in rows.groupby(["mode", "ranks"], sort=False):
+        formula = formula_bytes(parameters, tensors, ranks, mode)
+        measured = {kind: float(group[kind].max()) for kind in STATE_COLUMNS}
+        out.append({"mode": mode, "ranks": ranks, **{f"{k}_measured": v for k, v in measured.items()},
+                    **{f"{k}_formula": v for k, v in formula.items()},
+                    "per_parameter_measured": bytes_per_parameter(measured, parameters),
+                    "per_parameter_formula": bytes_per_parameter(formula, parameters)})
+    return pd.DataFrame(out)
