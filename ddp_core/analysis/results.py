@@ -161,7 +161,10 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")
     if metrics.empty:
         raise ResultsError(f"{metrics_path}: no completed epoch")
-    measured = [c for c in METRICS_COLUMNS if c not in NOISE_COLUMNS + STATE_COLUMNS]  # NaN where not measured
+    unmeasured = NOISE_COLUMNS + STATE_COLUMNS  # NaN where the run could not measure them
+    if info.get("world_size", 1) > 1 and info.get("allreduces_per_step", 0) is None:
+        unmeasured += ["comm_total_s", "comm_exposed_s"]  # FSDP2's collectives, which no DDP hook times
+    measured = [c for c in METRICS_COLUMNS if c not in unmeasured]
     if metrics[measured].isna().any().any() and info.get("config", {}).get("timers", True):
         raise ResultsError(f"{metrics_path}: empty or non-numeric values")
     network = run_dir / "network.json"  # a run on an emulated cluster: its nodes and link
