@@ -50,8 +50,8 @@ from ddp_core.engine.model_cost import bucket_indices
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.noise_scale import GradientNoise, noise_scale
 from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS,
-                                       append_rows, drop_rows_after, MachineClock, environment, machine_activity,
-                                       now_iso, save_atomic)
+                                       append_rows, drop_rows_after, MachineClock, environment, link_sent_bytes,
+                                       machine_activity, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.memory import StateCensus
 from ddp_core.engine.sharding import FSDP_MODES, adamw, load_whole_state, shard_model, whole_state
@@ -123,13 +123,16 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
                         out)
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
+        sent_before = link_sent_bytes()
         done = train_epoch(training, epoch, progress)
+        sent = link_sent_bytes() - sent_before
         progress = None  # only the first epoch of a resumed run continues from a checkpoint's progress
         stop_if_diverged(epoch, done.first_bad_step, batch, rt)
         if done.steps == batch.steps:  # else the epoch ended at the target, just evaluated
             evaluations.run(epoch)
         val_loss, val_accuracy, eval_time = evaluations.last
-        row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, census.largest, state, batch, cfg, rt)
+        row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, census.largest, sent, state, batch, cfg,
+                          rt)
         step_rows = steps_rows(epoch, done.step_times, rt)
         snapshot = state.checkpoint(epoch, cfg, rt)
         if rt.leader:
@@ -587,15 +590,16 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
 
 
 def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: float, val_accuracy: float,
-                state_bytes: dict[str, int], state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
+                state_bytes: dict[str, int], sent_bytes: float, state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
     """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times and training state (by kind,
-    `state_bytes`) of the largest rank, and the
+    `state_bytes`) of the largest rank, the bytes its link sent in the epoch's steps (`sent_bytes`) as the mean, and
+    the
     gradient noise scale from the squared norms averaged over ranks and steps (empty where it was not measured). An
     epoch that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps, not of the
     pause."""
     names = list(done.phases)
-    summed = all_reduce([done.phases[n] for n in names] + list(done.grad_sq) + [done.loss_sum], dist.ReduceOp.SUM,
-                        rt)
+    summed = all_reduce([done.phases[n] for n in names] + list(done.grad_sq) + [done.loss_sum, sent_bytes],
+                        dist.ReduceOp.SUM, rt)
     kinds = list(state_bytes)
     slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device), *state_bytes.values()],
                          dist.ReduceOp.MAX, rt)
@@ -604,9 +608,10 @@ def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: flo
     row.update(
         epoch=epoch, world_size=rt.world_size, global_batch_size=batch.global_batch, per_rank_batch_size=batch.micro,
         grad_accum=cfg.grad_accum, train_samples=samples, steps=done.steps, epoch_time_s=slowest[0],
-        eval_time_s=slowest[1], train_loss=summed[-1] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
+        eval_time_s=slowest[1], train_loss=summed[-2] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
         lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2],
-        resumes=done.resumes, **{kind: int(size) for kind, size in zip(kinds, slowest[3:])})
+        resumes=done.resumes, **{kind: int(size) for kind, size in zip(kinds, slowest[3:])},
+        link_sent_bytes=summed[-1] / rt.world_size)
     local_sq, averaged_sq = summed[len(names):len(names) + 2]
     row.update(noise_scale(local_sq, averaged_sq, done.steps, rt.world_size, batch.micro * cfg.grad_accum)
                if measures_noise(cfg, rt)

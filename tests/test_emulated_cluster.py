@@ -3,6 +3,7 @@ rate they were set to, a node computes at the CPU share it was given, and nothin
 namespaces, links, control groups and processes: root only."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -63,6 +64,10 @@ def test_two_nodes_train_exactly_what_two_ranks_on_one_machine_train(tmp_path, i
     gradient = 4 * json.loads((two_nodes.run_dir / "run.json").read_text())["parameters"]
     ring = steps * 2 * (2 - 1) / 2 * gradient
     assert all(ring <= sent < 1.5 * ring for sent in network["sent_bytes"])
+    # The trainer's own count, of the steps alone, comes closer: the ring's bytes and the protocols' headers.
+    in_steps = sum(float(row["link_sent_bytes"]) for row in read_metrics(two_nodes.run_dir))
+    assert ring <= in_steps < 1.1 * ring and in_steps < min(network["sent_bytes"]), in_steps / ring
+    assert all(math.isnan(float(row["link_sent_bytes"])) for row in read_metrics(two_local_ranks))  # no link: none
     assert json.loads((two_nodes.run_dir / "run.json").read_text())["local_world_size"] == 1
     assert nothing_left(os.getpid())
 

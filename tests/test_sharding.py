@@ -44,14 +44,14 @@ def test_fsdp2s_collectives_are_not_timed_and_say_so(sharded_runs):
     import json
     import math
 
-    from ddp_core.analysis.results import read_run
+    from ddp_core.analysis.results import read_run, read_steps
 
     for mode, timed in (("zero1", True), ("zero2", False), ("zero3", False)):
         row = read_metrics(sharded_runs / mode)[-1]
         assert math.isnan(float(row["comm_total_s"] or "nan")) != timed
         assert (json.loads((sharded_runs / mode / "run.json").read_text())["allreduces_per_step"] is not None) == timed
         metrics, _ = read_run(sharded_runs / mode)
-        assert metrics["train_loss"].notna().all()
+        assert metrics["train_loss"].notna().all() and read_steps(sharded_runs / mode)["step_time_s"].notna().all()
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -21,7 +21,7 @@ from statistics import median
 
 import pandas as pd
 
-from ddp_core.engine.run_files import METRICS_COLUMNS, NOISE_COLUMNS, STATE_COLUMNS, STEPS_COLUMNS
+from ddp_core.engine.run_files import LINK_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STATE_COLUMNS, STEPS_COLUMNS
 from ddp_core.launch.plan import WIND_TUNNEL_FILE
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
@@ -154,14 +154,14 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise ResultsError(f"{metrics_path}: unreadable CSV ({str(exc).strip()})") from None
     if "resumes" not in metrics.columns:  # written before epochs could resume mid-way: none did
         metrics["resumes"] = 0
-    for column in set(NOISE_COLUMNS + STATE_COLUMNS) - set(metrics.columns):  # written before the trainer measured it
+    for column in set(NOISE_COLUMNS + STATE_COLUMNS + LINK_COLUMNS) - set(metrics.columns):  # older runs
         metrics[column] = float("nan")
     missing = [c for c in METRICS_COLUMNS if c not in metrics.columns]
     if missing:
         raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")
     if metrics.empty:
         raise ResultsError(f"{metrics_path}: no completed epoch")
-    unmeasured = NOISE_COLUMNS + STATE_COLUMNS  # NaN where the run could not measure them
+    unmeasured = NOISE_COLUMNS + STATE_COLUMNS + LINK_COLUMNS  # NaN where the run could not measure them
     if info.get("world_size", 1) > 1 and info.get("allreduces_per_step", 0) is None:
         unmeasured += ["comm_total_s", "comm_exposed_s"]  # FSDP2's collectives, which no DDP hook times
     measured = [c for c in METRICS_COLUMNS if c not in unmeasured]
@@ -182,7 +182,8 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
         steps = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ResultsError(f"{path}: unreadable CSV ({str(exc).strip()})") from None
-    if list(steps.columns) != STEPS_COLUMNS or steps.empty or steps.isna().any().any():
+    timed = [column for column in STEPS_COLUMNS if column != "comm_exposed_s"]  # empty under FSDP2, as metrics.csv's
+    if list(steps.columns) != STEPS_COLUMNS or steps.empty or steps[timed].isna().any().any():
         raise ResultsError(f"{path}: not the steps of a run (columns {', '.join(STEPS_COLUMNS)}, a row per step)")
     return steps.assign(run=run_dir.name)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import platform
 import socket
@@ -22,11 +23,14 @@ from pathlib import Path
 NOISE_COLUMNS = ["grad_sq_norm", "grad_noise_trace", "noise_scale"]
 # The training state one rank held, by kind, the largest rank's (ddp_core/engine/memory.py).
 STATE_COLUMNS = ["parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "gradients_kept_bytes"]
+# The bytes the network interface gloo uses (GLOO_SOCKET_IFNAME: an emulated node's link) sent during the epoch's
+# steps, its evaluations and checkpoint apart, the mean over the ranks; empty where gloo was given no interface.
+LINK_COLUMNS = ["link_sent_bytes"]
 METRICS_COLUMNS = [
     "epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
     "epoch_time_s", "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s",
     "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
-    "samples_per_s", "peak_memory_mb", "resumes", *NOISE_COLUMNS, *STATE_COLUMNS,
+    "samples_per_s", "peak_memory_mb", "resumes", *NOISE_COLUMNS, *STATE_COLUMNS, *LINK_COLUMNS,
 ]
 # steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
@@ -182,3 +186,13 @@ def machine_activity(start: MachineClock, end: MachineClock, run_cpu_s: float) -
     return {"wall_s": wall, "run_cpu_s": run_cpu_s, "other_cpu_s": max(0.0, busy - run_cpu_s),
             "steal_cpu_s": end.steal_s - start.steal_s, "cores": os.cpu_count(),
             "load_1min": load_1min, "load_5min": load_5min}
+
+
+def link_sent_bytes() -> float:
+    """What the interface gloo sends on (GLOO_SOCKET_IFNAME, which an emulated node sets to its link) has sent so
+    far, from its kernel counter; NaN where gloo was given no interface."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    try:
+        return float(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text()) if interface else math.nan
+    except OSError:
+        return math.nan

@@ -1,0 +1,159 @@
+"""When the model stops fitting: ZeRO-1, 2 and 3 against DDP on the same emulated nodes, in the memory a rank holds
+(counted from its tensors, against ZeRO's formula), the bytes each node's link sent a step (against the formula and
+against gloo's collectives), and the time per sample (the one verdict function). Reads the study's `Experiment`s
+(`load_study`), one variant per mode."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
+from ddp_core.analysis.results import Experiment, link_label
+from ddp_core.analysis.tables import quantity_table
+from ddp_core.analysis.zero_memory import state_table
+from ddp_core.engine.model_cost import parameter_counts
+from ddp_core.engine.run_files import STATE_COLUMNS
+
+MODE_NAMES = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
+              "optimizer_state_bytes": "optimizer state"}
+# Gradient bytes (4Ψ) a node sends a step, over (N-1)/N: ZeRO's formula (Rajbhandari et al., section 7: DDP and
+# ZeRO-1/2 as one all-reduce, 2 units; ZeRO-3 a gather for forward and one for backward and a reduce-scatter, 3) and
+# what gloo's collectives send (reduce-scatter as an all-reduce, 2 units; ZeRO-1's broadcast of each rank's updated
+# parameters, 1; ZeRO-2's gather once a step, 1).
+FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
+GLOO_UNITS = {"none": 2, "zero1": 3, "zero2": 3, "zero3": 4}
+DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
+MB = 1e6
+
+
+def modes(study: dict[str, Experiment]) -> dict[str, Experiment]:
+    """The study's variants by sharding mode."""
+    return {e.baseline.config["sharding"]: e for e in study.values()}
+
+
+def model_size(e: Experiment) -> tuple[int, int]:
+    """Parameters and parameter tensors of the model the runs trained."""
+    return e.baseline.parameters, len(parameter_counts(e.baseline.model))
+
+
+def state_rows(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per run, its mode, ranks and the largest rank's state by kind in its last epoch."""
+    rows = []
+    for mode, e in modes(study).items():
+        last = e.metrics.sort_values("epoch").groupby("run").last()
+        for run in e.all_runs:
+            rows.append({"mode": mode, "ranks": run.world_size, **last.loc[run.name, STATE_COLUMNS].to_dict()})
+    return pd.DataFrame(rows)
+
+
+def memory_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode, each kind measured and by the formula (`zero_memory.state_table`), indexed by the mode's name."""
+    parameters, tensors = model_size(next(iter(study.values())))
+    table = state_table(state_rows(study), parameters, tensors)
+    return table.set_index(table["mode"].map(MODE_NAMES))
+
+
+MEMORY_COLUMNS = {f"{kind}_{side}": (f"{name.capitalize()}, {side} (MB)", "{:.1f}", 1 / MB)
+                  for kind, name in KIND_NAMES.items() for side in ("measured", "formula")} | {
+    "gradients_kept_bytes_measured": ("Gradients kept between steps, measured (MB)", "{:.1f}", 1 / MB),
+    "per_parameter_measured": ("Bytes a parameter, measured", "{:.1f}"),
+    "per_parameter_formula": ("Bytes a parameter, formula", "{:.1f}")}
+
+
+def memory_markdown(study: dict[str, Experiment]) -> str:
+    return quantity_table(memory_table(study), MEMORY_COLUMNS, "Mode", turned=True)
+
+
+def memory_figure(study: dict[str, Experiment]):
+    """Per mode, what a rank holds by kind, measured (stacked bars) and by the formula (a line over each bar)."""
+    table = memory_table(study)
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    x, bottom = np.arange(len(table)), np.zeros(len(table))
+    for k, (kind, name) in enumerate(KIND_NAMES.items()):
+        heights = table[f"{kind}_measured"].to_numpy() / MB
+        ax.bar(x, heights, bottom=bottom, color=f"C{k}", label=f"{name}, measured")
+        bottom += heights
+    formula = sum(table[f"{kind}_formula"] for kind in KIND_NAMES).to_numpy() / MB
+    ax.hlines(formula, x - 0.4, x + 0.4, colors="black", linestyles="dashed", label="formula, all kinds")
+    ax.set(xticks=x, xticklabels=table.index, ylabel="MB a rank holds",
+           title=f"Training state of the largest rank, {int(table['ranks'].iloc[0])} ranks")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode, the bytes each node's link sent per optimizer step (the median over runs and nodes of all it sent
+    while training, evaluations and checkpoints included, over the run's steps), in MB and in units of the fp32
+    gradient (4Ψ), beside ZeRO's formula and gloo's collectives."""
+    rows = {}
+    for mode, e in modes(study).items():
+        parameters, _ = model_size(e)
+        sent = []
+        for run in e.all_runs:
+            steps = e.metrics.loc[e.metrics["run"] == run.name, "steps"].sum()
+            sent += [node / steps for node in run.raw["network"]["sent_bytes"]]
+        n, gradient = e.largest, 4 * parameters
+        per_step = float(np.median(sent))
+        rows[MODE_NAMES[mode]] = {"sent_mb": per_step / MB, "sent_units": per_step / gradient,
+                                  "formula_units": FORMULA_UNITS[mode] * (n - 1) / n,
+                                  "gloo_units": GLOO_UNITS[mode] * (n - 1) / n}
+    table = pd.DataFrame(rows).T
+    table["over_gloo"] = table["sent_units"] / table["gloo_units"]
+    return table
+
+
+TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (gradients)", "{:.2f}"),
+                   "gloo_units": ("gloo's collectives (gradients)", "{:.2f}"),
+                   "sent_units": ("Sent on the link (gradients)", "{:.2f}"),
+                   "sent_mb": ("Sent on the link (MB)", "{:.1f}"),
+                   "over_gloo": ("Sent over gloo's", "{:.2f}")}
+
+
+def traffic_markdown(study: dict[str, Experiment]) -> str:
+    return quantity_table(traffic_table(study), TRAFFIC_COLUMNS, "Mode")
+
+
+def fits_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode, the bytes a parameter of the model costs a rank (measured), and the largest model whose training
+    state fits in DEVICE_BYTES at that cost, activations apart."""
+    table = memory_table(study)
+    return pd.DataFrame({"per_parameter": table["per_parameter_measured"],
+                         "largest_billions": DEVICE_BYTES / table["per_parameter_measured"] / 1e9})
+
+
+def fits_markdown(study: dict[str, Experiment]) -> str:
+    return quantity_table(fits_table(study), {
+        "per_parameter": ("Bytes a parameter, measured", "{:.1f}"),
+        "largest_billions": (f"Largest model in {DEVICE_BYTES / 1e9:.0f} GB (billions of parameters)", "{:.1f}")},
+        "Mode")
+
+
+def sharding_findings(study: dict[str, Experiment]) -> dict:
+    """Numbers and verdicts the page glues: the nodes, link and model; each mode's memory and traffic against DDP's
+    and its time per sample against DDP's (`compare_times`, one floor over every mode)."""
+    by_mode = modes(study)
+    ddp = by_mode["none"]
+    n = ddp.largest
+    parameters, _ = model_size(ddp)
+    memory, traffic = memory_table(study), traffic_table(study)
+    kinds = list(KIND_NAMES)
+    held = memory[[f"{kind}_measured" for kind in kinds]].sum(axis=1)
+    found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
+             "sharding_ddp_mb": held["DDP"] / MB}
+    floor = time_floor(*by_mode.values())
+    for mode in ("zero1", "zero2", "zero3"):
+        name = MODE_NAMES[mode]
+        found |= {f"{mode}_held_share": held[name] / held["DDP"],
+                  f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
+                  f"{mode}_fits_ratio": fits_table(study).loc[name, "largest_billions"]
+                  / fits_table(study).loc["DDP", "largest_billions"]}
+        found |= time_glue(f"{mode}_time", compare_times(by_mode[mode], ddp, n, n, floor=floor))
+    largest_tensor = max(parameter_counts(ddp.baseline.model).values())
+    found |= {"largest_tensor_share": largest_tensor / parameters,
+              "zero1_optimizer_share": memory.loc["ZeRO-1", "optimizer_state_bytes_measured"]
+              / memory.loc["DDP", "optimizer_state_bytes_measured"]}
+    return found
