@@ -117,3 +117,20 @@ def tiny_model():
 def initial_weights() -> dict:
     """The tiny model's weights as every run starts from them (seed 0)."""
     return tiny_model().state_dict()
+
+
+def test_the_bytes_a_parameter_costs_a_rank_are_what_it_holds_over_the_models_parameters():
+    """Per mode, the bytes a parameter costs a rank (which set the largest model a device fits) are its parameters,
+    gradients and optimizer state over the model's parameters, what it keeps between steps apart; the largest rank's
+    of the repeats."""
+    import pandas as pd
+
+    from ddp_core.analysis.zero_memory import formula_bytes, state_table
+
+    held = {"parameters_bytes": 400, "gradients_bytes": 100, "optimizer_state_bytes": 300, "gradients_kept_bytes": 0}
+    rows = pd.DataFrame([{"mode": "zero2", "ranks": 4, **held}, {"mode": "zero2", "ranks": 4, **held}])
+    table = state_table(rows, parameters=100, tensors=2)
+    assert table["per_parameter_measured"].tolist() == [8.0]
+    assert table["per_parameter_formula"].tolist() == [(400 + 100 + 200 + 8) / 100]
+    assert formula_bytes(100, 2, 4, "zero2") == {"parameters_bytes": 400, "gradients_bytes": 100,
+                                                 "optimizer_state_bytes": 208, "gradients_kept_bytes": 0}

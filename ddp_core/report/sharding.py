@@ -16,7 +16,8 @@ from ddp_core.analysis.zero_memory import state_table
 from ddp_core.engine.model_cost import parameter_counts
 from ddp_core.engine.run_files import STATE_COLUMNS
 
-MODE_NAMES = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+MODE_NAMES = {"none": "DDP", "zero1": "ZeRO\u20111", "zero2": "ZeRO\u20112", "zero3": "ZeRO\u20113"}  # hyphens that
+# never break a table's narrow first column
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
               "optimizer_state_bytes": "optimizer state"}
 # Gradient bytes (4Ψ) a node sends a step, over (N-1)/N: ZeRO's formula (Rajbhandari et al., section 7: DDP and
@@ -25,6 +26,7 @@ KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
 # parameters, 1; ZeRO-2's gather once a step, 1).
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
 GLOO_UNITS = {"none": 2, "zero1": 3, "zero2": 3, "zero3": 4}
+SHARDED_MODES = ("zero1", "zero2", "zero3")
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
 MB = 1e6
 
@@ -86,19 +88,16 @@ def memory_figure(study: dict[str, Experiment]):
 
 
 def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, the bytes each node's link sent per optimizer step (the median over runs and nodes of all it sent
-    while training, evaluations and checkpoints included, over the run's steps), in MB and in units of the fp32
-    gradient (4Ψ), beside ZeRO's formula and gloo's collectives."""
+    """Per mode, the bytes a node's link sent per optimizer step (each run's count over its steps alone, the mean
+    over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside ZeRO's formula
+    and gloo's collectives."""
     rows = {}
     for mode, e in modes(study).items():
         parameters, _ = model_size(e)
-        sent = []
-        for run in e.all_runs:
-            steps = e.metrics.loc[e.metrics["run"] == run.name, "steps"].sum()
-            sent += [node / steps for node in run.raw["network"]["sent_bytes"]]
-        n, gradient = e.largest, 4 * parameters
-        per_step = float(np.median(sent))
-        rows[MODE_NAMES[mode]] = {"sent_mb": per_step / MB, "sent_units": per_step / gradient,
+        per_run = e.metrics.groupby("run")[["link_sent_bytes", "steps"]].sum()
+        per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
+        n = e.largest
+        rows[MODE_NAMES[mode]] = {"sent_mb": per_step / MB, "sent_units": per_step / (4 * parameters),
                                   "formula_units": FORMULA_UNITS[mode] * (n - 1) / n,
                                   "gloo_units": GLOO_UNITS[mode] * (n - 1) / n}
     table = pd.DataFrame(rows).T
@@ -106,11 +105,11 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return table
 
 
-TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (gradients)", "{:.2f}"),
-                   "gloo_units": ("gloo's collectives (gradients)", "{:.2f}"),
-                   "sent_units": ("Sent on the link (gradients)", "{:.2f}"),
-                   "sent_mb": ("Sent on the link (MB)", "{:.1f}"),
-                   "over_gloo": ("Sent over gloo's", "{:.2f}")}
+TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
+                   "gloo_units": ("Gloo's collectives (fp32 gradients a step)", "{:.2f}"),
+                   "sent_units": ("Sent on the link (fp32 gradients a step)", "{:.3f}"),
+                   "sent_mb": ("Sent on the link (MB a step)", "{:.1f}"),
+                   "over_gloo": ("Sent over gloo's collectives", "{:.3f}")}
 
 
 def traffic_markdown(study: dict[str, Experiment]) -> str:
@@ -126,10 +125,11 @@ def fits_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def fits_markdown(study: dict[str, Experiment]) -> str:
+    ranks = next(iter(study.values())).largest
     return quantity_table(fits_table(study), {
-        "per_parameter": ("Bytes a parameter, measured", "{:.1f}"),
-        "largest_billions": (f"Largest model in {DEVICE_BYTES / 1e9:.0f} GB (billions of parameters)", "{:.1f}")},
-        "Mode")
+        "per_parameter": (f"Bytes a parameter, measured on {ranks} ranks", "{:.1f}"),
+        "largest_billions": (f"Largest model in {DEVICE_BYTES / 1e9:.0f} GB on {ranks} ranks (billions of parameters)",
+                             "{:.1f}")}, "Mode")
 
 
 def sharding_findings(study: dict[str, Experiment]) -> dict:
@@ -145,15 +145,18 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": held["DDP"] / MB}
     floor = time_floor(*by_mode.values())
-    for mode in ("zero1", "zero2", "zero3"):
+    for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
         found |= {f"{mode}_held_share": held[name] / held["DDP"],
                   f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
                   f"{mode}_fits_ratio": fits_table(study).loc[name, "largest_billions"]
                   / fits_table(study).loc["DDP", "largest_billions"]}
         found |= time_glue(f"{mode}_time", compare_times(by_mode[mode], ddp, n, n, floor=floor))
+    found["sharded_slower"] = sum(found[f"{mode}_time_verdict"].startswith("slower") for mode in SHARDED_MODES)
+    found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
+    found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max()}
     largest_tensor = max(parameter_counts(ddp.baseline.model).values())
     found |= {"largest_tensor_share": largest_tensor / parameters,
-              "zero1_optimizer_share": memory.loc["ZeRO-1", "optimizer_state_bytes_measured"]
+              "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
               / memory.loc["DDP", "optimizer_state_bytes_measured"]}
     return found
