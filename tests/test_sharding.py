@@ -87,7 +87,7 @@ def test_each_rank_holds_the_training_state_zero_s_formula_gives(sharded_runs):
     formula's for 2 ranks: exactly under DDP, ZeRO-2 and ZeRO-3 (the tiny model's tensors split evenly), and under
     ZeRO-1, which gives each rank whole tensors, at least the even split and at most one tensor more. DDP keeps its
     gradient buckets between steps, FSDP2 frees its shards."""
-    from ddp_core.analysis.zero_memory import formula_bytes
+    from ddp_core.analysis.zero import formula_bytes
     from ddp_core.engine.run_files import STATE_COLUMNS
 
     sizes = [p.numel() for p in tiny_model().parameters()]
@@ -125,7 +125,7 @@ def test_the_bytes_a_parameter_costs_a_rank_are_what_it_holds_over_the_models_pa
     of the repeats."""
     import pandas as pd
 
-    from ddp_core.analysis.zero_memory import formula_bytes, state_table
+    from ddp_core.analysis.zero import formula_bytes, state_table
 
     held = {"parameters_bytes": 400, "gradients_bytes": 100, "optimizer_state_bytes": 300, "gradients_kept_bytes": 0}
     rows = pd.DataFrame([{"mode": "zero2", "ranks": 4, **held}, {"mode": "zero2", "ranks": 4, **held}])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.analysis import gpu_measurements
+from ddp_core.analysis import gpu_measurements, zero
 from ddp_core.analysis.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.analysis.critical_batch import critical_batch_findings
 from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
@@ -24,12 +24,13 @@ from ddp_core.studies.study_list import load_study_list
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
     chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
-    chapter's ratios (`device_`) and the list of studies."""
+    chapter's ratios (`device_`), sharding (`sharding_`) and the list of studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
     return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
             | gpu_measurements.headline_findings(results, nodes)
             | studies_findings(load_study_list()) | critical_batch_findings(load_study(results / "time_to_accuracy"))
-            | one_device_findings(load_measurements(results / "single_device"), scaling))
+            | one_device_findings(load_measurements(results / "single_device"), scaling)
+            | zero.headline_findings(load_study(results / "sharding")))
 
 
 def one_device_findings(measurements: list[Measurement], scaling: Experiment) -> dict:

@@ -9,15 +9,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
+from ddp_core.analysis.comparisons import compare_times, time_glue
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import quantity_table
-from ddp_core.analysis.zero_memory import state_table
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, held_shares, memory_table, model_size, modes,
+                                   time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
-from ddp_core.engine.run_files import STATE_COLUMNS
 
-MODE_NAMES = {"none": "DDP", "zero1": "ZeRO\u20111", "zero2": "ZeRO\u20112", "zero3": "ZeRO\u20113"}  # hyphens that
-# never break a table's narrow first column
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
               "optimizer_state_bytes": "optimizer state"}
 # Gradient bytes (4Ψ) a node sends a step, over (N-1)/N: ZeRO's formula (Rajbhandari et al., section 7: DDP and
@@ -26,36 +24,8 @@ KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
 # parameters, 1; ZeRO-2's gather once a step, 1).
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
 GLOO_UNITS = {"none": 2, "zero1": 3, "zero2": 3, "zero3": 4}
-SHARDED_MODES = ("zero1", "zero2", "zero3")
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
 MB = 1e6
-
-
-def modes(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """The study's variants by sharding mode."""
-    return {e.baseline.config["sharding"]: e for e in study.values()}
-
-
-def model_size(e: Experiment) -> tuple[int, int]:
-    """Parameters and parameter tensors of the model the runs trained."""
-    return e.baseline.parameters, len(parameter_counts(e.baseline.model))
-
-
-def state_rows(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per run, its mode, ranks and the largest rank's state by kind in its last epoch."""
-    rows = []
-    for mode, e in modes(study).items():
-        last = e.metrics.sort_values("epoch").groupby("run").last()
-        for run in e.all_runs:
-            rows.append({"mode": mode, "ranks": run.world_size, **last.loc[run.name, STATE_COLUMNS].to_dict()})
-    return pd.DataFrame(rows)
-
-
-def memory_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, each kind measured and by the formula (`zero_memory.state_table`), indexed by the mode's name."""
-    parameters, tensors = model_size(next(iter(study.values())))
-    table = state_table(state_rows(study), parameters, tensors)
-    return table.set_index(table["mode"].map(MODE_NAMES))
 
 
 MEMORY_COLUMNS = {f"{kind}_{side}": (f"{name.capitalize()}, {side} (MB)", "{:.1f}", 1 / MB)
@@ -134,29 +104,25 @@ def fits_markdown(study: dict[str, Experiment]) -> str:
 
 def sharding_findings(study: dict[str, Experiment]) -> dict:
     """Numbers and verdicts the page glues: the nodes, link and model; each mode's memory and traffic against DDP's
-    and its time per sample against DDP's (`compare_times`, one floor over every mode)."""
+    and its time per sample against DDP's (`time_comparisons`); ZeRO-1's against ZeRO-2's, on the same floor."""
     by_mode = modes(study)
     ddp = by_mode["none"]
-    n = ddp.largest
-    parameters, _ = model_size(ddp)
-    memory, traffic = memory_table(study), traffic_table(study)
-    kinds = list(KIND_NAMES)
-    held = memory[[f"{kind}_measured" for kind in kinds]].sum(axis=1)
+    n, (parameters, _) = ddp.largest, model_size(ddp)
+    memory, traffic, fits, held = memory_table(study), traffic_table(study), fits_table(study), held_shares(study)
+    comparisons = time_comparisons(study)
     found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
-             "sharding_ddp_mb": held["DDP"] / MB}
-    floor = time_floor(*by_mode.values())
+             "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
-        found |= {f"{mode}_held_share": held[name] / held["DDP"],
+        found |= {f"{mode}_held_share": held[name],
                   f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
-                  f"{mode}_fits_ratio": fits_table(study).loc[name, "largest_billions"]
-                  / fits_table(study).loc["DDP", "largest_billions"]}
-        found |= time_glue(f"{mode}_time", compare_times(by_mode[mode], ddp, n, n, floor=floor))
-    found["sharded_slower"] = sum(found[f"{mode}_time_verdict"].startswith("slower") for mode in SHARDED_MODES)
+                  f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
+        found |= time_glue(f"{mode}_time", comparisons[mode])
+    found["sharded_slower"] = sum(comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
+    floor = comparisons["zero1"].floor
     found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
-    found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max()}
-    largest_tensor = max(parameter_counts(ddp.baseline.model).values())
-    found |= {"largest_tensor_share": largest_tensor / parameters,
+    found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
+              "largest_tensor_share": max(parameter_counts(ddp.baseline.model).values()) / parameters,
               "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
               / memory.loc["DDP", "optimizer_state_bytes_measured"]}
     return found

@@ -10,16 +10,24 @@ moments and 4 a tensor for its step count. N ranks each hold 1/N of what a mode 
 
 The formula's 1/N is an even split; what a rank measures (`ddp_core.engine.memory`) departs from it where the split
 cannot be even: FSDP2 pads each tensor's first dimension to a multiple of N, and ZeRO-1 gives each rank whole
-tensors, so a model with one large tensor (an embedding) leaves one rank most of the optimizer's state.
+tensors, so a model with one large tensor (an embedding) leaves one rank most of the optimizer's state. The sharding
+study's runs (one variant per mode) read into the measured bytes beside the formula's, and each mode's time per
+sample against DDP's, for the chapter and the key findings.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
+from ddp_core.analysis.results import Experiment
+from ddp_core.analysis.verdict import Comparison
+from ddp_core.engine.model_cost import parameter_counts
 from ddp_core.engine.run_files import STATE_COLUMNS
 
-MODES = ("none", "zero1", "zero2", "zero3")
+MODE_NAMES = {"none": "DDP", "zero1": "ZeRO\u20111", "zero2": "ZeRO\u20112", "zero3": "ZeRO\u20113"}  # hyphens that
+# never break a table's narrow first column
+SHARDED_MODES = ("zero1", "zero2", "zero3")
 SHARDED = {  # per mode, the kinds each rank holds 1/N of
     "none": set(),
     "zero1": {"optimizer_state_bytes"},
@@ -58,3 +66,53 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
                     "per_parameter_measured": bytes_per_parameter(measured, parameters),
                     "per_parameter_formula": bytes_per_parameter(formula, parameters)})
     return pd.DataFrame(out)
+
+
+def modes(study: dict[str, Experiment]) -> dict[str, Experiment]:
+    """The study's variants by sharding mode."""
+    return {e.baseline.config["sharding"]: e for e in study.values()}
+
+
+def model_size(e: Experiment) -> tuple[int, int]:
+    """Parameters and parameter tensors of the model the runs trained."""
+    return e.baseline.parameters, len(parameter_counts(e.baseline.model))
+
+
+def state_rows(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per run, its mode, ranks and the largest rank's state by kind in its last epoch."""
+    rows = []
+    for mode, e in modes(study).items():
+        last = e.metrics.sort_values("epoch").groupby("run").last()
+        for run in e.all_runs:
+            rows.append({"mode": mode, "ranks": run.world_size, **last.loc[run.name, STATE_COLUMNS].to_dict()})
+    return pd.DataFrame(rows)
+
+
+def memory_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode, each kind measured and by the formula (`state_table`), indexed by the mode's name."""
+    parameters, tensors = model_size(next(iter(study.values())))
+    table = state_table(state_rows(study), parameters, tensors)
+    return table.set_index(table["mode"].map(MODE_NAMES))
+
+
+def held_shares(study: dict[str, Experiment]) -> pd.Series:
+    """Per mode's name, the parameters, gradients and optimizer state its largest rank held over DDP's."""
+    table = memory_table(study)
+    held = table[[f"{kind}_measured" for kind in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")]]
+    return held.sum(axis=1) / held.sum(axis=1)[MODE_NAMES["none"]]
+
+
+def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
+    """Per sharded mode, its time per sample against DDP's on as many ranks, repeat by repeat, all held against one
+    floor (the study's)."""
+    by_mode = modes(study)
+    ddp, floor = by_mode["none"], time_floor(*by_mode.values())
+    return {mode: compare_times(by_mode[mode], ddp, ddp.largest, ddp.largest, floor=floor) for mode in SHARDED_MODES}
+
+
+def headline_findings(study: dict[str, Experiment]) -> dict:
+    """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank, and its time per sample
+    against DDP's, on the study's nodes."""
+    return {"sharding_nodes": modes(study)["none"].largest,
+            "sharding_zero3_held_share": held_shares(study)[MODE_NAMES["zero3"]],
+            **time_glue("sharding_zero3_time", time_comparisons(study)["zero3"])}
