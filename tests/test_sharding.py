@@ -1,5 +1,7 @@
 """Sharding the training state (--sharding: ZeRO-1, 2 and 3): the same training as DDP, a rank holding less of it."""
 
+import json
+
 import pytest
 import torch
 
@@ -84,23 +86,39 @@ def test_what_sharding_cannot_combine_with_is_refused_in_one_line(refused, args,
 
 def test_each_rank_holds_the_training_state_zero_s_formula_gives(sharded_runs):
     """The bytes of parameters, gradients and optimizer state a rank holds, counted from its tensors, are the
-    formula's for 2 ranks: exactly under DDP, ZeRO-2 and ZeRO-3 (the tiny model's tensors split evenly), and under
-    ZeRO-1, which gives each rank whole tensors, at least the even split and at most one tensor more. DDP keeps its
-    gradient buckets between steps, FSDP2 frees its shards."""
-    from ddp_core.analysis.zero import formula_bytes
+    formula's for 2 ranks: exactly under DDP; under ZeRO-1, which gives each rank whole tensors, at least the even
+    split of the optimizer's state and at most one tensor more; under ZeRO-2 and ZeRO-3 exactly for gradients and
+    optimizer state (the tiny model's tensors split evenly), while the parameters at their most are FSDP2's shards
+    and, beside them, those it has gathered whole. DDP keeps its gradient buckets between steps, FSDP2 frees its
+    shards."""
+    from ddp_core.analysis.zero import formula_bytes, fsdp2_parameter_bytes
+    from ddp_core.engine.model_cost import parameter_counts
     from ddp_core.engine.run_files import STATE_COLUMNS
 
-    sizes = [p.numel() for p in tiny_model().parameters()]
+    model = tiny_model()
+    sizes = [p.numel() for p in model.parameters()]
+    counts = parameter_counts(json.loads((sharded_runs / "none" / "run.json").read_text())["model"])
+    assert sorted(counts.values()) == sorted(sizes)
     for mode in ("none", *MODES):
         measured = {kind: int(read_metrics(sharded_runs / mode)[-1][kind]) for kind in STATE_COLUMNS}
         formula = formula_bytes(sum(sizes), len(sizes), 2, mode)
-        if mode != "zero1":
-            assert measured == formula, mode
-            continue
-        assert {k: v for k, v in measured.items() if k != "optimizer_state_bytes"} == {
-            k: v for k, v in formula.items() if k != "optimizer_state_bytes"}
-        assert 8 * sum(sizes) / 2 <= measured["optimizer_state_bytes"] <= formula["optimizer_state_bytes"] + 8 * max(sizes)
+        if mode in ("zero2", "zero3"):
+            assert measured.pop("parameters_bytes") == fsdp2_parameter_bytes(counts, 2, mode), mode
+            formula.pop("parameters_bytes")
+        if mode == "zero1":
+            assert 8 * sum(sizes) / 2 <= measured.pop("optimizer_state_bytes") <= (
+                formula.pop("optimizer_state_bytes") + 8 * max(sizes))
+        assert measured == formula, mode
     assert formula_bytes(sum(sizes), len(sizes), 2, "zero3")["gradients_kept_bytes"] == 0
+
+
+def test_fsdp2_holds_a_units_shards_beside_the_parameters_it_has_gathered():
+    """ZeRO-2 gathers every parameter; ZeRO-3 the root's (embeddings, head) and one block's, the largest."""
+    from ddp_core.analysis.zero import fsdp2_parameter_bytes
+
+    counts = {"tok_emb.weight": 100, "blocks.0.w": 10, "blocks.0.b": 2, "blocks.1.w": 20, "head.weight": 8}
+    assert fsdp2_parameter_bytes(counts, 4, "zero2") == 4 * 140 / 4 + 4 * 140
+    assert fsdp2_parameter_bytes(counts, 4, "zero3") == 4 * 140 / 4 + 4 * (108 + 20)
 
 
 def tiny_model():

@@ -48,6 +48,21 @@ def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[
     return {kind: held[kind] for kind in STATE_COLUMNS}
 
 
+def fsdp2_parameter_bytes(counts: dict[str, int], ranks: int, mode: str) -> float:
+    """The parameters one rank holds at their most under FSDP2 as `ddp_core.engine.sharding` wraps the model (each
+    block a unit, the rest, embeddings and head, the root's): its shards of every parameter, and beside them the
+    parameters gathered whole at once, all of them under ZeRO-2 (kept from forward to the end of backward), the
+    root's and one block's under ZeRO-3. `counts`: the model's parameters by name (`parameter_counts`)."""
+    total = sum(counts.values())
+    blocks: dict[str, int] = {}
+    for name, count in counts.items():
+        if name.startswith("blocks."):
+            block = name.split(".")[1]
+            blocks[block] = blocks.get(block, 0) + count
+    gathered = total if mode == "zero2" else total - sum(blocks.values()) + max(blocks.values(), default=0)
+    return 4 * total / ranks + 4 * gathered
+
+
 def bytes_per_parameter(state: dict[str, float], parameters: int) -> float:
     """What a rank holds of parameters, gradients and optimizer state together, per parameter of the model: the
     number that sets the largest model a mode fits in a given memory."""

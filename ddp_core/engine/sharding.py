@@ -7,8 +7,8 @@
   and backward (FSDP2's `fully_shard(reshard_after_forward=False)`);
 - zero3: the parameters as well, all-gathered for each block's forward and again for its backward (FSDP2).
 
-FSDP2 shards each encoder block on its own, then the rest of the model, so that only one block's parameters are
-whole at a time. A checkpoint holds the whole state whatever the mode, gathered to rank 0, so that a run resumes
+FSDP2 shards each encoder block on its own, then the rest of the model (the embeddings and the head, the root's
+unit), so that under ZeRO-3 a rank holds whole at most the root's parameters and one block's. A checkpoint holds the whole state whatever the mode, gathered to rank 0, so that a run resumes
 from it exactly and its weights read like any other run's; gathering it is a collective that every rank joins.
 """
 
