@@ -9,19 +9,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, time_glue
+from ddp_core.analysis.comparisons import compare_times, steady_phases, time_glue
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import quantity_table
+from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, held_shares, memory_table, model_size, modes,
                                    time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
               "optimizer_state_bytes": "optimizer state"}
-# Gradient bytes (4Ψ) a node sends a step, over (N-1)/N: ZeRO's formula (Rajbhandari et al., section 7: DDP and
-# ZeRO-1/2 as one all-reduce, 2 units; ZeRO-3 a gather for forward and one for backward and a reduce-scatter, 3) and
-# what gloo's collectives send (reduce-scatter as an all-reduce, 2 units; ZeRO-1's broadcast of each rank's updated
-# parameters, 1; ZeRO-2's gather once a step, 1).
+# Gradient bytes (4Ψ) a node sends a step, over (N-1)/N: ZeRO's formula (Rajbhandari et al., section 7: DDP an
+# all-reduce, 2; ZeRO-1 and 2 a reduce-scatter and a gather, 2; ZeRO-3 a reduce-scatter and two gathers, 3) and what
+# PyTorch's collectives on gloo send: one unit more for each ZeRO, as its reduce-scatter is a whole all-reduce, 2
+# (ZeRO-1: DDP's all-reduce, then a broadcast of each rank's updated parameters; ZeRO-2, 3: ProcessGroupGloo's
+# reduce-scatter, an all-reduce of which each rank keeps its chunk, pytorch/pytorch#118911).
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
 GLOO_UNITS = {"none": 2, "zero1": 3, "zero2": 3, "zero3": 4}
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
@@ -60,46 +61,73 @@ def memory_figure(study: dict[str, Experiment]):
 def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per mode, the bytes a node's link sent per optimizer step (each run's count over its steps alone, the mean
     over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside ZeRO's formula
-    and gloo's collectives."""
+    and what PyTorch's collectives on gloo send; and how unevenly the nodes sent (the busiest link's bytes over the
+    run, evaluations and checkpoints included, over the nodes' mean; the median over the runs)."""
     rows = {}
     for mode, e in modes(study).items():
         parameters, _ = model_size(e)
         per_run = e.metrics.groupby("run")[["link_sent_bytes", "steps"]].sum()
         per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
+        busiest = [max(sent) / np.mean(sent) for sent in (run.raw["network"]["sent_bytes"] for run in e.all_runs)]
         n = e.largest
         rows[MODE_NAMES[mode]] = {"sent_mb": per_step / MB, "sent_units": per_step / (4 * parameters),
                                   "formula_units": FORMULA_UNITS[mode] * (n - 1) / n,
-                                  "gloo_units": GLOO_UNITS[mode] * (n - 1) / n}
+                                  "gloo_units": GLOO_UNITS[mode] * (n - 1) / n,
+                                  "busiest_over_mean": float(np.median(busiest))}
     table = pd.DataFrame(rows).T
     table["over_gloo"] = table["sent_units"] / table["gloo_units"]
     return table
 
 
 TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
-                   "gloo_units": ("Gloo's collectives (fp32 gradients a step)", "{:.2f}"),
-                   "sent_units": ("Sent on the link (fp32 gradients a step)", "{:.3f}"),
-                   "sent_mb": ("Sent on the link (MB a step)", "{:.1f}"),
-                   "over_gloo": ("Sent over gloo's collectives", "{:.3f}")}
+                   "gloo_units": ("PyTorch's collectives on gloo (fp32 gradients a step)", "{:.2f}"),
+                   "sent_units": ("Sent, mean of the links (fp32 gradients a step)", "{:.3f}"),
+                   "sent_mb": ("Sent, mean of the links (MB a step)", "{:.1f}"),
+                   "over_gloo": ("Sent over PyTorch's collectives (ratio)", "{:.3f}"),
+                   "busiest_over_mean": ("Busiest link over the mean (ratio, whole run)", "{:.2f}")}
 
 
 def traffic_markdown(study: dict[str, Experiment]) -> str:
-    return quantity_table(traffic_table(study), TRAFFIC_COLUMNS, "Mode")
+    return quantity_table(traffic_table(study), TRAFFIC_COLUMNS, turned=True)
 
 
 def fits_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, the bytes a parameter of the model costs a rank (measured), and the largest model whose training
-    state fits in DEVICE_BYTES at that cost, activations apart."""
+    """Per mode, the bytes a parameter costs a rank, as measured on this model and by ZeRO's formula (a model whose
+    state divides evenly), and the largest model whose training state fits in DEVICE_BYTES at each, activations
+    apart."""
     table = memory_table(study)
     return pd.DataFrame({"per_parameter": table["per_parameter_measured"],
-                         "largest_billions": DEVICE_BYTES / table["per_parameter_measured"] / 1e9})
+                         "largest_billions": DEVICE_BYTES / table["per_parameter_measured"] / 1e9,
+                         "per_parameter_formula": table["per_parameter_formula"],
+                         "largest_billions_formula": DEVICE_BYTES / table["per_parameter_formula"] / 1e9})
 
 
 def fits_markdown(study: dict[str, Experiment]) -> str:
-    ranks = next(iter(study.values())).largest
+    ranks, device = next(iter(study.values())).largest, f"{DEVICE_BYTES / 1e9:.0f} GB"
     return quantity_table(fits_table(study), {
-        "per_parameter": (f"Bytes a parameter, measured on {ranks} ranks", "{:.1f}"),
-        "largest_billions": (f"Largest model in {DEVICE_BYTES / 1e9:.0f} GB on {ranks} ranks (billions of parameters)",
-                             "{:.1f}")}, "Mode")
+        "per_parameter": ("Bytes a parameter, this model", "{:.1f}"),
+        "largest_billions": (f"Largest model in {device}, shaped like this one (billions of parameters)", "{:.1f}"),
+        "per_parameter_formula": ("Bytes a parameter, formula", "{:.1f}"),
+        "largest_billions_formula": (f"Largest model in {device}, by the formula (billions of parameters)",
+                                     "{:.1f}")}, f"Mode, {ranks} ranks")
+
+
+def phase_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode, the mean step's forward, backward and optimizer step in ms (means over the steady epochs of every
+    repeat; under FSDP2 forward and backward include the gathers and reductions they wait for)."""
+    rows = {}
+    for mode, e in modes(study).items():
+        steady = steady_phases(e.metrics)
+        rows[MODE_NAMES[mode]] = {phase: (steady[f"{phase}_time_s"] / steady["steps"]).mean() * 1e3
+                                  for phase in ("forward", "backward", "optimizer")} | {
+            "step": steady["mean_step_s"].mean() * 1e3}
+    return pd.DataFrame(rows).T
+
+
+def phase_markdown(study: dict[str, Experiment]) -> str:
+    return quantity_table(phase_table(study), {
+        "step": (MEAN_STEP_MS, "{:.0f}"), "forward": ("Forward (ms)", "{:.0f}"),
+        "backward": ("Backward (ms)", "{:.0f}"), "optimizer": ("Optimizer step (ms)", "{:.0f}")}, "Mode")
 
 
 def sharding_findings(study: dict[str, Experiment]) -> dict:
@@ -111,7 +139,10 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     memory, traffic, fits, held = memory_table(study), traffic_table(study), fits_table(study), held_shares(study)
     comparisons = time_comparisons(study)
     found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
-             "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB}
+             "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
+             "sharding_gradient_mb": 4 * parameters / MB,
+             "zero3_formula_share": memory.loc[MODE_NAMES["zero3"], "per_parameter_formula"]
+             / memory.loc["DDP", "per_parameter_formula"]}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
         found |= {f"{mode}_held_share": held[name],
@@ -121,8 +152,23 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     found["sharded_slower"] = sum(comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
     floor = comparisons["zero1"].floor
     found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
+    phases = phase_table(study)
+    last = {mode: e.metrics.sort_values("epoch").groupby("run").last() for mode, e in by_mode.items()}
+    losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
+    counts = parameter_counts(ddp.baseline.model)
     found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
-              "largest_tensor_share": max(parameter_counts(ddp.baseline.model).values()) / parameters,
+              "largest_tensor_share": max(counts.values()) / parameters,
+              "root_share": sum(c for name, c in counts.items() if not name.startswith("blocks.")) / parameters,
               "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
-              / memory.loc["DDP", "optimizer_state_bytes_measured"]}
+              / memory.loc["DDP", "optimizer_state_bytes_measured"],
+              "zero1_busiest_over_mean": traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
+              "zero1_optimizer_ms": phases.loc[MODE_NAMES["zero1"], "optimizer"],
+              "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
+              "ddp_forward_ms": phases.loc["DDP", "forward"],
+              "zero3_forward_ms": phases.loc[MODE_NAMES["zero3"], "forward"],
+              "sharding_loss_gap": max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES),
+              "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
+              "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
+              "ddp_rss_mb": float(last["none"]["peak_memory_mb"].median()),
+              "zero3_rss_mb": float(last["zero3"]["peak_memory_mb"].median())}
     return found
