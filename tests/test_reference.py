@@ -61,6 +61,28 @@ def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
         assert found[f"{variant}_median_ms"] == pytest.approx(steps.iloc[WARMUP_STEPS:].median() * 1e3)
 
 
+def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_runs_csvs():
+    """Bytes a step: each run's link count over its steps, in fp32 gradients, the median over the runs; the state a
+    rank holds: parameters, gradients and optimizer state of the largest rank's last epoch, over DDP's."""
+    from ddp_core.analysis.zero import MODE_NAMES, held_shares
+    from ddp_core.report.sharding import traffic_table
+
+    folder = REPO / "reference" / "sharding"
+    study = load_study(folder)
+    traffic, held = traffic_table(study), held_shares(study)
+    kinds = ["parameters_bytes", "gradients_bytes", "optimizer_state_bytes"]
+    state = {}
+    for variant, mode in (("ddp", "none"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3")):
+        runs = sorted((folder / variant).glob("n4*"))
+        metrics = [pd.read_csv(run / "metrics.csv") for run in runs]
+        parameters = 4 * int(pd.read_json(runs[0] / "run.json", typ="series")["parameters"])
+        per_step = pd.Series([m["link_sent_bytes"].sum() / m["steps"].sum() / parameters for m in metrics]).median()
+        assert traffic.loc[MODE_NAMES[mode], "sent_units"] == pytest.approx(per_step)
+        state[mode] = max(m.iloc[-1][kinds].sum() for m in metrics)
+    for mode in ("zero1", "zero2", "zero3"):
+        assert held[MODE_NAMES[mode]] == pytest.approx(state[mode] / state["none"])
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory, isolated_env) -> Path:
     """A copy of the project as a fresh clone has it, its book built as the PDF (`make pdf`) from the reference
