@@ -41,6 +41,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ddp_core.engine.config import OneLineParser, UsageError, micro_batch_size, parse_args
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier
+from ddp_core.engine.memory import StateCensus
 from ddp_core.engine.model_shape import PRESETS
 from ddp_core.engine.model_cost import training_flops
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
@@ -158,8 +159,8 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
     plan = batch_plan(cfg, rt, data)
     epochs = iter(range(1, sys.maxsize))
     evaluations = Evaluations(state, data, plan, cfg, rt, None)  # none inside the epoch: cfg evaluates at its end
-    training = Training(cfg, rt, state, model, data, sampler, plan, timer, GradientNoise(), evaluations, StopRequest(),
-                        None)
+    training = Training(cfg, rt, state, model, data, sampler, plan, timer, GradientNoise(),
+                        StateCensus(model, state.optimizer), evaluations, StopRequest(), None)
     return lambda: train_epoch(training, next(epochs), None)
 
 

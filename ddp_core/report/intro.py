@@ -103,8 +103,7 @@ def findings(experiment: Experiment) -> dict:
         "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
         "largest": experiment.largest,
         **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[experiment.largest]),
-        "shared": "every rank ran on a GPU of its own" if one.on_gpu else
-        f"all ranks shared the same {one.cpu_count} CPU cores, so adding ranks added no compute",
+        "placement": "each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores",
     } | {key: payoff[key] for key in ("ideal_consequence", "ratio_n_model", "break_even_ratio", "n_model")}
 
 

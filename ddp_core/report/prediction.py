@@ -41,8 +41,7 @@ def findings(experiment: Experiment) -> dict:
         "worst_step_gap_ms": float(step_gap * 1e3), "worst_comm_gap_ms": float(comm_gap * 1e3),
         "worst_compute_gap_ms": float(compute_gap * 1e3),
         "worst_cause": "the communication estimate" if abs(comm_gap) > abs(compute_gap) else "the compute estimate",
-        "parts_verdict": "the two errors partly cancel, so the step looks better predicted than its parts"
-        if comm_gap * compute_gap < 0 else "the two errors add up",
+        "parts_outcome": "partly cancel" if comm_gap * compute_gap < 0 else "add up",
         "exposed_fraction": float(at_worst["exposed_fraction"]),
         "last_bucket_share": float(at_worst["last_bucket_share"]),
         "exposure_source": exposure_source(at_worst),
