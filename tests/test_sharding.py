@@ -121,6 +121,16 @@ def test_fsdp2_holds_a_units_shards_beside_the_parameters_it_has_gathered():
     assert fsdp2_parameter_bytes(counts, 4, "zero3") == 4 * 140 / 4 + 4 * (108 + 20)
 
 
+def test_pytorchs_collectives_on_gloo_send_one_gradient_more_than_zeros_formula_and_zero3_regathers_only_blocks():
+    """In fp32 gradients a step over (N-1)/N: DDP 2, ZeRO-1 3 (all-reduce, then a broadcast), ZeRO-2 3 (a reduce-
+    scatter that is an all-reduce, one gather), ZeRO-3 3 and its blocks' share again (the root stays gathered)."""
+    from ddp_core.analysis.zero import gloo_units
+
+    counts = {"tok_emb.weight": 100, "blocks.0.w": 10, "blocks.0.b": 2, "blocks.1.w": 20, "head.weight": 8}
+    assert [gloo_units(counts, mode) for mode in ("none", "zero1", "zero2")] == [2, 3, 3]
+    assert gloo_units(counts, "zero3") == pytest.approx(3 + 32 / 140)
+
+
 def tiny_model():
     """The tiny model of the runs, as they build it."""
     from ddp_core.engine.config import parse_args

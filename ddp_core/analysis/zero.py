@@ -48,19 +48,35 @@ def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[
     return {kind: held[kind] for kind in STATE_COLUMNS}
 
 
-def fsdp2_parameter_bytes(counts: dict[str, int], ranks: int, mode: str) -> float:
-    """The parameters one rank holds at their most under FSDP2 as `ddp_core.engine.sharding` wraps the model (each
-    block a unit, the rest, embeddings and head, the root's): its shards of every parameter, and beside them the
-    parameters gathered whole at once, all of them under ZeRO-2 (kept from forward to the end of backward), the
-    root's and one block's under ZeRO-3. `counts`: the model's parameters by name (`parameter_counts`)."""
-    total = sum(counts.values())
+def block_parameters(counts: dict[str, int]) -> dict[str, int]:
+    """The parameters of each encoder block, by its index, from the model's parameters by name
+    (`parameter_counts`); the rest (embeddings, head) is FSDP2's root unit."""
     blocks: dict[str, int] = {}
     for name, count in counts.items():
         if name.startswith("blocks."):
-            block = name.split(".")[1]
-            blocks[block] = blocks.get(block, 0) + count
+            blocks[name.split(".")[1]] = blocks.get(name.split(".")[1], 0) + count
+    return blocks
+
+
+def fsdp2_parameter_bytes(counts: dict[str, int], ranks: int, mode: str) -> float:
+    """The parameters one rank holds at their most under FSDP2 as `ddp_core.engine.sharding` wraps the model (each
+    block a unit, the rest the root's): its shards of every parameter, and beside them the parameters gathered
+    whole at once, all of them under ZeRO-2 (kept from forward to the end of backward), the root's and one block's
+    under ZeRO-3."""
+    total, blocks = sum(counts.values()), block_parameters(counts)
     gathered = total if mode == "zero2" else total - sum(blocks.values()) + max(blocks.values(), default=0)
     return 4 * total / ranks + 4 * gathered
+
+
+def gloo_units(counts: dict[str, int], mode: str) -> float:
+    """The fp32 gradients (4Ψ bytes) a node sends a step, over (N-1)/N, with PyTorch's collectives on gloo: DDP's
+    all-reduce, 2; ZeRO-1 the same and then a broadcast of each rank's updated parameters, 1; FSDP2 a reduce-scatter
+    that is a whole all-reduce (ProcessGroupGloo's, pytorch/pytorch#118911), 2, a gather of every parameter for
+    forward, 1, and under ZeRO-3 the blocks' again for backward (the root stays gathered)."""
+    if mode in ("none", "zero1"):
+        return 2 if mode == "none" else 3
+    blocks = sum(block_parameters(counts).values()) / sum(counts.values())
+    return 3 + (blocks if mode == "zero3" else 0)
 
 
 def bytes_per_parameter(state: dict[str, float], parameters: int) -> float:

@@ -35,7 +35,9 @@ def shard_model(model: nn.Module, sharding: str, device: torch.device) -> nn.Mod
         mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=sharding == "zero3")
-        fully_shard(model, mesh=mesh, reshard_after_forward=sharding == "zero3")
+        # The root (embeddings, head) stays gathered from forward to backward in both modes, as FSDP2 leaves a root
+        # by default: backward needs it at once, so freeing it would save no memory at the peak and cost a gather.
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
     return model
 
 

@@ -12,19 +12,16 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, steady_phases, time_glue
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, held_shares, memory_table, model_size, modes,
-                                   time_comparisons)
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, gloo_units, held_shares, memory_table, model_size,
+                                   modes, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
               "optimizer_state_bytes": "optimizer state"}
-# Gradient bytes (4Ψ) a node sends a step, over (N-1)/N: ZeRO's formula (Rajbhandari et al., section 7: DDP an
-# all-reduce, 2; ZeRO-1 and 2 a reduce-scatter and a gather, 2; ZeRO-3 a reduce-scatter and two gathers, 3) and what
-# PyTorch's collectives on gloo send: one unit more for each ZeRO, as its reduce-scatter is a whole all-reduce, 2
-# (ZeRO-1: DDP's all-reduce, then a broadcast of each rank's updated parameters; ZeRO-2, 3: ProcessGroupGloo's
-# reduce-scatter, an all-reduce of which each rank keeps its chunk, pytorch/pytorch#118911).
+# Gradient bytes (4Ψ) a node sends a step, over (N-1)/N, by ZeRO's formula (Rajbhandari et al., section 7: DDP an
+# all-reduce, 2; ZeRO-1 and 2 a reduce-scatter and a gather, 2; ZeRO-3 a reduce-scatter and two gathers, 3); what
+# PyTorch's collectives on gloo send is `gloo_units`.
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
-GLOO_UNITS = {"none": 2, "zero1": 3, "zero2": 3, "zero3": 4}
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
 MB = 1e6
 
@@ -72,7 +69,7 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
         n = e.largest
         rows[MODE_NAMES[mode]] = {"sent_mb": per_step / MB, "sent_units": per_step / (4 * parameters),
                                   "formula_units": FORMULA_UNITS[mode] * (n - 1) / n,
-                                  "gloo_units": GLOO_UNITS[mode] * (n - 1) / n,
+                                  "gloo_units": gloo_units(parameter_counts(e.baseline.model), mode) * (n - 1) / n,
                                   "busiest_over_mean": float(np.median(busiest))}
     table = pd.DataFrame(rows).T
     table["over_gloo"] = table["sent_units"] / table["gloo_units"]
