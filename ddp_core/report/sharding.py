@@ -12,7 +12,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, steady_phases, time_glue
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, gloo_units, held_shares, memory_table, model_size,
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, gloo_units, held_shares, memory_table, model_size,
                                    modes, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
@@ -155,10 +155,13 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     counts = parameter_counts(ddp.baseline.model)
     found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
               "largest_tensor_share": max(counts.values()) / parameters,
-              "root_share": sum(c for name, c in counts.items() if not name.startswith("blocks.")) / parameters,
+              "root_share": 1 - sum(block_parameters(counts).values()) / parameters,
               "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
               / memory.loc["DDP", "optimizer_state_bytes_measured"],
               "zero1_busiest_over_mean": traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
+              "ddp_busiest_over_mean": traffic.loc["DDP", "busiest_over_mean"],
+              "block_share": sum(block_parameters(counts).values()) / parameters,
+              "root_gradient_mb": 4 * (parameters - sum(block_parameters(counts).values())) / MB,
               "zero1_optimizer_ms": phases.loc[MODE_NAMES["zero1"], "optimizer"],
               "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
               "ddp_forward_ms": phases.loc["DDP", "forward"],
@@ -167,5 +170,7 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
               "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
               "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
               "ddp_rss_mb": float(last["none"]["peak_memory_mb"].median()),
-              "zero3_rss_mb": float(last["zero3"]["peak_memory_mb"].median())}
+              "zero3_rss_mb": float(last["zero3"]["peak_memory_mb"].median()),
+              "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20
+              / float(last["none"]["peak_memory_mb"].median())}
     return found
