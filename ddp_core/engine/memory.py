@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_core.engine.run_files import STATE_COLUMNS
+from ddp_core.engine.sharding import is_fsdp, is_sharded
 
 
 def storage_bytes(tensors) -> int:
@@ -32,7 +31,7 @@ def storage_bytes(tensors) -> int:
     for tensor in tensors:
         if tensor is None:
             continue
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        local = tensor.to_local() if is_sharded(tensor) else tensor
         storage = local.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
@@ -62,7 +61,7 @@ class StateCensus:
         self.largest = dict.fromkeys(STATE_COLUMNS, 0)
         self.gathered = 0  # the most bytes of FSDP2's parameters seen whole at once
         model.register_forward_hook(lambda *_: self._note("parameters_bytes", storage_bytes(model.parameters())))
-        for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):  # after FSDP2's own hook has gathered
+        for unit in (m for m in model.modules() if is_fsdp(m)):  # after FSDP2's own hook has gathered
             unit.register_forward_pre_hook(lambda *_: self._note_gathered())
         optimizer.register_step_pre_hook(lambda *_: self._before_step())
 
@@ -74,7 +73,7 @@ class StateCensus:
         self.largest[kind] = max(self.largest[kind], size)
 
     def _note_gathered(self) -> None:
-        whole = storage_bytes(p for p in self.model.parameters() if not isinstance(p, DTensor))
+        whole = storage_bytes(p for p in self.model.parameters() if not is_sharded(p))
         self.gathered = max(self.gathered, whole)
 
     def _before_step(self) -> None:

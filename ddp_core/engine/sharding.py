@@ -14,17 +14,26 @@ from it exactly and its weights read like any other run's; gathering it is a col
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 FSDP_MODES = ("zero2", "zero3")
-WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole state, on rank 0 only
+# FSDP2, DTensor and ZeroRedundancyOptimizer are imported where a mode uses them: importing them (sympy among them)
+# took 1.2 s of every rank's 2.4 s start, 8 ranks at once on 2 cores, for runs that mostly shard nothing.
+
+
+def is_fsdp(module: nn.Module) -> bool:
+    """Whether FSDP2 wraps `module`; nothing does where FSDP2 was never imported."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a DTensor (one of FSDP2's shards); none is where DTensor was never imported."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def shard_model(model: nn.Module, sharding: str, device: torch.device) -> nn.Module:
@@ -32,6 +41,9 @@ def shard_model(model: nn.Module, sharding: str, device: torch.device) -> nn.Mod
     the ranks' own device type: left to itself, FSDP2 takes a CUDA mesh wherever CUDA is present, also for ranks that
     train on the CPU beside a GPU they do not use."""
     if sharding in FSDP_MODES:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
         mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=sharding == "zero3")
@@ -47,6 +59,8 @@ def adamw(model: nn.Module, sharding: str, lr: float, weight_decay: float) -> to
     The fused AdamW updates every parameter in one pass per tensor (a few kernels on a GPU) instead of a dozen
     elementwise operations over it: a CPU's default, the per-tensor loop, took 4-5 times as long."""
     if sharding == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr,
                                        weight_decay=weight_decay, fused=True)
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
@@ -56,8 +70,11 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharding: st
     """The model's and the optimizer's state as one rank would hold them without sharding: on rank 0 (elsewhere
     the optimizer's is None, and under FSDP2 both are empty). Every rank must call it."""
     if sharding in FSDP_MODES:
-        return (get_model_state_dict(model, options=WHOLE),
-                get_optimizer_state_dict(model, optimizer, options=WHOLE))
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        whole = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole state, on rank 0 only
+        return get_model_state_dict(model, options=whole), get_optimizer_state_dict(model, optimizer, options=whole)
     if sharding == "zero1":
         optimizer.consolidate_state_dict(to=0)
         return model.state_dict(), optimizer.state_dict() if torch.distributed.get_rank() == 0 else None
@@ -68,6 +85,9 @@ def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, shardin
                      optimizer_state: dict) -> None:
     """`whole_state`'s dicts, which every rank has read, loaded into each rank's shards."""
     if sharding in FSDP_MODES:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
         whole = StateDictOptions(full_state_dict=True)
         set_model_state_dict(model, model_state, options=whole)
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=whole)

@@ -1,0 +1,93 @@
+"""Where a run's time outside training goes: a 1-rank run on this machine and a run on emulated nodes (root), each
+launched as the study runner launches it, its wall time against the time it trained.
+
+    python benchmarks/startup.py [--nodes 8] [--cpus-per-node 0.125] [--rounds 3]
+
+A run trains from its run directory's line (`run.json`'s start_time: torch imported, the data and the model built,
+the ranks joined) to its files written (end_time); everything else of its wall time is outside training: the
+interpreters' start, imports, data, the process group, a cluster's namespaces and links, teardown. Beside it, what
+importing the trainer alone takes. Goal (#50): under 5 s outside training for 1 rank, under 15 s at 8 nodes. Prints
+the median of the rounds, which run one after the other; a benchmark, not a test: the machine is shared.
+
+Where it went on this project's 2-core AMD EPYC (2026-11-27): 1 rank 3.1 s, 8 nodes of 0.125 core 17.9 s outside
+training. Each rank imported FSDP2 and DTensor (sympy among them) whether it sharded or not, 1.2 s of its 2.4 s
+import, now imported only by the modes that use them; torch's optimizer imports torch._dynamo (1.6 s) on its first
+construction, which the trainer cannot avoid; and 8 ranks tearing their interpreters down at once took 4 s after
+the run had finished, which the trainer now skips once its files are written. After both: 2.4 s and 11.8 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ddp_core.launch.launchers import start  # noqa: E402
+from ddp_core.launch.plan import prepare  # noqa: E402
+
+GOAL_S = {"1 rank": 5.0, "nodes": 15.0}  # seconds outside training (#50)
+SETTINGS = {"threads_per_rank": 1, "train_samples": 192, "eval_samples": 64, "epochs": 2, "warmup_steps": 4}
+
+
+def trained_s(run_dir: Path) -> float:
+    """Seconds from the run directory's line to the run's files written, from its run.json."""
+    info = json.loads((run_dir / "run.json").read_text())
+    return (datetime.fromisoformat(info["end_time"]) - datetime.fromisoformat(info["start_time"])).total_seconds()
+
+
+def outside_training(results: str, experiment: str, repeat: int, **where) -> tuple[float, float]:
+    """One run's wall time and the part of it outside training."""
+    plan = prepare(world_size=where.get("nodes", 1), launcher=where.pop("launcher"), results_dir=results,
+                   experiment=experiment, overrides=SETTINGS, repeat=repeat, **where)
+    began = time.perf_counter()
+    start(plan)
+    wall = time.perf_counter() - began
+    return wall, wall - trained_s(plan.run_dir)
+
+
+def import_s() -> float:
+    """Seconds for a fresh interpreter to import the trainer."""
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import ddp_core.train"], check=True, cwd=REPO)
+    return time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=8, help="emulated nodes of the second run (0: none)")
+    parser.add_argument("--cpus-per-node", type=float, default=0.125)
+    parser.add_argument("--rounds", type=int, default=3)
+    opts = parser.parse_args()
+    configurations = {"1 rank": dict(launcher="local")}
+    if opts.nodes and os.geteuid() == 0:
+        configurations[f"{opts.nodes} nodes"] = dict(launcher="emulated", nodes=opts.nodes, link_rate="1gbit",
+                                                     cpus_per_node=opts.cpus_per_node)
+    rows = {name: [] for name in configurations}
+    imports = []
+    with tempfile.TemporaryDirectory() as results:
+        for repeat in range(1, opts.rounds + 1):
+            imports.append(import_s())
+            for name, where in configurations.items():
+                rows[name].append(outside_training(results, name.replace(" ", "_"), repeat, **dict(where)))
+    print(f"importing ddp_core.train: {statistics.median(imports):.1f} s (median of {opts.rounds})")
+    for name, runs in rows.items():
+        wall, outside = (statistics.median(values) for values in zip(*runs))
+        goal = GOAL_S["1 rank" if name == "1 rank" else "nodes"]
+        print(f"{name}: {wall:.1f} s in all, {outside:.1f} s outside training "
+              f"({min(o for _, o in runs):.1f} to {max(o for _, o in runs):.1f} over {len(runs)} rounds; "
+              f"goal under {goal:g} s: {'met' if outside < goal else 'missed'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
