@@ -81,8 +81,7 @@ def findings(m: Measurement) -> dict:
         "rounds": m.epochs["round"].nunique(),
         "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {precision_name(amp)}"
                                for amp, tflops in info["matmul_tflops"].items()),
-        "peak": f"; the datasheet's dense bf16 peak is {peak:g} TFLOP/s" if peak
-        else "; MFU against a datasheet peak is not given for a device without one",
+        "peak_tflops": peak,  # the datasheet's dense bf16 peak; None for a device without one
         "share_above_one": bool((throughput_table(m)["share_of_matmul"] > 1).any()),
     }
 
@@ -133,7 +132,8 @@ def print_summary(m: Measurement) -> None:
     found = findings(m)
     print(f"{m.info['device_name']} ({m.info['device']}, {m.info['backend']}, torch {m.info['torch']}), "
           f"{counted(found['rounds'], 'timed epoch')} per loop")
-    print(f"One large matrix product: {found['matmul']}{found['peak']}.")
+    peak = f"; datasheet's dense bf16 peak {found['peak_tflops']:g} TFLOP/s" if found["peak_tflops"] else ""
+    print(f"One large matrix product: {found['matmul']}{peak}.")
     print(_configuration_index(throughput_table(m)).drop(columns="flops_per_sample")
           .to_string(float_format=lambda v: f"{v:.4g}"))
     print(verdict_table(m).to_string(float_format=lambda v: f"{v:.3f}"))
