@@ -142,8 +142,11 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
-    """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank, and its time per sample
-    against DDP's, on the study's nodes."""
+    """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank (measured, and by ZeRO's
+    formula), and its time per sample against DDP's, on the study's nodes."""
+    table = memory_table(study)
     return {"sharding_nodes": modes(study)["none"].largest,
             "sharding_zero3_held_share": held_shares(study)[MODE_NAMES["zero3"]],
+            "sharding_zero3_formula_share": table.loc[MODE_NAMES["zero3"], "per_parameter_formula"]
+            / table.loc[MODE_NAMES["none"], "per_parameter_formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)["zero3"])}
