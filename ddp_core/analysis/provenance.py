@@ -1,6 +1,6 @@
 """The set-up and methods chapters: where and how the runs were made, and the run pages' own summary.
 Reads an `Experiment` (the studies overview: the study list and the book's results folder); offers
-`setup_findings` and `study_setup_findings` for the pages' glue, `*_markdown` tables, `run_summary`,
+`setup_findings` and `study_setup_findings` for the pages' glue, `*_markdown` tables, `run_markdown`,
 `run_epochs_markdown` and `learning_curves_figure` for a run's own page."""
 
 from __future__ import annotations
@@ -105,12 +105,17 @@ def per_run_markdown(experiment: Experiment) -> str:
     return markdown_table(records[differing], "run")
 
 
-def run_summary(info: dict) -> str:
+def run_markdown(info: dict) -> str:
+    """What one run was (run.json as `read_run` gives it), a row per item: ranks, backend, device, torch,
+    parameters, start, and what else the machine did while it trained (where recorded)."""
     use = machine_use(info)
-    beside = (f"; while it trained, other processes used {use['other_cores']:.2f} of the machine's {use['cores']} "
-              f"cores and the hypervisor took {use['stolen']:.1%} of them" if use else "")
-    return (f"{rank_label(info['world_size'])}, {info['backend']} on {info['device_name']}, torch {info['torch']}, "
-            f"{info['parameters']:,} parameters; started {info['start_time'][:19].replace('T', ' ')} UTC" + beside)
+    items = {"Ranks": rank_label(info["world_size"]), "Backend": info["backend"], "Device": info["device_name"],
+             "PyTorch": info["torch"], "Parameters": f"{info['parameters']:,}",
+             "Started (UTC)": info["start_time"][:19].replace("T", " ")}
+    if use:
+        items |= {"Other processes while it trained (cores)": f"{use['other_cores']:.2f} of {use['cores']}",
+                  "Taken by the hypervisor (% of the cores)": f"{use['stolen']:.1%}"}
+    return markdown_table(pd.Series(items, name="this run").to_frame(), "")
 
 
 RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
