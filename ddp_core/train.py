@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, continues_run,
+from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, FSDP_MODES, TrainConfig, UsageError, continues_run,
                                     differing_settings, global_batch_size, micro_batch_size, parse_args,
                                     steps_per_epoch)
 from ddp_core.engine.data import EncodedData, load_data
@@ -53,7 +53,7 @@ from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COL
                                        machine_activity, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.memory import StateCensus
-from ddp_core.engine.sharding import FSDP_MODES, adamw, is_fsdp, load_whole_state, shard_model, whole_state
+from ddp_core.engine.sharding import adamw, is_fsdp, load_whole_state, shard_model, whole_state
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
@@ -589,7 +589,8 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
 
 
 def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: float, val_accuracy: float,
-                state_bytes: dict[str, int], sent_bytes: float, state: TrainingState, batch: BatchPlan, cfg: TrainConfig, rt: Runtime) -> dict:
+                state_bytes: dict[str, int], sent_bytes: float, state: TrainingState, batch: BatchPlan,
+                cfg: TrainConfig, rt: Runtime) -> dict:
     """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times and training state (by kind,
     `state_bytes`) of the largest rank, the bytes its link sent in the epoch's steps (`sent_bytes`) as the mean, and
     the

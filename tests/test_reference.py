@@ -64,12 +64,12 @@ def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
 def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_runs_csvs():
     """Bytes a step: each run's link count over its steps, in fp32 gradients, the median over the runs; the state a
     rank holds: parameters, gradients and optimizer state of the largest rank's last epoch, over DDP's."""
-    from ddp_core.analysis.zero import MODE_NAMES, held_shares
+    from ddp_core.analysis.zero import MODE_NAMES, held_shares, memory_table
     from ddp_core.report.sharding import traffic_table
 
     folder = REPO / "reference" / "sharding"
     study = load_study(folder)
-    traffic, held = traffic_table(study), held_shares(study)
+    traffic, held = traffic_table(study), held_shares(memory_table(study))["measured"]
     kinds = ["parameters_bytes", "gradients_bytes", "optimizer_state_bytes"]
     state = {}
     for variant, mode in (("ddp", "none"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3")):

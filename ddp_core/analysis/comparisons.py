@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError
+from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError, last_epochs
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, rank_share_s
 from ddp_core.analysis.tables import quantity_table
 from ddp_core.analysis.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
@@ -291,7 +291,7 @@ def at_world_size(experiment: Experiment, n: int) -> pd.Series:
     median final training loss."""
     steady = steady_phases(experiment.metrics).query("world_size == @n")
     parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
-    last = experiment.metrics.query("world_size == @n").sort_values("epoch").groupby("run").last()
+    last = last_epochs(experiment.metrics.query("world_size == @n"))
     steps = run_times(experiment).query("world_size == @n")["step_time_s"]
     return pd.concat([parts, pd.Series({"step_time_s": steps.median(), "step_low_s": steps.min(),
                                         "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median()})])

@@ -139,6 +139,11 @@ def book_results_folder(start: Path | None = None) -> Path:
     raise ResultsError(f"{here}: not inside the report's project (no _config.yml with a book/ folder above it)")
 
 
+def last_epochs(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Each run's last epoch (of each column, its last value), indexed by run."""
+    return metrics.sort_values("epoch").groupby("run").last()
+
+
 def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     metrics_path, info_path = run_dir / "metrics.csv", run_dir / "run.json"
     for path in (metrics_path, info_path):

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import run_times, speedup_comparisons, steady_phases
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
-from ddp_core.analysis.results import Experiment
+from ddp_core.analysis.results import Experiment, last_epochs
 
 
 def scaling_table(experiment: Experiment) -> pd.DataFrame:
@@ -45,7 +45,7 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     table["step_time_s"] = times["step_time_s"].median()
     table["time_per_sample_s"] = times["time_per_sample_s"].median()
     table["samples_per_s"] = 1 / table["time_per_sample_s"]
-    final = metrics.sort_values("epoch").groupby("run").last()  # each run's last epoch
+    final = last_epochs(metrics)
     table["runs"] = final.groupby("world_size").size()
     table["final_val_accuracy"] = final.groupby("world_size")["val_accuracy"].median()
     table["final_train_loss"] = final.groupby("world_size")["train_loss"].median()

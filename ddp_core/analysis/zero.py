@@ -20,21 +20,21 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
-from ddp_core.analysis.results import Experiment
+from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.verdict import Comparison
+from ddp_core.engine.config import FSDP_MODES
 from ddp_core.engine.model_cost import parameter_counts
 from ddp_core.engine.run_files import STATE_COLUMNS
 
 MODE_NAMES = {"none": "DDP", "zero1": "ZeRO\u20111", "zero2": "ZeRO\u20112", "zero3": "ZeRO\u20113"}  # hyphens that
 # never break a table's narrow first column
-SHARDED_MODES = ("zero1", "zero2", "zero3")
+SHARDED_MODES = tuple(mode for mode in MODE_NAMES if mode != "none")
 SHARDED = {  # per mode, the kinds each rank holds 1/N of
     "none": set(),
     "zero1": {"optimizer_state_bytes"},
     "zero2": {"optimizer_state_bytes", "gradients_bytes"},
     "zero3": {"optimizer_state_bytes", "gradients_bytes", "parameters_bytes"},
 }
-FSDP2_MODES = ("zero2", "zero3")  # gradients freed after the optimizer's step
 
 
 def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[str, float]:
@@ -44,7 +44,7 @@ def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[
              "optimizer_state_bytes": 8 * parameters}
     held = {kind: size / ranks if kind in SHARDED[mode] else size for kind, size in whole.items()}
     held["optimizer_state_bytes"] += 4 * tensors  # a step count per tensor, on every rank under FSDP2 and DDP
-    held["gradients_kept_bytes"] = 0 if mode in FSDP2_MODES else held["gradients_bytes"]
+    held["gradients_kept_bytes"] = 0 if mode in FSDP_MODES else held["gradients_bytes"]  # FSDP2 frees them
     return {kind: held[kind] for kind in STATE_COLUMNS}
 
 
@@ -113,7 +113,7 @@ def state_rows(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per run, its mode, ranks and the largest rank's state by kind in its last epoch."""
     rows = []
     for mode, e in modes(study).items():
-        last = e.metrics.sort_values("epoch").groupby("run").last()
+        last = last_epochs(e.metrics)
         for run in e.all_runs:
             rows.append({"mode": mode, "ranks": run.world_size, **last.loc[run.name, STATE_COLUMNS].to_dict()})
     return pd.DataFrame(rows)
@@ -126,11 +126,15 @@ def memory_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return table.set_index(table["mode"].map(MODE_NAMES))
 
 
-def held_shares(study: dict[str, Experiment]) -> pd.Series:
-    """Per mode's name, the parameters, gradients and optimizer state its largest rank held over DDP's."""
-    table = memory_table(study)
-    held = table[[f"{kind}_measured" for kind in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")]]
-    return held.sum(axis=1) / held.sum(axis=1)[MODE_NAMES["none"]]
+def held_shares(table: pd.DataFrame) -> pd.DataFrame:
+    """Per mode's name (`memory_table`), the parameters, gradients and optimizer state its largest rank held over
+    DDP's, as measured and by the formula."""
+    kinds = ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")
+    shares = {}
+    for side in ("measured", "formula"):
+        held = table[[f"{kind}_{side}" for kind in kinds]].sum(axis=1)
+        shares[side] = held / held[MODE_NAMES["none"]]
+    return pd.DataFrame(shares)
 
 
 def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
@@ -144,9 +148,7 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank (measured, and by ZeRO's
     formula), and its time per sample against DDP's, on the study's nodes."""
-    table = memory_table(study)
-    return {"sharding_nodes": modes(study)["none"].largest,
-            "sharding_zero3_held_share": held_shares(study)[MODE_NAMES["zero3"]],
-            "sharding_zero3_formula_share": table.loc[MODE_NAMES["zero3"], "per_parameter_formula"]
-            / table.loc[MODE_NAMES["none"], "per_parameter_formula"],
+    zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
+    return {"sharding_nodes": modes(study)["none"].largest, "sharding_zero3_held_share": zero3["measured"],
+            "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)["zero3"])}

@@ -39,6 +39,7 @@ class UsageError(Exception):
 # this fraction for evaluation. Here and not in data.py, which needs torch, so that the book quotes it without it.
 EVAL_FRACTION_WHEN_UNSPLIT = 0.2
 SYNTHETIC_MIN_VOCAB = 5  # the generated task's ids: padding, unknown, a keyword for each of its 2 classes, a word
+FSDP_MODES = ("zero2", "zero3")  # the --sharding modes FSDP2 does (ddp_core/engine/sharding.py); the others are DDP's
 ERROR_PREFIX = "ddp_core.train: error:"  # starts the trainer's one line; the launchers look for it in the output
 
 

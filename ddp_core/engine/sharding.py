@@ -8,8 +8,9 @@
 - zero3: the parameters as well, all-gathered for each block's forward and again for its backward (FSDP2).
 
 FSDP2 shards each encoder block on its own, then the rest of the model (the embeddings and the head, the root's
-unit), so that under ZeRO-3 a rank holds whole at most the root's parameters and one block's. A checkpoint holds the whole state whatever the mode, gathered to rank 0, so that a run resumes
-from it exactly and its weights read like any other run's; gathering it is a collective that every rank joins.
+unit), so that under ZeRO-3 a rank holds whole at most the root's parameters and one block's. A checkpoint holds
+the whole state whatever the mode, gathered to rank 0, so that a run resumes from it exactly and its weights read
+like any other run's; gathering it is a collective that every rank joins.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sys
 import torch
 from torch import nn
 
-FSDP_MODES = ("zero2", "zero3")
+from ddp_core.engine.config import FSDP_MODES
+
 # FSDP2, DTensor and ZeroRedundancyOptimizer are imported where a mode uses them: importing them (sympy among them)
 # took 1.2 s of every rank's 2.4 s start, 8 ranks at once on 2 cores, for runs that mostly shard nothing.
 

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, steady_phases, time_glue
-from ddp_core.analysis.results import Experiment, link_label
+from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, gloo_units, held_shares, memory_table, model_size,
-                                   modes, time_comparisons)
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, gloo_units, held_shares, memory_table,
+                                   model_size, modes, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -133,16 +133,15 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     by_mode = modes(study)
     ddp = by_mode["none"]
     n, (parameters, _) = ddp.largest, model_size(ddp)
-    memory, traffic, fits, held = memory_table(study), traffic_table(study), fits_table(study), held_shares(study)
-    comparisons = time_comparisons(study)
+    memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
+    held, comparisons = held_shares(memory), time_comparisons(study)
     found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
              "sharding_gradient_mb": 4 * parameters / MB,
-             "zero3_formula_share": memory.loc[MODE_NAMES["zero3"], "per_parameter_formula"]
-             / memory.loc["DDP", "per_parameter_formula"]}
+             "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"]}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
-        found |= {f"{mode}_held_share": held[name],
+        found |= {f"{mode}_held_share": held.loc[name, "measured"],
                   f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
                   f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
         found |= time_glue(f"{mode}_time", comparisons[mode])
@@ -150,18 +149,19 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     floor = comparisons["zero1"].floor
     found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
     phases = phase_table(study)
-    last = {mode: e.metrics.sort_values("epoch").groupby("run").last() for mode, e in by_mode.items()}
+    last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
     losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
     counts = parameter_counts(ddp.baseline.model)
+    block_share = sum(block_parameters(counts).values()) / parameters
     found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
               "largest_tensor_share": max(counts.values()) / parameters,
-              "root_share": 1 - sum(block_parameters(counts).values()) / parameters,
+              "root_share": 1 - block_share,
               "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
               / memory.loc["DDP", "optimizer_state_bytes_measured"],
               "zero1_busiest_over_mean": traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
               "ddp_busiest_over_mean": traffic.loc["DDP", "busiest_over_mean"],
-              "block_share": sum(block_parameters(counts).values()) / parameters,
-              "root_gradient_mb": 4 * (parameters - sum(block_parameters(counts).values())) / MB,
+              "block_share": block_share,
+              "root_gradient_mb": 4 * parameters * (1 - block_share) / MB,
               "zero1_optimizer_ms": phases.loc[MODE_NAMES["zero1"], "optimizer"],
               "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
               "ddp_forward_ms": phases.loc["DDP", "forward"],
