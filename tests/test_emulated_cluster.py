@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -236,6 +237,32 @@ def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it
 
 
 
+# A rank's process group on a node, waiting: gloo's threads exist from here on.
+GLOO_PROCESS = [sys.executable, "-c", "import sys, torch.distributed as dist\n"
+                "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29500', rank=0, world_size=1)\n"
+                "print('ready', flush=True)\nsys.stdin.readline()"]
+
+
+def test_a_nodes_gloo_threads_run_beside_its_quota_and_the_rest_under_it():
+    """The quota is the node's compute; the all-reduce's sums and sends run beside it, as a GPU's collectives do,
+    so that a bucket's all-reduce during backward neither waits for backward's quota nor takes from it."""
+    with EmulatedCluster(nodes=1, cpus_per_node=0.25) as cluster:
+        rank = cluster.start(0, GLOO_PROCESS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert rank.stdout.readline() == "ready\n"
+            cluster.limit_cpu()
+            group = cluster.cpu[0].quota_dir.parent
+            compute, communication = ({int(t) for t in (group / part / "tasks").read_text().split()}
+                                      for part in ("compute", "communication"))
+            names = {int(t.name): (t / "comm").read_text().strip() for t in Path(f"/proc/{rank.pid}/task").iterdir()}
+        finally:
+            rank.communicate("\n", timeout=60)
+    gloo = {tid for tid, name in names.items() if "gloo" in name}
+    assert gloo and gloo <= communication, (names, communication)
+    assert set(names) - gloo <= compute and rank.pid in compute
+    assert nothing_left(os.getpid())
+
+
 def test_a_machine_without_a_cpu_controller_is_refused_in_one_line(tmp_path):
     mounts = tmp_path / "mounts"
     mounts.write_text("proc /proc proc rw 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n")
@@ -261,12 +288,19 @@ def test_on_cgroup_v2_a_node_writes_cpu_max_and_reads_cpu_stat(tmp_path):
     assert (root / "cgroup.subtree_control").read_text() == "+cpu"
     node = NodeCpu(controller, "ddc000001a-n0", 0.25)
     node.create()
-    assert (root / node.name / "cpu.max").read_text() == "max 10000"
+    group = root / node.name
+    compute, communication = group / "compute", group / "communication"
+    assert [(part / "cgroup.type").read_text() for part in (compute, communication)] == ["threaded", "threaded"]
+    assert (group / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (compute / "cpu.max").read_text() == "max 10000"
     stat = "usage_usec {}\nuser_usec 0\nsystem_usec 0\nnr_periods {}\nnr_throttled {}\nthrottled_usec {}\n"
-    (root / node.name / "cpu.stat").write_text(stat.format(1_000_000, 10, 0, 0))
+    (compute / "cpu.stat").write_text(stat.format(1_000_000, 10, 0, 0))
+    (communication / "cpu.stat").write_text(stat.format(0, 0, 0, 0))
     node.limit()
-    assert (root / node.name / "cpu.max").read_text() == "2500 10000"
-    (root / node.name / "cpu.stat").write_text(stat.format(1_500_000, 210, 180, 1_200_000))
-    assert node.stats() == {"cpu_s": 0.5, "periods": 200, "throttled_periods": 180, "throttled_s": 1.2}
+    assert (compute / "cpu.max").read_text() == "2500 10000"
+    (compute / "cpu.stat").write_text(stat.format(1_500_000, 210, 180, 1_200_000))
+    (communication / "cpu.stat").write_text(stat.format(300_000, 0, 0, 0))
+    assert node.stats() == {"cpu_s": 0.5, "periods": 200, "throttled_periods": 180, "throttled_s": 1.2,
+                            "communication_cpu_s": 0.3}
     node.release()
-    assert (root / node.name / "cpu.max").read_text() == "max 10000"
+    assert (compute / "cpu.max").read_text() == "max 10000"

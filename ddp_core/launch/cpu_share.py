@@ -5,18 +5,29 @@ every `period` of wall time: a share of 0.25 with a 10 ms period is 2.5 ms of CP
 many threads want it. Each node of an emulated cluster gets such a group, as Mininet's CPU-limited hosts do
 (Handigol et al., CoNEXT 2012), so that 8 nodes of a quarter core on 2 cores are 8 times the compute of 1.
 
+The quota bounds a node's compute, not its communication. A node's group holds two: `compute`, with the quota, where
+its processes start, and `communication`, without one. When the quota starts, gloo's threads move to
+`communication` (found by name: its workers, which sum and send the buckets, and its transport's receive loop);
+the threads that run forward, backward and the optimizer stay under the quota, however many there are. So a
+bucket's all-reduce runs beside backward, as a GPU's collectives run on its links' engines beside its compute, and
+neither takes the other's time. With gloo's threads under the quota, each waited for the periods backward had
+spent: a bucket's all-reduce during backward took several times as long as alone, and a rank computed more than
+its share of the one node's work, which no forecast from one node's step and the all-reduce benchmark could see.
+
 A node's processes join its group when they start, but the quota holds only from `limit()` to `release()`: the
-launcher calls them when training starts (the trainer's rank 0 has its run directory, every rank has loaded torch
-and the data) and when the run's files are written, so that start-up and shutdown, seconds of imports and
-teardown that no timer measures, do not take four times as long at a quarter core.
+launcher calls them when training starts (the trainer's rank 0 has its run directory, every rank has loaded torch,
+the data and its process group, whose threads then exist) and when the run's files are written, so that start-up
+and shutdown, seconds of imports and teardown that no timer measures, do not take four times as long at a quarter
+core.
 
 The period is short (PERIOD_US): a rank that used up its quota waits for the next period, and in a synchronous
 all-reduce its peers wait with it, so the longest stall, period x (1 - share), should stay small against a step.
 Its weight is high (WEIGHT), so that the nodes get their quota before other processes of the machine (the notebook
 kernel, the runner) get what is left: the quota, not the scheduler's fairness, sets their compute.
 
-Both cgroup versions: v1 (`cpu.cfs_quota_us` in the `cpu` hierarchy, usage from `cpuacct`) and v2 (`cpu.max`,
-`cpu.stat`). A group is named like the cluster's namespaces, so the sweep of a killed owner's leftovers finds it.
+Both cgroup versions: v1 (`cpu.cfs_quota_us` in the `cpu` hierarchy, usage from `cpuacct`, threads moved through
+`tasks`) and v2 (`cpu.max`, `cpu.stat`; the two children are threaded, threads moved through `cgroup.threads`). A group is named like the cluster's namespaces, so the sweep of a killed
+owner's leftovers finds it.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from pathlib import Path
 PERIOD_US = 10_000  # a tenth of the kernel's default (benchmarks/cpu_period.py measures both)
 WEIGHT = 10_000  # v2 cpu.weight's maximum; v1 cpu.shares takes the same number (its default is 1024)
 MOUNTS = Path("/proc/self/mounts")
+GLOO_THREADS = ("pt_gloo", "gloo")  # the names of gloo's threads: "pt_gloo_runloop" (sums, sends), "gloo_tcp_loop"
 
 
 class CpuShareError(Exception):
@@ -108,33 +120,54 @@ def check_shares(nodes: int, cpus_per_node) -> None:
 
 
 class NodeCpu:
-    """One node's control group: at most `cpus` cores of CPU time, its usage and throttling read back."""
+    """One node's control group: its compute at most `cpus` cores of CPU time, its communication beside it; their
+    usage and the compute's throttling read back."""
+
+    COMPUTE, COMMUNICATION = "compute", "communication"
 
     def __init__(self, controller: CpuController, name: str, cpus: float, period_us: int = PERIOD_US):
         self.controller, self.name, self.cpus, self.period_us = controller, name, cpus, period_us
         self.dirs = controller.folders(name)
-        self.quota_dir, self.usage_dir = controller.quota_root / name, controller.usage_root / name
+        self.quota_dir = controller.quota_root / name / self.COMPUTE
+        self.usage_dirs = {part: controller.usage_root / name / part for part in (self.COMPUTE, self.COMMUNICATION)}
 
     def create(self) -> None:
-        """The group, its weight and its period, without a quota yet."""
+        """The group and its two children, its weight and the compute's period, without a quota yet."""
         for folder in self.dirs:
             folder.mkdir()
+            for part in (self.COMPUTE, self.COMMUNICATION):
+                (folder / part).mkdir()
+                if self.controller.version == 2:
+                    (folder / part / "cgroup.type").write_text("threaded")
         self.at_limit = self.at_release = None
         if self.controller.version == 1:
             (self.quota_dir / "cpu.cfs_period_us").write_text(str(self.period_us))
-            (self.quota_dir / "cpu.shares").write_text(str(WEIGHT))
+            (self.quota_dir.parent / "cpu.shares").write_text(str(WEIGHT))
         else:
+            (self.quota_dir.parent / "cgroup.subtree_control").write_text("+cpu")
             (self.quota_dir / "cpu.max").write_text(f"max {self.period_us}")
-            (self.quota_dir / "cpu.weight").write_text(str(WEIGHT))
+            (self.quota_dir.parent / "cpu.weight").write_text(str(WEIGHT))
 
     def limit(self) -> None:
-        """The quota from now on; `stats` counts from here."""
+        """The quota from now on on the compute, gloo's threads moved to the communication; `stats` counts from
+        here."""
+        self._separate_communication()
         quota = round(self.cpus * self.period_us)
         if self.controller.version == 1:
             (self.quota_dir / "cpu.cfs_quota_us").write_text(str(quota))
         else:
             (self.quota_dir / "cpu.max").write_text(f"{quota} {self.period_us}")
         self.at_limit, self.at_release = self._counters(), None
+
+    def _separate_communication(self) -> None:
+        threads = "tasks" if self.controller.version == 1 else "cgroup.threads"
+        for folder in self.dirs:
+            for thread in _words(folder / self.COMPUTE / threads):
+                try:
+                    if Path(f"/proc/{thread}/comm").read_text().startswith(GLOO_THREADS):
+                        (folder / self.COMMUNICATION / threads).write_text(thread)
+                except (FileNotFoundError, ProcessLookupError):
+                    pass  # the thread ended since it was listed
 
     def release(self) -> None:
         """No quota from now on; `stats` stays what it was here."""
@@ -145,45 +178,59 @@ class NodeCpu:
             (self.quota_dir / "cpu.max").write_text(f"max {self.period_us}")
 
     def enter(self) -> None:
-        """Move the calling process into the group (in a child before it executes); its children follow."""
+        """Move the calling process into the compute (in a child before it executes); its children and threads
+        follow. On v2 a process joins the node's group, then its one thread the threaded `compute`."""
+        pid = str(os.getpid())
         for folder in self.dirs:
-            (folder / "cgroup.procs").write_text(str(os.getpid()))
+            if self.controller.version == 1:
+                (folder / self.COMPUTE / "cgroup.procs").write_text(pid)
+            else:
+                (folder / "cgroup.procs").write_text(pid)
+                (folder / self.COMPUTE / "cgroup.threads").write_text(pid)
 
     def stats(self) -> dict:
-        """From `limit` to `release` (or now): CPU seconds used, the periods in which the group ran, in how many of
-        them it was throttled, and for how long in all."""
+        """From `limit` to `release` (or now): CPU seconds the compute used, the periods in which it ran, in how
+        many of them it was throttled, and for how long in all; and the CPU seconds of the communication."""
         if self.at_release:
             return self.at_release
         now = self._counters()
         return {key: value - self.at_limit[key] for key, value in now.items()} if self.at_limit else now
 
     def _counters(self) -> dict:
-        stat = dict(line.split() for line in (self.quota_dir / "cpu.stat").read_text().splitlines() if line.strip())
+        stat = _stat(self.quota_dir)
         if self.controller.version == 1:
-            cpu_s = int((self.usage_dir / "cpuacct.usage").read_text()) / 1e9
+            used = {part: int((folder / "cpuacct.usage").read_text()) / 1e9 for part, folder in self.usage_dirs.items()}
             throttled_s = int(stat["throttled_time"]) / 1e9
         else:
-            cpu_s = int(stat["usage_usec"]) / 1e6
+            used = {part: int(_stat(folder)["usage_usec"]) / 1e6 for part, folder in self.usage_dirs.items()}
             throttled_s = int(stat["throttled_usec"]) / 1e6
-        return {"cpu_s": cpu_s, "periods": int(stat["nr_periods"]), "throttled_periods": int(stat["nr_throttled"]),
-                "throttled_s": throttled_s}
+        return {"cpu_s": used[self.COMPUTE], "periods": int(stat["nr_periods"]),
+                "throttled_periods": int(stat["nr_throttled"]), "throttled_s": throttled_s,
+                "communication_cpu_s": used[self.COMMUNICATION]}
 
     def remove(self) -> None:
         remove_group(self.controller, self.name)
 
 
+def _stat(folder: Path) -> dict:
+    return dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines() if line.strip())
+
+
 def remove_group(controller: CpuController, name: str) -> None:
-    """Kill what still runs in the group, then remove it (the kernel refuses while a process is in it)."""
-    for folder in controller.folders(name):
-        for _ in range(50):
-            if not folder.exists():
-                break
-            for pid in _words(folder / "cgroup.procs"):
+    """Kill what still runs in the group, then remove it, its children first (the kernel refuses while a process is
+    in one)."""
+    for top in controller.folders(name):
+        children = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if top.exists() else []
+        for folder in [*children, top]:
+            for _ in range(50):
+                if not folder.exists():
+                    break
+                for pid in _words(folder / "cgroup.procs"):
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                folder.rmdir()
-            except OSError:
-                time.sleep(0.02)  # a killed process leaves its group a moment later
+                    folder.rmdir()
+                except OSError:
+                    time.sleep(0.02)  # a killed process leaves its group a moment later
