@@ -52,6 +52,7 @@ from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COL
                                        append_rows, drop_rows_after, MachineClock, environment, link_sent_bytes,
                                        machine_activity, now_iso, save_atomic)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
+from ddp_core.engine.collectives import CollectiveCensus
 from ddp_core.engine.memory import StateCensus
 from ddp_core.engine.sharding import adamw, is_fsdp, load_whole_state, shard_model, whole_state
 from ddp_core.engine.stopping import StopRequest, Stopped
@@ -118,8 +119,8 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
                                  seed=cfg.seed, drop_last=True)
     evaluations = Evaluations(state, data, batch, cfg, rt, out)
     census = StateCensus(ddp_model, state.optimizer)
-    training = Training(cfg, rt, state, ddp_model, data, sampler, batch, timer, noise, census, evaluations, stop,
-                        out)
+    training = Training(cfg, rt, state, ddp_model, data, sampler, batch, timer, noise, census,
+                        CollectiveCensus(cfg.count_collectives), evaluations, stop, out)
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
         sent_before = link_sent_bytes()
@@ -153,6 +154,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
             (out / "timeline.csv").unlink(missing_ok=True)
             append_rows(out / "timeline.csv", timer.median_step_timeline, TIMELINE_COLUMNS)
         save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step(),
+                                "collectives_per_step": training.collectives.counted,
                                 "machine": machine_activity(started, ended, run_cpu_s)}, out / "run.json")
         track.finish()
         print(RUN_FINISHED_LINE, flush=True)
@@ -445,6 +447,7 @@ class Training:
     timer: EpochTimer
     noise: GradientNoise
     census: StateCensus  # the bytes of training state the rank holds, by kind
+    collectives: CollectiveCensus  # the bytes one step hands to each collective (--count-collectives)
     evaluations: Evaluations
     stop: StopRequest
     out: Path | None  # the run directory on rank 0, None on the others
@@ -480,8 +483,9 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
     steps = batch.steps
     for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
                      disable=not (rt.leader and cfg.progress), file=sys.stderr):
-        step_loss = train_step(training.ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer,
-                               state.scheduler, state.scaler, state.autocast)
+        with training.collectives.around_step():
+            step_loss = train_step(training.ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer,
+                                   state.scheduler, state.scaler, state.autocast)
         training.census.between_steps()
         loss_sum += step_loss
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))

@@ -1,6 +1,7 @@
 """The reference results shipped in the repository: they load, they carry their provenance, a fresh clone
 builds the whole book from them without training, and a rebuild pointed at other runs (the PDF) shows those."""
 
+import json
 import os
 import re
 import shutil
@@ -62,8 +63,8 @@ def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
 
 
 def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_runs_csvs():
-    """Bytes a step: each run's link count over its steps, in fp32 gradients, the median over the runs; the state a
-    rank holds: parameters, gradients and optimizer state of the largest rank's last epoch, over DDP's."""
+    """Bytes a step: each run's link count over its steps, in fp32 gradients, the median over the runs, and what
+    gloo's algorithms send for the collectives the first run counted; the state a rank holds: parameters, gradients and optimizer state of the largest rank's last epoch, over DDP's."""
     from ddp_core.analysis.zero import MODE_NAMES, held_shares, memory_table
     from ddp_core.report.sharding import traffic_table
 
@@ -78,6 +79,10 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
         parameters = 4 * int(pd.read_json(runs[0] / "run.json", typ="series")["parameters"])
         per_step = pd.Series([m["link_sent_bytes"].sum() / m["steps"].sum() / parameters for m in metrics]).median()
         assert traffic.loc[MODE_NAMES[mode], "sent_units"] == pytest.approx(per_step)
+        counted = json.loads((runs[0] / "run.json").read_text())["collectives_per_step"]  # what gloo was handed
+        sends = sum((2 if "allreduce" in name or "reduce_scatter" in name else 1) * entry["bytes"]
+                    for name, entry in counted.items()) * 3 / 4  # 4 nodes: over (N-1)/N
+        assert traffic.loc[MODE_NAMES[mode], "gloo_units"] == pytest.approx(sends / parameters)
         state[mode] = max(m.iloc[-1][kinds].sum() for m in metrics)
     for mode in ("zero1", "zero2", "zero3"):
         assert held[MODE_NAMES[mode]] == pytest.approx(state[mode] / state["none"])

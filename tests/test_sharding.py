@@ -21,7 +21,8 @@ def sharded_runs(tmp_path_factory, isolated_env):
 
     home = tmp_path_factory.mktemp("sharding")
     for mode in ("none", *MODES):
-        run_training([*RUN, "--sharding", mode, "--out", home / mode], cwd=home, env=isolated_env, nproc=2)
+        run_training([*RUN, "--sharding", mode, "--count-collectives", "--out", home / mode], cwd=home,
+                     env=isolated_env, nproc=2)
     return home
 
 
@@ -121,14 +122,43 @@ def test_fsdp2_holds_a_units_shards_beside_the_parameters_it_has_gathered():
     assert fsdp2_parameter_bytes(counts, 4, "zero3") == 4 * 140 / 4 + 4 * (108 + 20)
 
 
-def test_pytorchs_collectives_on_gloo_send_one_gradient_more_than_zeros_formula_and_zero3_regathers_only_blocks():
-    """In fp32 gradients a step over (N-1)/N: DDP 2, ZeRO-1 3 (all-reduce, then a broadcast), ZeRO-2 3 (a reduce-
-    scatter that is an all-reduce, one gather), ZeRO-3 3 and its blocks' share again (the root stays gathered)."""
-    from ddp_core.analysis.zero import gloo_units
+def test_a_step_hands_its_collectives_the_bytes_each_mode_is_known_to_send(sharded_runs):
+    """Counted where PyTorch dispatches them, the third step's collectives: DDP all-reduces the fp32 gradient (4Ψ
+    bytes) once; ZeRO-1 then broadcasts every parameter from its owner; FSDP2 reduce-scatters the whole gradient once
+    a step and gathers every parameter for each micro-batch's forward (two here), ZeRO-3 the blocks again for
+    backward (the root stays gathered)."""
+    from ddp_core.analysis.zero import block_parameters
+    from ddp_core.engine.model_cost import parameter_counts
 
-    counts = {"tok_emb.weight": 100, "blocks.0.w": 10, "blocks.0.b": 2, "blocks.1.w": 20, "head.weight": 8}
-    assert [gloo_units(counts, mode) for mode in ("none", "zero1", "zero2")] == [2, 3, 3]
-    assert gloo_units(counts, "zero3") == pytest.approx(3 + 32 / 140)
+    counts = parameter_counts(json.loads((sharded_runs / "none" / "run.json").read_text())["model"])
+    gradient, blocks = 4 * sum(counts.values()), 4 * sum(block_parameters(counts).values())
+
+    def handed(mode):
+        counted = json.loads((sharded_runs / mode / "run.json").read_text())["collectives_per_step"]
+        by_kind = {}
+        for name, entry in counted.items():
+            kind = next(k for k in ("allreduce", "broadcast", "allgather", "reduce_scatter") if k in name)
+            by_kind[kind] = by_kind.get(kind, 0) + entry["bytes"]
+        return by_kind
+
+    assert handed("none") == {"allreduce": gradient}
+    assert handed("zero1") == {"allreduce": gradient, "broadcast": gradient}
+    assert handed("zero2") == {"reduce_scatter": gradient, "allgather": 2 * gradient}
+    assert handed("zero3") == {"reduce_scatter": gradient, "allgather": 2 * (gradient + blocks)}
+
+
+def test_what_a_node_sends_for_its_collectives_follows_gloos_algorithms():
+    """Over (N-1)/N of a collective's size: a ring all-reduce sends 2, gloo's reduce-scatter too (a whole
+    all-reduce), an all-gather and a broadcast 1; a collective of no known algorithm is refused in one line."""
+    from ddp_core.analysis.results import ResultsError
+    from ddp_core.analysis.zero import gloo_sends
+
+    counted = {"allreduce_": {"calls": 2, "bytes": 100}, "broadcast_": {"calls": 3, "bytes": 40},
+               "_reduce_scatter_base_": {"calls": 1, "bytes": 10}, "_allgather_base_": {"calls": 1, "bytes": 8}}
+    assert gloo_sends(counted, 4) == pytest.approx((2 * 100 + 40 + 2 * 10 + 8) * 3 / 4)
+    with pytest.raises(ResultsError, match="alltoall_") as refused:
+        gloo_sends({"alltoall_": {"calls": 1, "bytes": 8}}, 4)
+    assert "\n" not in str(refused.value)
 
 
 def tiny_model():

@@ -132,6 +132,31 @@ def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the
             assert row["efficiency"] == pytest.approx(pd.Series(paired).median() / int(n))
 
 
+def test_each_forecast_was_written_before_the_runs_it_forecast_and_its_error_is_against_their_median_step():
+    """The key findings' forecast errors: the step wind_tunnel.json forecast, against the median over the runs of each
+    run's median step after the warm-up, read from steps.csv; every forecast made before the first of its runs."""
+    from ddp_core.analysis.comparisons import WARMUP_STEPS
+    from ddp_core.analysis.emulated import FORECAST_BAR, forecast_findings
+    from ddp_core.analysis.results import load_study
+
+    folder = REPO / "reference" / "nodes"
+    errors = {}
+    for variant, modelled in json.loads((folder / "wind_tunnel.json").read_text())["variants"].items():
+        for n, entry in modelled["by_nodes"].items():
+            runs = sorted(folder.glob(f"{variant}/n{n}*"))
+            medians = [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median() for run in runs]
+            starts = [json.loads((run / "run.json").read_text())["start_time"] for run in runs]
+            assert entry["forecast_at"] < min(starts)
+            errors[(variant, modelled["configuration"], int(n))] = (entry["forecast_step_s"]
+                                                                    / pd.Series(medians).median() - 1)
+    found = forecast_findings(load_study(folder))
+    (_, link, nodes), worst = max(errors.items(), key=lambda item: abs(item[1]))
+    assert found["forecast_worst_link"].startswith(link) and found["forecast_worst_nodes"] == nodes
+    assert found["forecast_worst_error"] == pytest.approx(worst)
+    assert found["forecasts"] == len(errors)
+    assert found["forecasts_within"] == sum(abs(error) <= FORECAST_BAR for error in errors.values())
+
+
 def test_the_replay_runs_each_buckets_all_reduce_when_it_is_ready_and_the_one_before_is_done():
     """A one-node step of 10 ms data, 100 ms forward, 400 ms backward whose three buckets are ready 100, 200 and
     400 ms into it, 10 ms before the optimizer and 50 ms of optimizer; on 2 nodes each all-reduce takes 60, 150 and

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, paired_sides,
-                                           speedup_comparisons, steady_phases)
+                                           run_times, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, joined, link_label, measured_gbit_s,
                                        read_wind_tunnel, wind_tunnel_record)
@@ -146,7 +146,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     most = int(table["world_size"].max())
     one = study[BASELINE].baseline
     network = one.raw["network"]
-    nodes = [1, *sorted(table["world_size"].unique())]
+    nodes = sorted({n for experiment in study.values() for n in experiment.repeats})
     found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
              "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
              "train_samples": one.config["train_samples"], "epochs": one.config["epochs"],
@@ -176,11 +176,50 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
-    """`nodes_findings`, `efficiency_findings`, `similarity_test_findings` and `similarity_findings` (the machine)
-    named `nodes_<name>`, as the pages that quote the headline beside their own findings glue them."""
+    """`nodes_findings`, `efficiency_findings`, `similarity_test_findings`, `similarity_findings` (the machine) and
+    `forecast_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue them."""
     found = (nodes_findings(study) | efficiency_findings(study) | similarity_test_findings(study)
-             | similarity_findings(study))
+             | similarity_findings(study) | forecast_findings(study))
     return {f"nodes_{key}": value for key, value in found.items()}
+
+
+FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step measured
+
+
+def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per variant whose links the wind tunnel set and number of nodes: the step it forecast before the runs, when,
+    the runs' median step (median of the repeats' medians), when the first of them started, and the error."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    rows = []
+    for variant, experiment in variant_experiments(study).items():
+        steps = run_times(experiment).groupby("world_size")["step_time_s"].median()
+        for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
+            n = int(n)
+            rows.append(dict(link=variant_label(experiment, study), world_size=n,
+                             forecast_ms=entry["forecast_step_s"] * 1e3, forecast_at=_clock(entry["forecast_at"]),
+                             step_ms=steps[n] * 1e3,
+                             first_run_at=_clock(min(run.raw["start_time"] for run in experiment.repeats[n])),
+                             error=entry["forecast_step_s"] / steps[n] - 1))
+    return pd.DataFrame(rows)
+
+
+def _clock(stamp: str | None) -> str | None:
+    """'14:03:59' of an ISO time as run.json writes it (UTC)."""
+    return stamp[11:19] if isinstance(stamp, str) else None
+
+
+def forecast_findings(study: dict[str, Experiment]) -> dict:
+    """Over the wind tunnel's forecasts (`forecast_table`): how many, how many within FORECAST_BAR of the step
+    measured, and the largest error by size; and how far apart the repeats of one node ran (the slowest median step
+    over the fastest, less 1, at the share where they differ most), since a forecast starts from the first of them."""
+    table = forecast_table(study)
+    worst = table.loc[table["error"].abs().idxmax()]
+    ones = [run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}]
+    return {"forecast_bar": FORECAST_BAR, "forecasts": len(table),
+            "forecasts_within": int((table["error"].abs() <= FORECAST_BAR).sum()),
+            "forecast_worst_error": worst["error"], "forecast_worst_link": worst["link"],
+            "forecast_worst_nodes": int(worst["world_size"]),
+            "one_node_repeats_apart": max(steps.max() / steps.min() - 1 for steps in ones)}
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
-from ddp_core.analysis.results import Experiment, last_epochs
+from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, last_epochs
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
 from ddp_core.engine.model_cost import parameter_counts
@@ -68,15 +68,32 @@ def fsdp2_parameter_bytes(counts: dict[str, int], ranks: int, mode: str) -> floa
     return 4 * total / ranks + 4 * gathered
 
 
-def gloo_units(counts: dict[str, int], mode: str) -> float:
-    """The fp32 gradients (4Ψ bytes) a node sends a step, over (N-1)/N, with PyTorch's collectives on gloo: DDP's
-    all-reduce, 2; ZeRO-1 the same and then a broadcast of each rank's updated parameters, 1; FSDP2 a reduce-scatter
-    that is a whole all-reduce (ProcessGroupGloo's, pytorch/pytorch#118911), 2, a gather of every parameter for
-    forward, 1, and under ZeRO-3 the blocks' again for backward (the root stays gathered)."""
-    if mode in ("none", "zero1"):
-        return 2 if mode == "none" else 3
-    blocks = sum(block_parameters(counts).values()) / sum(counts.values())
-    return 3 + (blocks if mode == "zero3" else 0)
+GLOO_SENDS = {  # per c10d collective, what a node sends on gloo over (N-1)/N of its size
+    "allreduce_": 2,  # a ring: a reduce-scatter and an all-gather of the whole
+    "_reduce_scatter_base_": 2,  # ProcessGroupGloo's is a whole all-reduce of which a rank keeps its chunk (#118911)
+    "reduce_scatter_tensor_coalesced_": 2,
+    "_allgather_base_": 1,  # a ring
+    "allgather_into_tensor_coalesced_": 1,
+    "broadcast_": 1,  # a tree: N-1 copies in all, 1/N of them a node on average
+}
+
+
+def gloo_sends(counted: dict[str, dict], nodes: int) -> float:
+    """The bytes a node sends on average for the collectives one step handed to gloo (run.json's
+    `collectives_per_step`, `ddp_core.engine.collectives`), by gloo's algorithms (GLOO_SENDS)."""
+    unknown = set(counted) - set(GLOO_SENDS)
+    if unknown:
+        raise ResultsError(f"no algorithm known for the collectives {sorted(unknown)}: add it to GLOO_SENDS")
+    return sum(GLOO_SENDS[name] * entry["bytes"] for name, entry in counted.items()) * (nodes - 1) / nodes
+
+
+def counted_collectives(run: RunInfo) -> dict[str, dict]:
+    """The collectives one step of `run` handed to the process group, by operator (run.json's
+    `collectives_per_step`), refused in one line for a run that did not count them."""
+    counted = run.raw.get("collectives_per_step")
+    if not counted:
+        raise ResultsError(f"run {run.name} did not count its collectives: train it with --count-collectives")
+    return counted
 
 
 def bytes_per_parameter(state: dict[str, float], parameters: int) -> float:

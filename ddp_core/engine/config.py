@@ -103,6 +103,9 @@ class TrainConfig:
     compile: bool = setting(False, "compile the model with torch.compile: slower first steps, then fused kernels "
                                    "and fewer launches (meant for GPUs)", resumable=True)
     timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
+    count_collectives: bool = setting(
+        False, "count the bytes the run's third step hands to each collective (ddp_core/engine/collectives.py: a "
+               "dispatch mode, which slows that step several times over): run.json's collectives_per_step")
     noise_scale: bool = setting(
         True, "measure the gradient noise scale from each step's gradient before and after the all-reduce, on 2 or "
               "more ranks (ddp_core/engine/noise_scale.py; --no-noise-scale skips it)", resumable=True)

@@ -17,12 +17,12 @@ import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_ready_shares, bucket_sizes
 from ddp_core.engine.run_files import READY
-from ddp_core.analysis.comparisons import compare_times, run_times, time_floor
+from ddp_core.analysis.comparisons import compare_times, time_floor
 from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
-from ddp_core.analysis.emulated import (BASELINE, SHARE_GOT, SIMILARITY_EFFECT, efficiency_table, link_experiments,
-                                        link_table, similarity_table, similarity_test_table, variant_experiments,
-                                        variant_label)
-from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text, wind_tunnel_record
+from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SHARE_GOT, SIMILARITY_EFFECT, efficiency_table,
+                                        forecast_table, link_experiments, link_table, similarity_table,
+                                        similarity_test_table, variant_experiments)
+from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
@@ -105,26 +105,6 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     }
 
 
-FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step measured
-
-
-def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant whose links the wind tunnel set and number of nodes: the step it forecast before the runs, when,
-    the runs' median step (median of the repeats' medians), when the first of them started, and the error."""
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    rows = []
-    for variant, experiment in variant_experiments(study).items():
-        steps = run_times(experiment).groupby("world_size")["step_time_s"].median()
-        for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
-            n = int(n)
-            rows.append(dict(link=variant_label(experiment, study), world_size=n,
-                             forecast_ms=entry["forecast_step_s"] * 1e3, forecast_at=_clock(entry["forecast_at"]),
-                             step_ms=steps[n] * 1e3,
-                             first_run_at=_clock(min(run.raw["start_time"] for run in experiment.repeats[n])),
-                             error=entry["forecast_step_s"] / steps[n] - 1))
-    return pd.DataFrame(rows)
-
-
 def forecast_markdown(study: dict[str, Experiment]) -> str:
     """`forecast_table`, and whether each error is within FORECAST_BAR."""
     table = forecast_table(study)
@@ -134,11 +114,6 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
         "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_at": ("Forecast at (UTC)", "{}"),
         "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_at": ("First run at (UTC)", "{}"),
         "error": ("Error", "{:+.0%}"), "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
-
-
-def _clock(stamp: str | None) -> str | None:
-    """'14:03:59' of an ISO time as run.json writes it (UTC)."""
-    return stamp[11:19] if isinstance(stamp, str) else None
 
 
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -12,15 +12,17 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, steady_phases, time_glue
 from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, gloo_units, held_shares, memory_table,
-                                   model_size, modes, time_comparisons)
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, counted_collectives, gloo_sends,
+                                   held_shares, memory_table, model_size, modes, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
               "optimizer_state_bytes": "optimizer state"}
 # Gradient bytes (4Ψ) a node sends a step, over (N-1)/N, by ZeRO's formula (Rajbhandari et al., section 7: DDP an
 # all-reduce, 2; ZeRO-1 and 2 a reduce-scatter and a gather, 2; ZeRO-3 a reduce-scatter and two gathers, 3); what
-# PyTorch's collectives on gloo send is `gloo_units`.
+# PyTorch's collectives on gloo send is counted (`counted_collectives`, `gloo_sends`).
+COLLECTIVE_KINDS = {"allreduce": "all-reduce", "broadcast": "broadcast", "allgather": "all-gather",
+                    "reduce_scatter": "reduce-scatter"}  # c10d operators by the name they contain
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
 MB = 1e6
@@ -58,18 +60,22 @@ def memory_figure(study: dict[str, Experiment]):
 def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per mode, the bytes a node's link sent per optimizer step (each run's count over its steps alone, the mean
     over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside ZeRO's formula
-    and what PyTorch's collectives on gloo send; and how unevenly the nodes sent (the busiest link's bytes over the
-    run, evaluations and checkpoints included, over the nodes' mean; the median over the runs)."""
+    and what the collectives a step handed to gloo (counted on the first repeat's third step, by kind) send by
+    gloo's algorithms; and how unevenly the nodes sent (the busiest link's bytes over the run, evaluations and
+    checkpoints included, over the nodes' mean; the median over the runs)."""
     rows = {}
     for mode, e in modes(study).items():
         parameters, _ = model_size(e)
+        gradient = 4 * parameters
         per_run = e.metrics.groupby("run")[["link_sent_bytes", "steps"]].sum()
         per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
         busiest = [max(sent) / np.mean(sent) for sent in (run.raw["network"]["sent_bytes"] for run in e.all_runs)]
-        n = e.largest
-        rows[MODE_NAMES[mode]] = {"sent_mb": per_step / MB, "sent_units": per_step / (4 * parameters),
-                                  "formula_units": FORMULA_UNITS[mode] * (n - 1) / n,
-                                  "gloo_units": gloo_units(parameter_counts(e.baseline.model), mode) * (n - 1) / n,
+        n, counted = e.largest, counted_collectives(e.baseline)
+        handed = {f"handed_{kind}": sum(entry["bytes"] for name, entry in counted.items() if kind in name) / gradient
+                  for kind in COLLECTIVE_KINDS}
+        rows[MODE_NAMES[mode]] = {"formula_units": FORMULA_UNITS[mode] * (n - 1) / n, **handed,
+                                  "gloo_units": gloo_sends(counted, n) / gradient,
+                                  "sent_units": per_step / gradient, "sent_mb": per_step / MB,
                                   "busiest_over_mean": float(np.median(busiest))}
     table = pd.DataFrame(rows).T
     table["over_gloo"] = table["sent_units"] / table["gloo_units"]
@@ -77,10 +83,12 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
-                   "gloo_units": ("PyTorch's collectives on gloo (fp32 gradients a step)", "{:.2f}"),
+                   **{f"handed_{kind}": (f"Handed to {name}s, counted (fp32 gradients a step)", "{:.2f}")
+                      for kind, name in COLLECTIVE_KINDS.items()},
+                   "gloo_units": ("Sent for them by gloo's algorithms (fp32 gradients a step)", "{:.2f}"),
                    "sent_units": ("Sent, mean of the links (fp32 gradients a step)", "{:.3f}"),
                    "sent_mb": ("Sent, mean of the links (MB a step)", "{:.1f}"),
-                   "over_gloo": ("Sent over PyTorch's collectives (ratio)", "{:.3f}"),
+                   "over_gloo": ("Sent over gloo's algorithms (ratio)", "{:.3f}"),
                    "busiest_over_mean": ("Busiest link over the mean (ratio, whole run)", "{:.2f}")}
 
 
