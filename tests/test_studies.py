@@ -271,6 +271,13 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
     for period, times in steps.items():
         assert table.loc[period, "median_step_ms"] == pytest.approx(pd.Series(times).median() * 1e3)
         assert table.loc[period, "ratio_to_study"] == pytest.approx(paired_median(times, steps[10]))
+        last = [pd.read_csv(run / "metrics.csv").iloc[-1] for run in repeats(folder / f"period-{period}ms", 4)]
+        per_step = lambda row, *columns: sum(row[c] for c in columns) / row["steps"]  # noqa: E731
+        assert table.loc[period, "exposed_ms"] == pytest.approx(
+            1e3 * pd.Series([per_step(row, "comm_exposed_s") for row in last]).mean())
+        assert table.loc[period, "compute_ms"] == pytest.approx(1e3 * pd.Series(
+            [per_step(row, "forward_time_s", "backward_time_s", "optimizer_time_s") - per_step(row, "comm_exposed_s")
+             for row in last]).mean())
     found = period_findings(folder)
     said = found["period_comparisons"]
     made = [json.loads((run / "run.json").read_text()) for p in (5, 10, 100) for run in repeats(folder / f"period-{p}ms", 4)]

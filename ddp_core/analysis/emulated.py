@@ -155,8 +155,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
              "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
              "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              **chance_glue("one_node", study[BASELINE], 1),
-             "prediction_errors": ("all positive" if (table["prediction_error"] > 0).all() else "all negative"
-                                   if (table["prediction_error"] < 0).all() else "of both signs")}
+             "prediction_errors": signs(table["prediction_error"])}
     for end, experiment in (("fastest", next(iter(links.values()))), ("slowest", list(links.values())[-1])):
         row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
         found |= {f"{end}_link": link_label(experiment), f"{end}_speedup": row["speedup"],
@@ -210,16 +209,24 @@ def _clock(stamp: str | None) -> str | None:
 
 def forecast_findings(study: dict[str, Experiment]) -> dict:
     """Over the wind tunnel's forecasts (`forecast_table`): how many, how many within FORECAST_BAR of the step
-    measured, and the largest error by size; and how far apart the repeats of one node ran (the slowest median step
-    over the fastest, less 1, at the share where they differ most), since a forecast starts from the first of them."""
+    measured, their range and sign, and the largest by size; and how far apart the repeats of one node ran at each
+    share (the slowest median step over the fastest, less 1), since a forecast starts from the first of them."""
     table = forecast_table(study)
-    worst = table.loc[table["error"].abs().idxmax()]
-    ones = [run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}]
+    errors = table["error"]
+    worst = table.loc[errors.abs().idxmax()]
+    apart = {node_share(e): run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}}
     return {"forecast_bar": FORECAST_BAR, "forecasts": len(table),
-            "forecasts_within": int((table["error"].abs() <= FORECAST_BAR).sum()),
+            "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
+            "forecast_errors": signs(errors), "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
             "forecast_worst_error": worst["error"], "forecast_worst_link": worst["link"],
             "forecast_worst_nodes": int(worst["world_size"]),
-            "one_node_repeats_apart": max(steps.max() / steps.min() - 1 for steps in ones)}
+            "one_node_repeats_apart": " and ".join(f"{steps.max() / steps.min() - 1:.0%} at {share:g} core"
+                                                   for share, steps in sorted(apart.items(), reverse=True))}
+
+
+def signs(values: pd.Series) -> str:
+    """Whether `values` are "all positive", "all negative" or "of both signs"."""
+    return "all positive" if (values > 0).all() else "all negative" if (values < 0).all() else "of both signs"
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:

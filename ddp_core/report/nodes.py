@@ -55,7 +55,7 @@ LINK_ROWS = {
     "predicted_compute_s": ("Compute per step, predicted (ms)", "{:.0f}", 1e3),
     "predicted_comm_s": ("All-reduce per step, predicted from the benchmark (ms)", "{:.0f}", 1e3),
     "predicted_speedup": ("Speedup, predicted", "{:.2f}"),
-    "prediction_error": ("Error of the predicted speedup (%)", "{:+.0f}", 100),
+    "prediction_error": ("Error of the predicted speedup (%; positive: more speedup than measured)", "{:+.0f}", 100),
     "compute_to_comm_ratio": ("$R_N = (T_c/N)/T_\\text{comm}$", "{:.2f}"),
     "break_even_ratio": ("Break-even $R_N = f/(N-1)$", "{:.2f}"),
 }
@@ -113,7 +113,8 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
         "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
         "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_at": ("Forecast at (UTC)", "{}"),
         "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_at": ("First run at (UTC)", "{}"),
-        "error": ("Error", "{:+.0%}"), "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
+        "error": ("Error, forecast over measured less 1 (negative: too short)", "{:+.0%}"),
+        "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
 
 
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -155,7 +156,7 @@ def efficiency_figure(study: dict[str, Experiment]):
     """Every point's efficiency against R_N / f (a colour per configuration, a marker per number of nodes, a bar for
     the range of the repeats), on the theory's curve x / (1 + x)."""
     table = efficiency_table(study)
-    fig, ax = plt.subplots(figsize=(7, 4.6))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     x = np.geomspace(min(0.05, table["ratio_over_exposed"].min() / 2), max(50, table["ratio_over_exposed"].max() * 2))
     ax.plot(x, x / (1 + x), color="gray", label="theory: $x/(1+x)$")
     markers = dict(zip(sorted(table["nodes"].unique()), "osD^v"))
@@ -167,7 +168,7 @@ def efficiency_figure(study: dict[str, Experiment]):
     ax.set(xscale="log", xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
            ylabel="parallel efficiency (bar: range of the repeats)", ylim=(0, 1.05),
            title="Efficiency against the compute-to-communication ratio")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
     return fig
 
@@ -264,6 +265,21 @@ def fidelity_markdown(study: dict[str, Experiment]) -> str:
         "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
         "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
         "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
+
+
+def period_markdown(folder: Path) -> str:
+    """`period_table`: each period's step, its parts and its ratio to the study's period."""
+    table = period_table(load_periods(folder))
+    study = table["period_ms"] == STUDY_PERIOD_MS
+    table["ratio"] = table["value"].where(~study, "1 (the study's period)")
+    table["verdict"] = table["verdict"].where(~study, "")
+    return quantity_table(table, {
+        "period_ms": ("Quota period (ms)", "{}"), "median_step_ms": (STEP_MEDIAN_MS, "{:.0f}"),
+        "compute_ms": ("Compute per step, mean (ms)", "{:.0f}"),
+        "exposed_ms": ("Exposed all-reduce per step, mean (ms)", "{:.0f}"),
+        "in_flight_ms": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}"),
+        "ratio": (f"Step against {STUDY_PERIOD_MS} ms, median of the paired ratios (range)", "{}"),
+        "verdict": ("Verdict", "{}")}, index_name=None)
 
 
 def period_findings(folder: Path) -> dict:

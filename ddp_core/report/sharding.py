@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, steady_phases, time_glue
+from ddp_core.analysis.comparisons import compare_times, steady_phases, study_floor_power, time_glue
 from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, counted_collectives, gloo_sends,
@@ -83,7 +83,7 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
-                   **{f"handed_{kind}": (f"Handed to {name}s, counted (fp32 gradients a step)", "{:.2f}")
+                   **{f"handed_{kind}": (f"Whole size handed to {name}s, counted (fp32 gradients a step)", "{:.2f}")
                       for kind, name in COLLECTIVE_KINDS.items()},
                    "gloo_units": ("Sent for them by gloo's algorithms (fp32 gradients a step)", "{:.2f}"),
                    "sent_units": ("Sent, mean of the links (fp32 gradients a step)", "{:.3f}"),
@@ -146,7 +146,8 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
              "sharding_gradient_mb": 4 * parameters / MB,
-             "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"]}
+             "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"],
+             "sharding_found_20": study_floor_power(study)["found_20"]}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
         found |= {f"{mode}_held_share": held.loc[name, "measured"],
