@@ -334,7 +334,7 @@ def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_the
     starved = json.loads((folder / "one_node" / "n1" / "network.json").read_text())
     starved["node_cpu"][0]["cpu_s"] *= 0.5  # the one node computed half of its quota
     (folder / "one_node" / "n1" / "network.json").write_text(json.dumps(starved))
-    assert "`one_node/n1`" in disturbed_runs(load_study(folder)).split(", ")
+    assert "one_node/n1" in disturbed_runs(load_study(folder)).split(", ")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")

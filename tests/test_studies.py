@@ -273,6 +273,8 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
         assert table.loc[period, "ratio_to_study"] == pytest.approx(paired_median(times, steps[10]))
         last = [pd.read_csv(run / "metrics.csv").iloc[-1] for run in repeats(folder / f"period-{period}ms", 4)]
         per_step = lambda row, *columns: sum(row[c] for c in columns) / row["steps"]  # noqa: E731
+        assert table.loc[period, "mean_step_ms"] == pytest.approx(
+            1e3 * pd.Series([per_step(row, "epoch_time_s") for row in last]).mean())
         assert table.loc[period, "exposed_ms"] == pytest.approx(
             1e3 * pd.Series([per_step(row, "comm_exposed_s") for row in last]).mean())
         assert table.loc[period, "compute_ms"] == pytest.approx(1e3 * pd.Series(

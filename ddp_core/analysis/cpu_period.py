@@ -23,8 +23,8 @@ def load_periods(folder: Path) -> dict[int, Experiment]:
 
 
 def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
-    """Per period (`load_periods`), the median of its repeats' median steps, its compute, exposed all-reduce and
-    all-reduce in flight a step (means over the steady epochs of its repeats), and its step against the study's
+    """Per period (`load_periods`), the median of its repeats' median steps, its mean step and the mean step's
+    compute, exposed all-reduce and all-reduce in flight (means over the steady epochs of its repeats), and its step against the study's
     period's, repeat by repeat, through the one verdict function (the floor from every period's repeats)."""
     floor = time_floor(*periods.values())
     rows = []
@@ -32,6 +32,7 @@ def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
         c = compare_times(e, periods[STUDY_PERIOD_MS], e.largest, e.largest, floor=floor)
         steady = steady_phases(e.metrics)
         rows.append(dict(period_ms=period, median_step_ms=run_times(e)["step_time_s"].median() * 1e3,
+                         mean_step_ms=steady["mean_step_s"].mean() * 1e3,
                          compute_ms=steady["compute_per_step_s"].mean() * 1e3,
                          exposed_ms=steady["comm_exposed_per_step_s"].mean() * 1e3,
                          in_flight_ms=steady["comm_total_per_step_s"].mean() * 1e3,

@@ -113,7 +113,7 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
         "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
         "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_at": ("Forecast at (UTC)", "{}"),
         "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_at": ("First run at (UTC)", "{}"),
-        "error": ("Error, forecast over measured less 1 (negative: too short)", "{:+.0%}"),
+        "error": ("Error", "{:+.0%}"),
         "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
 
 
@@ -250,7 +250,7 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
 def disturbed_runs(study: dict[str, Experiment]) -> str:
     """The runs `fidelity_table` calls disturbed, by folder, or "none"."""
     table = fidelity_table(study)
-    return ", ".join(f"`{name}`" for name in table.loc[table["disturbed"], "run"]) or "none"
+    return ", ".join(table.loc[table["disturbed"], "run"]) or "none"
 
 
 def fidelity_markdown(study: dict[str, Experiment]) -> str:
@@ -275,6 +275,7 @@ def period_markdown(folder: Path) -> str:
     table["verdict"] = table["verdict"].where(~study, "")
     return quantity_table(table, {
         "period_ms": ("Quota period (ms)", "{}"), "median_step_ms": (STEP_MEDIAN_MS, "{:.0f}"),
+        "mean_step_ms": (MEAN_STEP_MS, "{:.0f}"),
         "compute_ms": ("Compute per step, mean (ms)", "{:.0f}"),
         "exposed_ms": ("Exposed all-reduce per step, mean (ms)", "{:.0f}"),
         "in_flight_ms": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}"),
