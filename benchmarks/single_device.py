@@ -41,6 +41,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ddp_core.engine.config import OneLineParser, UsageError, micro_batch_size, parse_args
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier
+from ddp_core.engine.collectives import CollectiveCensus
 from ddp_core.engine.memory import StateCensus
 from ddp_core.engine.model_shape import PRESETS
 from ddp_core.engine.model_cost import training_flops
@@ -160,7 +161,7 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
     epochs = iter(range(1, sys.maxsize))
     evaluations = Evaluations(state, data, plan, cfg, rt, None)  # none inside the epoch: cfg evaluates at its end
     training = Training(cfg, rt, state, model, data, sampler, plan, timer, GradientNoise(),
-                        StateCensus(model, state.optimizer), evaluations, StopRequest(), None)
+                        StateCensus(model, state.optimizer), CollectiveCensus(False), evaluations, StopRequest(), None)
     return lambda: train_epoch(training, next(epochs), None)
 
 

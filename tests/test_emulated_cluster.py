@@ -237,10 +237,11 @@ def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it
 
 
 
-# A rank's process group on a node, waiting: gloo's threads exist from here on.
-GLOO_PROCESS = [sys.executable, "-c", "import sys, torch.distributed as dist\n"
+# A rank's process group on a node, after its first collective (as the trainer's after DDP's broadcast), waiting:
+# gloo's threads exist from here on.
+GLOO_PROCESS = [sys.executable, "-c", "import sys, torch, torch.distributed as dist\n"
                 "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29500', rank=0, world_size=1)\n"
-                "print('ready', flush=True)\nsys.stdin.readline()"]
+                "dist.all_reduce(torch.ones(4))\nprint('ready', flush=True)\nsys.stdin.readline()"]
 
 
 def test_a_nodes_gloo_threads_run_beside_its_quota_and_the_rest_under_it():
