@@ -17,12 +17,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 COUNTED_STEP = 3
-WHOLE_OUTPUT = ("_allgather_base_", "allgather_", "allgather_into_tensor_coalesced_")  # their output is the whole
+UNCOUNTED = ("barrier", "monitored_barrier_")  # c10d operators that carry no data
 
 
 def collective_bytes(name: str, args) -> int:
-    """The size of a `c10d` collective called with `args`, in bytes (see the module's docstring)."""
-    tensors = args[0] if name in WHOLE_OUTPUT else (args[1] if "reduce_scatter" in name else args[0])
+    """The size of a `c10d` collective called with `args`, in bytes (see the module's docstring): its first argument
+    (the tensors an all-reduce or a broadcast carries, the output an all-gather fills), a reduce-scatter's second
+    (the input it splits)."""
+    tensors = args[1] if "reduce_scatter" in name else args[0]
     return sum(t.numel() * t.element_size() for t in _flatten(tensors))
 
 
@@ -40,8 +42,8 @@ class _Counting(TorchDispatchMode):
         self.counted = counted
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and func.__name__.split(".")[0] not in ("barrier", "monitored_barrier_"):
-            name = func.__name__.split(".")[0]
+        name = func.__name__.split(".")[0]
+        if func.namespace == "c10d" and name not in UNCOUNTED:
             entry = self.counted[name]
             entry["calls"] += 1
             entry["bytes"] += collective_bytes(name, args)

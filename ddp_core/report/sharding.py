@@ -12,8 +12,8 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, steady_phases, study_floor_power, time_glue
 from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, counted_collectives, gloo_sends,
-                                   held_shares, memory_table, model_size, modes, time_comparisons)
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
+                                   gloo_sends, held_shares, memory_table, model_size, modes, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -22,7 +22,7 @@ KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
 # all-reduce, 2; ZeRO-1 and 2 a reduce-scatter and a gather, 2; ZeRO-3 a reduce-scatter and two gathers, 3); what
 # PyTorch's collectives on gloo send is counted (`counted_collectives`, `gloo_sends`).
 COLLECTIVE_KINDS = {"allreduce": "all-reduce", "broadcast": "broadcast", "allgather": "all-gather",
-                    "reduce_scatter": "reduce-scatter"}  # c10d operators by the name they contain
+                    "reduce_scatter": "reduce-scatter"}  # each kind of `collective_kind`, as a reader names it
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
 MB = 1e6
@@ -71,8 +71,8 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
         per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
         busiest = [max(sent) / np.mean(sent) for sent in (run.raw["network"]["sent_bytes"] for run in e.all_runs)]
         n, counted = e.largest, counted_collectives(e.baseline)
-        handed = {f"handed_{kind}": sum(entry["bytes"] for name, entry in counted.items() if kind in name) / gradient
-                  for kind in COLLECTIVE_KINDS}
+        handed = {f"handed_{kind}": sum(entry["bytes"] for name, entry in counted.items()
+                                        if collective_kind(name) == kind) / gradient for kind in COLLECTIVE_KINDS}
         rows[MODE_NAMES[mode]] = {"formula_units": FORMULA_UNITS[mode] * (n - 1) / n, **handed,
                                   "gloo_units": gloo_sends(counted, n) / gradient,
                                   "sent_units": per_step / gradient, "sent_mb": per_step / MB,
