@@ -305,6 +305,19 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
+def test_each_forecast_starts_from_the_one_nodes_median_step_the_runs_are_measured_by(project):
+    """The replay's one node: its median step after the warm-up, as every run's step is taken, not the length of the
+    one step its timeline drew."""
+    folder = project / "results" / "nodes"
+    record = json.loads((folder / "wind_tunnel.json").read_text())
+    for modelled in record["variants"].values():
+        baseline = folder / record["shares"][f"{modelled['cpus_per_node']:g}"]["baseline"]
+        one_node = pd.read_csv(baseline / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+        for entry in modelled["by_nodes"].values():
+            assert entry["forecast_step_s"] * entry["forecast_speedup"] == pytest.approx(one_node)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_the_key_findings_table_says_why_from_the_runs_ratio_against_the_break_even(project):
     """Break-even f/(N-1), f the share of the all-reduce in flight that a step waited for (steady epochs' CSV rows);
     R_N the one node's compute per step over N, over the all-reduce in flight."""

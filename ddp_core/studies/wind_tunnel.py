@@ -18,7 +18,8 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
    the mean, so that at a rate where A is most of the time one benchmark's noise is not a new A), and r set again,
    at most MAX_TRIES times;
 4. the forecast of each variant's step on N nodes, made here, before its runs: the one node's median step replayed
-   on N nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`).
+   on N nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the
+   run's median step, the statistic the runs on N nodes are measured by.
 The accepted benchmark becomes the variant's allreduce-n<N>, which the cost model reads as before. A target this host
 cannot reach (the all-reduce over the fastest link still too long, or the rate beyond what a link can be set to) is
 refused in one line before any of the variant's nodes are made.
@@ -142,16 +143,19 @@ def recorded(study: Study, results_dir: str) -> dict | None:
 
 
 def one_node_timeline(run_dir: Path):
-    """The one-node run's median step with the moments its gradient buckets were ready (what the forecast replays)."""
+    """The one-node run's median step with the moments its gradient buckets were ready (what the forecast replays),
+    stretched to the run's median step over its steps after the warm-up (`replay.stretched`)."""
     import pandas as pd
 
+    from ddp_core.analysis.comparisons import median_step
+    from ddp_core.analysis.replay import stretched
     from ddp_core.engine.run_files import READY
 
     timeline = pd.read_csv(run_dir / "timeline.csv")
     if not timeline["what"].str.startswith(READY).any():
         raise StudyError(f"{run_dir} has no moments at which its gradient buckets were ready (an older ddp_core made "
                          f"it): delete it, and the runner trains it again")
-    return timeline
+    return stretched(timeline, median_step(pd.read_csv(run_dir / "steps.csv")["step_time_s"]))
 
 
 def calibrate(study: Study, results_dir: str, share: float) -> dict:
