@@ -305,16 +305,22 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
-def test_each_forecast_starts_from_the_one_nodes_median_step_the_runs_are_measured_by(project):
-    """The replay's one node: its median step after the warm-up, as every run's step is taken, not the length of the
-    one step its timeline drew."""
+def test_each_round_is_forecast_from_its_own_one_node_before_its_runs(project):
+    """The replay's one node in round k: repeat k of the one-node run, its median step after the warm-up, as every
+    run's step is taken, not the length of the one step its timeline drew; written before round k's run started."""
     folder = project / "results" / "nodes"
     record = json.loads((folder / "wind_tunnel.json").read_text())
-    for modelled in record["variants"].values():
+    for variant, modelled in record["variants"].items():
         baseline = folder / record["shares"][f"{modelled['cpus_per_node']:g}"]["baseline"]
-        one_node = pd.read_csv(baseline / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
-        for entry in modelled["by_nodes"].values():
-            assert entry["forecast_step_s"] * entry["forecast_speedup"] == pytest.approx(one_node)
+        for n, entry in modelled["by_nodes"].items():
+            assert entry["forecasts"]
+            for ahead in entry["forecasts"]:
+                k = ahead["repeat"]
+                one_node = baseline.parent / (baseline.name + (f"-r{k}" if k > 1 else ""))
+                median = pd.read_csv(one_node / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                assert ahead["one_node_step_s"] == pytest.approx(median)
+                run = folder / variant / (f"n{n}" + (f"-r{k}" if k > 1 else ""))
+                assert ahead["at"] < json.loads((run / "run.json").read_text())["start_time"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")

@@ -34,6 +34,25 @@ def run_studies(args, *, cwd, env) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
+def test_the_runner_hands_the_run_notebook_exactly_the_parameters_it_declares_and_checks(tmp_path):
+    """What a study's run is, said once (`Run.parameters`): the same names the notebook's parameters cell declares
+    and `prepare` checks, so a field added on one side and not the other fails here, not in a run."""
+    import inspect
+
+    import jupytext
+    import papermill
+
+    from ddp_core.launch.plan import prepare
+
+    notebook = tmp_path / "run_experiment.ipynb"
+    jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
+    declared = set(papermill.inspect_notebook(str(notebook)))
+    accepted = set(inspect.signature(prepare).parameters)
+    for run, _ in plan_runs(list(STUDIES.values()), str(tmp_path / "results")):
+        handed = set(run.parameters(str(tmp_path / "results")))
+        assert handed <= declared and handed <= accepted, handed - (declared & accepted)
+
+
 def test_every_study_of_the_list_passes_the_trainers_checks_and_has_a_book_page(tmp_path):
     planned = plan_runs(list(STUDIES.values()), str(tmp_path / "results"))
     assert {run.study for run, _ in planned} == set(STUDIES)

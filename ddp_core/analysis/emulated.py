@@ -15,8 +15,8 @@ import pandas as pd
 from ddp_core.analysis.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, paired_sides,
                                            run_times, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
-from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, joined, link_label, measured_gbit_s,
-                                       read_wind_tunnel, wind_tunnel_record)
+from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, forecast, joined, link_label,
+                                       measured_gbit_s, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted
@@ -118,7 +118,7 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
             row = table.loc[n]
             ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             rows.append(dict(
-                forecast_speedup=ahead.get("forecast_speedup", np.nan),
+                forecast_speedup=forecast(ahead).get("speedup", np.nan),
                 link=link_label(e), measured_gbit_s=float(np.median([run.raw["network"]["measured_gbit_s"]
                                                                     for run in e.repeats[n]])),
                 world_size=n, speedup=row["speedup"],
@@ -186,25 +186,22 @@ FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step me
 
 
 def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant whose links the wind tunnel set and number of nodes: the step it forecast before the runs, when,
-    the runs' median step (median of the repeats' medians), when the first of them started, and the error."""
+    """Per variant whose links the wind tunnel set and number of nodes: the step it forecast (median of the rounds'
+    forecasts, `results.forecast`), in how many rounds the forecast was written before that round's run started, the
+    runs' median step (median of the repeats' medians), and the error."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
         steps = run_times(experiment).groupby("world_size")["step_time_s"].median()
         for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
-            n = int(n)
-            rows.append(dict(link=variant_label(experiment, study), world_size=n,
-                             forecast_ms=entry["forecast_step_s"] * 1e3, forecast_at=_clock(entry["forecast_at"]),
-                             step_ms=steps[n] * 1e3,
-                             first_run_at=_clock(min(run.raw["start_time"] for run in experiment.repeats[n])),
-                             error=entry["forecast_step_s"] / steps[n] - 1))
+            n, ahead = int(n), forecast(entry)
+            runs = experiment.repeats[n]
+            before = sum(f["repeat"] <= len(runs) and f["at"] < runs[f["repeat"] - 1].raw["start_time"]
+                         for f in entry.get("forecasts", []))
+            rows.append(dict(link=variant_label(experiment, study), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
+                             rounds_before=f"{before} of {len(runs)}", step_ms=steps[n] * 1e3,
+                             error=ahead["step_s"] / steps[n] - 1))
     return pd.DataFrame(rows)
-
-
-def _clock(stamp: str | None) -> str | None:
-    """'14:03:59' of an ISO time as run.json writes it (UTC)."""
-    return stamp[11:19] if isinstance(stamp, str) else None
 
 
 def forecast_findings(study: dict[str, Experiment]) -> dict:
@@ -337,7 +334,7 @@ def nodes_figure(study: dict[str, Experiment]):
         error = [[0, *(curve["speedup"] - curve["speedup_low"])], [0, *(curve["speedup_high"] - curve["speedup"])]]
         speed.errorbar([1, *curve.index], [1, *curve["speedup"]], yerr=error, fmt="D-", capsize=3, color=f"C{i}")
         ahead = record.get(variant, {}).get("by_nodes", {})
-        speed.plot([int(n) for n in ahead], [entry["forecast_speedup"] for entry in ahead.values()], "s--",
+        speed.plot([int(n) for n in ahead], [forecast(entry)["speedup"] for entry in ahead.values()], "s--",
                    color=f"C{i}", alpha=0.6)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=variant_label(e, study)))
     styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),

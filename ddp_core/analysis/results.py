@@ -343,6 +343,16 @@ def wind_tunnel_record(study_folder: Path) -> dict:
     return (read_wind_tunnel(study_folder) or {}).get("variants", {})
 
 
+def forecast(entry: dict) -> dict:
+    """A variant's forecast at N nodes (an entry of wind_tunnel.json's `by_nodes`): the median over its rounds of
+    each round's forecast step, exposed all-reduce and speedup over the round's one node; {} before any."""
+    rounds = pd.DataFrame(entry.get("forecasts", []))
+    if rounds.empty:
+        return {}
+    return {"step_s": rounds["step_s"].median(), "exposed_s": rounds["exposed_s"].median(),
+            "speedup": (rounds["one_node_step_s"] / rounds["step_s"]).median()}
+
+
 def measured_gbit_s(experiment: Experiment) -> float:
     """The median of the link rates measured before each multi-node run of the experiment."""
     return float(median(run.raw["network"]["measured_gbit_s"] for run in experiment.all_runs if run.world_size > 1))

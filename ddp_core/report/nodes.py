@@ -111,8 +111,9 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
     table["within"] = ["yes" if abs(error) <= FORECAST_BAR else "no" for error in table.get("error", [])]
     return quantity_table(table, {
         "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
-        "forecast_ms": ("Step forecast (ms)", "{:.0f}"), "forecast_at": ("Forecast at (UTC)", "{}"),
-        "step_ms": ("Step measured, median (ms)", "{:.0f}"), "first_run_at": ("First run at (UTC)", "{}"),
+        "forecast_ms": ("Step forecast, median of the rounds (ms)", "{:.0f}"),
+        "rounds_before": ("Rounds forecast before their run", "{}"),
+        "step_ms": ("Step measured, median (ms)", "{:.0f}"),
         "error": ("Error", "{:+.0%}"),
         "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
 

@@ -49,9 +49,7 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
         if run.models:
             run = wind_tunnel.dimensioned(run, records[run.study])
         try:
-            plan = prepare(world_size=run.world_size, launcher=run.launcher, nodes=run.nodes or 1,
-                           link_rate=run.link_rate, cpus_per_node=run.cpus_per_node, results_dir=results_dir, experiment=run.experiment,
-                           profile=run.profile, overrides=run.settings, repeat=run.repeat)
+            plan = prepare(**run.parameters(results_dir))
         except ExperimentError as exc:
             raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
         planned.append((run, plan))
@@ -109,11 +107,9 @@ def execute_run_notebook(run: Run, results_dir: str, kernel: RunKernel) -> None:
     run_dir = Path(results_dir) / run.folder
     run_dir.mkdir(parents=True, exist_ok=True)
     failed = run_dir / NOTEBOOK_NAME.replace(".ipynb", ".failed.ipynb")
-    parameters = dict(world_size=run.world_size, profile=run.profile, overrides=run.settings, repeat=run.repeat,
-                      experiment=run.experiment, results_dir=results_dir, launcher=run.launcher, nodes=run.nodes or 1,
-                      link_rate=run.link_rate, cpus_per_node=run.cpus_per_node)
     try:
-        executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed), parameters=parameters,
+        executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed),
+                                              parameters=run.parameters(results_dir),
                                               progress_bar=False, km=kernel.alive())
     except papermill.PapermillExecutionError as exc:
         raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
@@ -168,7 +164,7 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
     """Every run, round by round; the variants that model configurations on nodes of one share are calibrated (the
     wind tunnel) when the first of them is to train, after the one-node run of that share that round 1 trains
-    before them."""
+    before them, and forecast in each round before the first of them trains in it."""
     planned = plan_runs(studies, results_dir)
     by_name = {study.name: study for study in studies}
     with run_kernel() as kernel:
@@ -177,9 +173,11 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
             if plan.action == "reuse" and (plan.run_dir / NOTEBOOK_NAME).exists():
                 print(f"{label}: done before, reused", flush=True)
                 continue
-            if run.models and run.link_rate is None:
-                record = wind_tunnel.calibrate(by_name[run.study], results_dir, run.cpus_per_node)
-                run = wind_tunnel.dimensioned(run, record)
+            if run.models:
+                if run.link_rate is None:
+                    run = wind_tunnel.dimensioned(run, wind_tunnel.calibrate(by_name[run.study], results_dir,
+                                                                             run.cpus_per_node))
+                wind_tunnel.forecast_round(by_name[run.study], results_dir, run.cpus_per_node, run.repeat)
             start = time.perf_counter()
             execute_run_notebook(run, results_dir, kernel)
             print(f"{label}: {plan.action} in {time.perf_counter() - start:.0f} s", flush=True)

@@ -48,9 +48,13 @@ class Run:
     def folder(self) -> str:
         return f"{self.experiment}/{run_dir_name(self.world_size, self.repeat)}"
 
-    @property
-    def launcher(self) -> str:
-        return "local" if self.nodes is None else "emulated"
+    def parameters(self, results_dir: str) -> dict:
+        """The run notebook's parameters for this run, which are also `launch.plan.prepare`'s: the runner checks
+        the run with them before anything trains, and papermill hands the same to the notebook."""
+        return dict(world_size=self.world_size, profile=self.profile, overrides=self.settings, repeat=self.repeat,
+                    experiment=self.experiment, results_dir=results_dir,
+                    launcher="local" if self.nodes is None else "emulated", nodes=self.nodes or 1,
+                    link_rate=self.link_rate, cpus_per_node=self.cpus_per_node)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
    what each left beside B/r (near the target, where the two calibration rates' line misses what the links do;
    the mean, so that at a rate where A is most of the time one benchmark's noise is not a new A), and r set again,
    at most MAX_TRIES times;
-4. the forecast of each variant's step on N nodes, made here, before its runs: the one node's median step replayed
-   on N nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the
-   run's median step, the statistic the runs on N nodes are measured by.
+4. the forecast of each variant's step on N nodes, once per round (`forecast_round`), after the round's one-node run
+   of the share and before any of the variants' runs of that round: that one node's median step replayed on N
+   nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the run's
+   median step, the statistic the runs on N nodes are measured by. A round is forecast from its own one node as its
+   speedup is measured over it: on this machine one node's repeats, minutes apart, ran up to a third apart.
 The accepted benchmark becomes the variant's allreduce-n<N>, which the cost model reads as before. A target this host
 cannot reach (the all-reduce over the fastest link still too long, or the rate beyond what a link can be set to) is
 refused in one line before any of the variant's nodes are made.
@@ -114,11 +116,11 @@ def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None,
         raise StudyError(str(exc)) from None
 
 
-def baseline_run(study: Study, share: float, results_dir: str) -> Path:
-    """The run whose compute per step is T_c for nodes of `share` cores: the first repeat of the study's one-node
-    variant at that share, which round 1 trains before the variants it serves (the study list makes sure)."""
+def baseline_run(study: Study, share: float, results_dir: str, repeat: int = 1) -> Path:
+    """Repeat `repeat` of the study's one-node variant on nodes of `share` cores, which each round trains before the
+    variants it serves (the study list makes sure): the first gives T_c, each the forecast of its round."""
     variant = next(v for v in study.variants if not v.models and v.world_sizes == (1,) and v.cpus_per_node == share)
-    return Path(results_dir) / study.experiment(variant) / run_dir_name(1)
+    return Path(results_dir) / study.experiment(variant) / run_dir_name(1, repeat)
 
 
 def node_compute_s(run_dir: Path) -> tuple[float, dict, int]:
@@ -174,7 +176,6 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
         return record
     baseline = baseline_run(study, share, results_dir)
     compute_s, workload, global_batch = node_compute_s(baseline)
-    timeline = one_node_timeline(baseline)
     buckets = bucket_sizes(workload)
     modelled = [variant for variant in study.variants if variant.models and variant.cpus_per_node == share]
     try:  # every target computed (and a missing measurement refused) before any node is made
@@ -200,7 +201,6 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
             start = time.perf_counter()
             entries[str(n)] = entry = dimension(study, variant.name, n, targets[(variant.name, n)], compute_s / n,
                                                 links[n], buckets, share, home)
-            entry |= forecast(timeline, n, buckets, home / variant.name / f"allreduce-n{n}")
             print(f"{study.name}/{variant.name}: {n // ranks} nodes of {share:g} core model {modelling.name} at R = "
                   f"{entry['target_ratio']:.2f}: links at {entry['link_rate']}, R achieved "
                   f"{entry['achieved_ratio']:.2f} ({len(entry['tries'])} tries, {time.perf_counter() - start:.0f} s)",
@@ -231,14 +231,26 @@ def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path
     return {"points": points, "fixed_s": fixed, "bits": bits}
 
 
-def forecast(timeline, n: int, buckets: list[int], out: Path) -> dict:
-    """The step on n nodes replayed from the one node's `timeline` with the buckets' all-reduces the benchmark in
-    `out` measured (`ddp_core.analysis.replay`), and the speedup it forecasts."""
+def forecast_round(study: Study, results_dir: str, share: float, repeat: int) -> None:
+    """Each variant on nodes of `share` cores forecast for round `repeat` (module docstring, step 4), into
+    wind_tunnel.json with the moment it was written; nothing where the round is forecast already."""
     from ddp_core.analysis.replay import one_node_step_s, replay_step
 
-    step = replay_step(timeline, n, bucket_times(out, buckets))
-    return {"forecast_step_s": step["step_s"], "forecast_exposed_s": step["exposed_s"],
-            "forecast_speedup": one_node_step_s(timeline) / step["step_s"], "forecast_at": now_iso()}
+    home = Path(results_dir) / study.name
+    record = recorded(study, results_dir)
+    calibrated = record["shares"][f"{share:g}"]
+    entries = [(name, int(n), entry) for name, variant in record["variants"].items()
+               if variant["cpus_per_node"] == share for n, entry in variant["by_nodes"].items()
+               if repeat not in [ahead["repeat"] for ahead in entry.get("forecasts", [])]]
+    if not entries:
+        return
+    timeline = one_node_timeline(baseline_run(study, share, results_dir, repeat))
+    for variant, n, entry in entries:
+        step = replay_step(timeline, n, bucket_times(home / variant / f"allreduce-n{n}", calibrated["bucket_bytes"]))
+        entry.setdefault("forecasts", []).append({"repeat": repeat, "one_node_step_s": one_node_step_s(timeline),
+                                                  "step_s": step["step_s"], "exposed_s": step["exposed_s"],
+                                                  "at": now_iso()})
+    save_atomic(record, home / WIND_TUNNEL_FILE)
 
 
 def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s: float, link: dict,
