@@ -207,7 +207,8 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
 def forecast_findings(study: dict[str, Experiment]) -> dict:
     """Over the wind tunnel's forecasts (`forecast_table`): how many, how many within FORECAST_BAR of the step
     measured, their range and sign, and the largest by size; and how far apart the repeats of one node ran at each
-    share (the slowest median step over the fastest, less 1), since a forecast starts from the first of them."""
+    share (the slowest median step over the fastest, less 1): the drift that forecasting each round from its own
+    one node leaves out."""
     table = forecast_table(study)
     errors = table["error"]
     worst = table.loc[errors.abs().idxmax()]

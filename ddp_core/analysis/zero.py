@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
-from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, last_epochs
+from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, last_epochs, link_label
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
 from ddp_core.engine.model_cost import parameter_counts
@@ -123,8 +123,13 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
 
 
 def modes(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """The study's variants by sharding mode."""
-    return {e.baseline.config["sharding"]: e for e in study.values()}
+    """The study's variants on several nodes by sharding mode (the one-node runs, which shard nothing, apart)."""
+    return {e.baseline.config["sharding"]: e for e in study.values() if e.largest > 1}
+
+
+def one_node(study: dict[str, Experiment]) -> Experiment:
+    """The study's runs on one node, which each mode's speedup is taken over."""
+    return next(e for e in study.values() if e.largest == 1)
 
 
 def model_size(e: Experiment) -> tuple[int, int]:
@@ -170,8 +175,10 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank (measured, and by ZeRO's
-    formula), and its time per sample against DDP's, on the study's nodes."""
+    formula), and its time per sample against DDP's, on the study's nodes and the configuration their links model."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
-    return {"sharding_nodes": modes(study)["none"].largest, "sharding_zero3_held_share": zero3["measured"],
+    ddp = modes(study)["none"]
+    return {"sharding_nodes": ddp.largest, "sharding_link": link_label(ddp),
+            "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)["zero3"])}

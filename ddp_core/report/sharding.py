@@ -1,7 +1,7 @@
 """When the model stops fitting: ZeRO-1, 2 and 3 against DDP on the same emulated nodes, in the memory a rank holds
 (counted from its tensors, against ZeRO's formula), the bytes each node's link sent a step (against the formula and
-against gloo's collectives), and the time per sample (the one verdict function). Reads the study's `Experiment`s
-(`load_study`), one variant per mode."""
+against gloo's collectives), and the time per sample (the one verdict function), over one node too. Reads the study's
+`Experiment`s (`load_study`), one variant per mode and the one node."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, steady_phases, study_floor_power, time_glue
-from ddp_core.analysis.results import Experiment, last_epochs, link_label
+from ddp_core.analysis.results import Experiment, joined, last_epochs, link_label
+from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
-                                   gloo_sends, held_shares, memory_table, model_size, modes, time_comparisons)
+                                   gloo_sends, held_shares, memory_table, model_size, modes, one_node,
+                                   time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -108,7 +110,7 @@ def fits_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def fits_markdown(study: dict[str, Experiment]) -> str:
-    ranks, device = next(iter(study.values())).largest, f"{DEVICE_BYTES / 1e9:.0f} GB"
+    ranks, device = modes(study)["none"].largest, f"{DEVICE_BYTES / 1e9:.0f} GB"
     return quantity_table(fits_table(study), {
         "per_parameter": ("Bytes a parameter, this model", "{:.1f}"),
         "largest_billions": (f"Largest model in {device}, shaped like this one (billions of parameters)", "{:.1f}"),
@@ -135,9 +137,31 @@ def phase_markdown(study: dict[str, Experiment]) -> str:
         "backward": ("Backward (ms)", "{:.0f}"), "optimizer": ("Optimizer step (ms)", "{:.0f}")}, "Mode")
 
 
+def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode, its speedup over the one node of the same share, repeat by repeat (median and range, with the
+    verdict), and the efficiency (the speedup over the nodes)."""
+    alone = one_node(study)
+    rows = {}
+    for mode, e in modes(study).items():
+        row = scaling_table(joined(alone, e)).loc[e.largest]
+        rows[MODE_NAMES[mode]] = {key: row[key] for key in ("speedup", "speedup_low", "speedup_high", "efficiency",
+                                                             "verdict")}
+    return pd.DataFrame(rows).T
+
+
+def speedup_markdown(study: dict[str, Experiment]) -> str:
+    table = speedup_table(study)
+    table["speedup_range"] = [f"{low:.2f}–{high:.2f}" for low, high in zip(table["speedup_low"],
+                                                                                  table["speedup_high"])]
+    return quantity_table(table, {
+        "speedup": ("Speedup over one node", "{:.2f}"), "speedup_range": ("Range of the repeats", "{}"),
+        "efficiency": ("Efficiency", "{:.0%}"), "verdict": ("Verdict", "{}")}, "Mode")
+
+
 def sharding_findings(study: dict[str, Experiment]) -> dict:
-    """Numbers and verdicts the page glues: the nodes, link and model; each mode's memory and traffic against DDP's
-    and its time per sample against DDP's (`time_comparisons`); ZeRO-1's against ZeRO-2's, on the same floor."""
+    """Numbers and verdicts the page glues: the nodes, link and model; each mode's memory and traffic against DDP's,
+    its speedup over one node (`speedup_table`) and its time per sample against DDP's (`time_comparisons`); ZeRO-1's
+    against ZeRO-2's, on the same floor."""
     by_mode = modes(study)
     ddp = by_mode["none"]
     n, (parameters, _) = ddp.largest, model_size(ddp)
@@ -147,7 +171,7 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
              "sharding_gradient_mb": 4 * parameters / MB,
              "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"],
-             **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
+             **{f"sharding_{key}": value for key, value in study_floor_power(by_mode).items()
                 if key in ("found_10", "found_20")}}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
@@ -156,6 +180,9 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
                   f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
         found |= time_glue(f"{mode}_time", comparisons[mode])
     found["sharded_slower"] = sum(comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
+    speedups = speedup_table(study)
+    found |= {f"{'ddp' if mode == 'none' else mode}_speedup": speedups.loc[name, "speedup"]
+              for mode, name in MODE_NAMES.items()}
     floor = comparisons["zero1"].floor
     found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
     phases = phase_table(study)

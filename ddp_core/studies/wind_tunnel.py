@@ -16,7 +16,8 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
    gives the R achieved; where it misses by more than TOLERANCE, A is taken anew as the mean over the tries so far of
    what each left beside B/r (near the target, where the two calibration rates' line misses what the links do;
    the mean, so that at a rate where A is most of the time one benchmark's noise is not a new A), and r set again,
-   at most MAX_TRIES times;
+   at most MAX_TRIES times; variants that model the same configuration on the same nodes (the sharding study's
+   modes) share the first one's links;
 4. the forecast of each variant's step on N nodes, once per round (`forecast_round`), after the round's one-node run
    of the share and before any of the variants' runs of that round: that one node's median step replayed on N
    nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the run's
@@ -192,12 +193,18 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
             raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} nodes: {exc}") from None
     record["shares"][f"{share:g}"] = {"baseline": str(baseline.relative_to(home)), "compute_per_step_s": compute_s,
                                       "bucket_bytes": buckets, "links": {str(n): link for n, link in links.items()}}
+    dimensioned_first = {}  # (configuration, n): the variant whose links the others that model it share
     for variant in modelled:
         modelling = configuration(variant.models)
         entries = {}
         record["variants"][variant.name] = {"models": variant.models, "configuration": modelling.name,
                                             "source": modelling.source, "cpus_per_node": share, "by_nodes": entries}
         for n in variant.world_sizes:
+            first = dimensioned_first.setdefault((variant.models, n), variant.name)
+            if first != variant.name:  # the same cluster: its links, not a second draw of the benchmark's noise
+                entries[str(n)] = same_links(record["variants"][first]["by_nodes"][str(n)], first, variant.name, n,
+                                             home)
+                continue
             start = time.perf_counter()
             entries[str(n)] = entry = dimension(study, variant.name, n, targets[(variant.name, n)], compute_s / n,
                                                 links[n], buckets, share, home)
@@ -232,15 +239,16 @@ def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path
 
 
 def forecast_round(study: Study, results_dir: str, share: float, repeat: int) -> None:
-    """Each variant on nodes of `share` cores forecast for round `repeat` (module docstring, step 4), into
-    wind_tunnel.json with the moment it was written; nothing where the round is forecast already."""
+    """Each variant on nodes of `share` cores that trains with DDP (the replay's) forecast for round `repeat` (module
+    docstring, step 4), into wind_tunnel.json with the moment it was written; nothing where it is already."""
     from ddp_core.analysis.replay import one_node_step_s, replay_step
 
     home = Path(results_dir) / study.name
     record = recorded(study, results_dir)
     calibrated = record["shares"][f"{share:g}"]
+    sharded = {v.name for v in study.variants if v.settings.get("sharding", "none") != "none"}  # no DDP to replay
     entries = [(name, int(n), entry) for name, variant in record["variants"].items()
-               if variant["cpus_per_node"] == share for n, entry in variant["by_nodes"].items()
+               if variant["cpus_per_node"] == share and name not in sharded for n, entry in variant["by_nodes"].items()
                if repeat not in [ahead["repeat"] for ahead in entry.get("forecasts", [])]]
     if not entries:
         return
@@ -276,6 +284,17 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
     raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
                      f"{TOLERANCE:.0%} in {MAX_TRIES} tries (the last: {tries[-1]['ratio']:.2f} at "
                      f"{tries[-1]['link_rate']}); see {home / FOLDER}")
+
+
+def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dict:
+    """Variant `first`'s links at n nodes for `variant`, which models the same configuration on the same nodes (the
+    sharding study's modes): its rate and benchmark, without its tries."""
+    accepted = home / variant / f"allreduce-n{n}"
+    shutil.rmtree(accepted, ignore_errors=True)
+    accepted.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(home / first / f"allreduce-n{n}", accepted)
+    return {key: entry[key] for key in ("target_ratio", "achieved_ratio", "link_rate", "rank_compute_s")} | {
+        "links_of": first}
 
 
 def dimensioned(run: Run, record: dict | None) -> Run:
