@@ -91,8 +91,7 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
 def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_speedup_is_over_the_one_node_of_its_round():
     """The modes' links: one rate, set by the wind tunnel for DDP's ratio, on every run's nodes; each mode's speedup
     the median over the rounds of the one node's time per sample over the mode's (the same global batch)."""
-    from ddp_core.analysis.zero import MODE_NAMES
-    from ddp_core.report.sharding import speedup_table
+    from ddp_core.analysis.zero import MODE_NAMES, speedup_table
 
     folder = REPO / "reference" / "sharding"
     record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]

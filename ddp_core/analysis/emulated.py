@@ -188,19 +188,23 @@ FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step me
 def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per variant whose links the wind tunnel set and number of nodes: the step it forecast (median of the rounds'
     forecasts, `results.forecast`), in how many rounds the forecast was written before that round's run started, the
-    runs' median step (median of the repeats' medians), and the error."""
+    runs' median step (median of the repeats' medians), and the error; and how many rounds' forecasts came within
+    FORECAST_BAR of their own round's run."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
-        steps = run_times(experiment).groupby("world_size")["step_time_s"].median()
+        times = run_times(experiment)
+        steps = times.groupby("world_size")["step_time_s"].median()
         for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
             n, ahead = int(n), forecast(entry)
             runs = experiment.repeats[n]
-            before = sum(f["repeat"] <= len(runs) and f["at"] < runs[f["repeat"] - 1].raw["start_time"]
-                         for f in entry.get("forecasts", []))
+            rounds = [f for f in entry.get("forecasts", []) if f["repeat"] <= len(runs)]
+            before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
+            own = times.set_index(["world_size", "repeat"])["step_time_s"]
+            within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
             rows.append(dict(link=variant_label(experiment, study), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
                              rounds_before=f"{before} of {len(runs)}", step_ms=steps[n] * 1e3,
-                             error=ahead["step_s"] / steps[n] - 1))
+                             error=ahead["step_s"] / steps[n] - 1, rounds_within=within, rounds=len(rounds)))
     return pd.DataFrame(rows)
 
 
@@ -215,6 +219,7 @@ def forecast_findings(study: dict[str, Experiment]) -> dict:
     apart = {node_share(e): run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}}
     return {"forecast_bar": FORECAST_BAR, "forecasts": len(table),
             "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
+            "forecast_rounds": int(table["rounds"].sum()), "forecast_rounds_within": int(table["rounds_within"].sum()),
             "forecast_errors": signs(errors), "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
             "forecast_worst_error": worst["error"], "forecast_worst_link": worst["link"],
             "forecast_worst_nodes": int(worst["world_size"]),
@@ -223,8 +228,11 @@ def forecast_findings(study: dict[str, Experiment]) -> dict:
 
 
 def signs(values: pd.Series) -> str:
-    """Whether `values` are "all positive", "all negative" or "of both signs"."""
-    return "all positive" if (values > 0).all() else "all negative" if (values < 0).all() else "of both signs"
+    """The signs of `values` in outcome words: "all positive", "all negative", or how many of them are negative
+    ("6 of 7 negative")."""
+    negative = int((values < 0).sum())
+    return ("all positive" if (values > 0).all() else "all negative" if negative == len(values)
+            else f"{negative} of {len(values)} negative")
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:

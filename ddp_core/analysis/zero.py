@@ -20,7 +20,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
-from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, last_epochs, link_label
+from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, joined, last_epochs, link_label
+from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
 from ddp_core.engine.model_cost import parameter_counts
@@ -173,12 +174,27 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
     return {mode: compare_times(by_mode[mode], ddp, ddp.largest, ddp.largest, floor=floor) for mode in SHARDED_MODES}
 
 
+def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """Per mode's name, its speedup over the one node of the same share, repeat by repeat (median and range, with
+    the verdict and the noise floor it was held against), and the efficiency (the speedup over the nodes)."""
+    alone = one_node(study)
+    rows = {}
+    for mode, e in modes(study).items():
+        row = scaling_table(joined(alone, e)).loc[e.largest]
+        rows[MODE_NAMES[mode]] = {key: row[key] for key in ("speedup", "speedup_low", "speedup_high", "efficiency",
+                                                             "verdict", "noise_floor")}
+    return pd.DataFrame(rows).T
+
+
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank (measured, and by ZeRO's
-    formula), and its time per sample against DDP's, on the study's nodes and the configuration their links model."""
+    formula), its time per sample against DDP's, on the study's nodes and the configuration their links model, and
+    its speedup and DDP's over one node."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
-    ddp = modes(study)["none"]
+    ddp, speedups = modes(study)["none"], speedup_table(study)["speedup"]
     return {"sharding_nodes": ddp.largest, "sharding_link": link_label(ddp),
+            "sharding_zero3_speedup": speedups[MODE_NAMES["zero3"]],
+            "sharding_ddp_speedup": speedups[MODE_NAMES["none"]],
             "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)["zero3"])}

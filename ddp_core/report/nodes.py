@@ -109,13 +109,15 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
     """`forecast_table`, and whether each error is within FORECAST_BAR."""
     table = forecast_table(study)
     table["within"] = ["yes" if abs(error) <= FORECAST_BAR else "no" for error in table.get("error", [])]
+    table["rounds_within"] = [f"{k} of {n}" for k, n in zip(table["rounds_within"], table["rounds"])]
     return quantity_table(table, {
         "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
         "forecast_ms": ("Step forecast, median of the rounds (ms)", "{:.0f}"),
         "rounds_before": ("Rounds forecast before their run", "{}"),
         "step_ms": ("Step measured, median (ms)", "{:.0f}"),
         "error": ("Error", "{:+.0%}"),
-        "within": (f"Within {FORECAST_BAR:.0%}", "{}")}, index_name=None)
+        "within": (f"Within {FORECAST_BAR:.0%}", "{}"),
+        "rounds_within": (f"Rounds within {FORECAST_BAR:.0%} of their run", "{}")}, index_name=None)
 
 
 def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -169,7 +171,7 @@ def efficiency_figure(study: dict[str, Experiment]):
     ax.set(xscale="log", xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
            ylabel="parallel efficiency (bar: range of the repeats)", ylim=(0, 1.05),
            title="Efficiency against the compute-to-communication ratio")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
     return fig
 

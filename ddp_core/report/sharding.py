@@ -9,12 +9,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, steady_phases, study_floor_power, time_glue
-from ddp_core.analysis.results import Experiment, joined, last_epochs, link_label
-from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, study_floor_power, time_glue
+from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
-                                   gloo_sends, held_shares, memory_table, model_size, modes, one_node,
+                                   gloo_sends, held_shares, memory_table, model_size, modes, one_node, speedup_table,
                                    time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
@@ -137,25 +136,14 @@ def phase_markdown(study: dict[str, Experiment]) -> str:
         "backward": ("Backward (ms)", "{:.0f}"), "optimizer": ("Optimizer step (ms)", "{:.0f}")}, "Mode")
 
 
-def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, its speedup over the one node of the same share, repeat by repeat (median and range, with the
-    verdict), and the efficiency (the speedup over the nodes)."""
-    alone = one_node(study)
-    rows = {}
-    for mode, e in modes(study).items():
-        row = scaling_table(joined(alone, e)).loc[e.largest]
-        rows[MODE_NAMES[mode]] = {key: row[key] for key in ("speedup", "speedup_low", "speedup_high", "efficiency",
-                                                             "verdict")}
-    return pd.DataFrame(rows).T
-
-
 def speedup_markdown(study: dict[str, Experiment]) -> str:
     table = speedup_table(study)
-    table["speedup_range"] = [f"{low:.2f}–{high:.2f}" for low, high in zip(table["speedup_low"],
-                                                                                  table["speedup_high"])]
+    table["speedup_range"] = [f"{low:.2f}\u2013{high:.2f}" for low, high in zip(table["speedup_low"],
+                                                                                   table["speedup_high"])]
     return quantity_table(table, {
         "speedup": ("Speedup over one node", "{:.2f}"), "speedup_range": ("Range of the repeats", "{}"),
-        "efficiency": ("Efficiency", "{:.0%}"), "verdict": ("Verdict", "{}")}, "Mode")
+        "efficiency": ("Efficiency (speedup over the nodes)", "{:.0%}"), "noise_floor": ("Noise floor", "{:.1%}"),
+        "verdict": ("Verdict", "{}")}, "Mode")
 
 
 def sharding_findings(study: dict[str, Experiment]) -> dict:
@@ -180,9 +168,9 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
                   f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
         found |= time_glue(f"{mode}_time", comparisons[mode])
     found["sharded_slower"] = sum(comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
-    speedups = speedup_table(study)
+    speedups, alone = speedup_table(study), run_times(one_node(study))["step_time_s"]
     found |= {f"{'ddp' if mode == 'none' else mode}_speedup": speedups.loc[name, "speedup"]
-              for mode, name in MODE_NAMES.items()}
+              for mode, name in MODE_NAMES.items()} | {"one_node_apart": alone.max() / alone.min() - 1}
     floor = comparisons["zero1"].floor
     found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
     phases = phase_table(study)
