@@ -195,12 +195,12 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant, experiment in variant_experiments(study).items():
         times = run_times(experiment)
         steps = times.groupby("world_size")["step_time_s"].median()
+        own = times.set_index(["world_size", "repeat"])["step_time_s"]  # each round's run
         for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
             n, ahead = int(n), forecast(entry)
             runs = experiment.repeats[n]
             rounds = [f for f in entry.get("forecasts", []) if f["repeat"] <= len(runs)]
             before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
-            own = times.set_index(["world_size", "repeat"])["step_time_s"]
             within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
             rows.append(dict(link=variant_label(experiment, study), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
                              rounds_before=f"{before} of {len(runs)}", step_ms=steps[n] * 1e3,

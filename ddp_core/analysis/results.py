@@ -345,12 +345,11 @@ def wind_tunnel_record(study_folder: Path) -> dict:
 
 def forecast(entry: dict) -> dict:
     """A variant's forecast at N nodes (an entry of wind_tunnel.json's `by_nodes`): the median over its rounds of
-    each round's forecast step, exposed all-reduce and speedup over the round's one node; {} before any."""
+    each round's forecast step and speedup over the round's one node; {} before any."""
     rounds = pd.DataFrame(entry.get("forecasts", []))
     if rounds.empty:
         return {}
-    return {"step_s": rounds["step_s"].median(), "exposed_s": rounds["exposed_s"].median(),
-            "speedup": (rounds["one_node_step_s"] / rounds["step_s"]).median()}
+    return {"step_s": rounds["step_s"].median(), "speedup": (rounds["one_node_step_s"] / rounds["step_s"]).median()}
 
 
 def measured_gbit_s(experiment: Experiment) -> float:

@@ -274,10 +274,7 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
         achieved = rank_compute_s / measured
         tries.append({"link_rate": rate, "fixed_s": fixed_s, "bits": bits, "allreduce_s": measured, "ratio": achieved})
         if abs(achieved / target - 1) <= TOLERANCE:
-            accepted = home / variant / f"allreduce-n{n}"
-            shutil.rmtree(accepted, ignore_errors=True)
-            accepted.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(out, accepted)
+            accept_benchmark(out, home / variant / f"allreduce-n{n}")
             return {"target_ratio": target, "achieved_ratio": achieved, "link_rate": rate,
                     "rank_compute_s": rank_compute_s, "tries": tries}
         fixed_s = float(np.mean([t["allreduce_s"] - bits / rate_bits_per_s(t["link_rate"]) for t in tries]))
@@ -286,13 +283,17 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
                      f"{tries[-1]['link_rate']}); see {home / FOLDER}")
 
 
+def accept_benchmark(benchmark: Path, accepted: Path) -> None:
+    """The benchmark in `benchmark` as a variant's allreduce-n<N> (`accepted`), replacing any there before."""
+    shutil.rmtree(accepted, ignore_errors=True)
+    accepted.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(benchmark, accepted)
+
+
 def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dict:
     """Variant `first`'s links at n nodes for `variant`, which models the same configuration on the same nodes (the
     sharding study's modes): its rate and benchmark, without its tries."""
-    accepted = home / variant / f"allreduce-n{n}"
-    shutil.rmtree(accepted, ignore_errors=True)
-    accepted.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(home / first / f"allreduce-n{n}", accepted)
+    accept_benchmark(home / first / f"allreduce-n{n}", home / variant / f"allreduce-n{n}")
     return {key: entry[key] for key in ("target_ratio", "achieved_ratio", "link_rate", "rank_compute_s")} | {
         "links_of": first}
 
