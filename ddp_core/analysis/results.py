@@ -240,6 +240,14 @@ def joined(*experiments: Experiment) -> Experiment:
                       {n: bench for e in experiments for n, bench in e.allreduce.items()})
 
 
+def only(experiment: Experiment, n: int) -> Experiment:
+    """An experiment's runs at world size n alone: e.g. what a study measures at its most nodes."""
+    names = {run.name for run in experiment.repeats[n]}
+    return Experiment(experiment.folder, experiment.metrics[experiment.metrics["run"].isin(names)],
+                      experiment.steps[experiment.steps["run"].isin(names)], {n: experiment.repeats[n]},
+                      {size: bench for size, bench in experiment.allreduce.items() if size == n})
+
+
 def load_study(folder: str | Path, variant_order: list[str] | None = None) -> dict[str, Experiment]:
     """A study's experiments by variant: the folder itself ("") when it holds runs, else each subfolder that
     does (not the wind tunnel's measurements beside them), in `variant_order` (default: the order in which the

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
-from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, joined, last_epochs, link_label
+from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
@@ -123,9 +123,16 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
     return pd.DataFrame(out)
 
 
-def modes(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """The study's variants on several nodes by sharding mode (the one-node runs, which shard nothing, apart)."""
-    return {e.baseline.config["sharding"]: e for e in study.values() if e.largest > 1}
+def modes(study: dict[str, Experiment], nodes: int | None = None) -> dict[str, Experiment]:
+    """The study's variants on several nodes by sharding mode (the one-node runs, which shard nothing, apart); with
+    `nodes`, each variant's runs on that many alone, as the memory and the bytes are read (at the most nodes)."""
+    by_mode = {e.baseline.config["sharding"]: e for e in study.values() if e.largest > 1}
+    return by_mode if nodes is None else {mode: only(e, nodes) for mode, e in by_mode.items()}
+
+
+def node_counts(study: dict[str, Experiment]) -> list[int]:
+    """The numbers of nodes (one rank each) the modes ran on, ascending."""
+    return list(modes(study)["none"].repeats)
 
 
 def one_node(study: dict[str, Experiment]) -> Experiment:
@@ -139,9 +146,9 @@ def model_size(e: Experiment) -> tuple[int, int]:
 
 
 def state_rows(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per run, its mode, ranks and the largest rank's state by kind in its last epoch."""
+    """Per run on the most nodes, its mode, ranks and the largest rank's state by kind in its last epoch."""
     rows = []
-    for mode, e in modes(study).items():
+    for mode, e in modes(study, max(node_counts(study))).items():
         last = last_epochs(e.metrics)
         for run in e.all_runs:
             rows.append({"mode": mode, "ranks": run.world_size, **last.loc[run.name, STATE_COLUMNS].to_dict()})
@@ -166,35 +173,39 @@ def held_shares(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(shares)
 
 
-def time_comparisons(study: dict[str, Experiment]) -> dict[str, Comparison]:
-    """Per sharded mode, its time per sample against DDP's on as many ranks, repeat by repeat, all held against one
+def time_comparisons(study: dict[str, Experiment], nodes: int) -> dict[str, Comparison]:
+    """Per sharded mode, its time per sample against DDP's on `nodes` nodes, repeat by repeat, all held against one
     floor (the study's)."""
     by_mode = modes(study)
     ddp, floor = by_mode["none"], time_floor(*by_mode.values())
-    return {mode: compare_times(by_mode[mode], ddp, ddp.largest, ddp.largest, floor=floor) for mode in SHARDED_MODES}
+    return {mode: compare_times(by_mode[mode], ddp, nodes, nodes, floor=floor) for mode in SHARDED_MODES}
+
+
+SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")
 
 
 def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode's name, its speedup over the one node of the same share, repeat by repeat (median and range, with
-    the verdict and the noise floor it was held against), and the efficiency (the speedup over the nodes)."""
+    """Per mode's name, its speedup over the one node of the same share on each number of nodes (`<key>_n<N>` for
+    each of SPEEDUP_KEYS), repeat by repeat: median and range, the verdict and the noise floor it was held against,
+    and the efficiency (the speedup over the nodes)."""
     alone = one_node(study)
     rows = {}
     for mode, e in modes(study).items():
-        row = scaling_table(joined(alone, e)).loc[e.largest]
-        rows[MODE_NAMES[mode]] = {key: row[key] for key in ("speedup", "speedup_low", "speedup_high", "efficiency",
-                                                             "verdict", "noise_floor")}
+        table = scaling_table(joined(alone, e))
+        rows[MODE_NAMES[mode]] = {f"{key}_n{n}": table.loc[n, key] for n in node_counts(study) for key in SPEEDUP_KEYS}
     return pd.DataFrame(rows).T
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank (measured, and by ZeRO's
-    formula), its time per sample against DDP's, on the study's nodes and the configuration their links model, and
-    its speedup and DDP's over one node."""
+    formula), its time per sample against DDP's, on the study's most nodes and the configuration their links model,
+    and its speedup and DDP's over one node there."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
-    ddp, speedups = modes(study)["none"], speedup_table(study)["speedup"]
-    return {"sharding_nodes": ddp.largest, "sharding_link": link_label(ddp),
+    n = max(node_counts(study))
+    ddp, speedups = modes(study)["none"], speedup_table(study)[f"speedup_n{n}"]
+    return {"sharding_nodes": n, "sharding_link": link_label(ddp),
             "sharding_zero3_speedup": speedups[MODE_NAMES["zero3"]],
             "sharding_ddp_speedup": speedups[MODE_NAMES["none"]],
             "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
-            **time_glue("sharding_zero3_time", time_comparisons(study)["zero3"])}
+            **time_glue("sharding_zero3_time", time_comparisons(study, n)["zero3"])}

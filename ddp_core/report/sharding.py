@@ -13,8 +13,8 @@ from ddp_core.analysis.comparisons import compare_times, run_times, steady_phase
 from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
-                                   gloo_sends, held_shares, memory_table, model_size, modes, one_node, speedup_table,
-                                   time_comparisons)
+                                   gloo_sends, held_shares, memory_table, model_size, modes, node_counts, one_node,
+                                   speedup_table, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -59,13 +59,13 @@ def memory_figure(study: dict[str, Experiment]):
 
 
 def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, the bytes a node's link sent per optimizer step (each run's count over its steps alone, the mean
+    """Per mode on the most nodes, the bytes a node's link sent per optimizer step (each run's count over its steps alone, the mean
     over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside ZeRO's formula
     and what the collectives a step handed to gloo (counted on the first repeat's third step, by kind) send by
     gloo's algorithms; and how unevenly the nodes sent (the busiest link's bytes over the run, evaluations and
     checkpoints included, over the nodes' mean; the median over the runs)."""
     rows = {}
-    for mode, e in modes(study).items():
+    for mode, e in modes(study, max(node_counts(study))).items():
         parameters, _ = model_size(e)
         gradient = 4 * parameters
         per_run = e.metrics.groupby("run")[["link_sent_bytes", "steps"]].sum()
@@ -119,10 +119,10 @@ def fits_markdown(study: dict[str, Experiment]) -> str:
 
 
 def phase_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, the mean step's forward, backward and optimizer step in ms (means over the steady epochs of every
+    """Per mode on the most nodes, the mean step's forward, backward and optimizer step in ms (means over the steady epochs of every
     repeat; under FSDP2 forward and backward include the gathers and reductions they wait for)."""
     rows = {}
-    for mode, e in modes(study).items():
+    for mode, e in modes(study, max(node_counts(study))).items():
         steady = steady_phases(e.metrics)
         rows[MODE_NAMES[mode]] = {phase: (steady[f"{phase}_time_s"] / steady["steps"]).mean() * 1e3
                                   for phase in ("forward", "backward", "optimizer")} | {
@@ -137,13 +137,18 @@ def phase_markdown(study: dict[str, Experiment]) -> str:
 
 
 def speedup_markdown(study: dict[str, Experiment]) -> str:
-    table = speedup_table(study)
-    table["speedup_range"] = [f"{low:.2f}\u2013{high:.2f}" for low, high in zip(table["speedup_low"],
-                                                                                   table["speedup_high"])]
-    return quantity_table(table, {
-        "speedup": ("Speedup over one node", "{:.2f}"), "speedup_range": ("Range of the repeats", "{}"),
-        "efficiency": ("Efficiency (speedup over the nodes)", "{:.0%}"), "noise_floor": ("Noise floor", "{:.1%}"),
-        "verdict": ("Verdict", "{}")}, "Mode")
+    """Turned, a column per mode: on each number of nodes its speedup with the repeats' range, efficiency and
+    verdict, and the noise floor (one per mode: its rounds' one node and its runs on every number of nodes)."""
+    table, counts = speedup_table(study), node_counts(study)
+    quantities = {}
+    for n in counts:
+        table[f"range_n{n}"] = [f"{low:.2f}\u2013{high:.2f}" for low, high in zip(table[f"speedup_low_n{n}"],
+                                                                                   table[f"speedup_high_n{n}"])]
+        quantities |= {f"speedup_n{n}": (f"Speedup over one node, {n} nodes", "{:.2f}"),
+                       f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
+                       f"efficiency_n{n}": (f"Efficiency (speedup over the nodes), {n} nodes", "{:.0%}"),
+                       f"verdict_n{n}": (f"Verdict, {n} nodes", "{}")}
+    return quantity_table(table, quantities | {f"noise_floor_n{counts[-1]}": ("Noise floor", "{:.1%}")}, turned=True)
 
 
 def sharding_findings(study: dict[str, Experiment]) -> dict:
@@ -151,11 +156,13 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     its speedup over one node (`speedup_table`) and its time per sample against DDP's (`time_comparisons`); ZeRO-1's
     against ZeRO-2's, on the same floor."""
     by_mode = modes(study)
-    ddp = by_mode["none"]
-    n, (parameters, _) = ddp.largest, model_size(ddp)
+    ddp, counts = by_mode["none"], node_counts(study)
+    fewer, n = counts[0], counts[-1]
+    parameters, _ = model_size(ddp)
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
-    held, comparisons = held_shares(memory), time_comparisons(study)
-    found = {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_parameters_m": parameters / 1e6,
+    held, comparisons, fewer_comparisons = held_shares(memory), time_comparisons(study, n), time_comparisons(study, fewer)
+    found = {"sharding_nodes": n, "sharding_fewer_nodes": fewer, "sharding_link": link_label(ddp),
+             "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
              "sharding_gradient_mb": 4 * parameters / MB,
              "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"],
@@ -166,16 +173,21 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
         found |= {f"{mode}_held_share": held.loc[name, "measured"],
                   f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
                   f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
-        found |= time_glue(f"{mode}_time", comparisons[mode])
+        found |= time_glue(f"{mode}_time", comparisons[mode]) | time_glue(f"{mode}_time_fewer", fewer_comparisons[mode])
     found["sharded_slower"] = sum(comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
+    found["sharded_slower_fewer"] = sum(fewer_comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
     speedups, alone = speedup_table(study), run_times(one_node(study))["step_time_s"]
-    found |= {f"{'ddp' if mode == 'none' else mode}_speedup": speedups.loc[name, "speedup"]
-              for mode, name in MODE_NAMES.items()} | {"one_node_apart": alone.max() / alone.min() - 1}
+    for mode, name in MODE_NAMES.items():
+        key = "ddp" if mode == "none" else mode
+        found |= {f"{key}_speedup": speedups.loc[name, f"speedup_n{n}"],
+                  f"{key}_speedup_fewer": speedups.loc[name, f"speedup_n{fewer}"]}
+    found["one_node_apart"] = alone.max() / alone.min() - 1
     floor = comparisons["zero1"].floor
     found |= time_glue("zero1_against_zero2_time", compare_times(by_mode["zero1"], by_mode["zero2"], n, n, floor=floor))
     phases = phase_table(study)
     last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
     losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
+    rss = {mode: float(table.loc[table["world_size"] == n, "peak_memory_mb"].median()) for mode, table in last.items()}
     counts = parameter_counts(ddp.baseline.model)
     block_share = sum(block_parameters(counts).values()) / parameters
     found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
@@ -194,8 +206,6 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
               "sharding_loss_gap": max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES),
               "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
               "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
-              "ddp_rss_mb": float(last["none"]["peak_memory_mb"].median()),
-              "zero3_rss_mb": float(last["zero3"]["peak_memory_mb"].median()),
-              "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20
-              / float(last["none"]["peak_memory_mb"].median())}
+              "ddp_rss_mb": rss["none"], "zero3_rss_mb": rss["zero3"],
+              "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20 / rss["none"]}
     return found
