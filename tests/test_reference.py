@@ -88,17 +88,19 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
         assert held[MODE_NAMES[mode]] == pytest.approx(state[mode] / state["none"])
 
 
-def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_speedup_is_over_the_one_node_of_its_round():
+def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_taken_round_by_round():
     """The modes' links: on each number of nodes one rate, set by the wind tunnel for DDP's ratio there, on every
     run's nodes; each mode's speedup on each number of nodes the median over the rounds of the one node's time per
     sample over the mode's (the same global batch)."""
-    from ddp_core.analysis.zero import MODE_NAMES, speedup_table
+    from ddp_core.analysis.zero import MODE_NAMES, speedup_table, time_comparisons
 
     folder = REPO / "reference" / "sharding"
     record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]
     assert set(record) == {"ddp", "zero1", "zero2", "zero3"}
     counts = sorted(int(n) for n in record["ddp"]["by_nodes"])
-    table = speedup_table(load_study(folder))
+    assert counts == [2, 4], "the modes run on 2 and 4 nodes"
+    study = load_study(folder)
+    table = speedup_table(study)
 
     def medians(variant, n):
         runs = sorted((folder / variant).glob(f"n{n}*"))  # n1, n1-r2, n1-r3: round by round
@@ -109,10 +111,14 @@ def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_speedup_is_
 
     for n in counts:
         assert len({entry["by_nodes"][str(n)]["link_rate"] for entry in record.values()}) == 1
+        against_ddp = time_comparisons(study, n)
         for variant, mode in (("ddp", "none"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3")):
             paired = [one / many for one, many in zip(medians("one_node", 1), medians(variant, n))]
             assert table.loc[MODE_NAMES[mode], f"speedup_n{n}"] == pytest.approx(pd.Series(paired).median())
             assert table.loc[MODE_NAMES[mode], f"speedup_low_n{n}"] == pytest.approx(min(paired))
+            if mode != "none":  # its time per sample over DDP's on as many nodes, round by round
+                paired = [mine / ddp for mine, ddp in zip(medians(variant, n), medians("ddp", n))]
+                assert against_ddp[mode].ratio == pytest.approx(pd.Series(paired).median())
 
 
 @pytest.fixture(scope="module")
