@@ -162,7 +162,6 @@ def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
         "tta_b_simple_high": float(rule["b_simple"].max()),
         "tta_b_crit_over_b_simple": fit["b_crit"] / float(rule["b_simple"].mean()),
         "tta_rule_unreached": int(rule["steps"].isna().sum()), "tta_rule_runs": len(rule),
-        "tta_evals_largest": int(batches.loc[largest, "eval_every"]),
         **{f"tta_{key}": value for key, value in interval.items()},
         "tta_b_crit_against_range": "past the largest batch measured" if fit["b_crit"] > largest
         else "below the smallest batch measured" if fit["b_crit"] < smallest else "inside the range measured",

@@ -87,7 +87,7 @@ def mfu_findings(gpu: GpuResults) -> dict:
         seconds = gpu.compiled.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").loc[config]
         floor = noise_floor([list(seconds[loop]) for loop in seconds])
         verdict = compare(list(seconds["plain"]), list(seconds["timed"]), floor)
-        found |= {"compiled_mfu": compiled.loc[config, "mfu"], "compiled_tflops": compiled.loc[config, "tflops"],
+        found |= {"compiled_mfu": compiled.loc[config, "mfu"],
                   "compiled_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
                   "eager_mfu_same_config": eager.loc[config, "mfu"] if config in eager.index else float("nan"),
                   "compiled_vs_plain": verdict.ratio, "compiled_vs_plain_low": verdict.low,

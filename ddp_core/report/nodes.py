@@ -67,29 +67,6 @@ def link_markdown(study: dict[str, Experiment], world_size: int) -> str:
     return quantity_table(table, LINK_ROWS, turned=True, column_names=list(table["link"]))
 
 
-def link_figure(study: dict[str, Experiment]):
-    """Speedup against the measured link rate per world size, each point with its range over the repeats and the
-    prediction beside it; and the communication a step waited for."""
-    table = link_table(study)
-    fig, (speed, exposed) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, (n, rows) in enumerate(table.groupby("world_size")):
-        x = rows["measured_gbit_s"]
-        error = [rows["speedup"] - rows["speedup_low"], rows["speedup_high"] - rows["speedup"]]
-        speed.errorbar(x, rows["speedup"], yerr=error, fmt="o-", capsize=4, color=f"C{i}",
-                       label=f"{n} nodes, measured (bar: range)")
-        speed.plot(x, rows["predicted_speedup"], "s--", color=f"C{i}", alpha=0.6, label=f"{n} nodes, predicted")
-        exposed.plot(x, rows["comm_exposed_per_step_s"] * 1e3, "o-", color=f"C{i}", label=f"{n} nodes")
-    speed.axhline(1, color="gray", linewidth=1)
-    speed.set(xscale="log", xlabel="link rate, measured (Gbit/s)", ylabel="speedup over one node",
-              title="Speedup against the link")
-    exposed.set(xscale="log", yscale="log", xlabel="link rate, measured (Gbit/s)", ylabel="ms per step (mean)",
-                title="Exposed communication per step")
-    speed.legend(fontsize=7)
-    exposed.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
 def link_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
     error = table["prediction_error"].abs()
