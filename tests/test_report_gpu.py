@@ -10,7 +10,8 @@ import pytest
 from torch.autograd import DeviceType
 
 from benchmarks.step_profile import operator_rows
-from ddp_core.analysis.gpu_measurements import GpuResults, forecast_table, load_gpu_results, mfu_findings, place_among
+from ddp_core.analysis.gpu_measurements import (GpuResults, forecast_table, forecast_word, load_gpu_results, mfu_findings,
+                                                place_among)
 from ddp_core.report.gpu import step_findings, trainer_table
 from ddp_core.analysis.results import Measurement
 from ddp_core.analysis.step_profile import GPU_IDLE, StepProfile, category_table
@@ -96,6 +97,13 @@ def test_on_a_gpu_each_kernel_is_counted_once_under_the_operator_that_launched_i
 def test_the_gpus_ratio_is_placed_among_the_emulated_links_with_its_neighbours(ratio, place, beside):
     links = pd.Series({"600 Mbit/s": 1.74, "200 Mbit/s": 0.54})
     assert place_among(ratio, links) == (place, beside)
+
+
+@pytest.mark.parametrize("slowest,fastest,word", [
+    (0.6, 0.9, "slower than one GPU"), (1.1, 1.8, "faster than one GPU"), (0.8, 1.3, "about as fast as one GPU"),
+    (1.0, 1.2, "about as fast as one GPU"), (0.7, 1.0, "about as fast as one GPU")])
+def test_a_forecast_takes_a_side_of_one_gpu_only_where_its_whole_range_lies_on_it(slowest, fastest, word):
+    assert forecast_word(slowest, fastest) == word
 
 
 def test_the_trainers_runs_read_as_their_last_epoch(train, tmp_path):

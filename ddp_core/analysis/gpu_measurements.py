@@ -156,6 +156,14 @@ def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
     return place, list(below.index[-1:]) + list(above.index[:1])
 
 
+def forecast_word(slowest: float, fastest: float) -> str:
+    """What a forecast's speedup over one GPU says, from its lowest (the slowest round, nothing overlapped) and its
+    highest (the fastest round, all but the last bucket hidden): a side only where the whole range lies on it."""
+    if fastest < 1:
+        return "slower than one GPU"
+    return "faster than one GPU" if slowest > 1 else "about as fast as one GPU"
+
+
 def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
     """For the bf16 row with the largest batch per GPU: its forecast, and where its R_N falls among the emulated
     links' ("between" two of them, "above" or "below" all), with the links on either side and their efficiencies."""
@@ -171,8 +179,7 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
                                                   f"{row['compute_over_ideal_high']:.2f}",
             "forecast_speedup_low": row["speedup_no_overlap"], "forecast_speedup_high": row["speedup_last_bucket_only"],
             "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
-            "forecast_speedup_word": "slower than one GPU" if row["speedup_fastest_round"] < 1
-            else "faster than one GPU" if row["speedup_slowest_round"] > 1 else "about as fast as one GPU",
+            "forecast_speedup_word": forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
             "forecast_bare_per_gpu_ms": row["bare_per_gpu_ms"], "forecast_ddp_cost_ms": row["ddp_cost_ms"],
             "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
             "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
