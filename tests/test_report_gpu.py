@@ -10,8 +10,8 @@ import pytest
 from torch.autograd import DeviceType
 
 from benchmarks.step_profile import operator_rows
-from ddp_core.analysis.gpu_measurements import (GpuResults, forecast_table, forecast_word, load_gpu_results, mfu_findings,
-                                                place_among)
+from ddp_core.analysis.gpu_measurements import (GpuResults, forecast_table, forecast_word, load_gpu_results,
+                                                mfu_findings, place_among)
 from ddp_core.report.gpu import step_findings, trainer_table
 from ddp_core.analysis.results import Measurement
 from ddp_core.analysis.step_profile import GPU_IDLE, StepProfile, category_table

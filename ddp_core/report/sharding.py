@@ -59,11 +59,11 @@ def memory_figure(study: dict[str, Experiment]):
 
 
 def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode on the most nodes, the bytes a node's link sent per optimizer step (each run's count over its steps alone, the mean
-    over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside ZeRO's formula
-    and what the collectives a step handed to gloo (counted on the first repeat's third step, by kind) send by
-    gloo's algorithms; and how unevenly the nodes sent (the busiest link's bytes over the run, evaluations and
-    checkpoints included, over the nodes' mean; the median over the runs)."""
+    """Per mode on the most nodes, the bytes a node's link sent per optimizer step (each run's count over its steps
+    alone, the mean over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside
+    ZeRO's formula and what the collectives a step handed to gloo (counted on the first repeat's third step, by kind)
+    send by gloo's algorithms; and how unevenly the nodes sent (the busiest link's bytes over the run, evaluations
+    and checkpoints included, over the nodes' mean; the median over the runs)."""
     rows = {}
     for mode, e in modes(study, max(node_counts(study))).items():
         parameters, _ = model_size(e)
@@ -119,8 +119,8 @@ def fits_markdown(study: dict[str, Experiment]) -> str:
 
 
 def phase_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode on the most nodes, the mean step's forward, backward and optimizer step in ms (means over the steady epochs of every
-    repeat; under FSDP2 forward and backward include the gathers and reductions they wait for)."""
+    """Per mode on the most nodes, the mean step's forward, backward and optimizer step in ms (means over the steady
+    epochs of every repeat; under FSDP2 forward and backward include the gathers and reductions they wait for)."""
     rows = {}
     for mode, e in modes(study, max(node_counts(study))).items():
         steady = steady_phases(e.metrics)
@@ -176,7 +176,8 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     fewer, n = counts[0], counts[-1]
     parameters, _ = model_size(ddp)
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
-    held, comparisons, fewer_comparisons = held_shares(memory), time_comparisons(study, n), time_comparisons(study, fewer)
+    held, comparisons = held_shares(memory), time_comparisons(study, n)
+    fewer_comparisons = time_comparisons(study, fewer)
     found = {"sharding_nodes": n, "sharding_fewer_nodes": fewer, "sharding_link": link_label(ddp),
              "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
