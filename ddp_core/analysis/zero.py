@@ -173,12 +173,13 @@ def held_shares(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(shares)
 
 
-def time_comparisons(study: dict[str, Experiment], nodes: int) -> dict[str, Comparison]:
-    """Per sharded mode, its time per sample against DDP's on `nodes` nodes, repeat by repeat, all held against one
-    floor (the study's)."""
+def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Comparison]]:
+    """Per number of nodes and sharded mode, its time per sample against DDP's on as many nodes, repeat by repeat, all
+    held against one floor (the study's)."""
     by_mode = modes(study)
     ddp, floor = by_mode["none"], time_floor(*by_mode.values())
-    return {mode: compare_times(by_mode[mode], ddp, nodes, nodes, floor=floor) for mode in SHARDED_MODES}
+    return {n: {mode: compare_times(by_mode[mode], ddp, n, n, floor=floor) for mode in SHARDED_MODES}
+            for n in node_counts(study)}
 
 
 SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")
@@ -208,4 +209,4 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
             "sharding_ddp_speedup": speedups[MODE_NAMES["none"]],
             "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
-            **time_glue("sharding_zero3_time", time_comparisons(study, n)["zero3"])}
+            **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}

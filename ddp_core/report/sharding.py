@@ -157,8 +157,8 @@ def time_markdown(study: dict[str, Experiment]) -> str:
     (`time_comparisons`: the median of the rounds' ratios, their range, the verdict)."""
     rows = {MODE_NAMES[mode]: {} for mode in SHARDED_MODES}
     quantities = {}
-    for n in node_counts(study):
-        for mode, c in time_comparisons(study, n).items():
+    for n, comparisons in time_comparisons(study).items():
+        for mode, c in comparisons.items():
             rows[MODE_NAMES[mode]] |= {f"ratio_n{n}": c.ratio, f"range_n{n}": f"{c.low:.2f}\u2013{c.high:.2f}",
                                        f"verdict_n{n}": c.says("faster", "slower")}
         quantities |= {f"ratio_n{n}": (f"Time per sample over DDP's, {n} nodes", "{:.2f}"),
@@ -176,8 +176,8 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     fewer, n = counts[0], counts[-1]
     parameters, _ = model_size(ddp)
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
-    held, comparisons = held_shares(memory), time_comparisons(study, n)
-    fewer_comparisons = time_comparisons(study, fewer)
+    held, against_ddp = held_shares(memory), time_comparisons(study)
+    comparisons, fewer_comparisons = against_ddp[n], against_ddp[fewer]
     found = {"sharding_nodes": n, "sharding_fewer_nodes": fewer, "sharding_link": link_label(ddp),
              "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
