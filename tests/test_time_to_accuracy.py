@@ -118,7 +118,7 @@ def test_the_projected_time_to_target_is_the_fitted_steps_times_the_measured_ste
     variants = load_study(study)
     table = cb.runs_table(variants)
     fit = critical_batch(table.loc[cb.follows_rule(table), "batch"], table.loc[cb.follows_rule(table), "steps"])
-    projection = tta.time_to_target(variants).set_index(["per_rank_batch", "ranks"])
+    projection = tta.time_to_target(table).set_index(["per_rank_batch", "ranks"])
     b128 = [p for p in run_dirs(study) if p.parent.name == "b128"]
     per_rank = json.loads((b128[0] / "run.json").read_text())["per_rank_batch_size"]
     # a run's compute: the median of its steps less their exposed all-reduce, after the first five steps; its

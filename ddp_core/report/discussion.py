@@ -23,11 +23,6 @@ from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.payoff import CPU, GPU, benchmarked, payoff_findings, ratio_per_token
 
 
-
-def _listing(sizes: list[int]) -> str:
-    return ", ".join(map(str, sizes))
-
-
 def measurement_findings(experiment: Experiment) -> dict:
     """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went.
     The lost time is the mean step's excess over T1/N, split into the timed phases' excess (compute that did

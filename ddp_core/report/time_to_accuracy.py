@@ -139,15 +139,11 @@ def projected_step(compute_s: float, exposed_s: float, ranks) -> np.ndarray:
     return compute_s + exposed_s * ring_factor(ranks) / ring_factor(2)
 
 
-def time_to_target(variants: dict[str, Experiment]) -> pd.DataFrame:
-    """Time to the target on N ranks with per-rank batch b, projected: the steps the fit gives at B = N·b times
-    the step projected from the one these runs measured with b samples on each of 2 ranks (`projected_step`). A
-    row per per-rank batch and N, `measured` where N·b lies within the global batches measured (elsewhere the
-    fit is extrapolated); NaN where the fit found no bend."""
-    return _projection(runs_table(variants))
-
-
-def _projection(table: pd.DataFrame) -> pd.DataFrame:
+def time_to_target(table: pd.DataFrame) -> pd.DataFrame:
+    """Time to the target on N ranks with per-rank batch b, projected from `runs_table`: the steps the fit gives at
+    B = N·b times the step projected from the one these runs measured with b samples on each of 2 ranks
+    (`projected_step`). A row per per-rank batch and N, `measured` where N·b lies within the global batches measured
+    (elsewhere the fit is extrapolated); NaN where the fit found no bend."""
     _, fit = rule_fit(table)
     batches = per_batch(table)
     low, high = batches.index.min(), batches.index.max()
@@ -192,7 +188,7 @@ def time_to_target_figure(variants: dict[str, Experiment]):
     """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b lies outside the
     global batches measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
     table = runs_table(variants)
-    projection = _projection(table)
+    projection = time_to_target(table)
     rule, fit = rule_fit(table)
     batches = per_batch(table).set_index("per_rank_batch")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
