@@ -91,7 +91,9 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
 def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_taken_round_by_round():
     """The modes' links: on each number of nodes one rate, set by the wind tunnel for DDP's ratio there, on every
     run's nodes; each mode's speedup on each number of nodes the median over the rounds of the one node's time per
-    sample over the mode's (the same global batch)."""
+    sample over the mode's (the same global batch); against DDP, each mode's time held against the study's floor as
+    the methods chapter lists it (every configuration's runs, the one node's too)."""
+    from ddp_core.analysis.comparisons import study_floor_power
     from ddp_core.analysis.zero import MODE_NAMES, speedup_table, time_comparisons
 
     folder = REPO / "reference" / "sharding"
@@ -101,6 +103,7 @@ def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_t
     assert counts == [2, 4], "the modes run on 2 and 4 nodes"
     study = load_study(folder)
     table = speedup_table(study)
+    methods_floor = study_floor_power(study)["floor"]
 
     def medians(variant, n):
         runs = sorted((folder / variant).glob(f"n{n}*"))  # n1, n1-r2, n1-r3: round by round
@@ -119,6 +122,34 @@ def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_t
             if mode != "none":  # its time per sample over DDP's on as many nodes, round by round
                 paired = [mine / ddp for mine, ddp in zip(medians(variant, n), medians("ddp", n))]
                 assert against_ddp[mode].ratio == pytest.approx(pd.Series(paired).median())
+                assert against_ddp[mode].floor == pytest.approx(methods_floor)
+
+
+def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it_runs():
+    """The nodes page's similarity test compares two speedups, each a ratio of two noisy steps: its chance to find a
+    true 10 % difference is the rule's on that comparison: planted in the slower nodes' step on N nodes, held against
+    the floor of every configuration of both sides, as the test itself is."""
+    from ddp_core.analysis.emulated import SIMILARITY_EFFECT, similarity_test_table
+    from ddp_core.analysis.verdict import error_rates
+
+    folder = REPO / "reference" / "nodes"
+    row = similarity_test_table(load_study(folder)).iloc[0]
+    assert (row["configuration"], row["nodes"], row["share"], row["other_share"]) == ("A100s over NVLink", 4, 0.25, 0.125)
+
+    def per_sample(variant, n):
+        return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                / json.loads((run / "run.json").read_text())["global_batch_size"]
+                for run in sorted((folder / variant).glob(f"n{n}*"))]
+
+    repeats = [per_sample("one_node", 1), per_sample("a100_nvlink", 4), per_sample("one_node_half_share", 1),
+               per_sample("a100_nvlink_half_share", 4), per_sample("a100_nvlink", 2),
+               per_sample("a100_nvlink_half_share", 8)]
+
+    def speedups_apart(drawn, effect):
+        return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
+
+    expected = error_rates(repeats, [SIMILARITY_EFFECT], draws=500, planted=speedups_apart)[SIMILARITY_EFFECT]
+    assert row["finds_effect"] == pytest.approx(expected, abs=0.05)
 
 
 @pytest.fixture(scope="module")

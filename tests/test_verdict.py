@@ -99,6 +99,18 @@ def test_the_rule_rarely_calls_identical_configurations_different_and_finds_a_la
     assert rates[0.5] > 0.9  # 1.5 times as long, against a noise of about 3 %: found nearly always
 
 
+def test_a_ratio_of_two_speedups_is_called_different_more_often_than_a_ratio_of_two_times_when_nothing_differs():
+    """The similarity test compares speedups, each a ratio of two noisy steps: against the same floor its rates are
+    its own, which `error_rates` measures when told the comparison it plants."""
+    from ddp_core.analysis.emulated import slower_speedup
+
+    rng = random.Random(1)
+    runs = [[100 * (1 + 0.5 * k) * rng.lognormvariate(0, 0.03) for k in range(3)] for _ in range(6)]
+    times = error_rates(runs, [0.0], draws=2000)[0.0]
+    speedups = error_rates(runs, [0.0], draws=2000, planted=slower_speedup)[0.0]
+    assert speedups > 2 * times
+
+
 def test_a_floor_rests_on_configurations_less_one_times_rounds_less_one():
     assert degrees_of_freedom([[1.0, 1.1, 0.9], [1.2, 1.3, 1.1]]) == 2
     assert degrees_of_freedom([[1.0, 1.1, 0.9, 1.0], [1.2, 1.3, 1.1, 1.2], [2.0, 2.1, 1.9, 2.2]]) == 6

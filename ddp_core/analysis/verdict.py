@@ -132,14 +132,22 @@ def noise_floor(repeats: list[list[float]]) -> float:
     return math.exp(Z * math.sqrt(2) * s) - 1
 
 
-def error_rates(repeats: list[list[float]], effects: list[float], draws: int = DRAWS, seed: int = 0) -> dict:
+def slowed_first(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
+    """The comparison `error_rates` plants by default: the first configuration, slowed by the effect, against the
+    second."""
+    return list(drawn[0] * (1 + effect)), list(drawn[1])
+
+
+def error_rates(repeats: list[list[float]], effects: list[float], draws: int = DRAWS, seed: int = 0,
+                planted=slowed_first) -> dict:
     """How the rule behaves on runs like these: per planted effect (0.2: side A takes 1.2 times as long), the
     share of comparisons of A against B that `compare` calls in the effect's direction; at 0, the share it
     calls at all (in either direction), which ought to be rare.
 
     Each draw makes new rounds from the fitted residuals (a residual bootstrap, each residual scaled up for the
-    effects the fit took out), estimates the floor from them as a page would, and compares two of its
-    configurations, the first slowed by the effect."""
+    effects the fit took out), estimates the floor from them as a page would, and makes the comparison `planted`
+    builds from the drawn rounds with the effect in it (a ratio of two speedups is noisier than one of two times:
+    its test's own rates are its own)."""
     table = _log_table(repeats)
     if table is None:
         return {effect: float("nan") for effect in effects}
@@ -150,8 +158,7 @@ def error_rates(repeats: list[list[float]], effects: list[float], draws: int = D
         calls = 0
         for _ in range(draws):
             drawn = np.exp(rng.choice(residuals, size=table.shape))
-            floor = noise_floor(drawn.tolist())
-            c = compare(list(drawn[0] * (1 + effect)), list(drawn[1]), floor)
+            c = compare(*planted(drawn, effect), noise_floor(drawn.tolist()))
             calls += c.verdict == "higher" if effect > 0 else c.decided
         found[effect] = calls / draws
     return found

@@ -175,9 +175,10 @@ def held_shares(table: pd.DataFrame) -> pd.DataFrame:
 
 def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Comparison]]:
     """Per number of nodes and sharded mode, its time per sample against DDP's on as many nodes, repeat by repeat, all
-    held against one floor (the study's)."""
+    held against one floor, the study's: every configuration's runs, the one node's too, as the methods chapter
+    gives it."""
     by_mode = modes(study)
-    ddp, floor = by_mode["none"], time_floor(*by_mode.values())
+    ddp, floor = by_mode["none"], time_floor(*study.values())
     return {n: {mode: compare_times(by_mode[mode], ddp, n, n, floor=floor) for mode in SHARDED_MODES}
             for n in node_counts(study)}
 

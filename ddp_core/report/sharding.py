@@ -183,7 +183,7 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
              "sharding_gradient_mb": 4 * parameters / MB,
              "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"],
-             **{f"sharding_{key}": value for key, value in study_floor_power(by_mode).items()
+             **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
                 if key in ("found_10", "found_20")}}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
