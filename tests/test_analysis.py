@@ -208,6 +208,22 @@ def test_the_setup_table_names_the_cpus_extensions_and_a_run_says_what_else_the_
     assert rows["Taken by the hypervisor (% of the cores)"] == "2.0%"
 
 
+def test_the_set_up_names_every_machine_and_day_the_shown_results_were_made_on(folder):
+    """The book's results may come from several machines and days (studies on one CPU, benchmarks on another, a GPU
+    lease): the set-up names each, a CPU with its extensions and cores, and the days from first to last."""
+    results = folder.parent
+    info = json.loads((folder / "n4" / "run.json").read_text())
+    (folder / "n4" / "run.json").write_text(json.dumps(info | {"start_time": "2026-12-03T08:00:00+00:00"}))
+    benchmark = results / "single_device" / "cuda-nvidia-h200"  # a benchmark's folder per device
+    benchmark.mkdir(parents=True)
+    (benchmark / "device.json").write_text(json.dumps({"device": "cuda:0", "device_name": "NVIDIA H200",
+                                                       "cpu_count": 16, "start_time": "2026-11-20T01:00:00+00:00"}))
+    made = provenance.made_findings(results)
+    assert made["made_days"] == "2026-11-20 to 2026-12-03"
+    cpu = f"{info['device_name']} ({', '.join(info['cpu_extensions'])}), {info['cpu_count']} cores"
+    assert made["made_machines"] == "; ".join(sorted([cpu, "NVIDIA H200"]))
+
+
 def test_a_slow_round_slows_both_sides_of_its_pairs_and_leaves_the_speedup_as_it_was(folder):
     # round 2 ran while the machine was 30 % slower: both world sizes' repeat 2 took 1.3 times as long
     one, four = median_step(folder, 1), median_step(folder, 4)

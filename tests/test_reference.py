@@ -125,6 +125,29 @@ def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_t
                 assert against_ddp[mode].floor == pytest.approx(methods_floor)
 
 
+def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_on_the_same_links_round_by_round(tmp_path):
+    """Both studies train DDP on links set for A100s over NVLink at a quarter core, each over its own one node: the
+    page gives this study's speedup over that one's, repeat k against repeat k (round k of make report); not where
+    the two were not made together (a nodes study of a user's beside the reference's sharding)."""
+    from ddp_core.analysis.zero import against_nodes_study
+
+    def speedups(folder, variant, n):
+        def medians(name, size):
+            return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+                    for run in sorted((folder / name).glob(f"n{size}*"))]
+        return [one / many for one, many in zip(medians("one_node", 1), medians(variant, n))]
+
+    sharding, nodes = REPO / "reference" / "sharding", REPO / "reference" / "nodes"
+    against = against_nodes_study(load_study(sharding), load_study(nodes))
+    assert sorted(against) == [2, 4]
+    for n, c in against.items():
+        paired = [ours / theirs for ours, theirs in zip(speedups(sharding, "ddp", n), speedups(nodes, "a100_nvlink", n))]
+        assert c.ratio == pytest.approx(pd.Series(paired).median())
+        assert (c.low, c.high) == pytest.approx((min(paired), max(paired)))
+    shutil.copytree(nodes, tmp_path / "results" / "nodes")
+    assert against_nodes_study(load_study(sharding), load_study(tmp_path / "results" / "nodes")) == {}
+
+
 def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it_runs():
     """The nodes page's similarity test compares two speedups, each a ratio of two noisy steps: its chance to find a
     true 10 % difference is the rule's on that comparison: planted in the slower nodes' step on N nodes, held against

@@ -18,7 +18,8 @@ from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.analysis.results import Measurement, load_experiment, read_measurement
 from ddp_core.report.precision import precision_crossref
-from ddp_core.analysis.throughput import RATIOS, ratio_findings, ratio_table, throughput_table, verdict_table
+from ddp_core.analysis.throughput import (RATIOS, ratio_comparison, ratio_findings, ratio_table, throughput_table,
+                                         verdict_table)
 from ddp_core.report.single_device import baseline_comparison
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
@@ -120,6 +121,8 @@ def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_no
     assert (row["trainer_median"], row["trainer_low"], row["trainer_high"]) == pytest.approx((0.8, 0.8, 0.9))
     verdicts = ["faster", "slower", "no visible difference", "too few repeats"]
     assert verdict_table(slower).loc[RATIOS["trainer"][2], verdicts].tolist() == [0, 1, 0, 0]
+    one = ratio_comparison(slower, "trainer", ("large", "bf16", 64))  # the configuration's own verdict, as counted
+    assert (one.ratio, one.low, one.high, one.says("slower", "faster")) == pytest.approx((0.8, 0.8, 0.9, "slower"))
     noisy = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [0.9, 1.1, 1.0], "timed": [1.0, 1.0, 1.0],
                      "ddp_of_one": [1.0, 1.0, 1.0]})
     assert verdict_table(noisy).loc[RATIOS["trainer"][2], verdicts].tolist() == [0, 0, 1, 0]

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddp_core.analysis.comparisons import speedup_glue
 from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
 from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_LOOP, load_timelines, measured_forecast,
                                                replay_findings)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
-from ddp_core.analysis.throughput import CONFIG, precision_name, throughput_table
+from ddp_core.analysis.throughput import CONFIG, precision_name, ratio_comparison, throughput_table
 from ddp_core.analysis.verdict import compare, noise_floor
 from ddp_core.engine.model_shape import PRESETS
 
@@ -181,6 +182,7 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
             "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
             "forecast_speedup_word": forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
             "forecast_bare_per_gpu_ms": row["bare_per_gpu_ms"], "forecast_ddp_cost_ms": row["ddp_cost_ms"],
+            **speedup_glue("forecast_ddp", ratio_comparison(gpu.eager, "ddp", ("large", "bf16", int(row["batch_per_gpu"])))),
             "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
             "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
             "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),

@@ -5,6 +5,7 @@ Reads an `Experiment` (the studies overview: the study list and the book's resul
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -15,7 +16,8 @@ from ddp_core.analysis.comparisons import median_step, out_of_line, study_floor_
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
                                        book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.analysis.figures import chance_line
-from ddp_core.analysis.tables import commit_text, counted, day, in_words, markdown_table, quantity_table, rank_label
+from ddp_core.analysis.tables import (commit_text, counted, day, in_words, machine_text, markdown_table,
+                                      quantity_table, rank_label)
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -58,6 +60,18 @@ def setup_findings(experiment: Experiment) -> dict:
         "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
         "repeats": _repeats_phrase(experiment),
     }
+
+
+def made_findings(results: Path) -> dict:
+    """When and on what every result the book shows was made (each run's run.json, each benchmark's device.json in
+    `results`): the days, first to last, and each machine with its cores: the studies and the benchmarks need not
+    share one."""
+    infos = [json.loads(path.read_text()) for pattern in ("*/*/run.json", "*/*/*/run.json", "*/*/device.json")
+             for path in results.glob(pattern)]  # a device's folder of a benchmark is a link, which ** does not follow
+    days = sorted({day(info.get("start_time") or info["measured_on"]) for info in infos})  # a profile: measured_on
+    machines = sorted({machine_text(info) if str(info.get("device")).startswith("cuda")
+                       else f"{machine_text(info)}, {counted(info['cpu_count'], 'core')}" for info in infos})
+    return {"made_days": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}", "made_machines": "; ".join(machines)}
 
 
 def _shown(key: str, value, on_gpu: bool = False) -> str:

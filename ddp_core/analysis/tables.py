@@ -28,6 +28,14 @@ def measured_by(info: dict, stamp: str = "start_time") -> dict:
     return {"measured_on": day(info[stamp]), "commit": commit_text(info.get("git_commit"))}
 
 
+def machine_text(info: dict) -> str:
+    """The device of a run.json or device.json as the book names it: a CPU with the vector extensions it recorded,
+    which set its speed ('AMD EPYC (avx2)'), a GPU by its name."""
+    if str(info.get("device")).startswith("cuda"):
+        return info["device_name"]
+    return f"{info['device_name']} ({', '.join(info.get('cpu_extensions') or ['extensions not recorded'])})"
+
+
 def counted(n: int, noun: str) -> str:
     """"1 thread", "2 threads": a count with its noun, never "thread(s)"."""
     return f"{n} {noun}{'s' if n != 1 else ''}"

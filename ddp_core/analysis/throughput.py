@@ -15,8 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.results import Measurement
-from ddp_core.analysis.tables import counted
-from ddp_core.analysis.verdict import compare, noise_floor
+from ddp_core.analysis.tables import counted, machine_text
+from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
 # Dense bf16 tensor-core peaks by NVIDIA's datasheets (TFLOP/s, no sparsity); the first name the device's contains.
@@ -72,8 +72,7 @@ def verdict_table(m: Measurement) -> pd.DataFrame:
     floor, and how many configurations the one verdict function calls faster, slower, not told apart, or leaves
     without a verdict (too few rounds). Per configuration the rounds' epochs of the two loops are paired, against
     the noise that pairing by rounds leaves of every loop's epochs."""
-    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
-    floor = noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
+    seconds, floor = _rounds(m)
     medians = ratio_table(m)
     rows = []
     for name, (loop, against, words) in RATIOS.items():
@@ -83,6 +82,21 @@ def verdict_table(m: Measurement) -> pd.DataFrame:
                      "highest_median": medians[f"{name}_median"].max(), "floor": floor,
                      **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
     return pd.DataFrame(rows).set_index("ratio")
+
+
+def _rounds(m: Measurement) -> tuple[pd.DataFrame, float]:
+    """Each configuration's epochs by round and loop, and the noise that pairing by rounds leaves of every loop's."""
+    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
+    return seconds, noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
+
+
+def ratio_comparison(m: Measurement, name: str, configuration: tuple) -> Comparison:
+    """One ratio of RATIOS at one configuration (preset, amp, batch size), round by round, against the floor of the
+    whole measurement: one of the verdicts `verdict_table` counts ("lower": the loop is slower)."""
+    seconds, floor = _rounds(m)
+    loop, against, _ = RATIOS[name]
+    rounds = seconds.loc[configuration]
+    return compare(list(rounds[against]), list(rounds[loop]), floor)
 
 
 VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
@@ -96,7 +110,7 @@ def ratio_findings(m: Measurement) -> dict:
     that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the
     noise floor all of them were held against (`device_floor`)."""
     table = verdict_table(m)
-    found = {"device_overview_name": m.info["device_name"],
+    found = {"device_overview_name": machine_text(m.info),
              "device_configurations": m.epochs.groupby(CONFIG).ngroups,
              "device_floor": float(table["floor"].iloc[0])}
     for name, (_, _, words) in RATIOS.items():

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
-from ddp_core.analysis.results import Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only
+from ddp_core.analysis.comparisons import compare_speedups, compare_times, time_floor, time_glue
+from ddp_core.analysis.emulated import node_share
+from ddp_core.analysis.results import (Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only,
+                                      wind_tunnel_record)
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
@@ -183,6 +185,26 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Compar
             for n in node_counts(study)}
 
 
+def against_nodes_study(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict[int, Comparison]:
+    """DDP's speedup here against the nodes study's on links set for the same configuration at the same share, on each
+    number of nodes both ran, each over its own one node: the same setting in two studies' runs, which alternated
+    round by round (repeat k of each in round k of make report), so the rule compares them as any pair of sides.
+    None where the two studies' runs were not made together (one from the reference, the other by make report) or
+    the nodes study has no such variant."""
+    ddp = modes(study)["none"]
+    nodes_folder = next(iter(nodes.values())).folder.parent
+    if nodes_folder.resolve().parent != ddp.folder.parent.resolve().parent:
+        return {}
+    models, share, record = wind_tunnel_record(ddp.folder.parent)[ddp.folder.name]["models"], node_share(ddp), \
+        wind_tunnel_record(nodes_folder)
+    twins = [e for name, e in nodes.items() if record.get(name, {}).get("models") == models and node_share(e) == share]
+    alone = [e for e in nodes.values() if e.largest == 1 and node_share(e) == share]
+    if not twins or not alone:
+        return {}
+    ours, theirs = joined(one_node(study), ddp), joined(alone[0], twins[0])
+    return {n: compare_speedups(ours, theirs, n) for n in node_counts(study) if n in twins[0].repeats}
+
+
 SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")
 
 
@@ -211,3 +233,4 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
             "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}
+

@@ -12,9 +12,9 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, study_floor_power, time_glue
 from ddp_core.analysis.results import Experiment, last_epochs, link_label
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
-                                   gloo_sends, held_shares, memory_table, model_size, modes, node_counts, one_node,
-                                   speedup_table, time_comparisons)
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, against_nodes_study, block_parameters, collective_kind,
+                                   counted_collectives, gloo_sends, held_shares, memory_table, model_size, modes,
+                                   node_counts, one_node, speedup_table, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -227,3 +227,15 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
               "ddp_rss_mb": rss["none"], "zero3_rss_mb": rss["zero3"],
               "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20 / rss["none"]}
     return found
+
+
+
+def nodes_study_markdown(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> str:
+    """Per number of nodes, DDP's speedup here over the nodes study's on the same links, round by round
+    (`zero.against_nodes_study`); no table where the two studies' runs were not made together."""
+    rows = {n: {"ratio": c.ratio, "range": f"{c.low:.2f}\u2013{c.high:.2f}", "verdict": c.says("lower", "higher"),
+                "floor": c.floor} for n, c in against_nodes_study(study, nodes).items()}
+    return quantity_table(pd.DataFrame(rows).T, {
+        "ratio": ("DDP's speedup here over the nodes study's, median of the repeats' paired ratios", "{:.2f}"),
+        "range": ("Range of the repeats", "{}"), "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.1%}")},
+        "Nodes")

@@ -40,7 +40,7 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
         missed = last.loc[ran[lr] & steps[lr].isna(), lr]
         row = {"lr": lr, "times_rule": lr / rule_lr, "steps": mine.median(), "steps_low": mine.min(),
                "steps_high": mine.max(), "reached": int(mine.notna().sum()), "runs": len(mine),
-               "missed_by": missed.max() if len(missed) else math.nan, "ratio": math.nan, "outcome": "the rule"}
+               "missed_by": missed.max() if len(missed) else math.nan, "ratio": math.nan, "outcome": "–"}
         if lr != rule_lr:
             both = ran[lr] & ran[rule_lr]
             rule_steps, their_steps = steps.loc[both, rule_lr], steps.loc[both, lr]
@@ -174,7 +174,8 @@ def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
 
 
 TIME_COLUMNS = {"step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
-                "measured_s": ("Time to the target on 2 ranks, measured (s)", "{:.1f}"),
+                "measured_s": ("Time to the target on 2 ranks: steps to it times the median step, median of the repeats (s)",
+                               "{:.1f}"),
                 "ranks_at_crit": ("Ranks at the critical batch", "{:.1f}"),
                 "seconds_at_crit": ("Time there, projected (s)", "{:.2f}"),
                 "floor_s": ("Floor as the ranks grow, extrapolated (s)", "{:.2f}")}
