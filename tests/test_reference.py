@@ -125,10 +125,11 @@ def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_t
                 assert against_ddp[mode].floor == pytest.approx(methods_floor)
 
 
-def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_on_the_same_links_round_by_round(tmp_path):
+def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_and_compared_only_when_run_in_the_same_rounds(
+        tmp_path):
     """Both studies train DDP on links set for A100s over NVLink at a quarter core, each over its own one node: the
-    page gives this study's speedup over that one's, repeat k against repeat k (round k of make report); not where
-    the two were not made together (a nodes study of a user's beside the reference's sharding)."""
+    page sets the two speedups side by side, and compares them repeat k against repeat k only where round k of each
+    ran before round k + 1 of either (as make report runs them; the reference made the two at other times)."""
     from ddp_core.analysis.zero import against_nodes_study
 
     def speedups(folder, variant, n):
@@ -138,22 +139,45 @@ def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_on_the_same_l
         return [one / many for one, many in zip(medians("one_node", 1), medians(variant, n))]
 
     sharding, nodes = REPO / "reference" / "sharding", REPO / "reference" / "nodes"
-    against = against_nodes_study(load_study(sharding), load_study(nodes))
-    assert sorted(against) == [2, 4]
-    for n, c in against.items():
-        paired = [ours / theirs for ours, theirs in zip(speedups(sharding, "ddp", n), speedups(nodes, "a100_nvlink", n))]
-        assert c.ratio == pytest.approx(pd.Series(paired).median())
-        assert (c.low, c.high) == pytest.approx((min(paired), max(paired)))
-    shutil.copytree(nodes, tmp_path / "results" / "nodes")
-    assert against_nodes_study(load_study(sharding), load_study(tmp_path / "results" / "nodes")) == {}
+    table = against_nodes_study(load_study(sharding), load_study(nodes))
+    assert list(table.index) == [2, 4]
+    for n, row in table.iterrows():
+        ours, theirs = speedups(sharding, "ddp", n), speedups(nodes, "a100_nvlink", n)
+        assert (row["speedup_here"], row["speedup_there"]) == pytest.approx((pd.Series(ours).median(),
+                                                                           pd.Series(theirs).median()))
+        assert row["verdict"] == "no verdict (not run in the same rounds)" and pd.isna(row["ratio"])
+    # the nodes study's rounds moved into the sharding study's: repeat k of both in round k
+    shutil.copytree(nodes, tmp_path / "nodes")
+    for info_path in (tmp_path / "nodes").glob("*/n*/run.json"):
+        repeat = re.search(r"-r(\d)$", info_path.parent.name)
+        k = int(repeat[1]) if repeat else 1
+        twin = sharding / "one_node" / ("n1" if k == 1 else f"n1-r{k}") / "run.json"
+        info = json.loads(info_path.read_text()) | {"start_time": json.loads(twin.read_text())["start_time"]}
+        info_path.write_text(json.dumps(info))
+    for n, row in against_nodes_study(load_study(sharding), load_study(tmp_path / "nodes")).iterrows():
+        paired = [a / b for a, b in zip(speedups(sharding, "ddp", n), speedups(nodes, "a100_nvlink", n))]
+        assert row["ratio"] == pytest.approx(pd.Series(paired).median())
+        assert row["verdict"] in ("lower", "higher", "no visible difference")
+
+
+def test_the_methods_chapter_gives_each_studys_steps_a_run_from_its_csvs():
+    """How many steps a run's time rests on: the median over the study's runs of the steps its epochs trained."""
+    studies = load_study_list()
+    table = provenance.floor_power_markdown(REPO / "reference", studies).splitlines()
+    header = [cell.strip() for cell in table[0].split("|")[1:-1]]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in table[2:])}
+    column = header.index(next(h for h in header if h.startswith("Steps a run")))
+    for name in ("nodes", "scaling"):
+        per_run = [pd.read_csv(path)["steps"].sum() for path in (REPO / "reference" / name).glob("**/metrics.csv")]
+        assert float(rows[studies[name].title][column]) == pd.Series(per_run).median()
 
 
 def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it_runs():
     """The nodes page's similarity test compares two speedups, each a ratio of two noisy steps: its chance to find a
     true 10 % difference is the rule's on that comparison: planted in the slower nodes' step on N nodes, held against
-    the floor of every configuration of both sides, as the test itself is."""
+    the floor of every configuration of both sides for a ratio of four runs, as the test itself is."""
     from ddp_core.analysis.emulated import SIMILARITY_EFFECT, similarity_test_table
-    from ddp_core.analysis.verdict import error_rates
+    from ddp_core.analysis.verdict import error_rates, noise_floor
 
     folder = REPO / "reference" / "nodes"
     row = similarity_test_table(load_study(folder)).iloc[0]
@@ -171,8 +195,9 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     def speedups_apart(drawn, effect):
         return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
 
-    expected = error_rates(repeats, [SIMILARITY_EFFECT], draws=500, planted=speedups_apart)[SIMILARITY_EFFECT]
+    expected = error_rates(repeats, [SIMILARITY_EFFECT], draws=500, planted=speedups_apart, runs=4)[SIMILARITY_EFFECT]
     assert row["finds_effect"] == pytest.approx(expected, abs=0.05)
+    assert row["floor"] == pytest.approx(noise_floor(repeats, runs=4))  # the verdict's floor: four runs a ratio
 
 
 @pytest.fixture(scope="module")

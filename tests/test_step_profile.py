@@ -67,3 +67,12 @@ def test_the_profiled_products_carry_the_cost_models_flops_but_the_fused_attenti
 ])
 def test_an_operators_name_is_short_enough_for_the_tables_column(operator, shown):
     assert short_name(operator) == shown
+
+
+def test_the_one_device_chapter_shows_a_cpus_profile_and_leaves_a_gpus_to_the_gpu_chapter():
+    from ddp_core.report.single_device import shown_profile
+
+    gpu, cpu = (StepProfile(name, {"device": device}, pd.DataFrame()) for name, device in
+                (("cuda-nvidia-h200", "cuda:0"), ("cpu", "cpu")))
+    assert shown_profile([gpu, cpu]) is cpu
+    assert shown_profile([gpu]) is gpu  # a GPU's alone: shown here too, rather than nothing

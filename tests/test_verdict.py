@@ -99,16 +99,21 @@ def test_the_rule_rarely_calls_identical_configurations_different_and_finds_a_la
     assert rates[0.5] > 0.9  # 1.5 times as long, against a noise of about 3 %: found nearly always
 
 
-def test_a_ratio_of_two_speedups_is_called_different_more_often_than_a_ratio_of_two_times_when_nothing_differs():
-    """The similarity test compares speedups, each a ratio of two noisy steps: against the same floor its rates are
-    its own, which `error_rates` measures when told the comparison it plants."""
+def test_a_ratio_of_two_speedups_needs_the_floor_of_four_runs_to_be_called_different_as_rarely_as_two_times():
+    """A ratio of two speedups holds four runs' noise, a ratio of two times two: against the floor of a pair it is
+    called different when nothing differs several times as often; against the floor of four runs, about as rarely
+    as two times are (`error_rates` measures the comparison it is told to plant)."""
+    from ddp_core.analysis.comparisons import SPEEDUP_RUNS
     from ddp_core.analysis.emulated import slower_speedup
 
     rng = random.Random(1)
     runs = [[100 * (1 + 0.5 * k) * rng.lognormvariate(0, 0.03) for k in range(3)] for _ in range(6)]
     times = error_rates(runs, [0.0], draws=2000)[0.0]
-    speedups = error_rates(runs, [0.0], draws=2000, planted=slower_speedup)[0.0]
-    assert speedups > 2 * times
+    pair_floor = error_rates(runs, [0.0], draws=2000, planted=slower_speedup)[0.0]
+    four_runs_floor = error_rates(runs, [0.0], draws=2000, planted=slower_speedup, runs=SPEEDUP_RUNS)[0.0]
+    assert pair_floor > 2 * times
+    assert four_runs_floor < 1.5 * times
+    assert noise_floor(runs, runs=4) == pytest.approx((1 + noise_floor(runs)) ** math.sqrt(2) - 1)
 
 
 def test_a_floor_rests_on_configurations_less_one_times_rounds_less_one():

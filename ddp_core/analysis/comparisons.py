@@ -132,13 +132,29 @@ def speedup_comparisons(experiment: Experiment) -> dict[int, Comparison]:
 
 def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
     """A's speedup at `n` ranks against B's, repeat by repeat ("higher": A scales better), held against the noise
-    floor of the two experiments' configurations together."""
+    floor of the two experiments' configurations together, for a ratio of four runs' values (SPEEDUP_RUNS)."""
     def speedups(sides: dict[int, list[float]]) -> list[float]:
         return [t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))]
 
     sides_a = paired_sides(a)
     sides_b = sides_a if b is a else paired_sides(b)
-    return compare(*_paired(speedups(sides_a), speedups(sides_b)), _pooled_floor(sides_a, sides_b))
+    return compare(*_paired(speedups(sides_a), speedups(sides_b)),
+                   noise_floor(_pooled(sides_a, sides_b), runs=SPEEDUP_RUNS))
+
+
+SPEEDUP_RUNS = 4  # a ratio of two speedups: two runs on one rank, two on n
+
+
+def ran_in_rounds(*experiments: Experiment) -> bool:
+    """Whether the experiments' runs alternated round by round, repeat k of every one before any repeat k + 1, as
+    make report runs them: only then does repeat k of one pair with repeat k of another."""
+    starts: dict[int, list[str]] = {}
+    for experiment in experiments:
+        for runs in experiment.repeats.values():
+            for k, run in enumerate(runs):
+                starts.setdefault(k, []).append(run.raw["start_time"])
+    rounds = [starts[k] for k in sorted(starts)]
+    return all(max(earlier) < min(later) for earlier, later in zip(rounds, rounds[1:]))
 
 
 def time_floor(*experiments: Experiment, quantity: str = "time_per_sample_s") -> float:

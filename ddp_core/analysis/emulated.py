@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (POWER_DRAWS, chance_glue, compare_speedups, paired_sides,
+from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glue, compare_speedups, paired_sides,
                                            run_times, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, forecast, joined, link_label,
@@ -83,7 +83,7 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
                              ratio=c.ratio, low=c.low, high=c.high, floor=c.floor,
                              verdict=c.says("scales worse", "scales better"),
                              finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS,
-                                                        planted=slower_speedup)[SIMILARITY_EFFECT]))
+                                                        planted=slower_speedup, runs=SPEEDUP_RUNS)[SIMILARITY_EFFECT]))
     return pd.DataFrame(rows, columns=["configuration", "nodes", "share", "other_share", "speedup", "other_speedup",
                                        "ratio", "low", "high", "floor", "verdict", "finds_effect"])
 

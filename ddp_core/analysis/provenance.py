@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddp_core.engine.config import load_profile
-from ddp_core.analysis.comparisons import median_step, out_of_line, study_floor_power
+from ddp_core.analysis.comparisons import WARMUP_STEPS, median_step, out_of_line, study_floor_power
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
                                        book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.analysis.figures import chance_line
@@ -264,15 +264,22 @@ def quiet_machine_markdown(results: Path, studies: dict) -> str:
     return quantity_table(quiet_machine_table(results, studies), QUIET_MACHINE_COLUMNS, "Study")
 
 
-FLOOR_POWER_COLUMNS = {"degrees": ("Degrees of freedom", "{:.0f}"),
+FLOOR_POWER_COLUMNS = {"steps": (f"Steps a run, median (its time: the median of those after the first {WARMUP_STEPS})",
+                                  "{:.0f}"),
+                       "degrees": ("Degrees of freedom", "{:.0f}"),
                        "floor": ("Noise floor of the time per sample", "{:.1%}"),
                        "identical_called": ("Identical configurations called different", "{:.1%}"),
                        "found_10": ("A 10 % effect found", "{:.0%}"), "found_20": ("A 20 % effect found", "{:.0%}")}
 
 
 def floor_power_markdown(results: Path, studies: dict) -> str:
-    """Per study, its time floor and what the rule can tell against it (`comparisons.study_floor_power`)."""
-    rows = {study.title: study_floor_power(load_study(results / name)) for name, study in studies.items()}
+    """Per study, the steps its runs time, its time floor and what the rule can tell against it
+    (`comparisons.study_floor_power`)."""
+    rows = {}
+    for name, study in studies.items():
+        experiments = load_study(results / name)
+        steps = pd.concat([e.metrics.groupby("run")["steps"].sum() for e in experiments.values()])
+        rows[study.title] = {"steps": steps.median(), **study_floor_power(experiments)}
     return quantity_table(pd.DataFrame(rows).T, FLOOR_POWER_COLUMNS, "Study")
 
 

@@ -116,20 +116,21 @@ def _degrees(table: np.ndarray) -> int:
     return (table.shape[0] - 1) * (table.shape[1] - 1)
 
 
-def noise_floor(repeats: list[list[float]]) -> float:
+def noise_floor(repeats: list[list[float]], runs: int = 2) -> float:
     """How far from 1 a paired ratio of two identical configurations lands on this machine, given the values of
     several configurations, repeat k of each run in round k.
 
     The logs are fitted as configuration effect + round effect (a randomized block design: a round's drift is
     shared by every configuration in it, and pairing cancels it); the residual standard deviation s is the
     noise pairing leaves. A pair's log-ratio then has standard deviation sqrt(2) s, and the floor is the ratio
-    Z of those away from 1: exp(Z sqrt(2) s) - 1. NaN when the values cannot separate noise from the
-    configurations (one configuration, or one round): no floor, and no verdict."""
+    Z of those away from 1: exp(Z sqrt(2) s) - 1. A ratio of two speedups holds `runs` = 4 runs' values, each
+    with its own noise: sqrt(4) s. NaN when the values cannot separate noise from the configurations (one
+    configuration, or one round): no floor, and no verdict."""
     table = _log_table(repeats)
     if table is None:
         return float("nan")
     s = math.sqrt((_residuals(table) ** 2).sum() / _degrees(table))
-    return math.exp(Z * math.sqrt(2) * s) - 1
+    return math.exp(Z * math.sqrt(runs) * s) - 1
 
 
 def slowed_first(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
@@ -139,15 +140,15 @@ def slowed_first(drawn: np.ndarray, effect: float) -> tuple[list[float], list[fl
 
 
 def error_rates(repeats: list[list[float]], effects: list[float], draws: int = DRAWS, seed: int = 0,
-                planted=slowed_first) -> dict:
+                planted=slowed_first, runs: int = 2) -> dict:
     """How the rule behaves on runs like these: per planted effect (0.2: side A takes 1.2 times as long), the
     share of comparisons of A against B that `compare` calls in the effect's direction; at 0, the share it
     calls at all (in either direction), which ought to be rare.
 
     Each draw makes new rounds from the fitted residuals (a residual bootstrap, each residual scaled up for the
-    effects the fit took out), estimates the floor from them as a page would, and makes the comparison `planted`
-    builds from the drawn rounds with the effect in it (a ratio of two speedups is noisier than one of two times:
-    its test's own rates are its own)."""
+    effects the fit took out), estimates the floor from them as a page would (for a comparison of `runs` runs'
+    values), and makes the comparison `planted` builds from the drawn rounds with the effect in it (a ratio of two
+    speedups, four runs, is noisier than one of two times: its test's rates are its own)."""
     table = _log_table(repeats)
     if table is None:
         return {effect: float("nan") for effect in effects}
@@ -158,7 +159,7 @@ def error_rates(repeats: list[list[float]], effects: list[float], draws: int = D
         calls = 0
         for _ in range(draws):
             drawn = np.exp(rng.choice(residuals, size=table.shape))
-            c = compare(*planted(drawn, effect), noise_floor(drawn.tolist()))
+            c = compare(*planted(drawn, effect), noise_floor(drawn.tolist(), runs))
             calls += c.verdict == "higher" if effect > 0 else c.decided
         found[effect] = calls / draws
     return found

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_speedups, compare_times, time_floor, time_glue
+from ddp_core.analysis.comparisons import (compare_speedups, compare_times, ran_in_rounds, speedup_comparisons,
+                                           time_floor, time_glue)
 from ddp_core.analysis.emulated import node_share
 from ddp_core.analysis.results import (Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only,
                                       wind_tunnel_record)
@@ -185,24 +186,32 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Compar
             for n in node_counts(study)}
 
 
-def against_nodes_study(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict[int, Comparison]:
-    """DDP's speedup here against the nodes study's on links set for the same configuration at the same share, on each
-    number of nodes both ran, each over its own one node: the same setting in two studies' runs, which alternated
-    round by round (repeat k of each in round k of make report), so the rule compares them as any pair of sides.
-    None where the two studies' runs were not made together (one from the reference, the other by make report) or
-    the nodes study has no such variant."""
+def against_nodes_study(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> pd.DataFrame:
+    """Per number of nodes both ran, DDP's speedup here and the nodes study's on links set for the same configuration
+    at the same share, each over its own one node (`speedup_<side>`, its range `low_`, `high_`), and the rule on the
+    two repeat by repeat (`compare_speedups`: `ratio`, `verdict`) where the two studies ran in the same rounds
+    (`ran_in_rounds`); no rows where the nodes study has no such variant."""
     ddp = modes(study)["none"]
-    nodes_folder = next(iter(nodes.values())).folder.parent
-    if nodes_folder.resolve().parent != ddp.folder.parent.resolve().parent:
-        return {}
-    models, share, record = wind_tunnel_record(ddp.folder.parent)[ddp.folder.name]["models"], node_share(ddp), \
-        wind_tunnel_record(nodes_folder)
+    models, share = wind_tunnel_record(ddp.folder.parent)[ddp.folder.name]["models"], node_share(ddp)
+    record = wind_tunnel_record(next(iter(nodes.values())).folder.parent)
     twins = [e for name, e in nodes.items() if record.get(name, {}).get("models") == models and node_share(e) == share]
     alone = [e for e in nodes.values() if e.largest == 1 and node_share(e) == share]
     if not twins or not alone:
-        return {}
-    ours, theirs = joined(one_node(study), ddp), joined(alone[0], twins[0])
-    return {n: compare_speedups(ours, theirs, n) for n in node_counts(study) if n in twins[0].repeats}
+        return pd.DataFrame()
+    sides = {"here": joined(one_node(study), ddp), "there": joined(alone[0], twins[0])}
+    paired = ran_in_rounds(*sides.values())
+    rows = {}
+    for n in (n for n in node_counts(study) if n in twins[0].repeats):
+        rows[n] = {f"{key}_{side}": value for side, e in sides.items()
+                   for key, value in zip(("speedup", "low", "high"), _ratio_range(speedup_comparisons(e)[n]))}
+        c = compare_speedups(sides["here"], sides["there"], n) if paired else None
+        rows[n] |= {"ratio": c.ratio if c else float("nan"),
+                    "verdict": c.says("lower", "higher") if c else "no verdict (not run in the same rounds)"}
+    return pd.DataFrame(rows).T
+
+
+def _ratio_range(c: Comparison) -> tuple[float, float, float]:
+    return c.ratio, c.low, c.high
 
 
 SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")

@@ -231,11 +231,14 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
 
 
 def nodes_study_markdown(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> str:
-    """Per number of nodes, DDP's speedup here over the nodes study's on the same links, round by round
-    (`zero.against_nodes_study`); no table where the two studies' runs were not made together."""
-    rows = {n: {"ratio": c.ratio, "range": f"{c.low:.2f}\u2013{c.high:.2f}", "verdict": c.says("lower", "higher"),
-                "floor": c.floor} for n, c in against_nodes_study(study, nodes).items()}
-    return quantity_table(pd.DataFrame(rows).T, {
-        "ratio": ("DDP's speedup here over the nodes study's, median of the repeats' paired ratios", "{:.2f}"),
-        "range": ("Range of the repeats", "{}"), "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.1%}")},
-        "Nodes")
+    """Per number of nodes, DDP's speedup here and the nodes study's on the same links (`zero.against_nodes_study`),
+    with the rule's verdict on the two where they ran in the same rounds."""
+    table = against_nodes_study(study, nodes)
+    for side in ("here", "there"):
+        table[f"range_{side}"] = [f"{low:.2f}\u2013{high:.2f}" for low, high in zip(table.get(f"low_{side}", []),
+                                                                                  table.get(f"high_{side}", []))]
+    return quantity_table(table, {
+        "speedup_here": ("DDP's speedup, this study", "{:.2f}"), "range_here": ("Range of the repeats", "{}"),
+        "speedup_there": ("DDP's speedup, the nodes study", "{:.2f}"), "range_there": ("Range of the repeats", "{}"),
+        "ratio": ("This study's over the nodes study's, median of the repeats' paired ratios", "{:.2f}"),
+        "verdict": ("Verdict", "{}")}, turned=True, column_names=[f"{n} nodes" for n in table.index])

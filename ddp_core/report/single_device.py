@@ -22,7 +22,10 @@ import pandas as pd
 
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
+from ddp_core.analysis import peers, step_profile
+from ddp_core.analysis.peers import PeerMeasurement
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
+from ddp_core.analysis.step_profile import StepProfile
 from ddp_core.analysis.tables import counted, day, measured_by, quantity_table, with_article
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
@@ -126,6 +129,19 @@ def _or(names: list[str]) -> str:
 def gpus_measured(measurements: list[Measurement]) -> str:
     """The GPUs among the measurements, each named once, or "none"."""
     return ", ".join(dict.fromkeys(m.info["device_name"] for m in measurements if m.info["device"] != "cpu")) or "none"
+
+
+def shown_profile(profiles: list[StepProfile]) -> StepProfile:
+    """The step profile this chapter shows: a CPU's where there is one (the GPU chapter shows a GPU's), else the
+    first."""
+    return next((p for p in profiles if p.info["device"] == "cpu"), profiles[0])
+
+
+def benchmarks_findings(peer_measurements: list[PeerMeasurement], profiles: list[StepProfile]) -> dict:
+    """What the page says around the peers' table (`peers_`, the first device measured) and the step profile's
+    (`step_profile_`, `shown_profile`): provenance, workload and, for the profile, its FLOP rates."""
+    return ({f"peers_{key}": value for key, value in peers.findings(peer_measurements[0]).items()}
+            | {f"step_profile_{key}": value for key, value in step_profile.findings(shown_profile(profiles)).items()})
 
 
 def print_summary(m: Measurement) -> None:

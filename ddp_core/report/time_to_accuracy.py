@@ -67,7 +67,7 @@ NEIGHBOUR_COLUMNS = {
     "lr": ("Learning rate", "{:g}"), "times_rule": ("Times the rule's", "{:g}"),
     "steps_text": ("Steps to the target of the runs that reached it, median (range)", "{}"),
     "reached_text": ("Reached it", "{}"),
-    "ratio": ("The rule's steps over these, median", "{:.2f}"), "outcome": ("The rule's rate takes", "{}")}
+    "ratio": ("The rule's steps over these, median", "{:.2f}"), "outcome": ("The rule's rate against this one, in steps to the target", "{}")}
 
 
 def _median_range(median, low, high) -> str:
