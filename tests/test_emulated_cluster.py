@@ -244,6 +244,16 @@ GLOO_PROCESS = [sys.executable, "-c", "import sys, torch, torch.distributed as d
                 "dist.all_reduce(torch.ones(4))\nprint('ready', flush=True)\nsys.stdin.readline()"]
 
 
+def _wait_for_gloos_loop_to_name_itself(pid: int) -> None:
+    """A thread names itself once it first runs: in a group of one, gloo's transport loop has served no collective and
+    may not have run yet on a loaded machine (in a trainer's group it has served DDP's first broadcast)."""
+    deadline = time.monotonic() + 30
+    tasks = Path(f"/proc/{pid}/task")
+    while not any((task / "comm").read_text().startswith("gloo_tcp_loop") for task in tasks.iterdir()):
+        assert time.monotonic() < deadline, "gloo's transport loop never ran"
+        time.sleep(0.05)
+
+
 def test_a_nodes_gloo_threads_run_beside_its_quota_and_the_rest_under_it():
     """The quota is the node's compute; the all-reduce's sums and sends run beside it, as a GPU's collectives do,
     so that a bucket's all-reduce during backward neither waits for backward's quota nor takes from it."""
@@ -251,6 +261,7 @@ def test_a_nodes_gloo_threads_run_beside_its_quota_and_the_rest_under_it():
         rank = cluster.start(0, GLOO_PROCESS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert rank.stdout.readline() == "ready\n"
+            _wait_for_gloos_loop_to_name_itself(rank.pid)
             cluster.limit_cpu()
             group = cluster.cpu[0].quota_dir.parent
             compute, communication = ({int(t) for t in (group / part / "tasks").read_text().split()}

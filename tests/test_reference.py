@@ -181,7 +181,8 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
 
     folder = REPO / "reference" / "nodes"
     row = similarity_test_table(load_study(folder)).iloc[0]
-    assert (row["configuration"], row["nodes"], row["share"], row["other_share"]) == ("A100s over NVLink", 4, 0.25, 0.125)
+    assert (row["configuration"], row["nodes"], row["share"], row["other_share"]) == (
+        "A100s over NVLink", 4, 0.25, 0.125)
 
     def per_sample(variant, n):
         return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()

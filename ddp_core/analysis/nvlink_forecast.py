@@ -187,7 +187,8 @@ def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GP
         "per_gpu_ms": ("A GPU's step (ms)", "{:.1f}"), "exposed_ms": ("All-reduce exposed (ms)", "{:.2f}"),
         "step_ms": (f"Forecast step on {n} GPUs (ms)", "{:.1f}"),
         "one_gpu_ms": (f"One GPU, {n} times the batch (ms)", "{:.1f}"), "speedup": (f"Speedup, {n} GPUs", "{:.2f}"),
-        "fixed_batch_efficiency": ("Weak-scaling efficiency (a fixed batch per GPU)", "{:.1%}")}, "Precision, batch per GPU")
+        "fixed_batch_efficiency": ("Weak-scaling efficiency (a fixed batch per GPU)", "{:.1%}")},
+        "Precision, batch per GPU")
 
 
 def replay_findings(timelines: list[StepTimeline]) -> dict:

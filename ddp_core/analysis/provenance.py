@@ -71,7 +71,8 @@ def made_findings(results: Path) -> dict:
     days = sorted({day(info.get("start_time") or info["measured_on"]) for info in infos})  # a profile: measured_on
     machines = sorted({machine_text(info) if str(info.get("device")).startswith("cuda")
                        else f"{machine_text(info)}, {counted(info['cpu_count'], 'core')}" for info in infos})
-    return {"made_days": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}", "made_machines": "; ".join(machines)}
+    return {"made_days": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
+            "made_machines": "; ".join(machines)}
 
 
 def _shown(key: str, value, on_gpu: bool = False) -> str:

@@ -67,7 +67,8 @@ NEIGHBOUR_COLUMNS = {
     "lr": ("Learning rate", "{:g}"), "times_rule": ("Times the rule's", "{:g}"),
     "steps_text": ("Steps to the target of the runs that reached it, median (range)", "{}"),
     "reached_text": ("Reached it", "{}"),
-    "ratio": ("The rule's steps over these, median", "{:.2f}"), "outcome": ("The rule's rate against this one, in steps to the target", "{}")}
+    "ratio": ("The rule's steps over these, median", "{:.2f}"),
+    "outcome": ("The rule's rate against this one, in steps to the target", "{}")}
 
 
 def _median_range(median, low, high) -> str:
@@ -174,8 +175,8 @@ def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
 
 
 TIME_COLUMNS = {"step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
-                "measured_s": ("Time to the target on 2 ranks: steps to it times the median step, median of the repeats (s)",
-                               "{:.1f}"),
+                "measured_s": ("Time to the target on 2 ranks: steps to it times the median step, median of the "
+                               "repeats (s)", "{:.1f}"),
                 "ranks_at_crit": ("Ranks at the critical batch", "{:.1f}"),
                 "seconds_at_crit": ("Time there, projected (s)", "{:.2f}"),
                 "floor_s": ("Floor as the ranks grow, extrapolated (s)", "{:.2f}")}
