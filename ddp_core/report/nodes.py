@@ -43,6 +43,7 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
 
 
 LINK_ROWS = {
+    "world_size": ("Nodes", "{:.0f}"),
     "measured_gbit_s": ("Link measured before the runs, median (Mbit/s)", "{:,.0f}", 1e3),
     "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
     "speedup": ("Speedup over one node, median of the repeats' paired ratios", "{:.2f}"),
