@@ -176,7 +176,7 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     """The nodes page's similarity test compares two speedups, each a ratio of two noisy steps: its chance to find a
     true 10 % difference is the rule's on that comparison: planted in the slower nodes' step on N nodes, held against
     the floor of every configuration of both sides for a ratio of four runs, as the test itself is."""
-    from ddp_core.analysis.emulated import SIMILARITY_EFFECT, similarity_test_table
+    from ddp_core.analysis.emulated import SIMILARITY_EFFECT, similarity_test_findings, similarity_test_table
     from ddp_core.analysis.verdict import error_rates, noise_floor
 
     folder = REPO / "reference" / "nodes"
@@ -199,6 +199,7 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     expected = error_rates(repeats, [SIMILARITY_EFFECT], draws=500, planted=speedups_apart, runs=4)[SIMILARITY_EFFECT]
     assert row["finds_effect"] == pytest.approx(expected, abs=0.05)
     assert row["floor"] == pytest.approx(noise_floor(repeats, runs=4))  # the verdict's floor: four runs a ratio
+    assert similarity_test_findings(load_study(folder))["similarity_setting"] == "A100s over NVLink, 4 nodes"
 
 
 @pytest.fixture(scope="module")

@@ -99,15 +99,17 @@ SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 
 
 
 def similarity_test_findings(study: dict[str, Experiment]) -> dict:
-    """The similarity test's first comparison for the key findings: the shares, the ratio of the speedups with its
-    range, the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and empty numbers where the study has
-    no variant on nodes of another share."""
+    """The similarity test's first comparison for the key findings: the configuration and nodes, the shares, the ratio
+    of the speedups with its range, the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and empty
+    numbers where the study has no variant on nodes of another share."""
     table = similarity_test_table(study)
     if table.empty:
         return {"similarity_verdict": "not run", "similarity_value": "none", "similarity_share": "none",
-                "similarity_other_share": "none", "similarity_power": np.nan, "similarity_effect": SIMILARITY_EFFECT}
+                "similarity_other_share": "none", "similarity_power": np.nan, "similarity_effect": SIMILARITY_EFFECT,
+                "similarity_setting": "none"}
     row = table.iloc[0]
     return {"similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
+            "similarity_setting": f"{row['configuration']}, {counted(int(row['nodes']), 'node')}",
             "similarity_value": f"{row['ratio']:.2f} ({row['low']:.2f} to {row['high']:.2f})",
             "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
             "similarity_effect": SIMILARITY_EFFECT}
