@@ -251,6 +251,22 @@ def two_local_ranks(tmp_path_factory, isolated_env, worker_id) -> Path:
     return run_dir
 
 
+def repeat_runs(folder: Path, world_size: int) -> list[Path]:
+    """A configuration's runs round by round: folder/n<N>, n<N>-r2, ..."""
+    return [folder / f"n{world_size}", *sorted(folder.glob(f"n{world_size}-r*"))]
+
+
+def repeat_medians(folder: Path, world_size: int) -> list[float]:
+    """The oracle of a run's time: each repeat's median step after the warm-up steps, read from its steps.csv, round by
+    round."""
+    import pandas as pd
+
+    from ddp_core.analysis.comparisons import WARMUP_STEPS
+
+    return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+            for run in repeat_runs(folder, world_size)]
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     with open(run_dir / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))

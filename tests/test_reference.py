@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.single_device import LOOPS
-from conftest import REPO, copy_project
+from conftest import REPO, copy_project, repeat_medians, repeat_runs
 from ddp_core.report import discussion, prediction, scaling
 from ddp_core.analysis import provenance
 from ddp_core.analysis.comparisons import WARMUP_STEPS
@@ -106,11 +106,10 @@ def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_t
     methods_floor = study_floor_power(study)["floor"]
 
     def medians(variant, n):
-        runs = sorted((folder / variant).glob(f"n{n}*"))  # n1, n1-r2, n1-r3: round by round
         rate = record[variant]["by_nodes"][str(n)]["link_rate"] if n > 1 else None
-        for run in runs if n > 1 else ():
+        for run in repeat_runs(folder / variant, n) if n > 1 else ():
             assert json.loads((run / "network.json").read_text())["link_rate"] == rate
-        return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median() for run in runs]
+        return repeat_medians(folder / variant, n)
 
     for n in counts:
         assert len({entry["by_nodes"][str(n)]["link_rate"] for entry in record.values()}) == 1
@@ -133,10 +132,8 @@ def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_and_compared_
     from ddp_core.analysis.zero import against_nodes_study
 
     def speedups(folder, variant, n):
-        def medians(name, size):
-            return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
-                    for run in sorted((folder / name).glob(f"n{size}*"))]
-        return [one / many for one, many in zip(medians("one_node", 1), medians(variant, n))]
+        return [one / many for one, many in zip(repeat_medians(folder / "one_node", 1),
+                                                repeat_medians(folder / variant, n))]
 
     sharding, nodes = REPO / "reference" / "sharding", REPO / "reference" / "nodes"
     table = against_nodes_study(load_study(sharding), load_study(nodes))
@@ -185,9 +182,9 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
         "A100s over NVLink", 4, 0.25, 0.125)
 
     def per_sample(variant, n):
-        return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
-                / json.loads((run / "run.json").read_text())["global_batch_size"]
-                for run in sorted((folder / variant).glob(f"n{n}*"))]
+        batches = [json.loads((run / "run.json").read_text())["global_batch_size"]
+                   for run in repeat_runs(folder / variant, n)]
+        return [step / batch for step, batch in zip(repeat_medians(folder / variant, n), batches)]
 
     repeats = [per_sample("one_node", 1), per_sample("a100_nvlink", 4), per_sample("one_node_half_share", 1),
                per_sample("a100_nvlink_half_share", 4), per_sample("a100_nvlink", 2),
@@ -235,9 +232,7 @@ def test_a_fresh_clone_builds_the_book_from_the_reference_results_without_traini
 @pytest.mark.slow
 def test_the_pdf_shows_the_reference_runs_with_its_equations_and_figures(clone):
     def step_s(n: int) -> float:  # the median over the repeats of each run's median step after its warm-up steps
-        runs = [REFERENCE / f"n{n}", *REFERENCE.glob(f"n{n}-r*")]
-        return pd.Series([pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
-                          for run in runs]).median()
+        return pd.Series(repeat_medians(REFERENCE, n)).median()
 
     tex = pdf_text(clone)
     assert f"a step of the global batch takes {step_s(4):.3f} s, against {step_s(1):.3f} s on one rank" in tex

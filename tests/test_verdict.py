@@ -103,8 +103,7 @@ def test_a_ratio_of_two_speedups_needs_the_floor_of_four_runs_to_be_called_diffe
     """A ratio of two speedups holds four runs' noise, a ratio of two times two: against the floor of a pair it is
     called different when nothing differs several times as often; against the floor of four runs, about as rarely
     as two times are (`error_rates` measures the comparison it is told to plant)."""
-    from ddp_core.analysis.comparisons import SPEEDUP_RUNS
-    from ddp_core.analysis.emulated import slower_speedup
+    from ddp_core.analysis.comparisons import SPEEDUP_RUNS, slower_speedup
 
     rng = random.Random(1)
     runs = [[100 * (1 + 0.5 * k) * rng.lognormvariate(0, 0.03) for k in range(3)] for _ in range(6)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError, last_epochs
@@ -143,6 +144,13 @@ def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
 
 
 SPEEDUP_RUNS = 4  # a ratio of two speedups: two runs on one rank, two on n
+
+
+def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
+    """`compare_speedups` as `verdict.error_rates` plants an effect in it: the speedup of rows 0 and 1 (one rank or
+    node, N) against that of rows 2 and 3, whose step on N takes longer by the effect; every row in the floor, as
+    `compare_speedups` pools both experiments' configurations (with `runs=SPEEDUP_RUNS`)."""
+    return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
 
 
 def ran_in_rounds(*experiments: Experiment) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glue, compare_speedups, paired_sides,
-                                           run_times, speedup_comparisons, steady_phases)
+                                           run_times, slower_speedup, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, forecast, joined, link_label,
                                        measured_gbit_s, read_wind_tunnel, wind_tunnel_record)
@@ -86,13 +86,6 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
                                                         planted=slower_speedup, runs=SPEEDUP_RUNS)[SIMILARITY_EFFECT]))
     return pd.DataFrame(rows, columns=["configuration", "nodes", "share", "other_share", "speedup", "other_speedup",
                                        "ratio", "low", "high", "floor", "verdict", "finds_effect"])
-
-
-def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
-    """The similarity test as `verdict.error_rates` plants an effect in it: the speedup of rows 0 and 1 (one node, N
-    nodes) against that of rows 2 and 3, whose step on N nodes takes longer by the effect; every row in the floor,
-    as `compare_speedups` pools both experiments' configurations."""
-    return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
 
 
 SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other

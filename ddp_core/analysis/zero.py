@@ -199,19 +199,19 @@ def against_nodes_study(study: dict[str, Experiment], nodes: dict[str, Experimen
     if not twins or not alone:
         return pd.DataFrame()
     sides = {"here": joined(one_node(study), ddp), "there": joined(alone[0], twins[0])}
+    speedups = {side: speedup_comparisons(e) for side, e in sides.items()}
     paired = ran_in_rounds(*sides.values())
     rows = {}
     for n in (n for n in node_counts(study) if n in twins[0].repeats):
-        rows[n] = {f"{key}_{side}": value for side, e in sides.items()
-                   for key, value in zip(("speedup", "low", "high"), _ratio_range(speedup_comparisons(e)[n]))}
+        rows[n] = {}
+        for side, by_nodes in speedups.items():
+            rows[n] |= {f"speedup_{side}": by_nodes[n].ratio, f"low_{side}": by_nodes[n].low,
+                        f"high_{side}": by_nodes[n].high}
         c = compare_speedups(sides["here"], sides["there"], n) if paired else None
         rows[n] |= {"ratio": c.ratio if c else float("nan"),
                     "verdict": c.says("lower", "higher") if c else "no verdict (not run in the same rounds)"}
     return pd.DataFrame(rows).T
 
-
-def _ratio_range(c: Comparison) -> tuple[float, float, float]:
-    return c.ratio, c.low, c.high
 
 
 SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")
@@ -242,4 +242,3 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
             "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}
-

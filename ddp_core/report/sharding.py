@@ -137,14 +137,18 @@ def phase_markdown(study: dict[str, Experiment]) -> str:
         f"Mode, {max(node_counts(study))} nodes")
 
 
+def range_text(low: float, high: float) -> str:
+    """The range of the repeats as the tables give it: '1.35\u20131.59'."""
+    return f"{low:.2f}\u2013{high:.2f}"
+
+
 def speedup_markdown(study: dict[str, Experiment]) -> str:
     """Turned, a column per mode: on each number of nodes its speedup with the repeats' range, efficiency and
     verdict, and the noise floor (one per mode: its rounds' one node and its runs on every number of nodes)."""
     table, counts = speedup_table(study), node_counts(study)
     quantities = {}
     for n in counts:
-        table[f"range_n{n}"] = [f"{low:.2f}\u2013{high:.2f}" for low, high in zip(table[f"speedup_low_n{n}"],
-                                                                                   table[f"speedup_high_n{n}"])]
+        table[f"range_n{n}"] = list(map(range_text, table[f"speedup_low_n{n}"], table[f"speedup_high_n{n}"]))
         quantities |= {f"speedup_n{n}": (f"Speedup over one node, {n} nodes", "{:.2f}"),
                        f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
                        f"efficiency_n{n}": (f"Efficiency (speedup over the nodes), {n} nodes", "{:.0%}"),
@@ -159,7 +163,7 @@ def time_markdown(study: dict[str, Experiment]) -> str:
     quantities = {}
     for n, comparisons in time_comparisons(study).items():
         for mode, c in comparisons.items():
-            rows[MODE_NAMES[mode]] |= {f"ratio_n{n}": c.ratio, f"range_n{n}": f"{c.low:.2f}\u2013{c.high:.2f}",
+            rows[MODE_NAMES[mode]] |= {f"ratio_n{n}": c.ratio, f"range_n{n}": range_text(c.low, c.high),
                                        f"verdict_n{n}": c.says("faster", "slower")}
         quantities |= {f"ratio_n{n}": (f"Time per sample over DDP's, {n} nodes", "{:.2f}"),
                        f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
@@ -229,14 +233,12 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     return found
 
 
-
 def nodes_study_markdown(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> str:
     """Per number of nodes, DDP's speedup here and the nodes study's on the same links (`zero.against_nodes_study`),
     with the rule's verdict on the two where they ran in the same rounds."""
     table = against_nodes_study(study, nodes)
     for side in ("here", "there"):
-        table[f"range_{side}"] = [f"{low:.2f}\u2013{high:.2f}" for low, high in zip(table.get(f"low_{side}", []),
-                                                                                  table.get(f"high_{side}", []))]
+        table[f"range_{side}"] = list(map(range_text, table.get(f"low_{side}", []), table.get(f"high_{side}", [])))
     return quantity_table(table, {
         "speedup_here": ("DDP's speedup, this study", "{:.2f}"), "range_here": ("Range of the repeats", "{}"),
         "speedup_there": ("DDP's speedup, the nodes study", "{:.2f}"), "range_there": ("Range of the repeats", "{}"),
