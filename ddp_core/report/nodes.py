@@ -26,15 +26,14 @@ from ddp_core.analysis.results import Experiment, disturbed, link_label, machine
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
-                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, commit_text, day, quantity_table)
+                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, measured_by, quantity_table)
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_test_table(study)
     table["shares"] = [f"{a:g} and {b:g}" for a, b in zip(table["share"], table["other_share"])]
     table["speedups"] = [f"{a:.2f} and {b:.2f}" for a, b in zip(table["speedup"], table["other_speedup"])]
-    table["ratio_range"] = [f"{r:.2f} ({low:.2f} to {high:.2f})" for r, low, high in zip(table["ratio"], table["low"],
-                                                                                        table["high"])]
+    table["ratio_range"] = [f"{row.ratio:.2f} ({row.low:.2f} to {row.high:.2f})" for row in table.itertuples()]
     return quantity_table(table, {
         "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
         "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
@@ -70,16 +69,14 @@ def link_markdown(study: dict[str, Experiment], world_size: int) -> str:
 
 def link_findings(study: dict[str, Experiment]) -> dict:
     table = link_table(study)
-    error = table["prediction_error"].abs()
-    inside = table[(table["speedup_low"] <= table["predicted_speedup"])
-                   & (table["predicted_speedup"] <= table["speedup_high"])]
-    worst = table.loc[error.idxmax()]
+    worst = table.loc[table["prediction_error"].abs().idxmax()]
+    inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
     return {
         "links_measured": "; ".join(f"{row.link} at {row.world_size} nodes, {rate_text(row.measured_gbit_s)}"
                                     for row in table.itertuples()),
         "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
-        "worst_prediction_link": worst["link"], "predictions_inside": len(inside), "predictions": len(table),
-        "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
+        "worst_prediction_link": worst["link"], "predictions_inside": int(inside.sum()),
+        "predictions": len(table), "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
 
 
@@ -98,22 +95,17 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
         "rounds_within": (f"Rounds within {FORECAST_BAR:.0%} of their run", "{}")}, index_name=None)
 
 
-def doubling_table(study: dict[str, Experiment]) -> pd.DataFrame:
+def doubling_markdown(study: dict[str, Experiment]) -> str:
     """Per link and each doubling of the nodes (N/2 to N): the time per sample at N over that at N/2, repeat by
     repeat, with its range and the verdict."""
     rows = []
-    for link, experiment in link_experiments(study).items():
-        sizes = sorted(experiment.runs)
-        floor = time_floor(experiment)
+    for experiment in link_experiments(study).values():
+        sizes, floor = sorted(experiment.runs), time_floor(experiment)
         for half, n in zip(sizes, sizes[1:]):
             c = compare_times(experiment, experiment, n, half, floor=floor)
             rows.append(dict(link=link_label(experiment), doubling=f"{half} to {n}", ratio=c.ratio, low=c.low,
                              high=c.high, verdict=c.says("faster", "slower")))
-    return pd.DataFrame(rows)
-
-
-def doubling_markdown(study: dict[str, Experiment]) -> str:
-    return quantity_table(doubling_table(study), {
+    return quantity_table(pd.DataFrame(rows), {
         "link": ("Link", "{}"), "doubling": ("Nodes", "{}"),
         "ratio": ("Time per sample, after / before (median)", "{:.2f}"), "low": ("lowest", "{:.2f}"),
         "high": ("highest", "{:.2f}"), "verdict": ("Verdict", "{}")})
@@ -163,10 +155,10 @@ def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:
     timeline = pd.read_csv(study[BASELINE].folder / one.name / "timeline.csv").set_index("what")
     start, end = timeline.loc["backward", "start_s"], timeline.loc["backward", "end_s"]
     small, large = one.raw["model"], large_model(one.raw["model"])
-    profiles = {f"{one.config['preset']} model, measured on one node": (
-                    bucket_sizes(small), [(timeline.loc[f"{READY}{k}", "start_s"] - start) / (end - start)
-                                          for k in range(1, len(bucket_sizes(small)) + 1)]),
-                f"{one.config['preset']} model, by FLOPs": (bucket_sizes(small), bucket_ready_shares(small)),
+    buckets = bucket_sizes(small)
+    measured = [(timeline.loc[f"{READY}{k}", "start_s"] - start) / (end - start) for k in range(1, len(buckets) + 1)]
+    profiles = {f"{one.config['preset']} model, measured on one node": (buckets, measured),
+                f"{one.config['preset']} model, by FLOPs": (buckets, bucket_ready_shares(small)),
                 "large model, by FLOPs": (bucket_sizes(large), bucket_ready_shares(large))}
     rows = [dict(model=model, bucket=k, backward_done=share, bytes_ready=sum(sizes[:k]) / sum(sizes),
                  last_bucket_bytes=sizes[-1] / sum(sizes))
@@ -218,14 +210,12 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
             used = [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"] for node in nodes]
             rows.append(dict(
                 link=link_label(experiment) if experiment.largest > 1 else "none", nodes=network["nodes"],
-                machine_disturbed=disturbed(run.raw),
                 share=network["cpus_per_node"], run=f"{variant}/{run.name}",
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
-                other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan))
-    table = pd.DataFrame(rows)
-    table["disturbed"] = ((table["nodes"] == 1) & (table["used_share_low"] < SHARE_GOT)) | table.pop("machine_disturbed")
-    return table
+                other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan,
+                disturbed=(network["nodes"] == 1 and min(used) < SHARE_GOT) or disturbed(run.raw)))
+    return pd.DataFrame(rows)
 
 
 def disturbed_runs(study: dict[str, Experiment]) -> str:
@@ -239,13 +229,11 @@ def fidelity_markdown(study: dict[str, Experiment]) -> str:
         used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
         throttled=("throttled", "median"), other_cores=("other_cores", "median"), stolen=("stolen", "max"),
         disturbed=("disturbed", "sum")).reset_index()
-    percent = ["used_share_low", "used_share", "throttled", "stolen"]
-    summary[percent] *= 100
     return quantity_table(summary, {
         "link": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
-        "used_share": ("Quota used (%)", "{:.0f}"), "used_share_low": ("lowest (%)", "{:.0f}"),
-        "throttled": ("Throttled (%)", "{:.0f}"), "other_cores": ("Others (cores)", "{:.2f}"),
-        "stolen": ("Stolen (%)", "{:.1f}"), "disturbed": ("Disturbed", "{}")}, index_name=None)
+        "used_share": ("Quota used (%)", "{:.0f}", 100), "used_share_low": ("lowest (%)", "{:.0f}", 100),
+        "throttled": ("Throttled (%)", "{:.0f}", 100), "other_cores": ("Others (cores)", "{:.2f}"),
+        "stolen": ("Stolen (%)", "{:.1f}", 100), "disturbed": ("Disturbed", "{}")})
 
 
 def period_markdown(folder: Path) -> str:
@@ -269,9 +257,9 @@ def period_findings(folder: Path) -> dict:
     over 3 repeats) times as long, within the noise ...'."""
     periods = load_periods(folder)
     table = period_table(periods).query("period_ms != @STUDY_PERIOD_MS")
-    runs = [e.baseline for e in periods.values()]
+    made = [measured_by(e.baseline.raw) for e in periods.values()]
     return {"study_period_ms": STUDY_PERIOD_MS,
-            "period_commits": ", ".join(sorted({commit_text(run.raw.get("git_commit")) for run in runs})),
-            "period_dates": ", ".join(sorted({day(run.raw["start_time"]) for run in runs})),
+            "period_commits": ", ".join(sorted({run["commit"] for run in made})),
+            "period_dates": ", ".join(sorted({run["measured_on"] for run in made})),
             "period_comparisons": "; ".join(f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}"
                                             for row in table.itertuples())}

@@ -22,30 +22,40 @@ FORECAST_LABELS = {
 
 
 def findings(experiment: Experiment) -> dict:
-    """The numbers and words the chapter's prose quotes."""
+    """The numbers and words the chapter's prose quotes; and how the CPU the runs shared bends the model, at the world
+    size it missed most."""
     prediction, fits = predict(experiment), allreduce_fits(experiment)
     buckets = bucket_sizes(experiment.baseline.model)
-    fit = fits[max(fits)]
+    largest = max(fits)
+    fit, bench = fits[largest], experiment.allreduce[largest]
     worst = int(prediction["error"].abs().idxmax())
-    at_worst = prediction.loc[worst]
-    step_gap = at_worst["predicted_step_s"] - at_worst["measured_step_s"]
-    comm_gap = at_worst["predicted_comm_s"] - at_worst["measured_comm_s"]
-    compute_gap = at_worst["predicted_compute_s"] - at_worst["measured_compute_s"]
+    at_worst, one, at_n = prediction.loc[worst], experiment.runs[1], experiment.runs[worst]
+    gap = {part: at_worst[f"predicted_{part}_s"] - at_worst[f"measured_{part}_s"]
+           for part in ("step", "comm", "compute")}
+    threads = at_n.threads_per_rank * at_n.local_world_size
     return {
-        "largest": max(fits), "alpha_us": fit.alpha_s * 1e6,
+        "largest": largest, "alpha_us": fit.alpha_s * 1e6,
         "busbw": fit.bus_bandwidth_GBps, "r2": fit.r2, "fit_error": fit.max_relative_error,
         "buckets": counted(len(buckets), "DDP bucket"), "gradient_mb": sum(buckets) / 2**20,
-        "bucket_fit_ratio": bucket_fit_error(experiment),
+        # how far the fit misses the measured all-reduce at the gradient buckets' sizes
+        "bucket_fit_ratio": max(measured_allreduce_s(bench, size, fit) / fit.allreduce_s(size) for size in buckets),
         "max_error": float(prediction["error"].abs().max()), "worst_n": worst,
         **target_findings(prediction),
-        "worst_step_gap_ms": float(step_gap * 1e3), "worst_comm_gap_ms": float(comm_gap * 1e3),
-        "worst_compute_gap_ms": float(compute_gap * 1e3),
-        "worst_cause": "the communication estimate" if abs(comm_gap) > abs(compute_gap) else "the compute estimate",
-        "parts_outcome": "partly cancel" if comm_gap * compute_gap < 0 else "add up",
+        **{f"worst_{part}_gap_ms": float(seconds * 1e3) for part, seconds in gap.items()},
+        "worst_cause": "the communication estimate" if abs(gap["comm"]) > abs(gap["compute"])
+                       else "the compute estimate",
+        "parts_outcome": "partly cancel" if gap["comm"] * gap["compute"] < 0 else "add up",
         "exposed_fraction": float(at_worst["exposed_fraction"]),
         "last_bucket_share": float(at_worst["last_bucket_share"]),
         "exposure_source": exposure_source(at_worst),
-    } | forecast_findings(experiment) | hardware_findings(experiment, prediction, worst)
+        "cores": one.cpu_count, "threads_1": counted(one.threads_per_rank, "thread"),
+        "threads_worst": counted(at_n.threads_per_rank, "thread"), "threads_all": threads,
+        "threads_vs_cores": threads_against_cores(threads, one.cpu_count),
+        **{f"{part}_{side}_ms": float(at_worst[f"{side}_{part}_s"] * 1e3)
+           for part in ("compute", "comm") for side in ("predicted", "measured")},
+        "comm_slowdown": float(at_worst["measured_comm_s"] / at_worst["predicted_comm_s"]),
+        "ran_on": "GPUs" if one.on_gpu else "CPU cores",
+    } | forecast_findings(experiment)
 
 
 TARGET = 0.10  # the largest relative error of a predicted speedup that the chapter calls a good prediction
@@ -60,8 +70,8 @@ def target_findings(prediction: pd.DataFrame) -> dict:
     parts_error = pd.concat([prediction["predicted_compute_s"] / prediction["measured_compute_s"] - 1,
                              prediction["predicted_comm_s"] / prediction["measured_comm_s"] - 1]).abs()
     null_error = (1 / prediction["measured_speedup"] - 1).abs()
-    inside = ((prediction["measured_speedup_low"] <= prediction["predicted_speedup"])
-              & (prediction["predicted_speedup"] <= prediction["measured_speedup_high"]))
+    inside = prediction["predicted_speedup"].between(prediction["measured_speedup_low"],
+                                                     prediction["measured_speedup_high"])
     meets = error.max() <= TARGET and parts_error.max() <= TARGET and error.max() < null_error.max()
     return {"target": TARGET, "meets_target": "meets" if meets else "misses", "parts_max_error": float(parts_error.max()),
             "predictions_inside": int(inside.sum()), "predictions": len(prediction),
@@ -86,27 +96,6 @@ def forecast_findings(experiment: Experiment) -> dict:
         "nv_batch": workload.global_batch_size, "nv_seq": workload.model["max_len"],
         "nv_paying": ", ".join(ahead.index[ahead["speedup_no_overlap"] > 1]) or "none",
         "nv_paying_best_case": ", ".join(ahead.index[ahead["speedup_last_bucket_only"] > 1]) or "none",
-    }
-
-
-def hardware_findings(experiment: Experiment, prediction, worst: int) -> dict:
-    """How the CPU the runs shared bends the model (`prediction`: `predict(experiment)`), at the world size it
-    missed most."""
-    runs = experiment.runs
-    at_worst = prediction.loc[worst]
-    one = runs[1]
-    return {
-        "cores": one.cpu_count, "threads_1": counted(one.threads_per_rank, "thread"),
-        "threads_worst": counted(runs[worst].threads_per_rank, "thread"),
-        "threads_all": runs[worst].threads_per_rank * runs[worst].local_world_size,
-        "threads_vs_cores": threads_against_cores(runs[worst].threads_per_rank * runs[worst].local_world_size,
-                                                  one.cpu_count),
-        "compute_predicted_ms": float(at_worst["predicted_compute_s"] * 1e3),
-        "compute_measured_ms": float(at_worst["measured_compute_s"] * 1e3),
-        "comm_predicted_ms": float(at_worst["predicted_comm_s"] * 1e3),
-        "comm_measured_ms": float(at_worst["measured_comm_s"] * 1e3),
-        "comm_slowdown": float(at_worst["measured_comm_s"] / at_worst["predicted_comm_s"]),
-        "ran_on": "GPUs" if one.on_gpu else "CPU cores",
     }
 
 
@@ -136,14 +125,6 @@ def allreduce_figure(experiment: Experiment):
     residuals.legend(fontsize=7)
     fig.tight_layout()
     return fig
-
-
-def bucket_fit_error(experiment: Experiment) -> float:
-    """How far the fit misses the measured all-reduce at the gradient buckets' sizes (largest world size)."""
-    n = max(experiment.allreduce)
-    fit, bench = allreduce_fits(experiment)[n], experiment.allreduce[n]
-    return max(measured_allreduce_s(bench, size, fit) / fit.allreduce_s(size)
-               for size in bucket_sizes(experiment.baseline.model))
 
 
 FIT_COLUMNS = {"alpha_us": ("Latency α (µs)", "{:.2f}"), "beta_ns": ("Time per byte β (ns)", "{:.4f}"),

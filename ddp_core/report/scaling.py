@@ -29,8 +29,10 @@ from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, M
                                       OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, counted, in_words, quantity_table,
                                       rank_label)
 
+# The columns of `scaling_table` the prose quotes on one rank and on the most.
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
-                   "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
+                   "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy",
+                   "optimizer_per_step_s", "peak_memory_mb"]
 
 
 def findings(experiment: Experiment, communication: pd.DataFrame | None = None) -> dict:
@@ -57,9 +59,8 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None = None) 
     }
     found["chance"], found["chance_bar"] = chance_bar(first)
     found |= accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))
-    for column in RESULTS_COLUMNS + ["optimizer_per_step_s", "peak_memory_mb"]:
-        found[f"{column}_n1"] = float(table.loc[1, column])
-        found[f"{column}_nmax"] = float(table.loc[largest, column])
+    found |= {f"{column}_{at}": float(table.loc[n, column])
+              for column in RESULTS_COLUMNS for at, n in (("n1", 1), ("nmax", largest))}
     for part in ("transfer", "waiting") if communication is not None else ():
         found[f"{part}_per_step_s_nmax"] = float(communication.loc[largest, f"{part}_s"])
     return found
@@ -94,22 +95,22 @@ def results_markdown(experiment: Experiment) -> str:
     return quantity_table(table, RESULTS_ROWS, turned=True, column_names=[rank_label(n) for n in table.index])
 
 
-def _each_run(metrics: pd.DataFrame):
-    """(world size, run's rows, label): the label once per world size, so that repeats share a legend entry."""
-    labelled = set()
+def _plot_each_run(ax, metrics: pd.DataFrame, sizes: pd.Index, column: str) -> None:
+    """Each repeat's `column` per epoch, a colour per world size (as `sizes` orders them), labelled once per world
+    size so that the repeats share a legend entry."""
+    colors, labelled = {n: f"C{i}" for i, n in enumerate(sizes)}, set()
     for (n, _), rows in metrics.sort_values("epoch").groupby(["world_size", "run"]):
-        yield n, rows, None if n in labelled else rank_label(n)
+        ax.plot(rows["epoch"], rows[column], "o-", color=colors[n], label=None if n in labelled else rank_label(n),
+                alpha=0.8)
         labelled.add(n)
+    ax.set_xticks(sorted(metrics["epoch"].unique()))
 
 
 def epoch_time_figure(experiment: Experiment):
-    metrics, table = experiment.metrics, scaling_table(experiment)
+    table = scaling_table(experiment)
     fig, (per_epoch, mean_time) = plt.subplots(1, 2, figsize=(10, 3.6))
-    colors = {n: f"C{i}" for i, n in enumerate(table.index)}
-    for n, rows, label in _each_run(metrics):
-        per_epoch.plot(rows["epoch"], rows["epoch_time_s"], "o-", color=colors[n], label=label, alpha=0.8)
+    _plot_each_run(per_epoch, experiment.metrics, table.index, "epoch_time_s")
     per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch (each repeat)")
-    per_epoch.set_xticks(sorted(metrics["epoch"].unique()))
     per_epoch.legend(fontsize=8)
     mean_time.bar([rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
     mean_time.set(ylabel="seconds", title="Epoch time after warm-up, median of the repeats")
@@ -146,19 +147,16 @@ def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(7, 3.8))
     x = np.arange(len(table))
     timed = table["compute_per_step_s"] + table["data_per_step_s"] + table["comm_exposed_per_step_s"]
-    stack = {"compute and data loading": table["compute_per_step_s"] + table["data_per_step_s"],
-             "exposed all-reduce": table["comm_exposed_per_step_s"],
-             "outside the timed phases": (table["mean_step_s"] - timed).clip(lower=0)}
-    bottom = np.zeros(len(table))
-    for (label, seconds), color in zip(stack.items(), ["C0", "C3", "C7"]):
-        ax.bar(x - 0.2, seconds * 1e3, 0.38, bottom=bottom, label=label, color=color)
-        bottom += seconds.to_numpy() * 1e3
+    in_step = {"compute and data loading": (table["compute_per_step_s"] + table["data_per_step_s"], "C0"),
+               "exposed all-reduce": (table["comm_exposed_per_step_s"], "C3"),
+               "outside the timed phases": ((table["mean_step_s"] - timed).clip(lower=0), "C7")}
     in_flight = {"all-reduce in flight: transfer (as benchmarked)": (communication["transfer_s"], "C2"),
                  "all-reduce in flight: waiting (slowest rank, a core)": (communication["waiting_s"], "C8")}
-    bottom = np.zeros(len(table))
-    for label, (seconds, color) in in_flight.items():
-        ax.bar(x + 0.2, seconds * 1e3, 0.38, bottom=bottom, color=color, alpha=0.6, label=label)
-        bottom += seconds.to_numpy() * 1e3
+    for offset, alpha, stack in ((-0.2, None, in_step), (0.2, 0.6, in_flight)):
+        bottom = np.zeros(len(table))
+        for label, (seconds, color) in stack.items():
+            ax.bar(x + offset, seconds * 1e3, 0.38, bottom=bottom, color=color, alpha=alpha, label=label)
+            bottom += seconds.to_numpy() * 1e3
     ax.set(xticks=x, xticklabels=[rank_label(n) for n in table.index], ylabel="ms per step (mean)",
            title="Where a step's time goes")
     fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
@@ -167,14 +165,10 @@ def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
 
 
 def accuracy_figure(experiment: Experiment):
-    metrics, table = experiment.metrics, scaling_table(experiment)
-    colors = {n: f"C{i}" for i, n in enumerate(table.index)}
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for n, rows, label in _each_run(metrics):
-        ax.plot(rows["epoch"], rows["val_accuracy"], "o-", color=colors[n], label=label, alpha=0.8)
+    _plot_each_run(ax, experiment.metrics, scaling_table(experiment).index, "val_accuracy")
     chance_line(ax, experiment.baseline.model["num_classes"])
     ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy per epoch (each repeat)")
-    ax.set_xticks(sorted(metrics["epoch"].unique()))
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -66,8 +66,7 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
     and checkpoints included, over the nodes' mean; the median over the runs)."""
     rows = {}
     for mode, e in modes(study, max(node_counts(study))).items():
-        parameters, _ = model_size(e)
-        gradient = 4 * parameters
+        gradient = 4 * model_size(e)[0]
         per_run = e.metrics.groupby("run")[["link_sent_bytes", "steps"]].sum()
         per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
         busiest = [max(sent) / np.mean(sent) for sent in (run.raw["network"]["sent_bytes"] for run in e.all_runs)]
@@ -78,9 +77,7 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
                                   "gloo_units": gloo_sends(counted, n) / gradient,
                                   "sent_units": per_step / gradient, "sent_mb": per_step / MB,
                                   "busiest_over_mean": float(np.median(busiest))}
-    table = pd.DataFrame(rows).T
-    table["over_gloo"] = table["sent_units"] / table["gloo_units"]
-    return table
+    return pd.DataFrame(rows).T.assign(over_gloo=lambda table: table["sent_units"] / table["gloo_units"])
 
 
 TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
@@ -159,8 +156,7 @@ def speedup_markdown(study: dict[str, Experiment]) -> str:
 def time_markdown(study: dict[str, Experiment]) -> str:
     """Turned, a column per sharded mode: on each number of nodes its time per sample over DDP's on the same nodes
     (`time_comparisons`: the median of the rounds' ratios, their range, the verdict)."""
-    rows = {MODE_NAMES[mode]: {} for mode in SHARDED_MODES}
-    quantities = {}
+    rows, quantities = {MODE_NAMES[mode]: {} for mode in SHARDED_MODES}, {}
     for n, comparisons in time_comparisons(study).items():
         for mode, c in comparisons.items():
             rows[MODE_NAMES[mode]] |= {f"ratio_n{n}": c.ratio, f"range_n{n}": range_text(c.low, c.high),
@@ -180,13 +176,14 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     fewer, n = counts[0], counts[-1]
     parameters, _ = model_size(ddp)
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
-    held, against_ddp = held_shares(memory), time_comparisons(study)
-    comparisons, fewer_comparisons = against_ddp[n], against_ddp[fewer]
+    held, against_ddp, speedups = held_shares(memory), time_comparisons(study), speedup_table(study)
+    floor, alone = against_ddp[n]["zero1"].floor, run_times(one_node(study))["step_time_s"]
     found = {"sharding_nodes": n, "sharding_fewer_nodes": fewer, "sharding_link": link_label(ddp),
              "sharding_parameters_m": parameters / 1e6,
              "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
              "sharding_gradient_mb": 4 * parameters / MB,
              "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"],
+             "one_node_apart": alone.max() / alone.min() - 1, "sharding_time_floor": floor,
              **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
                 if key in ("found_10", "found_20")}}
     for mode in SHARDED_MODES:
@@ -194,26 +191,22 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
         found |= {f"{mode}_held_share": held.loc[name, "measured"],
                   f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
                   f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
-    found |= time_glue("zero3_time", comparisons["zero3"]) | time_glue("zero3_time_fewer", fewer_comparisons["zero3"])
-    found["sharded_slower"] = sum(comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
-    found["sharded_slower_fewer"] = sum(fewer_comparisons[mode].verdict == "higher" for mode in SHARDED_MODES)
-    speedups, alone = speedup_table(study), run_times(one_node(study))["step_time_s"]
-    for key, name in (("ddp", "DDP"), ("zero3", MODE_NAMES["zero3"])):
-        found |= {f"{key}_speedup": speedups.loc[name, f"speedup_n{n}"],
-                  f"{key}_speedup_fewer": speedups.loc[name, f"speedup_n{fewer}"]}
-    found["one_node_apart"] = alone.max() / alone.min() - 1
-    floor = comparisons["zero1"].floor
-    found["sharding_time_floor"] = floor
-    for key, nodes in (("zero1_against_zero2_time", n), ("zero1_against_zero2_time_fewer", fewer)):
-        found |= time_glue(key, compare_times(by_mode["zero1"], by_mode["zero2"], nodes, nodes, floor=floor))
+    for suffix, nodes in (("", n), ("_fewer", fewer)):
+        against = against_ddp[nodes]
+        zero1_against_zero2 = compare_times(by_mode["zero1"], by_mode["zero2"], nodes, nodes, floor=floor)
+        found |= (time_glue(f"zero3_time{suffix}", against["zero3"])
+                  | time_glue(f"zero1_against_zero2_time{suffix}", zero1_against_zero2)
+                  | {f"sharded_slower{suffix}": sum(against[mode].verdict == "higher" for mode in SHARDED_MODES),
+                     f"ddp_speedup{suffix}": speedups.loc["DDP", f"speedup_n{nodes}"],
+                     f"zero3_speedup{suffix}": speedups.loc[MODE_NAMES["zero3"], f"speedup_n{nodes}"]})
     phases = phase_table(study)
     last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
     losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
     rss = {mode: float(table.loc[table["world_size"] == n, "peak_memory_mb"].median()) for mode, table in last.items()}
-    counts = parameter_counts(ddp.baseline.model)
-    block_share = sum(block_parameters(counts).values()) / parameters
+    tensors = parameter_counts(ddp.baseline.model)
+    block_share = sum(block_parameters(tensors).values()) / parameters
     found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
-              "largest_tensor_share": max(counts.values()) / parameters,
+              "largest_tensor_share": max(tensors.values()) / parameters,
               "root_share": 1 - block_share,
               "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
               / memory.loc["DDP", "optimizer_state_bytes_measured"],

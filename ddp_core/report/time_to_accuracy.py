@@ -29,9 +29,9 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
     table = runs_table(variants)
     batch = table.loc[~follows_rule(table), "batch"].iloc[0]
     runs = table[table["batch"] == batch]
-    steps = runs.pivot(index="seed", columns="lr", values="steps")  # NaN: missed the target, or did not run
-    ran = runs.pivot(index="seed", columns="lr", values="batch").notna()
-    last = runs.pivot(index="seed", columns="lr", values="last_step")
+    # a row per seed, a column per rate; steps NaN: missed the target, or did not run
+    wide = runs.pivot(index="seed", columns="lr", values=["steps", "batch", "last_step"])
+    steps, ran, last = wide["steps"], wide["batch"].notna(), wide["last_step"]
     rule_lr = runs.loc[follows_rule(table)[runs.index], "lr"].iloc[0]
     floor = noise_floor([steps.loc[ran[lr], lr].tolist() for lr in steps.columns])
     rows = []
@@ -40,17 +40,15 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
         missed = last.loc[ran[lr] & steps[lr].isna(), lr]
         row = {"lr": lr, "times_rule": lr / rule_lr, "steps": mine.median(), "steps_low": mine.min(),
                "steps_high": mine.max(), "reached": int(mine.notna().sum()), "runs": len(mine),
-               "missed_by": missed.max() if len(missed) else math.nan, "ratio": math.nan, "outcome": "–"}
+               "missed_by": missed.max(), "ratio": math.nan, "outcome": "–"}
         if lr != rule_lr:
             both = ran[lr] & ran[rule_lr]
             rule_steps, their_steps = steps.loc[both, rule_lr], steps.loc[both, lr]
-            at_least = their_steps.fillna(last.loc[both, lr])
             if rule_steps.isna().any():
                 row["outcome"] = "not known: the rule's runs missed the target"
-            else:
-                c = compare(rule_steps.tolist(), at_least.tolist(), floor)
-                censored = their_steps.isna().any()
-                row |= {"ratio": c.ratio, "outcome": c.says("fewer steps", "more steps") if not censored
+            else:  # a miss counted at its last evaluated step: at least that many
+                c = compare(rule_steps.tolist(), their_steps.fillna(last.loc[both, lr]).tolist(), floor)
+                row |= {"ratio": c.ratio, "outcome": c.says("fewer steps", "more steps") if their_steps.notna().all()
                         else "fewer steps (a miss counted at its last step)" if c.verdict == "lower"
                         else "not known: this rate missed the target"}
         rows.append(row)
@@ -71,16 +69,17 @@ NEIGHBOUR_COLUMNS = {
     "outcome": ("The rule's rate against this one, in steps to the target", "{}")}
 
 
-def _median_range(median, low, high) -> str:
-    if not np.isfinite(median):
-        return "–"
-    return f"{median:.0f}" if low == high else f"{median:.0f} ({low:.0f} to {high:.0f})"
+def _steps_text(rows: pd.DataFrame) -> list[str]:
+    """Each row's steps to the target, median (range), the median alone where the repeats agree, "–" where none
+    reached it."""
+    return ["–" if not np.isfinite(median) else f"{median:.0f}" if low == high
+            else f"{median:.0f} ({low:.0f} to {high:.0f})"
+            for median, low, high in zip(rows["steps"], rows["steps_low"], rows["steps_high"])]
 
 
 def lr_neighbours_markdown(variants: dict[str, Experiment]) -> str:
     rows = lr_neighbours(variants)
-    rows = rows.assign(steps_text=[_median_range(m, lo, hi) for m, lo, hi in
-                                   zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
+    rows = rows.assign(steps_text=_steps_text(rows),
                        reached_text=[f"{r} of {n}" + (f" (missed: still short at step {m:.0f})" if m == m else "")
                                      for r, n, m in zip(rows["reached"], rows["runs"], rows["missed_by"])])
     return quantity_table(rows, NEIGHBOUR_COLUMNS)
@@ -100,8 +99,7 @@ def steps_figure(variants: dict[str, Experiment]):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(rule["batch"], rule["steps"], "o", color="C0", alpha=0.6, label="a run (its seed), the rule's rate")
     ax.plot(batches.index, batches["steps"], "-", color="C0", label="median over the repeats")
-    others = table[~follows_rule(table)]
-    for lr, group in others.groupby("lr"):
+    for lr, group in table[~follows_rule(table)].groupby("lr"):
         higher = lr > batches.loc[group["batch"].iloc[0], "lr"]
         ax.plot(group["batch"], group["steps"], "^" if higher else "v", color="C3" if higher else "C4", alpha=0.7,
                 label=f"learning rate {lr:g}, {'above' if higher else 'below'} the rule's")
@@ -152,16 +150,14 @@ def time_to_target(table: pd.DataFrame) -> pd.DataFrame:
              "step_s": projected_step(compute, exposed, n).item(), "steps": predicted_steps(fit, n * b).item()}
             for b, compute, exposed in zip(batches["per_rank_batch"], batches["compute_s"], batches["exposed_s"])
             for n in RANKS]
-    projection = pd.DataFrame(rows)
-    return projection.assign(seconds=projection["steps"] * projection["step_s"])
+    return pd.DataFrame(rows).assign(seconds=lambda projection: projection["steps"] * projection["step_s"])
 
 
-def time_to_target_table(variants: dict[str, Experiment]) -> pd.DataFrame:
+def time_to_target_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per per-rank batch: the median step, the time to the target its runs measured (their steps to it times
     their median step, evaluations left out), the ranks at which N·b = B_crit and the projected time there, and
     the floor the projection approaches as N grows (S_min steps of a step whose all-reduce moves twice the
-    gradient)."""
-    table = runs_table(variants)
+    gradient), from `runs_table`."""
     rule, fit = rule_fit(table)
     measured = (rule["steps"] * rule["step_s"]).groupby(rule["per_rank_batch"]).median()
     batches = per_batch(table).set_index("per_rank_batch")
@@ -183,27 +179,24 @@ TIME_COLUMNS = {"step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
 
 
 def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
-    return quantity_table(time_to_target_table(variants), TIME_COLUMNS, "Per-rank batch (samples)")
+    return quantity_table(time_to_target_table(runs_table(variants)), TIME_COLUMNS, "Per-rank batch (samples)")
 
 
 def time_to_target_figure(variants: dict[str, Experiment]):
     """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b lies outside the
     global batches measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
     table = runs_table(variants)
-    projection = time_to_target(table)
     rule, fit = rule_fit(table)
-    batches = per_batch(table).set_index("per_rank_batch")
+    at_crit = time_to_target_table(table)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for i, (b, rows) in enumerate(projection.groupby("per_rank_batch")):
+    for i, (b, rows) in enumerate(time_to_target(table).groupby("per_rank_batch")):
         ax.plot(rows["ranks"], rows["seconds"], ":", color=f"C{i}")
         inside = rows[rows["measured"]]
         ax.plot(inside["ranks"], inside["seconds"], "-", color=f"C{i}", label=f"{b} samples per rank")
         runs = rule[rule["per_rank_batch"] == b]
         ax.plot(runs["ranks"], runs["steps"] * runs["step_s"], "o", color=f"C{i}", alpha=0.6)
         if np.isfinite(fit["b_crit"]):
-            at = fit["b_crit"] / b
-            step = projected_step(batches.loc[b, "compute_s"], batches.loc[b, "exposed_s"], at)
-            ax.plot([at], [predicted_steps(fit, fit["b_crit"]).item() * step], "s", color=f"C{i}",
+            ax.plot([at_crit.loc[b, "ranks_at_crit"]], [at_crit.loc[b, "seconds_at_crit"]], "s", color=f"C{i}",
                     markerfacecolor="none")
     ax.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="time to the target (s), evaluations left out")
     ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
@@ -221,7 +214,6 @@ BATCH_COLUMNS = {"lr": ("Learning rate", "{:g}"), "eval_every": ("Evaluated ever
 
 def per_batch_markdown(variants: dict[str, Experiment]) -> str:
     rows = per_batch(runs_table(variants))
-    rows = rows.assign(steps_text=[_median_range(m, lo, hi) for m, lo, hi in
-                                   zip(rows["steps"], rows["steps_low"], rows["steps_high"])],
+    rows = rows.assign(steps_text=_steps_text(rows),
                        reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])])
     return quantity_table(rows, BATCH_COLUMNS, "Global batch (samples)")
