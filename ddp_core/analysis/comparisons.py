@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from itertools import zip_longest
 
 import numpy as np
 import pandas as pd
@@ -25,20 +26,17 @@ WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is l
 
 def steady_phases(metrics: pd.DataFrame) -> pd.DataFrame:
     """Each run's epochs after the warm-up epoch (a run of one epoch keeps it), with the epoch's mean step and its
-    timed phases per step, which add up to no more than it: compute (forward and backward less the communication they waited for, plus the optimizer), all-reduce in all
-    and exposed, optimizer and data loading."""
+    timed phases per step, which add up to no more than it: compute (forward and backward less the communication
+    they waited for, plus the optimizer), all-reduce in all and exposed, optimizer and data loading."""
     later = metrics[metrics["epoch"] > WARMUP_EPOCHS]
     steady = pd.concat([later, metrics[~metrics["run"].isin(later["run"])]])
     per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
     return steady.assign(
-        mean_step_s=steady["epoch_time_s"] / steady["steps"],
+        mean_step_s=per_step("epoch_time_s"),
         compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
         + per_step("optimizer_time_s"),
-        comm_total_per_step_s=per_step("comm_total_s"),
-        comm_exposed_per_step_s=per_step("comm_exposed_s"),
-        optimizer_per_step_s=per_step("optimizer_time_s"),
-        data_per_step_s=per_step("data_time_s"),
-    )
+        comm_total_per_step_s=per_step("comm_total_s"), comm_exposed_per_step_s=per_step("comm_exposed_s"),
+        optimizer_per_step_s=per_step("optimizer_time_s"), data_per_step_s=per_step("data_time_s"))
 
 
 def median_step(step_times: pd.Series) -> float:
@@ -51,11 +49,10 @@ def out_of_line(step_times: pd.Series, configurations: pd.Series) -> pd.Series:
     median of its configuration's repeats, itself included, where that is OUT_OF_LINE or more (or 1/OUT_OF_LINE or
     less); NaN where the run is in line, or its configuration has fewer than MIN_REPEATS repeats, too few for a
     majority to tell which run is out of line."""
-    typical = step_times.groupby(configurations).transform("median")
-    repeats = step_times.groupby(configurations).transform("size")
-    ratio = step_times / typical
+    repeats = step_times.groupby(configurations)
+    ratio = step_times / repeats.transform("median")
     far = (ratio >= OUT_OF_LINE) | (ratio <= 1 / OUT_OF_LINE)
-    return ratio.where(far & (repeats >= MIN_REPEATS))
+    return ratio.where(far & (repeats.transform("size") >= MIN_REPEATS))
 
 
 def run_times(experiment: Experiment) -> pd.DataFrame:
@@ -70,10 +67,10 @@ def run_times(experiment: Experiment) -> pd.DataFrame:
             rows.append({"world_size": n, "repeat": repeat, "run": run.name, "step_time_s": step,
                          "time_per_sample_s": step / run.global_batch_size, **phases.loc[run.name]})
     times = pd.DataFrame(rows)
-    ones = experiment.repeats.get(1, [])
     one_compute = times[times["world_size"] == 1].set_index("repeat")["compute_per_step_s"]
+    runs = experiment.runs
     times["compute_to_comm_ratio"] = [
-        compute_to_comm_ratio(rank_share_s(one_compute[row.repeat], ones[0], experiment.runs[row.world_size]),
+        compute_to_comm_ratio(rank_share_s(one_compute[row.repeat], runs[1], runs[row.world_size]),
                               row.comm_total_per_step_s)
         if row.world_size > 1 and row.repeat in one_compute.index and row.comm_total_per_step_s > 0 else float("nan")
         for row in times.itertuples()]
@@ -83,8 +80,7 @@ def run_times(experiment: Experiment) -> pd.DataFrame:
 def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") -> dict[int, list[float]]:
     """Per world size, a quantity of `run_times` for each repeat, repeat 1 first: the sides of paired
     comparisons."""
-    times = run_times(experiment)
-    return {n: list(rows[quantity]) for n, rows in times.groupby("world_size")}
+    return {n: list(rows[quantity]) for n, rows in run_times(experiment).groupby("world_size")}
 
 
 def _distinct(items: tuple) -> list:
@@ -93,12 +89,8 @@ def _distinct(items: tuple) -> list:
     return [item for i, item in enumerate(items) if all(item is not other for other in items[:i])]
 
 
-def _pooled_floor(*sides: dict[int, list[float]]) -> float:
-    """The noise floor over the configurations (world sizes) of several experiments' `paired_sides`."""
-    return noise_floor(_pooled(*sides))
-
-
 def _pooled(*sides: dict[int, list[float]]) -> list[list[float]]:
+    """The configurations (world sizes) of several experiments' `paired_sides`, as a noise floor pools them."""
     return [values for per_size in _distinct(sides) for values in per_size.values()]
 
 
@@ -131,19 +123,16 @@ def speedup_comparisons(experiment: Experiment) -> dict[int, Comparison]:
     return {n: compare(*_paired(sides[1], times), floor) for n, times in sides.items()}
 
 
+SPEEDUP_RUNS = 4  # a ratio of two speedups: two runs on one rank, two on n
+
+
 def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
     """A's speedup at `n` ranks against B's, repeat by repeat ("higher": A scales better), held against the noise
     floor of the two experiments' configurations together, for a ratio of four runs' values (SPEEDUP_RUNS)."""
-    def speedups(sides: dict[int, list[float]]) -> list[float]:
-        return [t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))]
-
     sides_a = paired_sides(a)
     sides_b = sides_a if b is a else paired_sides(b)
-    return compare(*_paired(speedups(sides_a), speedups(sides_b)),
-                   noise_floor(_pooled(sides_a, sides_b), runs=SPEEDUP_RUNS))
-
-
-SPEEDUP_RUNS = 4  # a ratio of two speedups: two runs on one rank, two on n
+    speedups = [[t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))] for sides in (sides_a, sides_b)]
+    return compare(*_paired(*speedups), noise_floor(_pooled(sides_a, sides_b), runs=SPEEDUP_RUNS))
 
 
 def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
@@ -156,18 +145,15 @@ def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[
 def ran_in_rounds(*experiments: Experiment) -> bool:
     """Whether the experiments' runs alternated round by round, repeat k of every one before any repeat k + 1, as
     make report runs them: only then does repeat k of one pair with repeat k of another."""
-    starts: dict[int, list[str]] = {}
-    for experiment in experiments:
-        for runs in experiment.repeats.values():
-            for k, run in enumerate(runs):
-                starts.setdefault(k, []).append(run.raw["start_time"])
-    rounds = [starts[k] for k in sorted(starts)]
+    repeats = [runs for experiment in experiments for runs in experiment.repeats.values()]
+    # round k: repeat k of every experiment and world size that has one
+    rounds = [[run.raw["start_time"] for run in runs if run is not None] for runs in zip_longest(*repeats)]
     return all(max(earlier) < min(later) for earlier, later in zip(rounds, rounds[1:]))
 
 
 def time_floor(*experiments: Experiment, quantity: str = "time_per_sample_s") -> float:
     """The noise floor of a quantity of `run_times` over the configurations (world sizes) of all `experiments`."""
-    return _pooled_floor(*(paired_sides(e, quantity) for e in experiments))
+    return noise_floor(_pooled(*(paired_sides(e, quantity) for e in experiments)))
 
 
 def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
@@ -178,7 +164,7 @@ def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int =
     sides_a = paired_sides(a, quantity)  # each experiment's runs read once
     sides_b = sides_a if b is a else paired_sides(b, quantity)
     return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
-                   _pooled_floor(sides_a, sides_b) if floor is None else floor)
+                   noise_floor(_pooled(sides_a, sides_b)) if floor is None else floor)
 
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
@@ -276,13 +262,10 @@ def rule_rates_table(experiment: Experiment) -> pd.DataFrame:
     return pd.DataFrame({"effect": list(rates), "called": list(rates.values())})
 
 
-RULE_RATE_COLUMNS = {"effect": ("Planted effect: side A takes longer by", "{:.0%}"),
-                     "called": ("Comparisons called in its direction (at 0 %: in either)", "{:.1%}")}
-
-
 def rule_rates_markdown(rates: pd.DataFrame) -> str:
     """`rule_rates_table`, made once per build (its resampling takes seconds), as the book's table."""
-    return quantity_table(rates, RULE_RATE_COLUMNS)
+    return quantity_table(rates, {"effect": ("Planted effect: side A takes longer by", "{:.0%}"),
+                                  "called": ("Comparisons called in its direction (at 0 %: in either)", "{:.1%}")})
 
 
 def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:

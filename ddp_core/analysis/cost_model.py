@@ -100,30 +100,27 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
     table = scaling_table(experiment)
     benchmarks = allreduce if allreduce is not None else experiment.allreduce
     fits = {n: fit_alpha_beta(bench) for n, bench in benchmarks.items()}
-    step_s = table["step_time_s"]
-    one = experiment.runs[1]
-    predictable = sorted(set(fits) & set(experiment.runs))
+    runs = experiment.runs
+    predictable = sorted(set(fits) & set(runs))
     if not predictable:
         raise ResultsError(f"{experiment.folder}: the cost model needs a run and an all-reduce benchmark at the same "
-                           f"world size; it has runs at {sorted(experiment.runs)} and benchmarks at {sorted(fits)}")
+                           f"world size; it has runs at {sorted(runs)} and benchmarks at {sorted(fits)}")
+    compute_1 = table.loc[1, "compute_per_step_s"]
+    per_sample_1 = compute_1 / runs[1].global_batch_size  # what each speedup divides: one rank's compute per sample
     rows = []
     for n in predictable:
-        info = experiment.runs[n]
-        buckets = [measured_allreduce_s(benchmarks[n], size, fits[n]) for size in bucket_sizes(info.model)]
-        comm = sum(buckets)
-        measured = table.loc[n]
+        buckets = [measured_allreduce_s(benchmarks[n], size, fits[n]) for size in bucket_sizes(runs[n].model)]
+        comm, measured = sum(buckets), table.loc[n]
         exposed = max(measured["exposed_share"] * comm, buckets[-1])  # backward cannot hide the last bucket
-        compute_1 = table.loc[1, "compute_per_step_s"]
-        compute = rank_compute_s(compute_1, one, info)
-        compute_1_per_sample = compute_1 / one.global_batch_size
-        speedup = {name: compute_1_per_sample / (step / info.global_batch_size) for name, step in [
+        compute = rank_compute_s(compute_1, runs[1], runs[n])
+        speedup = {name: per_sample_1 / (step / runs[n].global_batch_size) for name, step in [
             ("predicted", compute + exposed), ("no_overlap", compute + comm),
             ("last_bucket_only", compute + buckets[-1])]}
         rows.append(dict(world_size=n, buckets=len(buckets), exposed_fraction=measured["exposed_share"],
                          last_bucket_share=buckets[-1] / comm, predicted_compute_s=compute,
                          measured_compute_s=measured["compute_per_step_s"], predicted_comm_s=comm,
-                         measured_comm_s=measured["comm_total_per_step_s"],
-                         predicted_step_s=compute + exposed, measured_step_s=step_s[n],
+                         measured_comm_s=measured["comm_total_per_step_s"], predicted_step_s=compute + exposed,
+                         measured_step_s=measured["step_time_s"],
                          predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],
                          speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
                          measured_speedup_low=measured["speedup_low"], measured_speedup_high=measured["speedup_high"],

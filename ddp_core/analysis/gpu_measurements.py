@@ -54,13 +54,11 @@ def load_gpu_results(results: Path) -> GpuResults | None:
 def mfu_table(gpu: GpuResults) -> pd.DataFrame:
     """Per configuration, eager and (where measured) compiled: the trainer's samples/s as a run trains (timers on),
     its model TFLOP/s, MFU against the datasheet's dense bf16 peak and share of one large product's rate."""
-    parts = [throughput_table(gpu.eager).assign(compiled=False)]
-    if gpu.compiled is not None:
-        parts.append(throughput_table(gpu.compiled).assign(compiled=True))
-    table = pd.concat(parts).set_index("compiled", append=True)
-    return table[["samples_per_s_timed", "tflops", "mfu", "share_of_matmul"]].sort_index(
-        level=["preset", "amp", "batch_size"], key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset"
-        else index)
+    by_compiled = {False: gpu.eager, True: gpu.compiled}
+    table = pd.concat(throughput_table(m).assign(compiled=key) for key, m in by_compiled.items() if m is not None)
+    table = table.set_index("compiled", append=True)[["samples_per_s_timed", "tflops", "mfu", "share_of_matmul"]]
+    return table.sort_index(level=["preset", "amp", "batch_size"],
+                            key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset" else index)
 
 
 def mfu_findings(gpu: GpuResults) -> dict:
@@ -77,11 +75,10 @@ def mfu_findings(gpu: GpuResults) -> dict:
     smallest = min(eager.index.get_level_values("preset"), key=PRESET_ORDER.get)
     amp = eager.loc[smallest].index.get_level_values("amp")[0]  # bf16 where measured
     steps = (eager.index.get_level_values("batch_size") / eager["samples_per_s_timed"]).loc[(smallest, amp)]
-    found |= {"smallest_preset": smallest, "smallest_precision": precision_name(amp),
-              "smallest_batch_low": int(steps.index.min()),
-              "smallest_batch_high": int(steps.index.max()),
-              "smallest_batch_growth": steps.index.max() / steps.index.min(),
-              "smallest_step_growth": steps.loc[steps.index.max()] / steps.loc[steps.index.min()]}
+    low, high = steps.index.min(), steps.index.max()
+    found |= {"smallest_preset": smallest, "smallest_precision": precision_name(amp), "smallest_batch_low": int(low),
+              "smallest_batch_high": int(high), "smallest_batch_growth": high / low,
+              "smallest_step_growth": steps.loc[high] / steps.loc[low]}
     if gpu.compiled is not None:
         compiled = table.xs(True, level="compiled")
         config = compiled["mfu"].idxmax()
@@ -104,28 +101,24 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
     bucket exposed and with the last only, the lowest also from the share's slowest and fastest round."""
     ahead = measured_forecast(gpu.eager)
     ahead = ahead[ahead["preset"] == "large"].reset_index(drop=True)
+    configs = pd.MultiIndex.from_arrays([ahead["preset"], ahead["amp"], ahead["batch_per_gpu"]], names=CONFIG)
     epochs = gpu.eager.epochs[gpu.eager.epochs["loop"] == SHARE_LOOP].set_index(CONFIG)
-    rounds = (epochs["seconds"] / (epochs["samples"] / epochs.index.get_level_values("batch_size"))).groupby(CONFIG)
-    shares = [rounds.get_group(("large", row.amp, row.batch_per_gpu)) * 1e3 for row in ahead.itertuples()]
-    ideal_ms = ahead["one_gpu_ms"] / FORECAST_GPUS
+    share_s = epochs["seconds"] / (epochs["samples"] / epochs.index.get_level_values("batch_size"))  # a round's step
+    rounds = share_s.groupby(CONFIG).agg(["min", "max"]).reindex(configs) * 1e3  # a GPU's share, in ms
+    fastest, slowest = rounds["min"].to_numpy(), rounds["max"].to_numpy()  # its fastest and slowest round
+    ideal_ms, n = ahead["one_gpu_ms"] / FORECAST_GPUS, FORECAST_GPUS
     ahead["ratio"] = ideal_ms / ahead["comm_ms"]
     ahead["compute_over_ideal"] = ahead["per_gpu_ms"] / ideal_ms
-    n = FORECAST_GPUS
     ahead["efficiency_no_overlap"] = ahead["speedup_no_overlap"] / n
     ahead["efficiency_last_bucket"] = ahead["speedup_last_bucket_only"] / n
-    ahead["compute_over_ideal_low"] = [share.min() / ideal for share, ideal in zip(shares, ideal_ms)]
-    ahead["compute_over_ideal_high"] = [share.max() / ideal for share, ideal in zip(shares, ideal_ms)]
-    ahead["efficiency_no_overlap_low"] = [row.one_gpu_ms / (share.max() + row.comm_ms) / n
-                                          for row, share in zip(ahead.itertuples(), shares)]
-    ahead["efficiency_no_overlap_high"] = [row.one_gpu_ms / (share.min() + row.comm_ms) / n
-                                           for row, share in zip(ahead.itertuples(), shares)]
-    ahead["speedup_slowest_round"] = [row.one_gpu_ms / (share.max() + row.comm_ms)
-                                      for row, share in zip(ahead.itertuples(), shares)]
-    ahead["speedup_fastest_round"] = [row.one_gpu_ms / (share.min() + row.last_bucket_ms)
-                                      for row, share in zip(ahead.itertuples(), shares)]
-    bare = throughput_table(gpu.eager)[f"samples_per_s_{WHOLE_LOOP}"]
-    ahead["bare_per_gpu_ms"] = [row.batch_per_gpu / bare[("large", row.amp, row.batch_per_gpu)] * 1e3
-                                for row in ahead.itertuples()]
+    ahead["compute_over_ideal_low"] = fastest / ideal_ms
+    ahead["compute_over_ideal_high"] = slowest / ideal_ms
+    ahead["efficiency_no_overlap_low"] = ahead["one_gpu_ms"] / (slowest + ahead["comm_ms"]) / n
+    ahead["efficiency_no_overlap_high"] = ahead["one_gpu_ms"] / (fastest + ahead["comm_ms"]) / n
+    ahead["speedup_slowest_round"] = ahead["one_gpu_ms"] / (slowest + ahead["comm_ms"])
+    ahead["speedup_fastest_round"] = ahead["one_gpu_ms"] / (fastest + ahead["last_bucket_ms"])
+    bare = throughput_table(gpu.eager)[f"samples_per_s_{WHOLE_LOOP}"].reindex(configs).to_numpy()
+    ahead["bare_per_gpu_ms"] = ahead["batch_per_gpu"] / bare * 1e3
     ahead["ddp_cost_ms"] = ahead["per_gpu_ms"] - ahead["bare_per_gpu_ms"]  # DDP's own work on each GPU
     return ahead
 
@@ -172,30 +165,27 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
     row, fp32 = table.query("amp == 'bf16'").iloc[-1], table.query("amp == 'off'")
     links = emulated_table(nodes)
     place, beside = place_among(row["ratio"], links["ratio"])
-    return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": int(row["batch_per_gpu"]),
+    batch = int(row["batch_per_gpu"])
+    return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": batch, "forecast_global_batch": batch * FORECAST_GPUS,
             "forecast_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
-            "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", int(row["batch_per_gpu"]), False), "mfu"],
-            "forecast_compute_over_ideal": row["compute_over_ideal"],
+            "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", batch, False), "mfu"],
+            **{f"forecast_{key}": row[key] for key in ("compute_over_ideal", "bare_per_gpu_ms", "ddp_cost_ms",
+                                                       "one_gpu_ms", "per_gpu_ms", "comm_ms", "ratio")},
             "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
                                                   f"{row['compute_over_ideal_high']:.2f}",
             "forecast_speedup_low": row["speedup_no_overlap"], "forecast_speedup_high": row["speedup_last_bucket_only"],
             "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
             "forecast_speedup_word": forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
-            "forecast_bare_per_gpu_ms": row["bare_per_gpu_ms"], "forecast_ddp_cost_ms": row["ddp_cost_ms"],
-            **speedup_glue("forecast_ddp",
-                           ratio_comparison(gpu.eager, "ddp", ("large", "bf16", int(row["batch_per_gpu"])))),
+            **speedup_glue("forecast_ddp", ratio_comparison(gpu.eager, "ddp", ("large", "bf16", batch))),
             "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
             "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
             "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),
             "forecast_fp32_compute_over_ideal": fp32["compute_over_ideal"].iloc[-1] if len(fp32) else float("nan"),
             "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
-            "forecast_global_batch": int(row["batch_per_gpu"]) * FORECAST_GPUS,
-            "forecast_one_gpu_ms": row["one_gpu_ms"], "forecast_per_gpu_ms": row["per_gpu_ms"],
-            "forecast_comm_ms": row["comm_ms"], "forecast_ratio": row["ratio"],
             "forecast_low": row["efficiency_no_overlap"], "forecast_high": row["efficiency_last_bucket"],
             "forecast_place": place, "emulated_nodes": int(links["nodes"].iloc[0]),
-            "forecast_beside": " and ".join(f"{link} at {links.loc[link, 'ratio']:.2f}, {links.loc[link, 'efficiency']:.0%} "
-                                            f"measured" for link in beside)}
+            "forecast_beside": " and ".join(f"{link} at {links.loc[link, 'ratio']:.2f}, "
+                                            f"{links.loc[link, 'efficiency']:.0%} measured" for link in beside)}
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:

@@ -75,27 +75,19 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
 
     The workload is a run's: its model's vocabulary, length and classes, and its global batch.
     """
-    fit = nvlink_fit(world_size)
-    flops_per_s = peak_gemm_flops_per_s()
-    n = world_size
-    tokens_per_step = global_batch_size * model_config["max_len"]
+    fit, flops_per_s, n = nvlink_fit(world_size), peak_gemm_flops_per_s(), world_size
     rows = []
     for preset, model in preset_configs(model_config).items():
         sizes = bucket_sizes(model)
         buckets = [fit.allreduce_s(size) for size in sizes]
         comm = sum(buckets)
-        compute_1 = training_flops(model, tokens_per_step) / flops_per_s
-        row = dict(
-            preset=preset, parameters=sum(sizes) // 4, buckets=len(buckets),
-            comm_ms=comm * 1e3, last_bucket_ms=buckets[-1] * 1e3,
-            compute_bound_ms=compute_1 * 1e3,
-            speedup_no_overlap=compute_1 / (compute_1 / n + comm),
-            speedup_last_bucket_only=compute_1 / (compute_1 / n + buckets[-1]),
-            # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
-            break_even_compute_ms=comm * n / (n - 1) * 1e3,
-            efficiency_90_compute_ms=9 * n * comm * 1e3,
-        )
-        rows.append(row)
+        compute_1 = training_flops(model, global_batch_size * model_config["max_len"]) / flops_per_s
+        rows.append(dict(preset=preset, parameters=sum(sizes) // 4, buckets=len(buckets), comm_ms=comm * 1e3,
+                         last_bucket_ms=buckets[-1] * 1e3, compute_bound_ms=compute_1 * 1e3,
+                         speedup_no_overlap=compute_1 / (compute_1 / n + comm),
+                         speedup_last_bucket_only=compute_1 / (compute_1 / n + buckets[-1]),
+                         # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
+                         break_even_compute_ms=comm * n / (n - 1) * 1e3, efficiency_90_compute_ms=9 * n * comm * 1e3))
     return pd.DataFrame(rows).set_index("preset")
 
 
@@ -118,15 +110,13 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
     allreduces = bucket_allreduces_s(m, nvlink_fit(world_size))
     table = throughput_table(m)
     batches = table.index.get_level_values("batch_size")
-    step_s, share_step_s = (batches / table[f"samples_per_s_{WHOLE_LOOP}"],
-                            batches / table[f"samples_per_s_{SHARE_LOOP}"])
+    step_s = batches / table[f"samples_per_s_{WHOLE_LOOP}"]
     rows = []
-    for (preset, amp, batch), share_s in share_step_s.items():
+    for (preset, amp, batch), share_s in (batches / table[f"samples_per_s_{SHARE_LOOP}"]).items():
         whole = (preset, amp, batch * world_size)
         if whole not in step_s.index:
             continue
-        buckets = allreduces[(preset, amp, batch)]
-        one_gpu_s = step_s[whole]
+        buckets, one_gpu_s = allreduces[(preset, amp, batch)], step_s[whole]
         rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_gpu_s * 1e3,
                          per_gpu_ms=share_s * 1e3, comm_ms=sum(buckets) * 1e3, last_bucket_ms=buckets[-1] * 1e3,
                          speedup_no_overlap=one_gpu_s / (share_s + sum(buckets)),
@@ -209,15 +199,13 @@ def replay_findings(timelines: list[StepTimeline]) -> dict:
              "replay_fixed_batches": f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}"}
     for end, row in (("small", paired.iloc[0]), ("large", paired.iloc[-1])):
         found |= {f"replay_{end}_batch": int(row["batch_per_gpu"]), f"replay_{end}_global": int(row["global_batch"]),
-                  f"replay_{end}_speedup": row["speedup"], f"replay_{end}_one_gpu_ms": row["one_gpu_ms"],
-                  f"replay_{end}_per_gpu_ms": row["per_gpu_ms"],
+                  **{f"replay_{end}_{key}": row[key] for key in ("speedup", "one_gpu_ms", "per_gpu_ms")},
                   f"replay_{end}_over_ideal": row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS)}
     return found
 
 
 def print_forecast(experiment: Experiment) -> None:
-    workload = experiment.baseline
-    fit = nvlink_fit(FORECAST_GPUS)
+    workload, fit = experiment.baseline, nvlink_fit(FORECAST_GPUS)
     print(f"A100 NVLink (published): alpha {fit.alpha_s * 1e6:.2f} us, busbw {fit.bus_bandwidth_GBps:.1f} GB/s, "
           f"R^2 {fit.r2:.4f}, max relative error {fit.max_relative_error:.1%}; "
           f"peak FP16 GEMM {peak_gemm_flops_per_s() / 1e12:.1f} TFLOPS")

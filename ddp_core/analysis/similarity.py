@@ -58,9 +58,8 @@ def h200_step_s(workload: dict) -> float:
     """One H200's step of H200_GLOBAL_BATCH sequences as measured: the trainer, timers off, summed over the rounds."""
     if not (H200_MEASUREMENT / "epochs.csv").is_file():
         raise SimilarityError(f"the H200 configuration needs the GPU measurement in {H200_MEASUREMENT}")
-    epochs = read_measurement(H200_MEASUREMENT).epochs
-    rows = epochs.query("preset == @PRESET and amp == @H200_PRECISION and batch_size == @H200_GLOBAL_BATCH "
-                        "and loop == @WHOLE_LOOP")
+    rows = read_measurement(H200_MEASUREMENT).epochs.query(
+        "preset == @PRESET and amp == @H200_PRECISION and batch_size == @H200_GLOBAL_BATCH and loop == @WHOLE_LOOP")
     if rows.empty:
         raise SimilarityError(f"{H200_MEASUREMENT}: no step of the {PRESET} model in {H200_PRECISION} at batch "
                               f"{H200_GLOBAL_BATCH}")
@@ -73,15 +72,10 @@ def nvlink_allreduce_s(workload: dict, nodes: int) -> float:
     return sum(fit.allreduce_s(size) for size in bucket_sizes(large_model(workload)))
 
 
-def ethernet_bus_bytes_per_s() -> float:
-    """The published bus bandwidth over 32 Gbit/s Ethernet, the median of its runs, in bytes per second."""
-    return float(pd.read_csv(ETHERNET_FILE, comment="#")["busbw_gbit_s"].median() * 1e9 / 8)
-
-
 def ethernet_allreduce_s(workload: dict, nodes: int) -> float:
-    """The large model's buckets all-reduced by a ring at the published bus bandwidth: the bandwidth term only, a
-    lower bound on the time (no latency), so R_N is the configuration's best case."""
-    busbw = ethernet_bus_bytes_per_s()
+    """The large model's buckets all-reduced by a ring at the published bus bandwidth (the median of its runs): the
+    bandwidth term only, a lower bound on the time (no latency), so R_N is the configuration's best case."""
+    busbw = float(pd.read_csv(ETHERNET_FILE, comment="#")["busbw_gbit_s"].median() * 1e9 / 8)  # bytes per second
     return sum(2 * (nodes - 1) / nodes * size / busbw for size in bucket_sizes(large_model(workload)))
 
 

@@ -154,12 +154,10 @@ def error_rates(repeats: list[list[float]], effects: list[float], draws: int = D
         return {effect: float("nan") for effect in effects}
     residuals = _residuals(table).ravel() * math.sqrt(table.size / _degrees(table))
     rng = np.random.default_rng(seed)
-    found = {}
-    for effect in effects:
-        calls = 0
-        for _ in range(draws):
-            drawn = np.exp(rng.choice(residuals, size=table.shape))
-            c = compare(*planted(drawn, effect), noise_floor(drawn.tolist(), runs))
-            calls += c.verdict == "higher" if effect > 0 else c.decided
-        found[effect] = calls / draws
-    return found
+
+    def called(effect: float) -> bool:
+        drawn = np.exp(rng.choice(residuals, size=table.shape))
+        c = compare(*planted(drawn, effect), noise_floor(drawn.tolist(), runs))
+        return c.verdict == "higher" if effect > 0 else c.decided
+
+    return {effect: sum(called(effect) for _ in range(draws)) / draws for effect in effects}

@@ -33,12 +33,9 @@ from ddp_core.engine.run_files import STATE_COLUMNS
 MODE_NAMES = {"none": "DDP", "zero1": "ZeRO\u20111", "zero2": "ZeRO\u20112", "zero3": "ZeRO\u20113"}  # hyphens that
 # never break a table's narrow first column
 SHARDED_MODES = tuple(mode for mode in MODE_NAMES if mode != "none")
-SHARDED = {  # per mode, the kinds each rank holds 1/N of
-    "none": set(),
-    "zero1": {"optimizer_state_bytes"},
-    "zero2": {"optimizer_state_bytes", "gradients_bytes"},
-    "zero3": {"optimizer_state_bytes", "gradients_bytes", "parameters_bytes"},
-}
+HELD = ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")  # a rank's state but the gradients kept
+# per mode, the kinds each rank holds 1/N of: ZeRO stage k shards the last k of HELD
+SHARDED = {"none": (), "zero1": HELD[2:], "zero2": HELD[1:], "zero3": HELD}
 
 
 def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[str, float]:
@@ -109,7 +106,7 @@ def counted_collectives(run: RunInfo) -> dict[str, dict]:
 def bytes_per_parameter(state: dict[str, float], parameters: int) -> float:
     """What a rank holds of parameters, gradients and optimizer state together, per parameter of the model: the
     number that sets the largest model a mode fits in a given memory."""
-    return sum(state[kind] for kind in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")) / parameters
+    return sum(state[kind] for kind in HELD) / parameters
 
 
 def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFrame:
@@ -117,12 +114,12 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
     of each kind beside the formula's, and the bytes per parameter of each."""
     out = []
     for (mode, ranks), group in rows.groupby(["mode", "ranks"], sort=False):
-        formula = formula_bytes(parameters, tensors, ranks, mode)
-        measured = {kind: float(group[kind].max()) for kind in STATE_COLUMNS}
-        out.append({"mode": mode, "ranks": ranks, **{f"{k}_measured": v for k, v in measured.items()},
-                    **{f"{k}_formula": v for k, v in formula.items()},
-                    "per_parameter_measured": bytes_per_parameter(measured, parameters),
-                    "per_parameter_formula": bytes_per_parameter(formula, parameters)})
+        sides = {"measured": {kind: float(group[kind].max()) for kind in STATE_COLUMNS},
+                 "formula": formula_bytes(parameters, tensors, ranks, mode)}
+        out.append({"mode": mode, "ranks": ranks,
+                    **{f"{kind}_{side}": size for side, state in sides.items() for kind, size in state.items()},
+                    **{f"per_parameter_{side}": bytes_per_parameter(state, parameters)
+                       for side, state in sides.items()}})
     return pd.DataFrame(out)
 
 
@@ -160,20 +157,15 @@ def state_rows(study: dict[str, Experiment]) -> pd.DataFrame:
 
 def memory_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per mode, each kind measured and by the formula (`state_table`), indexed by the mode's name."""
-    parameters, tensors = model_size(next(iter(study.values())))
-    table = state_table(state_rows(study), parameters, tensors)
+    table = state_table(state_rows(study), *model_size(next(iter(study.values()))))
     return table.set_index(table["mode"].map(MODE_NAMES))
 
 
 def held_shares(table: pd.DataFrame) -> pd.DataFrame:
     """Per mode's name (`memory_table`), the parameters, gradients and optimizer state its largest rank held over
     DDP's, as measured and by the formula."""
-    kinds = ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")
-    shares = {}
-    for side in ("measured", "formula"):
-        held = table[[f"{kind}_{side}" for kind in kinds]].sum(axis=1)
-        shares[side] = held / held[MODE_NAMES["none"]]
-    return pd.DataFrame(shares)
+    held = {side: table[[f"{kind}_{side}" for kind in HELD]].sum(axis=1) for side in ("measured", "formula")}
+    return pd.DataFrame({side: held_bytes / held_bytes[MODE_NAMES["none"]] for side, held_bytes in held.items()})
 
 
 def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Comparison]]:
@@ -203,15 +195,12 @@ def against_nodes_study(study: dict[str, Experiment], nodes: dict[str, Experimen
     paired = ran_in_rounds(*sides.values())
     rows = {}
     for n in (n for n in node_counts(study) if n in twins[0].repeats):
-        rows[n] = {}
-        for side, by_nodes in speedups.items():
-            rows[n] |= {f"speedup_{side}": by_nodes[n].ratio, f"low_{side}": by_nodes[n].low,
-                        f"high_{side}": by_nodes[n].high}
         c = compare_speedups(sides["here"], sides["there"], n) if paired else None
+        rows[n] = {f"{key}_{side}": getattr(by_nodes[n], field) for side, by_nodes in speedups.items()
+                   for key, field in (("speedup", "ratio"), ("low", "low"), ("high", "high"))}
         rows[n] |= {"ratio": c.ratio if c else float("nan"),
                     "verdict": c.says("lower", "higher") if c else "no verdict (not run in the same rounds)"}
     return pd.DataFrame(rows).T
-
 
 
 SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")
@@ -236,9 +225,7 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))
     ddp, speedups = modes(study)["none"], speedup_table(study)[f"speedup_n{n}"]
-    return {"sharding_nodes": n, "sharding_link": link_label(ddp),
-            "sharding_zero3_speedup": speedups[MODE_NAMES["zero3"]],
-            "sharding_ddp_speedup": speedups[MODE_NAMES["none"]],
-            "sharding_zero3_held_share": zero3["measured"],
+    return {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_ddp_speedup": speedups[MODE_NAMES["none"]],
+            "sharding_zero3_speedup": speedups[MODE_NAMES["zero3"]], "sharding_zero3_held_share": zero3["measured"],
             "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}
