@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, time_floor
+from ddp_core.analysis.comparisons import at_world_size, compare_times, time_floor
 from ddp_core.analysis.results import Experiment, load_experiment
 from ddp_core.launch.cpu_share import PERIOD_US
 
@@ -24,18 +24,16 @@ def load_periods(folder: Path) -> dict[int, Experiment]:
 
 def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
     """Per period (`load_periods`), the median of its repeats' median steps, its mean step and the mean step's
-    compute, exposed all-reduce and all-reduce in flight (means over the steady epochs of its repeats), and its step against the study's
-    period's, repeat by repeat, through the one verdict function (the floor from every period's repeats)."""
+    compute, exposed all-reduce and all-reduce in flight (means over the steady epochs of its repeats,
+    `comparisons.at_world_size`), and its step against the study's period's, repeat by repeat, through the one verdict
+    function (the floor from every period's repeats)."""
     floor = time_floor(*periods.values())
     rows = []
     for period, e in sorted(periods.items()):
         c = compare_times(e, periods[STUDY_PERIOD_MS], e.largest, e.largest, floor=floor)
-        steady = steady_phases(e.metrics)
-        rows.append(dict(period_ms=period, median_step_ms=run_times(e)["step_time_s"].median() * 1e3,
-                         mean_step_ms=steady["mean_step_s"].mean() * 1e3,
-                         compute_ms=steady["compute_per_step_s"].mean() * 1e3,
-                         exposed_ms=steady["comm_exposed_per_step_s"].mean() * 1e3,
-                         in_flight_ms=steady["comm_total_per_step_s"].mean() * 1e3,
-                         ratio_to_study=c.ratio, low=c.low, high=c.high, value=c.value(),
-                         verdict=c.judged("faster", "slower")))
+        ms = at_world_size(e, e.largest) * 1e3
+        rows.append(dict(period_ms=period, median_step_ms=ms["step_time_s"], mean_step_ms=ms["mean_step_s"],
+                         compute_ms=ms["compute_per_step_s"], exposed_ms=ms["comm_exposed_per_step_s"],
+                         in_flight_ms=ms["comm_total_per_step_s"], ratio_to_study=c.ratio, low=c.low, high=c.high,
+                         value=c.value(), verdict=c.judged("faster", "slower")))
     return pd.DataFrame(rows)

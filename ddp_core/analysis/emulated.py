@@ -16,7 +16,7 @@ from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glu
                                            run_times, slower_speedup, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, forecast, joined, link_label,
-                                       measured_gbit_s, read_wind_tunnel, wind_tunnel_record)
+                                       measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted
@@ -35,19 +35,18 @@ def node_share(experiment: Experiment) -> float:
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
     """Each link's runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
     (the variants at another share are the similarity test's)."""
-    share = node_share(study[BASELINE])
     links = {variant: joined(study[BASELINE], e) for variant, e in study.items()
-             if e.largest > 1 and node_share(e) == share}
+             if e.largest > 1 and node_share(e) == node_share(study[BASELINE])}
     return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
 
 
 def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
     """Every variant of several nodes, with the one-node runs of its nodes' share beside it: the link experiments,
     then those of the similarity test."""
+    links = link_experiments(study)
     ones = {node_share(e): e for e in study.values() if e.largest == 1}
-    others = {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
-              if e.largest > 1 and variant not in link_experiments(study)}
-    return link_experiments(study) | others
+    return links | {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
+                    if e.largest > 1 and variant not in links}
 
 
 def variant_label(experiment: Experiment, study: dict[str, Experiment]) -> str:
@@ -63,25 +62,22 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
     against the floor of the two sides' runs together), and how often that rule finds a true difference of
     SIMILARITY_EFFECT with runs this noisy (`verdict.error_rates` planting it in this test, `slower_speedup`)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
-    share = node_share(study[BASELINE])
-    ones = {node_share(e): e for e in study.values() if e.largest == 1}
-    twins = {record[v]["models"]: v for v, e in study.items() if v in record and node_share(e) == share}
+    share, links = node_share(study[BASELINE]), link_experiments(study)
+    twins = {record[v]["models"]: links[v] for v in study if v in record and v in links}
     rows = []
-    for variant, experiment in study.items():
-        other = node_share(experiment)
-        if variant not in record or other == share:
+    for variant, tested in variant_experiments(study).items():
+        if variant not in record or variant in links:
             continue
-        twin = joined(study[BASELINE], study[twins[record[variant]["models"]]])
-        tested = joined(ones[other], experiment)
-        for n in sorted(n for n in experiment.repeats if n > 1 and n in twin.repeats):
+        twin = twins[record[variant]["models"]]
+        for n in sorted(n for n in tested.repeats if n > 1 and n in twin.repeats):
             c = compare_speedups(tested, twin, n)
             twin_sides, tested_sides = paired_sides(twin), paired_sides(tested)
             repeats = [twin_sides[1], twin_sides[n], tested_sides[1], tested_sides[n],  # the floor's configurations
                        *(sides[m] for sides in (twin_sides, tested_sides) for m in sides if m not in (1, n))]
-            rows.append(dict(configuration=record[variant]["configuration"], nodes=n, share=share, other_share=other,
-                             speedup=speedup_comparisons(twin)[n].ratio, other_speedup=speedup_comparisons(tested)[n].ratio,
-                             ratio=c.ratio, low=c.low, high=c.high, floor=c.floor,
-                             verdict=c.says("scales worse", "scales better"),
+            rows.append(dict(configuration=record[variant]["configuration"], nodes=n, share=share,
+                             other_share=node_share(tested), speedup=speedup_comparisons(twin)[n].ratio,
+                             other_speedup=speedup_comparisons(tested)[n].ratio, ratio=c.ratio, low=c.low, high=c.high,
+                             floor=c.floor, verdict=c.says("scales worse", "scales better"),
                              finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS,
                                                         planted=slower_speedup, runs=SPEEDUP_RUNS)[SIMILARITY_EFFECT]))
     return pd.DataFrame(rows, columns=["configuration", "nodes", "share", "other_share", "speedup", "other_speedup",
@@ -118,24 +114,16 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant, e in link_experiments(study).items():
         table, prediction = scaling_table(e), predict(e)
         for n in [n for n in table.index if n > 1]:
-            row = table.loc[n]
+            row, predicted = table.loc[n], prediction.reindex([n]).iloc[0]  # all NaN where no benchmark at n
             ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             rows.append(dict(
-                forecast_speedup=forecast(ahead).get("speedup", np.nan),
-                link=link_label(e), measured_gbit_s=float(np.median([run.raw["network"]["measured_gbit_s"]
-                                                                    for run in e.repeats[n]])),
-                world_size=n, speedup=row["speedup"],
-                speedup_low=row["speedup_low"], speedup_high=row["speedup_high"], efficiency=row["efficiency"],
-                step_time_s=row["step_time_s"], mean_step_s=row["mean_step_s"],
-                comm_total_per_step_s=row["comm_total_per_step_s"],
-                comm_exposed_per_step_s=row["comm_exposed_per_step_s"],
-                predicted_comm_s=prediction.loc[n, "predicted_comm_s"] if n in prediction.index else np.nan,
-                predicted_compute_s=prediction.loc[n, "predicted_compute_s"] if n in prediction.index else np.nan,
-                compute_per_step_s=row["compute_per_step_s"],
-                compute_to_comm_ratio=row["compute_to_comm_ratio"],
-                break_even_ratio=row["exposed_share"] / (n - 1),
-                predicted_speedup=prediction.loc[n, "predicted_speedup"] if n in prediction.index else np.nan,
-                prediction_error=prediction.loc[n, "error"] if n in prediction.index else np.nan))
+                forecast_speedup=forecast(ahead).get("speedup", np.nan), link=link_label(e),
+                measured_gbit_s=measured_gbit_s(only(e, n)), world_size=n,
+                **row[["speedup", "speedup_low", "speedup_high", "efficiency", "step_time_s", "mean_step_s",
+                       "comm_total_per_step_s", "comm_exposed_per_step_s"]],
+                **predicted[["predicted_comm_s", "predicted_compute_s"]],
+                **row[["compute_per_step_s", "compute_to_comm_ratio"]], break_even_ratio=row["exposed_share"] / (n - 1),
+                predicted_speedup=predicted["predicted_speedup"], prediction_error=predicted["error"]))
     return pd.DataFrame(rows)
 
 
@@ -144,42 +132,38 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     link at the most nodes, with their ranges and the verdict word, a step's compute against one node's / N and
     its exposed all-reduce; and at how many of the (link, nodes) points the
     theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
-    table = link_table(study)
-    links = link_experiments(study)
+    table, links = link_table(study), list(link_experiments(study).values())
     most = int(table["world_size"].max())
     one = study[BASELINE].baseline
     network = one.raw["network"]
     nodes = sorted({n for experiment in study.values() for n in experiment.repeats})
+    inflation = (table["compute_per_step_s"] / table["predicted_compute_s"])[table["world_size"] == most]
     found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
              "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
-             "train_samples": one.config["train_samples"], "epochs": one.config["epochs"],
-             "share_got": SHARE_GOT, "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
-             "runs_each": counted(len(study[BASELINE].all_runs), "run"),
-             "ideal_cores": network["cpus_per_node"] * most, "cores": one.cpu_count,
-             "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
-             **chance_glue("one_node", study[BASELINE], 1),
-             "prediction_errors": signs(table["prediction_error"])}
-    for end, experiment in (("fastest", next(iter(links.values()))), ("slowest", list(links.values())[-1])):
+             "train_samples": one.config["train_samples"], "epochs": one.config["epochs"], "share_got": SHARE_GOT,
+             "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
+             "runs_each": counted(len(study[BASELINE].all_runs), "run"), "ideal_cores": network["cpus_per_node"] * most,
+             "cores": one.cpu_count, "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
+             **chance_glue("one_node", study[BASELINE], 1), "prediction_errors": signs(table["prediction_error"])}
+    for end, experiment in (("fastest", links[0]), ("slowest", links[-1])):
         row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
-        found |= {f"{end}_link": link_label(experiment), f"{end}_speedup": row["speedup"],
-                  f"{end}_speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}",
-                  f"{end}_efficiency": row["efficiency"],
-                  f"{end}_compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
-                  f"{end}_exposed_ms": row["comm_exposed_per_step_s"] * 1e3, f"{end}_step_ms": row["mean_step_s"] * 1e3,
-                  f"{end}_comm_ms": row["comm_total_per_step_s"] * 1e3,
-                  f"{end}_benchmark_ms": row["predicted_comm_s"] * 1e3,
-                  f"{end}_verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}
-    at_most = table[table["world_size"] == most]
-    inflation = at_most["compute_per_step_s"] / at_most["predicted_compute_s"]
-    found["compute_inflation_range"] = f"{inflation.min():.2f} to {inflation.max():.2f}"
+        found |= {f"{end}_{key}": value for key, value in {
+            "link": link_label(experiment), "speedup": row["speedup"],
+            "speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}", "efficiency": row["efficiency"],
+            "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
+            "exposed_ms": row["comm_exposed_per_step_s"] * 1e3, "step_ms": row["mean_step_s"] * 1e3,
+            "comm_ms": row["comm_total_per_step_s"] * 1e3, "benchmark_ms": row["predicted_comm_s"] * 1e3,
+            "verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}.items()}
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
-    return found | {"points": len(table), "faster_points": int((table["speedup"] > 1).sum()),
+    return found | {"compute_inflation_range": f"{inflation.min():.2f} to {inflation.max():.2f}", "points": len(table),
+                    "faster_points": int((table["speedup"] > 1).sum()),
                     "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """`nodes_findings`, `efficiency_findings`, `similarity_test_findings`, `similarity_findings` (the machine) and
-    `forecast_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue them."""
+    `forecast_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue
+    them."""
     found = (nodes_findings(study) | efficiency_findings(study) | similarity_test_findings(study)
              | similarity_findings(study) | forecast_findings(study))
     return {f"nodes_{key}": value for key, value in found.items()}
@@ -196,18 +180,16 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
-        times = run_times(experiment)
-        steps = times.groupby("world_size")["step_time_s"].median()
-        own = times.set_index(["world_size", "repeat"])["step_time_s"]  # each round's run
+        own = run_times(experiment).set_index(["world_size", "repeat"])["step_time_s"]  # each round's run
         for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
             n, ahead = int(n), forecast(entry)
-            runs = experiment.repeats[n]
+            runs, step = experiment.repeats[n], own[n].median()  # the runs' median step
             rounds = [f for f in entry.get("forecasts", []) if f["repeat"] <= len(runs)]
             before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
             within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
             rows.append(dict(link=variant_label(experiment, study), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
-                             rounds_before=f"{before} of {len(runs)}", step_ms=steps[n] * 1e3,
-                             error=ahead["step_s"] / steps[n] - 1, rounds_within=within, rounds=len(rounds)))
+                             rounds_before=f"{before} of {len(runs)}", step_ms=step * 1e3,
+                             error=ahead["step_s"] / step - 1, rounds_within=within, rounds=len(rounds)))
     return pd.DataFrame(rows)
 
 
@@ -247,24 +229,19 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
-        table, verdicts = scaling_table(experiment), speedup_comparisons(experiment)
+        table, models = scaling_table(experiment), record.get(variant, {}).get("models")
+        batch = (CONFIGURATIONS[models].global_batch or experiment.baseline.global_batch_size) if models else np.nan
         rate = experiment.all_runs[-1].raw["network"]["link_rate_gbit_s"]
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
             entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
-            models = record.get(variant, {}).get("models")
-            rows.append(dict(configuration=link_label(experiment), share=node_share(experiment), nodes=n,
-                             modelled_batch=(CONFIGURATIONS[models].global_batch or experiment.baseline.global_batch_size)
-                             if models else np.nan,
-                             target_ratio=entry.get("target_ratio", np.nan),
-                             achieved_ratio=entry.get("achieved_ratio", np.nan),
-                             link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry
-                             else rate * 1e3 if rate else np.nan,
-                             speedup=row["speedup"], efficiency=row["efficiency"],
-                             speedup_low=row["speedup_low"], speedup_high=row["speedup_high"],
-                             efficiency_low=row["speedup_low"] / n, efficiency_high=row["speedup_high"] / n,
-                             verdict=verdicts[n].says("slower", "faster"), floor=verdicts[n].floor,
-                             runs_ratio=row["compute_to_comm_ratio"], break_even=row["exposed_share"] / (n - 1)))
+            rows.append(dict(
+                configuration=link_label(experiment), share=node_share(experiment), nodes=n, modelled_batch=batch,
+                target_ratio=entry.get("target_ratio", np.nan), achieved_ratio=entry.get("achieved_ratio", np.nan),
+                link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry else rate * 1e3 if rate else np.nan,
+                **row[["speedup", "efficiency", "speedup_low", "speedup_high"]], efficiency_low=row["speedup_low"] / n,
+                efficiency_high=row["speedup_high"] / n, verdict=row["verdict"], floor=row["noise_floor"],
+                runs_ratio=row["compute_to_comm_ratio"], break_even=row["exposed_share"] / (n - 1)))
     return pd.DataFrame(rows)
 
 
@@ -273,18 +250,15 @@ def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
     against x = R_N / f, the runs' own compute-to-communication ratio over the share of the all-reduce they left
     exposed, and the theory's efficiency at that x, x / (1 + x): a step of T_c/N + f T_comm (the theory chapter),
     whatever the CPU, the link or the configuration modelled."""
-    rows = []
-    for variant, experiment in variant_experiments(study).items():
-        table = scaling_table(experiment)
-        for n in [n for n in table.index if n > 1]:
-            row = table.loc[n]
-            x = row["compute_to_comm_ratio"] / row["exposed_share"]
-            rows.append(dict(configuration=variant_label(experiment, study), nodes=n, ratio_over_exposed=x,
-                             efficiency=row["efficiency"], efficiency_low=row["speedup_low"] / n,
-                             efficiency_high=row["speedup_high"] / n, theory_efficiency=x / (1 + x)))
-    table = pd.DataFrame(rows)
-    table["of_theory"] = table["efficiency"] / table["theory_efficiency"]
-    return table
+    experiments = variant_experiments(study)
+    points = pd.concat({variant: scaling_table(e).query("index > 1") for variant, e in experiments.items()},
+                       names=["variant", "nodes"]).reset_index()
+    x, nodes = points["compute_to_comm_ratio"] / points["exposed_share"], points["nodes"]
+    table = pd.DataFrame({"configuration": [variant_label(experiments[v], study) for v in points["variant"]],
+                          "nodes": nodes, "ratio_over_exposed": x, "efficiency": points["efficiency"],
+                          "efficiency_low": points["speedup_low"] / nodes,
+                          "efficiency_high": points["speedup_high"] / nodes, "theory_efficiency": x / (1 + x)})
+    return table.assign(of_theory=table["efficiency"] / table["theory_efficiency"])
 
 
 def efficiency_findings(study: dict[str, Experiment]) -> dict:
@@ -298,18 +272,15 @@ def efficiency_findings(study: dict[str, Experiment]) -> dict:
 def similarity_findings(study: dict[str, Experiment]) -> dict:
     """One node's compute per step on this machine, the CPU, the tolerance the wind tunnel held every target to and
     where the configurations' ratios come from ("none" where no variant models one)."""
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    one = study[BASELINE].baseline
-    calibrated = (read_wind_tunnel(study[BASELINE].folder.parent) or {}).get("shares", {}).get(
-        f"{node_share(study[BASELINE]):g}")
+    tunnel, one = read_wind_tunnel(study[BASELINE].folder.parent) or {}, study[BASELINE].baseline.raw
+    calibrated = tunnel.get("shares", {}).get(f"{node_share(study[BASELINE]):g}")
+    modelled = {m["configuration"]: CONFIGURATIONS[m["models"]].source for m in tunnel.get("variants", {}).values()}
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
-            "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}",
-            "tunnel_cpu": one.raw["device_name"],
-            "tunnel_cpu_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
+            "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
+            "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
             "tunnel_tolerance": TOLERANCE,
-            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in {
-                m["configuration"]: CONFIGURATIONS[m["models"]].source for m in record.values()}.items()) or "none"}
+            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
 
 
 SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
@@ -330,16 +301,14 @@ def nodes_figure(study: dict[str, Experiment]):
     colours = []
     for i, (link, rows) in enumerate(table.groupby("link", sort=False)):
         error = [[0, *(rows["speedup"] - rows["speedup_low"])], [0, *(rows["speedup_high"] - rows["speedup"])]]
-        speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3,
-                       color=f"C{i}")
-        ahead = rows["forecast_speedup"].where(rows["forecast_speedup"].notna(), rows["predicted_speedup"])
+        speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3, color=f"C{i}")
+        ahead = rows["forecast_speedup"].fillna(rows["predicted_speedup"])  # the forecast, else the cost model's
         speed.plot(rows["world_size"], ahead, "s--", color=f"C{i}", alpha=0.6)
         parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
                    markersize=8 - 2 * i)
         parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "x--", color=f"C{i}", markersize=8)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
-    main = link_experiments(study)
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    main, record = link_experiments(study), wind_tunnel_record(study[BASELINE].folder.parent)
     for i, (variant, e) in enumerate(((v, e) for v, e in variant_experiments(study).items() if v not in main),
                                      len(colours)):  # the similarity test's nodes: their speedup, over their one node
         curve = scaling_table(e).query("index > 1")
@@ -349,28 +318,24 @@ def nodes_figure(study: dict[str, Experiment]):
         speed.plot([int(n) for n in ahead], [forecast(entry)["speedup"] for entry in ahead.values()], "s--",
                    color=f"C{i}", alpha=0.6)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=variant_label(e, study)))
+    ahead_label = "speedup forecast before the runs" if table["forecast_speedup"].notna().all() else "speedup predicted"
     styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
-              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6,
-                     label="speedup forecast before the runs" if table["forecast_speedup"].notna().all()
-                     else "speedup predicted"),
+              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6, label=ahead_label),
               Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
               Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
               Line2D([], [], color="black", marker="x", linestyle="--", label="exposed all-reduce per step")]
-    speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node",
-              title="Speedup against nodes")
+    speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node", title="Speedup against nodes")
     speed_ticks = [0.5, *nodes] if speed.get_ylim()[0] < 1 else nodes
-    speed.set_yticks(speed_ticks, [f"{t:g}" for t in speed_ticks])
     parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
               title="Compute and exposed all-reduce per step")
     nice = [m * 10 ** e for e in range(-1, 5) for m in (1, 2, 5)]  # ms: down to the next of these, a tick at each
     low, high = parts.get_ylim()
     low = max([t for t in nice if t <= low], default=low)
     parts.set_ylim(low, high)
-    ticks = [t for t in nice if low <= t <= high]
-    for ax in (speed, parts):
+    for ax, ticks in ((speed, speed_ticks), (parts, [t for t in nice if low <= t <= high])):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
-    parts.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.04, 0), fontsize=9,
                title_fontsize=9, frameon=False)
     fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=9, frameon=False)

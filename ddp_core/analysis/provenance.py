@@ -22,44 +22,35 @@ from ddp_core.analysis.tables import (commit_text, counted, day, in_words, machi
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
 PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
-              "cpu_extensions": "Vector and matrix extensions", "cpu_count": "Cores on the machine", "threads_per_rank": "Threads per rank", "hostname": "Host",
-              "python": "Python", "torch": "PyTorch", "cuda": "CUDA", "nccl": "NCCL",
-              "gpu_driver": "GPU driver", "git_commit": "Code commit",
+              "cpu_extensions": "Vector and matrix extensions", "cpu_count": "Cores on the machine",
+              "threads_per_rank": "Threads per rank", "hostname": "Host", "python": "Python", "torch": "PyTorch",
+              "cuda": "CUDA", "nccl": "NCCL", "gpu_driver": "GPU driver", "git_commit": "Code commit",
               "parameters": "Model parameters", "start_time": "Started (UTC)"}
 
 
 def shown_folder(experiment: Experiment) -> tuple[str, str]:
     """Where the shown runs are, relative to the project when they lie in it, and what they are."""
     folder = experiment.folder.resolve()
-    root = book_results_folder().parents[1]
     try:
-        folder = folder.relative_to(root)
+        folder = folder.relative_to(book_results_folder().parents[1])
     except ValueError:
         return str(folder), "runs made outside this project"
-    if folder.parts[0] == "reference":
-        return str(folder), ("the reference results shipped with the report, made by the project's study runner "
-                             "(make reference)")
-    return str(folder), "runs made in this project, by make report or by hand"
-
-
-def _repeats_phrase(experiment: Experiment) -> str:
-    counts = sorted({len(runs) for runs in experiment.repeats.values()})
-    if counts == [1]:
-        return "one run per world size"
-    return f"{' to '.join(map(str, counts))} runs per world size, each with its own seed"
+    return str(folder), ("the reference results shipped with the report, made by the project's study runner "
+                         "(make reference)" if folder.parts[0] == "reference"
+                         else "runs made in this project, by make report or by hand")
 
 
 def setup_findings(experiment: Experiment) -> dict:
     first = experiment.baseline.raw
     folder, kind = shown_folder(experiment)
-    return {
-        "folder": folder, "results_kind": kind, "world_sizes": ", ".join(map(str, experiment.runs)),
-        "device": first["device_name"], "backend": first["backend"], "hostname": first["hostname"],
-        "cpu_count": first["cpu_count"], "torch_version": first["torch"],
-        "dataset": in_words(first["config"]["dataset"]),
-        "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
-        "repeats": _repeats_phrase(experiment),
-    }
+    counts = sorted({len(runs) for runs in experiment.repeats.values()})
+    return {"folder": folder, "results_kind": kind, "world_sizes": ", ".join(map(str, experiment.runs)),
+            "device": first["device_name"], "backend": first["backend"], "hostname": first["hostname"],
+            "cpu_count": first["cpu_count"], "torch_version": first["torch"],
+            "dataset": in_words(first["config"]["dataset"]),
+            "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
+            "repeats": "one run per world size" if counts == [1]
+                       else f"{' to '.join(map(str, counts))} runs per world size, each with its own seed"}
 
 
 def made_findings(results: Path) -> dict:
@@ -106,18 +97,15 @@ def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
 
 def shared_markdown(experiment: Experiment) -> str:
     """What every run had in common, hardware, software and settings alike, one row each."""
-    records = _by_run(experiment)
-    first = next(iter(records.values()))
-    shared = {label: value for label, value in first.items()
-              if all(record[label] == value for record in records.values())}
-    return markdown_table(pd.Series(shared, name="every run").to_frame(), "")
+    records = pd.DataFrame(_by_run(experiment))  # a row per label, a column per run
+    shared = records[records.nunique(axis=1, dropna=False) == 1].iloc[:, 0]
+    return markdown_table(shared.rename("every run").to_frame(), "")
 
 
 def per_run_markdown(experiment: Experiment) -> str:
     """What differed between the runs, one row per run: a table that fits however many runs."""
     records = pd.DataFrame(_by_run(experiment)).T
-    differing = [label for label in records.columns if records[label].nunique() > 1]
-    return markdown_table(records[differing], "run")
+    return markdown_table(records.loc[:, records.nunique() > 1], "run")
 
 
 def run_markdown(info: dict) -> str:
@@ -133,9 +121,9 @@ def run_markdown(info: dict) -> str:
     return markdown_table(pd.Series(items, name="this run").to_frame(), "")
 
 
-RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"), "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
-                     "train_loss": ("Training loss", "{:.4f}"), "val_loss": ("Validation loss", "{:.4f}"),
-                     "val_accuracy": ("Validation accuracy", "{:.4f}"),
+RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"),
+                     "samples_per_s": ("Throughput (samples/s)", "{:.1f}"), "train_loss": ("Training loss", "{:.4f}"),
+                     "val_loss": ("Validation loss", "{:.4f}"), "val_accuracy": ("Validation accuracy", "{:.4f}"),
                      "peak_memory_mb": ("Peak memory (MB)", "{:,.0f}")}
 
 
@@ -150,12 +138,11 @@ def learning_curves_figure(metrics: pd.DataFrame, num_classes: int):
     loss_ax.plot(metrics["epoch"], metrics["train_loss"], "o-", label="train")
     loss_ax.plot(metrics["epoch"], metrics["val_loss"], "s-", label="validation")
     loss_ax.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
-    loss_ax.legend()
     acc_ax.plot(metrics["epoch"], metrics["val_accuracy"], "s-", color="C2", label="validation")
     chance_line(acc_ax, num_classes)
-    acc_ax.legend()
     acc_ax.set(xlabel="epoch", ylabel="accuracy", title="Validation accuracy")
     for ax in (loss_ax, acc_ax):
+        ax.legend()
         ax.set_xticks(metrics["epoch"])
     fig.tight_layout()
     return fig
@@ -166,12 +153,12 @@ def study_setup_findings(*experiments: Experiment) -> dict:
     how many runs, repeats of each configuration and epochs, on which processor and PyTorch, and whose runs."""
     runs = [run for experiment in experiments for run in experiment.all_runs]
     first = runs[0].raw
-    epochs = sorted({int(e.metrics.loc[e.metrics["run"] == run.name, "epoch"].max()) for e in experiments
-                     for run in e.all_runs})
+    epochs = sorted({int(epoch) for e in experiments for epoch in e.metrics.groupby("run")["epoch"].max()})
     repeats = sorted({len(runs) for experiment in experiments for runs in experiment.repeats.values()})
     return {"setup_runs": counted(len(runs), "run"), "setup_repeats": " to ".join(map(str, repeats)),
-            "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"), "setup_device": first["device_name"],
-            "setup_cores": first["cpu_count"], "setup_backend": first["backend"], "setup_torch": first["torch"],
+            "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"),
+            "setup_device": first["device_name"], "setup_cores": first["cpu_count"], "setup_backend": first["backend"],
+            "setup_torch": first["torch"],
             "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments}))}
 
 
@@ -186,9 +173,8 @@ def _span(values) -> str:
 
 # What the benchmarks' results are, as their pages title them (book/_ext's MEASUREMENTS and BENCHMARK_RUNS).
 BENCHMARK_TITLES = {"cpu_period": "the CPU quota period (emulated nodes)", "gpu_trainer": "the trainer on a GPU",
-                    "gpu_timeline": "a GPU's step timeline",
-                    "single_device": "throughput on one device", "peers": "DDP against other loops",
-                    "step_profile": "a step by operator"}
+                    "gpu_timeline": "a GPU's step timeline", "single_device": "throughput on one device",
+                    "peers": "DDP against other loops", "step_profile": "a step by operator"}
 
 
 def results_shown_findings(results: Path, studies: dict) -> dict:
@@ -196,9 +182,8 @@ def results_shown_findings(results: Path, studies: dict) -> dict:
     of measured devices, one link each), by title, as made in this project (`results_from_here`) or shipped in
     `reference/` (`results_from_reference`), each "none" where empty."""
     shown = {"here": [], "reference": []}
-    order = list(studies)  # the studies as the study list gives them, then the benchmarks by name
-    for entry in sorted(results.iterdir(), key=lambda e: (e.name not in studies, order.index(e.name) if e.name in
-                                                           studies else 0, e.name)):
+    order = {name: i for i, name in enumerate(studies)}  # the studies as the study list gives them, then by name
+    for entry in sorted(results.iterdir(), key=lambda e: (order.get(e.name, len(order)), e.name)):
         title = studies[entry.name].title if entry.name in studies else BENCHMARK_TITLES.get(entry.name, entry.name)
         for part in [entry] if entry.is_symlink() else sorted(entry.iterdir()):
             name = title if part == entry else f"{title} ({in_words(part.name)})"
@@ -230,22 +215,20 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
     rows = []
     for name, study in studies.items():
         uses = []
-        for info_path in sorted((results / name).glob("**/run.json")):
-            _, info = read_run(info_path.parent)
-            use = machine_use(info)
-            if use is None:
-                continue
-            run = info_path.parent.relative_to(results / name)
-            uses.append(use | {"run": run.as_posix(), "disturbed": disturbed(info),
-                               "configuration": f"{run.parent}/{info['world_size']}",
-                               "step_time_s": median_step(read_steps(info_path.parent)["step_time_s"])})
+        for run_dir in sorted(path.parent for path in (results / name).glob("**/run.json")):
+            _, info = read_run(run_dir)
+            use, run = machine_use(info), run_dir.relative_to(results / name)
+            if use is not None:
+                uses.append(use | {"run": run.as_posix(), "disturbed": disturbed(info),
+                                   "configuration": f"{run.parent}/{info['world_size']}",
+                                   "step_time_s": median_step(read_steps(run_dir)["step_time_s"])})
         if not uses:
             continue
         table = pd.DataFrame(uses)
         table["out_of_line"] = out_of_line(table["step_time_s"], table["configuration"])
-        emulated = " (emulated nodes)" if study.ranks_per_node else ""
-        rows.append({"study": study.title + emulated, "runs": len(table), "other_median": table["other_cores"].median(),
-                     "other_most": table["other_cores"].max(), "stolen_most": table["stolen"].max(),
+        rows.append({"study": study.title + (" (emulated nodes)" if study.ranks_per_node else ""), "runs": len(table),
+                     "other_median": table["other_cores"].median(), "other_most": table["other_cores"].max(),
+                     "stolen_most": table["stolen"].max(),
                      "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none",
                      "out_of_line": ", ".join(f"`{row.run}` ({row.out_of_line:.2f}×)"
                                               for row in table.dropna(subset=["out_of_line"]).itertuples()) or "none"})
@@ -286,5 +269,4 @@ def floor_power_markdown(results: Path, studies: dict) -> str:
 
 def quiet_machine_findings() -> dict:
     return {"other_cores_limit": OTHER_CORES, "emulated_other_cores_limit": EMULATED_OTHER_CORES,
-            "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE,
-            "out_of_line_low": 1 / OUT_OF_LINE}
+            "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE, "out_of_line_low": 1 / OUT_OF_LINE}

@@ -26,8 +26,7 @@ def replay_step(timeline: pd.DataFrame, nodes: int, allreduce_s: list[float]) ->
     (bucket 1 first): its length, its compute, and the all-reduce left exposed after backward."""
     span = timeline.set_index("what")
     start, end = span.loc["forward", "start_s"], span.loc["backward", "start_s"]
-    forward = (end - start) / nodes
-    backward = (span.loc["backward", "end_s"] - end) / nodes
+    forward, backward = (end - start) / nodes, (span.loc["backward", "end_s"] - end) / nodes
     after = one_node_step_s(timeline) - span.loc["backward", "end_s"]  # the optimizer, and any gap before it
     ready = [(span.loc[f"{READY}{k}", "start_s"] - end) / nodes for k in range(1, len(allreduce_s) + 1)]
     done = 0.0  # within backward, from its start: when the last all-reduce so far ends

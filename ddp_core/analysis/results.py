@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from statistics import median
 
@@ -54,9 +54,7 @@ class RunInfo:
 
     @classmethod
     def from_json(cls, name: str, info: dict) -> RunInfo:
-        return cls(name=name, raw=info, **{key: info[key] for key in (
-            "world_size", "local_world_size", "backend", "device", "device_name", "cpu_count", "threads_per_rank",
-            "parameters", "per_rank_batch_size", "global_batch_size", "model", "config")})
+        return cls(name=name, raw=info, **{f.name: info[f.name] for f in fields(cls) if f.name not in ("name", "raw")})
 
     @property
     def on_gpu(self) -> bool:
@@ -144,6 +142,13 @@ def last_epochs(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics.sort_values("epoch").groupby("run").last()
 
 
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: unreadable CSV ({str(exc).strip()})") from None
+
+
 def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     metrics_path, info_path = run_dir / "metrics.csv", run_dir / "run.json"
     for path in (metrics_path, info_path):
@@ -153,20 +158,17 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         info = json.loads(info_path.read_text())
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{info_path}: not valid JSON ({exc})") from None
-    try:
-        metrics = pd.read_csv(metrics_path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{metrics_path}: unreadable CSV ({str(exc).strip()})") from None
+    metrics = _read_csv(metrics_path)
     if "resumes" not in metrics.columns:  # written before epochs could resume mid-way: none did
         metrics["resumes"] = 0
-    for column in set(NOISE_COLUMNS + STATE_COLUMNS + LINK_COLUMNS) - set(metrics.columns):  # older runs
+    unmeasured = NOISE_COLUMNS + STATE_COLUMNS + LINK_COLUMNS  # NaN where the run could not measure them
+    for column in set(unmeasured) - set(metrics.columns):  # older runs
         metrics[column] = float("nan")
     missing = [c for c in METRICS_COLUMNS if c not in metrics.columns]
     if missing:
         raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")
     if metrics.empty:
         raise ResultsError(f"{metrics_path}: no completed epoch")
-    unmeasured = NOISE_COLUMNS + STATE_COLUMNS + LINK_COLUMNS  # NaN where the run could not measure them
     if info.get("world_size", 1) > 1 and info.get("allreduces_per_step", 0) is None:
         unmeasured += ["comm_total_s", "comm_exposed_s"]  # FSDP2's collectives, which no DDP hook times
     measured = [c for c in METRICS_COLUMNS if c not in unmeasured]
@@ -183,10 +185,7 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
     path = run_dir / "steps.csv"
     if not path.is_file():
         raise ResultsError(f"{path}: missing (runs made before per-step times were kept: train them again)")
-    try:
-        steps = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{path}: unreadable CSV ({str(exc).strip()})") from None
+    steps = _read_csv(path)
     timed = [column for column in STEPS_COLUMNS if column != "comm_exposed_s"]  # empty under FSDP2, as metrics.csv's
     if list(steps.columns) != STEPS_COLUMNS or steps.empty or steps[timed].isna().any().any():
         raise ResultsError(f"{path}: not the steps of a run (columns {', '.join(STEPS_COLUMNS)}, a row per step)")
@@ -260,18 +259,16 @@ def load_study(folder: str | Path, variant_order: list[str] | None = None) -> di
         raise ResultsError(f"{folder}: no runs of this study (run it: make report STUDIES={folder.name})")
     experiments = {name: load_experiment(folder / name) for name in found}
     if variant_order is None:
-        first_run = {name: min(run.raw["start_time"] for run in e.all_runs) for name, e in experiments.items()}
-        variant_order = sorted(found, key=lambda name: (first_run[name], name))
+        variant_order = sorted(found, key=lambda v: (min(run.raw["start_time"] for run in experiments[v].all_runs), v))
     ordered = [name for name in variant_order if name in found] + sorted(found - set(variant_order))
     return {name: experiments[name] for name in ordered}
 
 
 def study_tables(folder: Path, studies: list[str]) -> pd.DataFrame:
     """Every run of every study under `folder` as one tidy table, the study and variant first."""
-    return pd.concat([tidy_runs(experiment).assign(study=name, variant=variant)
-                      .pipe(lambda t: t[["study", "variant", *t.columns[:-2]]])
-                      for name in studies for variant, experiment in load_study(folder / name).items()],
-                     ignore_index=True)
+    tables = [tidy_runs(experiment).assign(study=name, variant=variant)
+              for name in studies for variant, experiment in load_study(folder / name).items()]
+    return pd.concat([t[["study", "variant", *t.columns[:-2]]] for t in tables], ignore_index=True)
 
 
 def tidy_runs(experiment: Experiment) -> pd.DataFrame:
@@ -335,9 +332,7 @@ def link_label(experiment: Experiment) -> str:
     if modelled:
         return modelled["configuration"]
     rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
-    if rate is None:
-        return "unshaped"
-    return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
+    return "unshaped" if rate is None else f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
 
 
 def read_wind_tunnel(study_folder: Path) -> dict | None:

@@ -27,41 +27,27 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     mean step and its parts are means over the steady epochs of all repeats, so the parts add up to no more than
     it; accuracy and training loss are the medians of the repeats' last epochs.
     """
-    metrics = experiment.metrics
     comparisons = speedup_comparisons(experiment)
-    steady = steady_phases(metrics)
-    table = steady.groupby("world_size").agg(
-        epochs_averaged=("epoch", "size"),
-        mean_step_s=("mean_step_s", "mean"),
-        compute_per_step_s=("compute_per_step_s", "mean"),
-        comm_total_per_step_s=("comm_total_per_step_s", "mean"),
-        comm_exposed_per_step_s=("comm_exposed_per_step_s", "mean"),
-        optimizer_per_step_s=("optimizer_per_step_s", "mean"),
-        data_per_step_s=("data_per_step_s", "mean"),
-        peak_memory_mb=("peak_memory_mb", "max"),
-    )
+    steady = steady_phases(experiment.metrics)
+    means = ["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s",
+             "optimizer_per_step_s", "data_per_step_s"]
+    table = steady.groupby("world_size").agg(epochs_averaged=("epoch", "size"), **{c: (c, "mean") for c in means},
+                                             peak_memory_mb=("peak_memory_mb", "max"))
     table["epoch_time_s"] = steady.groupby(["world_size", "run"])["epoch_time_s"].mean().groupby("world_size").median()
-    times = run_times(experiment).groupby("world_size")
-    table["step_time_s"] = times["step_time_s"].median()
-    table["time_per_sample_s"] = times["time_per_sample_s"].median()
+    timed = ["step_time_s", "time_per_sample_s"]
+    table[timed] = run_times(experiment).groupby("world_size")[timed].median()
     table["samples_per_s"] = 1 / table["time_per_sample_s"]
-    final = last_epochs(metrics)
-    table["runs"] = final.groupby("world_size").size()
-    table["final_val_accuracy"] = final.groupby("world_size")["val_accuracy"].median()
-    table["final_train_loss"] = final.groupby("world_size")["train_loss"].median()
-    table["accuracy_low"] = final.groupby("world_size")["val_accuracy"].min()
-    table["accuracy_high"] = final.groupby("world_size")["val_accuracy"].max()
-    table["global_batch_size"] = final.groupby("world_size")["global_batch_size"].first()
-    table["speedup"] = [comparisons[n].ratio for n in table.index]
-    table["speedup_low"] = [comparisons[n].low for n in table.index]
-    table["speedup_high"] = [comparisons[n].high for n in table.index]
-    table["pairs"] = [comparisons[n].pairs for n in table.index]
-    table["noise_floor"] = [comparisons[n].floor for n in table.index]
+    table = table.join(last_epochs(experiment.metrics).groupby("world_size").agg(
+        runs=("val_accuracy", "size"), final_val_accuracy=("val_accuracy", "median"),
+        final_train_loss=("train_loss", "median"), accuracy_low=("val_accuracy", "min"),
+        accuracy_high=("val_accuracy", "max"), global_batch_size=("global_batch_size", "first")))
+    for column, field in (("speedup", "ratio"), ("speedup_low", "low"), ("speedup_high", "high"), ("pairs", "pairs"),
+                          ("noise_floor", "floor")):
+        table[column] = [getattr(comparisons[n], field) for n in table.index]
     table["verdict"] = [comparisons[n].says("slower", "faster") for n in table.index]
     table["efficiency"] = table["speedup"] / table.index
-    one_rank_cores = cores_per_rank(experiment.runs[1])
-    table["cores_ideal"] = [n * cores_per_rank(experiment.runs[n]) / one_rank_cores for n in table.index]
     one, comm = experiment.runs[1], table["comm_total_per_step_s"]
+    table["cores_ideal"] = [n * cores_per_rank(experiment.runs[n]) / cores_per_rank(one) for n in table.index]
     share = [rank_share_s(table.loc[1, "compute_per_step_s"], one, experiment.runs[n]) for n in table.index]
     table["compute_to_comm_ratio"] = compute_to_comm_ratio(pd.Series(share, index=table.index), comm).where(comm > 0)
     table["exposed_share"] = (table["comm_exposed_per_step_s"] / comm).where(comm > 0)  # f of the theory chapter
