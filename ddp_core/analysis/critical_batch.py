@@ -41,9 +41,8 @@ def critical_batch(batch_sizes, steps) -> dict[str, float]:
     if len(np.unique(batch)) < 2:
         return dict.fromkeys(["s_min", "e_min", "b_crit"], math.nan)
     e_min, s_min = np.polyfit(1.0 / batch, measured, 1, w=1.0 / measured)
-    if s_min <= 0 or e_min <= 0:
-        return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": math.nan}
-    return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min)}
+    bends = s_min > 0 and e_min > 0
+    return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min) if bends else math.nan}
 
 
 DRAWS = 2000  # resamples of the seeds in `critical_batch_interval`
@@ -56,16 +55,13 @@ def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int =
     rng = np.random.default_rng(seed)
     groups = {batch: group["steps"].to_numpy(float) for batch, group in table.groupby("batch")}
     batches = np.concatenate([np.full(len(g), batch) for batch, g in groups.items()])
-    fits = [critical_batch(batches, np.concatenate([rng.choice(g, size=len(g)) for g in groups.values()]))
-            for _ in range(draws)]
-    b_crit = np.array([f["b_crit"] for f in fits])
-    s_min = np.array([f["s_min"] for f in fits])[np.isfinite(b_crit)]
-    b_crit = b_crit[np.isfinite(b_crit)]
-    if not len(b_crit):
+    fits = pd.DataFrame([critical_batch(batches, np.concatenate([rng.choice(g, size=len(g)) for g in groups.values()]))
+                         for _ in range(draws)])
+    bent = fits[np.isfinite(fits["b_crit"])]
+    if bent.empty:
         return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan) | {"no_bend": 1.0}
-    return {"b_crit_low": float(np.percentile(b_crit, 2.5)), "b_crit_high": float(np.percentile(b_crit, 97.5)),
-            "s_min_low": float(np.percentile(s_min, 2.5)), "s_min_high": float(np.percentile(s_min, 97.5)),
-            "no_bend": 1 - len(b_crit) / draws}
+    return {f"{fitted}_{side}": float(np.percentile(bent[fitted], q)) for fitted in ("b_crit", "s_min")
+            for side, q in (("low", 2.5), ("high", 97.5))} | {"no_bend": 1 - len(bent) / draws}
 
 
 def _evals(experiment: Experiment, run: str) -> pd.DataFrame:
@@ -92,8 +88,7 @@ def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
     rows = []
     for name, experiment in variants.items():
         for run in experiment.all_runs:
-            target = run.config["target_accuracy"]
-            evals = _evals(experiment, run.name)
+            target, evals = run.config["target_accuracy"], _evals(experiment, run.name)
             steps = steps_to_target(evals, target)
             metrics = experiment.metrics[experiment.metrics["run"] == run.name]
             steps_csv = experiment.steps[experiment.steps["run"] == run.name]
@@ -142,14 +137,13 @@ def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
     rule, fit = rule_fit(table)
     interval = critical_batch_interval(rule)
     first = next(iter(variants.values())).baseline
-    chance = 1 / first.model["num_classes"]
+    target, evaluated = first.config["target_accuracy"], first.config["eval_samples"]
+    noise = rule["b_simple"]
     smallest, largest = batches.index.min(), batches.index.max()
     return {
-        "tta_target": first.config["target_accuracy"], "tta_chance": chance, "tta_preset": first.config["preset"],
-        "tta_dataset": in_words(first.config["dataset"]),
-        "tta_eval_samples": first.config["eval_samples"],
-        "tta_target_se": math.sqrt(first.config["target_accuracy"] * (1 - first.config["target_accuracy"])
-                                   / first.config["eval_samples"]),
+        "tta_target": target, "tta_chance": 1 / first.model["num_classes"], "tta_preset": first.config["preset"],
+        "tta_dataset": in_words(first.config["dataset"]), "tta_eval_samples": evaluated,
+        "tta_target_se": math.sqrt(target * (1 - target) / evaluated),
         "tta_ranks": int(table["ranks"].iloc[0]), "tta_smallest": int(smallest), "tta_largest": int(largest),
         "tta_lr_at_32": float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
         "tta_unreached": int(table["steps"].isna().sum()), "tta_runs": len(table),
@@ -158,16 +152,15 @@ def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
         "tta_steps_smallest": float(batches.loc[smallest, "steps"]),
         "tta_steps_largest": float(batches.loc[largest, "steps"]),
         "tta_b_crit": fit["b_crit"], "tta_s_min": fit["s_min"], "tta_e_min": fit["e_min"],
-        "tta_b_simple": float(rule["b_simple"].mean()), "tta_b_simple_low": float(rule["b_simple"].min()),
-        "tta_b_simple_high": float(rule["b_simple"].max()),
-        "tta_b_crit_over_b_simple": fit["b_crit"] / float(rule["b_simple"].mean()),
+        "tta_b_simple": float(noise.mean()), "tta_b_simple_low": float(noise.min()),
+        "tta_b_simple_high": float(noise.max()), "tta_b_crit_over_b_simple": fit["b_crit"] / float(noise.mean()),
         "tta_rule_unreached": int(rule["steps"].isna().sum()), "tta_rule_runs": len(rule),
         **{f"tta_{key}": value for key, value in interval.items()},
         "tta_b_crit_against_range": "past the largest batch measured" if fit["b_crit"] > largest
         else "below the smallest batch measured" if fit["b_crit"] < smallest else "inside the range measured",
-        "tta_ratio_low": interval["b_crit_low"] / float(rule["b_simple"].mean()),
-        "tta_ratio_high": interval["b_crit_high"] / float(rule["b_simple"].mean()),
-        "tta_b_crit_against_b_simple": "larger than every noise scale measured"
-        if interval["b_crit_low"] > rule["b_simple"].max() else "smaller than every noise scale measured"
-        if interval["b_crit_high"] < rule["b_simple"].min() else "not told apart from the noise scale",
+        "tta_ratio_low": interval["b_crit_low"] / float(noise.mean()),
+        "tta_ratio_high": interval["b_crit_high"] / float(noise.mean()),
+        "tta_b_crit_against_b_simple": "larger than every noise scale measured" if interval["b_crit_low"] > noise.max()
+        else "smaller than every noise scale measured" if interval["b_crit_high"] < noise.min()
+        else "not told apart from the noise scale",
     }

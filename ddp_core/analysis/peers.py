@@ -20,13 +20,15 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis.results import load_per_device, read_device_files, run_on_folder
-from ddp_core.analysis.tables import measured_by, quantity_table, rank_label
+from ddp_core.analysis.tables import measured_by, median_range, quantity_table, rank_label
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 
 # benchmarks/peers's loops other than ddp_core, as the page names them
 PEERS = {"tutorial": "DDP tutorial loop", "accelerate": "Accelerate loop"}
 # The engine's goal against each peer: a median ratio of at least GOAL_MEDIAN, no round below GOAL_LOWEST.
 GOAL_MEDIAN, GOAL_LOWEST = 1.00, 0.97
+# What the rounds say of ddp_core against a peer, in the table's words.
+VERDICT_WORDS = {"higher": "ddp_core faster", "lower": "ddp_core slower"}
 
 
 @dataclass
@@ -59,12 +61,11 @@ def comparisons(m: PeerMeasurement) -> dict[tuple[str, int], Comparison]:
     for ranks in sorted(m.steps["ranks"].unique()):
         at_size = times.xs(ranks, level="ranks")
         floor = noise_floor([list(group) for _, group in at_size.groupby("loop")])
+        loops = set(at_size.index.get_level_values("loop"))
         for peer in PEERS:
-            if peer not in at_size.index.get_level_values("loop") or "ddp_core" not in \
-                    at_size.index.get_level_values("loop"):
-                continue
-            both = pd.concat([at_size[peer], at_size["ddp_core"]], axis=1, join="inner")
-            found[peer, int(ranks)] = compare(list(both.iloc[:, 0]), list(both.iloc[:, 1]), floor)
+            if {peer, "ddp_core"} <= loops:
+                both = pd.concat([at_size[peer], at_size["ddp_core"]], axis=1, join="inner")
+                found[peer, int(ranks)] = compare(list(both.iloc[:, 0]), list(both.iloc[:, 1]), floor)
     return found
 
 
@@ -72,25 +73,18 @@ def speed_table(m: PeerMeasurement) -> pd.DataFrame:
     """Per peer and world size: both loops' median step (over the rounds), the ratio's median and range over the
     rounds, its noise floor, the verdict on ddp_core and whether it met its goal."""
     times = run_step_times(m).groupby(["loop", "ranks"]).median()
-    rows = []
-    for (peer, ranks), c in comparisons(m).items():
-        rows.append({"peer": peer, "ranks": ranks, "peer_step_ms": times[peer, ranks] * 1e3,
-                     "ddp_core_step_ms": times["ddp_core", ranks] * 1e3, "ratio": c.ratio, "low": c.low,
-                     "high": c.high, "rounds": c.pairs, "floor": c.floor, "verdict": verdict_words(c),
-                     "goal": goal_outcome(c)})
-    return pd.DataFrame(rows)
-
-
-def verdict_words(c: Comparison) -> str:
-    """What the rounds say of ddp_core against the peer, in the table's words."""
-    return {"higher": "ddp_core faster", "lower": "ddp_core slower"}.get(c.verdict, c.verdict)
+    return pd.DataFrame([{"peer": peer, "ranks": ranks, "peer_step_ms": times[peer, ranks] * 1e3,
+                          "ddp_core_step_ms": times["ddp_core", ranks] * 1e3, "ratio": c.ratio, "low": c.low,
+                          "high": c.high, "rounds": c.pairs, "floor": c.floor,
+                          "verdict": VERDICT_WORDS.get(c.verdict, c.verdict), "goal": goal_outcome(c)}
+                         for (peer, ranks), c in comparisons(m).items()])
 
 
 def speed_markdown(m: PeerMeasurement) -> str:
     table = speed_table(m)
-    table.index = [f"{PEERS[p][0].upper()}{PEERS[p][1:]}, {rank_label(n)}" for p, n in zip(table["peer"], table["ranks"])]
-    table["ratio_text"] = [f"{mid:.2f} ({low:.2f}–{high:.2f})" for mid, low, high in
-                           zip(table["ratio"], table["low"], table["high"])]
+    table.index = [f"{PEERS[peer][0].upper()}{PEERS[peer][1:]}, {rank_label(n)}"
+                   for peer, n in zip(table["peer"], table["ranks"])]
+    table["ratio_text"] = list(map(median_range, table["ratio"], table["low"], table["high"]))
     columns = {"peer_step_ms": ("The loop's median step (ms)", "{:.1f}"),
                "ddp_core_step_ms": ("ddp_core's median step (ms)", "{:.1f}"),
                "ratio_text": ("ddp_core's speed relative to it (median of the rounds' ratios, range)", "{}"),

@@ -36,6 +36,11 @@ def machine_text(info: dict) -> str:
     return f"{info['device_name']} ({', '.join(info.get('cpu_extensions') or ['extensions not recorded'])})"
 
 
+def median_range(median: float, low: float, high: float, fmt: str = "{:.2f}") -> str:
+    """A median with the range it lies in, as the tables give it: '1.35 (1.20–1.59)'."""
+    return f"{fmt.format(median)} ({fmt.format(low)}–{fmt.format(high)})"
+
+
 def counted(n: int, noun: str) -> str:
     """"1 thread", "2 threads": a count with its noun, never "thread(s)"."""
     return f"{n} {noun}{'s' if n != 1 else ''}"

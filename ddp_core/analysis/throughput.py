@@ -59,12 +59,9 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
     """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
     (throughput of the loop it is set against)."""
     seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop")
-    columns = {}
-    for name, (loop, against, _) in RATIOS.items():
-        per_round = (seconds[against] / seconds[loop]).groupby(CONFIG)
-        columns |= {f"{name}_median": per_round.median(), f"{name}_low": per_round.min(),
-                    f"{name}_high": per_round.max()}
-    return pd.DataFrame(columns)
+    return pd.concat([(seconds[against] / seconds[loop]).groupby(CONFIG).agg(["median", "min", "max"])
+                      .set_axis([f"{name}_median", f"{name}_low", f"{name}_high"], axis=1)
+                      for name, (loop, against, _) in RATIOS.items()], axis=1)
 
 
 def verdict_table(m: Measurement) -> pd.DataFrame:
@@ -114,9 +111,9 @@ def ratio_findings(m: Measurement) -> dict:
              "device_configurations": m.epochs.groupby(CONFIG).ngroups,
              "device_floor": float(table["floor"].iloc[0])}
     for name, (_, _, words) in RATIOS.items():
-        row = table.loc[words]
-        found |= {f"device_{name}_low": float(row["lowest_median"]), f"device_{name}_high": float(row["highest_median"])}
-        found |= {f"device_{name}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
-        found[f"device_{name}_verdicts"] = ", ".join(f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
-                                                     for outcome in VERDICT_COUNTS if row[outcome] > 0)
+        key, row = f"device_{name}", table.loc[words]
+        found |= {f"{key}_low": float(row["lowest_median"]), f"{key}_high": float(row["highest_median"])}
+        found |= {f"{key}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
+        found[f"{key}_verdicts"] = ", ".join(f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
+                                             for outcome in VERDICT_COUNTS if row[outcome] > 0)
     return found

@@ -20,16 +20,13 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
     world size."""
     rows = {}
     for variant, e in study.items():
-        n = e.largest
-        row = at_world_size(e, n)
-        cap = e.runs[n].config.get("bucket_cap_mb")
-        rows[variant] = dict(bucket_cap_mb=cap if cap is not None else np.nan,
-                             allreduces=e.runs[n].raw.get("allreduces_per_step", np.nan),
-                             step_time_s=row["step_time_s"], step_low_s=row["step_low_s"],
-                             step_high_s=row["step_high_s"], mean_step_s=row["mean_step_s"],
-                             compute_per_step_s=row["compute_per_step_s"],
-                             comm_total_per_step_s=row["comm_total_per_step_s"],
-                             comm_exposed_per_step_s=row["comm_exposed_per_step_s"])
+        run = e.runs[e.largest]
+        cap = run.config.get("bucket_cap_mb")
+        rows[variant] = {"bucket_cap_mb": np.nan if cap is None else cap,
+                         "allreduces": run.raw.get("allreduces_per_step", np.nan),
+                         **at_world_size(e, e.largest)[["step_time_s", "step_low_s", "step_high_s", "mean_step_s",
+                                                        "compute_per_step_s", "comm_total_per_step_s",
+                                                        "comm_exposed_per_step_s"]]}
     return pd.DataFrame(rows).T
 
 
@@ -54,28 +51,23 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
     default = study["default_buckets"]
     n = default.largest
     floor = time_floor(*study.values())
-    found = {"bucket_nodes": n, "bucket_link": link_label(default),
-             "bucket_preset": default.baseline.config["preset"], "bucket_parameters": f"{default.baseline.parameters:,}",
-             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}"} | timeline_findings(study)
+    found = {"bucket_nodes": n, "bucket_link": link_label(default), "bucket_preset": default.baseline.config["preset"],
+             "bucket_parameters": f"{default.baseline.parameters:,}",
+             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}"}
     for variant in ("one_bucket", "one_mib_buckets"):
-        c = compare_times(study[variant], default, n, n, floor=floor)
-        found |= time_glue(variant, c)
+        found |= time_glue(variant, compare_times(study[variant], default, n, n, floor=floor))
+    # How long each plotted step took against its run's median step: one step is an example, not a measure.
+    for variant, e in study.items():
+        run = e.repeats[e.largest][0]
+        found[f"{variant}_drawn_ms"] = _timeline(e)["end_s"].max() * 1e3
+        found[f"{variant}_median_ms"] = run_times(e).set_index("run").loc[run.name, "step_time_s"] * 1e3
     return found
 
 
 def _timeline(experiment: Experiment) -> pd.DataFrame:
+    """The timeline of the step drawn: rank 0's median step of repeat 1's last epoch, at the study's world size."""
     run = experiment.repeats[experiment.largest][0]
     return pd.read_csv(experiment.folder / run.name / "timeline.csv")
-
-
-def timeline_findings(study: dict[str, Experiment]) -> dict:
-    """How long each plotted step took against its run's median step: one step is an example, not a measure."""
-    found = {}
-    for variant, e in study.items():
-        timeline, run = _timeline(e), e.repeats[e.largest][0]
-        found[f"{variant}_drawn_ms"] = timeline["end_s"].max() * 1e3
-        found[f"{variant}_median_ms"] = run_times(e).set_index("run").loc[run.name, "step_time_s"] * 1e3
-    return found
 
 
 def timeline_figure(study: dict[str, Experiment]):

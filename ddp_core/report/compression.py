@@ -19,14 +19,11 @@ from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, FINAL_ACCURACY, HI
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = {}
     for variant, e in study.items():
-        n = e.largest
-        accuracies = final_accuracies(e, n)
-        row = at_world_size(e, n)
-        rows[variant] = dict(step_time_s=row["step_time_s"], step_low_s=row["step_low_s"],
-                             step_high_s=row["step_high_s"],
-                             comm_total_per_step_s=row["comm_total_per_step_s"],
-                             final_val_accuracy=float(np.median(accuracies)), accuracy_low=min(accuracies),
-                             accuracy_high=max(accuracies), final_train_loss=row["final_train_loss"])
+        accuracies = final_accuracies(e, e.largest)
+        row = at_world_size(e, e.largest)
+        rows[variant] = {**row[["step_time_s", "step_low_s", "step_high_s", "comm_total_per_step_s"]],
+                         "final_val_accuracy": float(np.median(accuracies)), "accuracy_low": min(accuracies),
+                         "accuracy_high": max(accuracies), "final_train_loss": row["final_train_loss"]}
     return pd.DataFrame(rows).T
 
 
@@ -50,12 +47,12 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
     base = study["fp32"]
     n = base.largest
     time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
+    loss, classes = compression_table(study).loc["fp32", "final_train_loss"], base.baseline.model["num_classes"]
     found = {"compression_nodes": n, "compression_link": link_label(base),
              "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
-             "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"]}
-    loss, classes = compression_table(study).loc["fp32", "final_train_loss"], base.baseline.model["num_classes"]
-    found |= {"compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
-              "compression_learned": learned(loss, classes)}
+             "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"],
+             "compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
+             "compression_learned": learned(loss, classes)}
     for variant in ("fp16", "powersgd"):
         e = study[variant]
         found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))
@@ -77,14 +74,16 @@ def compression_figure(study: dict[str, Experiment]):
     fig, (time_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.4))
     x = np.arange(len(table))
     names = [in_words(name) for name in table.index]
-    time_ax.bar(x, table["step_time_s"] * 1e3, yerr=[(table["step_time_s"] - table["step_low_s"]) * 1e3,
-                                                     (table["step_high_s"] - table["step_time_s"]) * 1e3], capsize=4)
+    _bars(time_ax, x, *(table[column] * 1e3 for column in ("step_time_s", "step_low_s", "step_high_s")))
     time_ax.set(xticks=x, xticklabels=names, ylabel="ms per step", title="Step time (bar: range of repeats)")
-    acc_ax.bar(x, table["final_val_accuracy"], color="C2",
-               yerr=[table["final_val_accuracy"] - table["accuracy_low"],
-                     table["accuracy_high"] - table["final_val_accuracy"]], capsize=4)
+    _bars(acc_ax, x, table["final_val_accuracy"], table["accuracy_low"], table["accuracy_high"], color="C2")
     chance_line(acc_ax, next(iter(study.values())).baseline.model["num_classes"])
     acc_ax.legend(fontsize=8)
     acc_ax.set(xticks=x, xticklabels=names, ylabel="accuracy", title="Final validation accuracy (bar: range)")
     fig.tight_layout()
     return fig
+
+
+def _bars(ax, x, median, low, high, **style) -> None:
+    """A bar per variant at its median, its whisker the range of the repeats."""
+    ax.bar(x, median, yerr=[median - low, high - median], capsize=4, **style)

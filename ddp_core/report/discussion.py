@@ -36,7 +36,6 @@ def measurement_findings(experiment: Experiment) -> dict:
     lost_comm = big["comm_exposed_per_step_s"]
     other = lost - lost_compute - lost_comm
     base, biggest = experiment.runs[1], experiment.runs[largest]
-    divided = rank_compute_s(one["compute_per_step_s"], base, biggest)
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
         **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
@@ -47,12 +46,12 @@ def measurement_findings(experiment: Experiment) -> dict:
         "main_cause": "computation that did not shrink to one N-th" if lost_compute > lost_comm
         else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
-        "hidden_share": float(1 - big["exposed_share"]),
+        "hidden_share": float(1 - big["exposed_share"]), "dropout": base.model["dropout"],
         **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),
-        "dropout": base.model["dropout"],
-        "cpu_count": experiment.runs[largest].cpu_count, "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
-        "threads_n1": counted(experiment.runs[1].threads_per_rank, "thread"),
-        "divided_compute_ms": float(divided * 1e3), "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
+        "cpu_count": biggest.cpu_count, "threads_nmax": counted(biggest.threads_per_rank, "thread"),
+        "threads_n1": counted(base.threads_per_rank, "thread"),
+        "divided_compute_ms": float(rank_compute_s(one["compute_per_step_s"], base, biggest) * 1e3),
+        "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
         **time_glue("divided", _divided_comparison(experiment, largest)),
     }
 

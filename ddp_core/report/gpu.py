@@ -19,7 +19,7 @@ import pandas as pd
 from ddp_core.analysis.gpu_measurements import (MFU_GOAL, PRESET_ORDER, GpuResults, emulated_table, forecast_table,
                                                 load_gpu_results, mfu_findings, mfu_table)
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_markdown
-from ddp_core.analysis.results import Experiment, read_run
+from ddp_core.analysis.results import Experiment, load_study, read_run
 from ddp_core.analysis.step_profile import categorised
 from ddp_core.analysis.tables import measured_by, quantity_table
 from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name
@@ -54,16 +54,16 @@ def mfu_figure(gpu: GpuResults):
     for i, (preset, rows) in enumerate(sorted(eager.groupby("preset"), key=lambda item: PRESET_ORDER[item[0]])):
         for amp, style in (("bf16", "o-"), ("off", "s--")):
             line = rows[rows["amp"] == amp]
-            ax.plot(line["batch_size"], line["mfu"] * 100, style, color=f"C{i}", label=f"{preset}, {precision_name(amp)}")
+            ax.plot(line["batch_size"], line["mfu"] * 100, style, color=f"C{i}",
+                    label=f"{preset}, {precision_name(amp)}")
     for row in table[table["compiled"]].itertuples():
         ax.plot(row.batch_size, row.mfu * 100, "*", markersize=14, color="black",
                 label=f"{row.preset}, {precision_name(row.amp)}, compiled")
     ax.axhline(MFU_GOAL * 100, color="gray", linestyle=":", label=f"goal: {MFU_GOAL:.0%}")
     batches = sorted(table["batch_size"].unique())
-    ax.set(xscale="log", xlabel="batch (samples per step)", ylabel="MFU (% of the dense bf16 peak)",
+    ax.set(xscale="log", yscale="log", xlabel="batch (samples per step)", ylabel="MFU (% of the dense bf16 peak)",
            title=f"Model FLOP utilisation on one {gpu.eager.info['device_name']}")
     ax.set_xticks(batches, [str(b) for b in batches])
-    ax.set_yscale("log")
     ax.set_ylim(0.5 * table["mfu"].min() * 100, 400 * max(MFU_GOAL, table["mfu"].max()))  # room for the legend
     ticks = [t for t in (0.1, 0.3, 1, 3, 10, 30, 100) if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
@@ -80,8 +80,8 @@ def step_findings(gpu: GpuResults) -> dict:
     ops = categorised(p)
     busy = ops["self_s_per_step"].sum()
     config = (p.info["preset"], p.info["amp"], p.info["batch_size"])
-    epochs = gpu.eager.epochs.set_index(CONFIG).loc[config]
-    loop = epochs[epochs["loop"] == "ddp_core"]  # the profile's loop: the trainer's own, timers off
+    # the profile's loop: the trainer's own, timers off
+    loop = gpu.eager.epochs.set_index(CONFIG).loc[config].query("loop == 'ddp_core'")
     unprofiled = (loop["seconds"] / (loop["samples"] / config[2])).median()
     products = ops[ops["category"] == "matrix products"]
     products_s = products["self_s_per_step"].sum()
@@ -110,9 +110,8 @@ def trainer_table(folder: Path) -> pd.DataFrame:
                          chance=1 / info["model"]["num_classes"], device=info["device_name"],
                          seq_len=info["config"]["seq_len"], batch=info["global_batch_size"],
                          eval_samples=info["config"]["eval_samples"]))
-    table = pd.DataFrame(rows)
-    return table.sort_values(["preset", "amp"], key=lambda c: c.map(PRESET_ORDER) if c.name == "preset" else c,
-                             ignore_index=True)
+    return pd.DataFrame(rows).sort_values(["preset", "amp"], ignore_index=True,
+                                          key=lambda c: c.map(PRESET_ORDER) if c.name == "preset" else c)
 
 
 def trainer_markdown(folder: Path) -> str:
@@ -150,7 +149,8 @@ def forecast_markdown(gpu: GpuResults) -> str:
 
 def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     table = emulated_table(nodes)
-    table["range"] = [f"{low:.0%} to {high:.0%}" for low, high in zip(table["efficiency_low"], table["efficiency_high"])]
+    table["range"] = [f"{low:.0%} to {high:.0%}"
+                      for low, high in zip(table["efficiency_low"], table["efficiency_high"])]
     n = table["nodes"].iloc[0]
     return quantity_table(table, {"ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"),
                                 "compute_over_ideal": (f"A node's compute / ($T_1$/{n})", "{:.2f}"),
@@ -159,8 +159,6 @@ def emulated_markdown(nodes: dict[str, Experiment]) -> str:
 
 
 def print_summary(results: Path) -> None:
-    from ddp_core.analysis.results import load_study
-
     gpu = load_gpu_results(results)
     if gpu is None:
         print(f"no GPU measured under {results}")

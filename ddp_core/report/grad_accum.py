@@ -48,8 +48,7 @@ ACCUMULATION_ROWS = {
 
 
 def accumulation_markdown(study: dict[str, Experiment]) -> str:
-    table = accumulation_table(study)
-    return quantity_table(table, ACCUMULATION_ROWS, turned=True)
+    return quantity_table(accumulation_table(study), ACCUMULATION_ROWS, turned=True)
 
 
 # A loss that agrees to this is the same computation up to the order of float32 sums.
@@ -59,15 +58,13 @@ SAME_MODEL_TOLERANCE = 1e-3
 def accumulation_findings(study: dict[str, Experiment]) -> dict:
     table = accumulation_table(study)
     gap = float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
-    first = table.index[0]
+    same = gap <= SAME_MODEL_TOLERANCE
     one_batch, accumulated, ddp = (study[variant] for variant in table.index)
     floor = time_floor(*study.values())  # one floor for both comparisons of the page
-    accumulated_c = compare_times(accumulated, one_batch, floor=floor)
-    ddp_c = compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)
-    return {"accum_reference": first.replace("_", " "),  # the variant's name in words, as the table's columns
-            "accum_loss_gap": gap,
-            "accum_tolerance": SAME_MODEL_TOLERANCE,
-            "accum_same_model": "the same model" if gap <= SAME_MODEL_TOLERANCE else "different models",
-            "accum_within_rounding": "within" if gap <= SAME_MODEL_TOLERANCE else "beyond",
+    return {"accum_reference": table.index[0].replace("_", " "),  # the variant's name in words, as the table's columns
+            "accum_loss_gap": gap, "accum_tolerance": SAME_MODEL_TOLERANCE,
+            "accum_same_model": "the same model" if same else "different models",
+            "accum_within_rounding": "within" if same else "beyond",
             "accum_ddp_ranks": ddp.largest, **chance_glue("accum", one_batch, 1),
-            **time_glue("accum_time", accumulated_c), **time_glue("accum_ddp_time", ddp_c)}
+            **time_glue("accum_time", compare_times(accumulated, one_batch, floor=floor)),
+            **time_glue("accum_ddp_time", compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor))}

@@ -16,7 +16,7 @@ from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, Measurement, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted, in_words, quantity_table
+from ddp_core.analysis.tables import counted, in_words, median_range, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
@@ -60,36 +60,31 @@ def summary_table(results: Path) -> pd.DataFrame:
         share = "" if row.share == node_share(nodes[BASELINE]) else f" (nodes of {row.share:g} core)"
         rows.append(dict(setting=f"{row.configuration}{share}, {counted(row.nodes, 'node')}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
-                         value=f"{row.speedup:.2f} ({row.speedup_low:.2f}–{row.speedup_high:.2f})",
+                         value=median_range(row.speedup, row.speedup_low, row.speedup_high),
                          efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
                              f"{row.break_even:.2f}"))
     for row in similarity_test_table(nodes).itertuples():
         rows.append(dict(setting=f"{row.configuration}, {counted(row.nodes, 'node')}: speedup at {row.other_share:g} "
-                                 f"core over at {row.share:g}", ratio="",
-                         value=f"{row.ratio:.2f} ({row.low:.2f}–{row.high:.2f})",
-                         efficiency="", verdict=row.verdict, floor=f"{row.floor:.0%}",
+                                 f"core over at {row.share:g}",
+                         ratio="", value=median_range(row.ratio, row.low, row.high), efficiency="", verdict=row.verdict,
+                         floor=f"{row.floor:.0%}",
                          why=f"finds a {SIMILARITY_EFFECT:.0%} difference {row.finds_effect:.0%} of the time"))
     scaling = load_experiment(results / "scaling")
-    shared = scaling_table(scaling).loc[scaling.largest]
-    one = scaling.baseline
+    shared, one = scaling_table(scaling).loc[scaling.largest], scaling.baseline
     setting = "Ranks on a GPU each" if one.on_gpu else f"Ranks sharing one machine's {one.cpu_count} cores"
     rows.append(dict(setting=f"{setting}, {counted(scaling.largest, 'rank')}", ratio="",
-                     value=f"{shared['speedup']:.2f} ({shared['speedup_low']:.2f}–{shared['speedup_high']:.2f})",
+                     value=median_range(shared["speedup"], shared["speedup_low"], shared["speedup_high"]),
                      efficiency=f"{shared['efficiency']:.0%}", verdict=shared["verdict"],
-                     floor=f"{shared['noise_floor']:.0%}",
-                     why="" if one.on_gpu else "no compute added"))
+                     floor=f"{shared['noise_floor']:.0%}", why="" if one.on_gpu else "no compute added"))
     return pd.DataFrame(rows)
 
 
 def summary_markdown(results: Path) -> str:
     return quantity_table(summary_table(results), {
-        "setting": ("Setting", "{}"),
-        "ratio": ("Compute over all-reduce as benchmarked, target / reached", "{}"),
+        "setting": ("Setting", "{}"), "ratio": ("Compute over all-reduce as benchmarked, target / reached", "{}"),
         "value": ("Speedup or ratio, median (range)", "{}"), "efficiency": ("Efficiency", "{}"),
-        "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{}"),
-        "why": ("Why", "{}")},
-        index_name=None)
+        "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{}"), "why": ("Why", "{}")})
 
 
 def findings(experiment: Experiment) -> dict:

@@ -12,17 +12,8 @@ from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, quantity_table
 
 
-def precision_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    rows = {}
-    for variant, e in study.items():
-        table = scaling_table(e).loc[1]
-        rows[variant] = dict(step_time_ms=table["step_time_s"] * 1e3, samples_per_s=table["samples_per_s"],
-                             final_val_accuracy=table["final_val_accuracy"], final_train_loss=table["final_train_loss"])
-    return pd.DataFrame(rows).T
-
-
 PRECISION_ROWS = {
-    "step_time_ms": (STEP_MEDIAN_MS, "{:.1f}"),
+    "step_time_s": (STEP_MEDIAN_MS, "{:.1f}", 1e3),
     "samples_per_s": ("Throughput, from the median step (samples/s)", "{:.1f}"),
     "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
     "final_val_accuracy": (FINAL_ACCURACY, "{:.3f}"),
@@ -30,7 +21,8 @@ PRECISION_ROWS = {
 
 
 def precision_markdown(study: dict[str, Experiment]) -> str:
-    table = precision_table(study)
+    """A column per variant: its 1-rank runs as the results chapter's table has them (`scaling_table`)."""
+    table = pd.DataFrame({variant: scaling_table(e).loc[1] for variant, e in study.items()}).T
     return quantity_table(table, PRECISION_ROWS, turned=True)
 
 
@@ -47,21 +39,16 @@ def bf16_support(run) -> str:
     return "did not record its extensions" if extensions is None else "has no bf16 instructions"
 
 
-def _evaluation_set(run) -> str:
-    """'64 evaluation samples' or 'the whole evaluation split': what an accuracy was measured on."""
-    samples = run.config["eval_samples"]
-    return "the whole evaluation split" if samples is None else counted(samples, "evaluation sample")
-
-
 def precision_findings(study: dict[str, Experiment]) -> dict:
     c = compare_times(study["bf16"], study["fp32"])
-    return {"precision_device": study["fp32"].baseline.device_name,
-            "precision_bf16_support": bf16_support(study["fp32"].baseline),
-            "precision_extensions": ", ".join(study["fp32"].baseline.raw.get("cpu_extensions") or []) or "none",
+    fp32 = study["fp32"].baseline
+    samples = fp32.config["eval_samples"]  # what an accuracy was measured on
+    return {"precision_device": fp32.device_name, "precision_bf16_support": bf16_support(fp32),
+            "precision_extensions": ", ".join(fp32.raw.get("cpu_extensions") or []) or "none",
             "bf16_instructions": " and ".join(BF16_INSTRUCTIONS),
-            **time_glue("precision_speed", c),
-            "precision_time_ratio": float(c.ratio),
-            "precision_eval_set": _evaluation_set(study["fp32"].baseline),
+            **time_glue("precision_speed", c), "precision_time_ratio": float(c.ratio),
+            "precision_eval_set": "the whole evaluation split" if samples is None
+            else counted(samples, "evaluation sample"),
             **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
             **chance_glue("precision", study["fp32"], 1)}
 

@@ -23,9 +23,7 @@ import pandas as pd
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
-from ddp_core.analysis.peers import PeerMeasurement
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.analysis.step_profile import StepProfile
 from ddp_core.analysis.tables import counted, day, measured_by, quantity_table, with_article
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
@@ -41,25 +39,19 @@ def verdict_markdown(m: Measurement) -> str:
 
 
 def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
-    table = table.copy()
-    table.index = [f"{preset}, {precision_name(amp)}, batch {batch}" for preset, amp, batch in table.index]
-    return table
+    return table.set_axis([f"{preset}, {precision_name(amp)}, batch {batch}" for preset, amp, batch in table.index])
 
 
 def throughput_markdown(m: Measurement) -> str:
-    table = throughput_table(m)
     on_gpu = m.info["device"] != "cpu"
-    table["compute"] = table["tflops"] * (1 if on_gpu else 1e3)
-    table["share_of_matmul_pct"] = table["share_of_matmul"] * 100
     columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:,.1f}"),
                "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:,.1f}"),
                "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:,.1f}"),
-               "compute": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}"),
-               "share_of_matmul_pct": ("Share of the matrix-product rate (%)", "{:.0f}")}
+               "tflops": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}", 1 if on_gpu else 1e3),
+               "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.0f}", 100)}
     if peak_tflops(m):
-        table["mfu_pct"] = table["mfu"] * 100
-        columns["mfu_pct"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1f}")
-    return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
+        columns["mfu"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1f}", 100)
+    return quantity_table(_configuration_index(throughput_table(m)), columns, "Model, precision, batch (samples)")
 
 
 def ratio_markdown(m: Measurement) -> str:
@@ -106,9 +98,10 @@ def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
         return found | {"outcome": "other CPU"}
     times = run_times(scaling).query("world_size == 1")
     return found | {"outcome": "comparable", "preset": key[0], "precision": precision_name(key[1]), "batch": key[2],
-                    "runs_samples_per_s": 1 / times["time_per_sample_s"].median(), "repeats": counted(len(times), "repeat"),
+                    "runs_samples_per_s": 1 / times["time_per_sample_s"].median(),
+                    "repeats": counted(len(times), "repeat"), "samples_per_s": table.loc[key, "samples_per_s_timed"],
                     "runs_measured_on": ", ".join(sorted({day(run.raw["start_time"]) for run in scaling.repeats[1]})),
-                    "samples_per_s": table.loc[key, "samples_per_s_timed"], "measured_on": day(m.info["start_time"])}
+                    "measured_on": day(m.info["start_time"])}
 
 
 def _cpu_phrase(m: Measurement) -> str:
@@ -131,13 +124,14 @@ def gpus_measured(measurements: list[Measurement]) -> str:
     return ", ".join(dict.fromkeys(m.info["device_name"] for m in measurements if m.info["device"] != "cpu")) or "none"
 
 
-def shown_profile(profiles: list[StepProfile]) -> StepProfile:
+def shown_profile(profiles: list[step_profile.StepProfile]) -> step_profile.StepProfile:
     """The step profile this chapter shows: a CPU's where there is one (the GPU chapter shows a GPU's), else the
     first."""
     return next((p for p in profiles if p.info["device"] == "cpu"), profiles[0])
 
 
-def benchmarks_findings(peer_measurements: list[PeerMeasurement], profiles: list[StepProfile]) -> dict:
+def benchmarks_findings(peer_measurements: list[peers.PeerMeasurement],
+                        profiles: list[step_profile.StepProfile]) -> dict:
     """What the page says around the peers' table (`peers_`, the first device measured) and the step profile's
     (`step_profile_`, `shown_profile`): provenance, workload and, for the profile, its FLOP rates."""
     return ({f"peers_{key}": value for key, value in peers.findings(peer_measurements[0]).items()}
