@@ -120,8 +120,7 @@ def per_batch(table: pd.DataFrame) -> pd.DataFrame:
     """The rule's runs by global batch: median steps and samples to the target over the repeats, their range,
     how many reached it, the evaluations' interval, B_simple's mean, and the medians of the runs' step, compute
     and exposed all-reduce."""
-    rule = table[follows_rule(table)]
-    grouped = rule.groupby("batch")
+    grouped = table[follows_rule(table)].groupby("batch")
     return pd.DataFrame({
         "per_rank_batch": grouped["per_rank_batch"].first(), "lr": grouped["lr"].first(),
         "steps": grouped["steps"].median(), "steps_low": grouped["steps"].min(), "steps_high": grouped["steps"].max(),

@@ -84,4 +84,5 @@ def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:
     theory predicts', 'against the theory's prediction', or why the runs cannot tell."""
     if not measured.decided:
         return f"the runs can neither confirm nor refute it: {measured.why_undecided()}"
-    return "as the theory predicts" if (measured.verdict == "higher") == predicts_gain else "against the theory's prediction"
+    borne_out = (measured.verdict == "higher") == predicts_gain
+    return "as the theory predicts" if borne_out else "against the theory's prediction"

@@ -5,9 +5,10 @@
 
 Each operator's self time per step (its own, not that of the operators it calls; on a GPU, that of the kernels it
 launched) falls in one category; the time of the profiled step that no operator spent (Python, the loop, the
-profiler's own bookkeeping; on a GPU, the time no kernel ran) is its own row, so the rows add up to the step. The matrix products' rate is their FLOPs (counted by the profiler
-from their shapes) over their time; the model's rate is the cost model's FLOPs per step over the step's wall
-time; both are held against the rate one large matrix product reached on the same device.
+profiler's own bookkeeping; on a GPU, the time no kernel ran) is its own row, so the rows add up to the step. The
+matrix products' rate is their FLOPs (counted by the profiler from their shapes) over their time; the model's rate is
+the cost model's FLOPs per step over the step's wall time; both are held against the rate one large matrix product
+reached on the same device.
 """
 
 from __future__ import annotations
@@ -73,8 +74,7 @@ def category_table(p: StepProfile) -> pd.DataFrame:
     the largest operator in it, and for the matrix products their rate in GFLOP/s."""
     ops = categorised(p)
     by_category = ops.groupby("category").agg(seconds=("self_s_per_step", "sum"), flops=("flops_per_step", "sum"))
-    by_category["largest"] = ops.loc[ops.groupby("category")["self_s_per_step"].idxmax()].set_index("category")[
-        "operator"]
+    by_category["largest"] = ops.set_index("operator").groupby("category")["self_s_per_step"].idxmax()
     by_category = by_category.sort_values("seconds", ascending=False)
     step = p.info["step_s"]
     outside = pd.DataFrame({"seconds": [step - by_category["seconds"].sum()], "flops": [0.0], "largest": [""]},
@@ -101,8 +101,8 @@ def category_markdown(p: StepProfile) -> str:
     table["largest"] = [short_name(name) for name in table["largest"]]
     table.index = [name[0].upper() + name[1:] for name in table.index]
     table["share"] = [f"{pct:.0f}" if pct >= 0.95 else f"{pct:.1f}" for pct in table["share_pct"]]
-    unit = rate_unit(p)
-    table["rate"] = table["gflops"] / (1e3 if unit == "TFLOP/s" else 1)
+    unit, gflops_per_unit = _rate_unit(p)
+    table["rate"] = table["gflops"] / gflops_per_unit
     columns = {"ms": ("Time per step (ms)", "{:.1f}"), "share": ("Share of the step (%)", "{}"),
                "rate": (f"Rate ({unit})", "{:,.0f}"), "largest": ("Largest operator", "{}")}
     return quantity_table(table, columns, "Operators")
@@ -114,24 +114,21 @@ def findings(p: StepProfile) -> dict:
     products = table.loc["matrix products"]
     large = info["matmul_tflops"] * 1e3  # GFLOP/s
     model = info["model_flops_per_step"] / info["step_s"] / 1e9
-    unit = rate_unit(p)
+    unit, gflops_per_unit = _rate_unit(p)
     return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
             **measured_by(info, "measured_on"),
             "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
             "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
-            "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_rate": rate_text(large, unit),
-            "products_rate": rate_text(products["gflops"], unit), "products_share": f"{products['gflops'] / large:.0%}",
+            "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_rate": f"{large / gflops_per_unit:,.0f} {unit}",
+            "products_rate": f"{products['gflops'] / gflops_per_unit:,.0f} {unit}",
+            "products_share": f"{products['gflops'] / large:.0%}",
             "products_time_share": f"{products['share_pct']:.0f} %",
-            "model_rate": rate_text(model, unit), "model_share": f"{model / large:.0%}"}
+            "model_rate": f"{model / gflops_per_unit:,.0f} {unit}", "model_share": f"{model / large:.0%}"}
 
 
-def rate_unit(p: StepProfile) -> str:
-    """TFLOP/s on a GPU, GFLOP/s on a CPU: each in the unit its rates read best in."""
-    return "GFLOP/s" if p.info["device"] == "cpu" else "TFLOP/s"
-
-
-def rate_text(gflops: float, unit: str) -> str:
-    return f"{gflops / (1e3 if unit == 'TFLOP/s' else 1):,.0f} {unit}"
+def _rate_unit(p: StepProfile) -> tuple[str, float]:
+    """TFLOP/s on a GPU, GFLOP/s on a CPU: each in the unit its rates read best in; and the GFLOP/s in one."""
+    return ("GFLOP/s", 1) if p.info["device"] == "cpu" else ("TFLOP/s", 1e3)
 
 
 def print_summary(p: StepProfile) -> None:

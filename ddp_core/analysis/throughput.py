@@ -33,8 +33,7 @@ def throughput_table(m: Measurement) -> pd.DataFrame:
     the trainer as every run uses it (the timed loop)."""
     sums = m.epochs.groupby(CONFIG + ["loop"])[["samples", "seconds"]].sum()
     rates = (sums["samples"] / sums["seconds"]).unstack("loop").add_prefix("samples_per_s_")
-    flops = m.epochs.groupby(CONFIG)["flops_per_sample"].first()
-    table = rates.join(flops)
+    table = rates.join(m.epochs.groupby(CONFIG)["flops_per_sample"].first())
     table["tflops"] = table["samples_per_s_timed"] * table["flops_per_sample"] / 1e12
     table["share_of_matmul"] = [row.tflops / m.info["matmul_tflops"][amp] for (_, amp, _), row in table.iterrows()]
     peak = peak_tflops(m)

@@ -75,18 +75,17 @@ def timeline_figure(study: dict[str, Experiment]):
     all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
     variants = list(study)
     fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.5 * len(variants) + 0.7), sharex=True)
-    colors = {"forward": "C0", "backward (with DDP's wait)": "C1", "optimizer": "C2"}
-    names = {"backward": "backward (with DDP's wait)"}
+    colors = {"forward": "C0", "backward": "C1", "optimizer": "C2", "all-reduce": "C3"}
     for ax, variant in zip(axes, variants):
         timeline = _timeline(study[variant])
         for row in timeline[timeline["what"] != "data"].itertuples():  # data loading: too short to see
             bucket = row.what.startswith("all-reduce")
             ax.barh(0 if bucket else 1, (row.end_s - row.start_s) * 1e3, left=row.start_s * 1e3, height=0.6,
-                    color="C3" if bucket else colors[names.get(row.what, row.what)], edgecolor="white",
-                    linewidth=0.5)
+                    color=colors["all-reduce" if bucket else row.what], edgecolor="white", linewidth=0.5)
         ax.set(yticks=[0, 1], yticklabels=["all-reduce\n(each bucket)", "phases"], title=in_words(variant))
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), "C3"]]
-    fig.legend(handles, [*colors, "all-reduce of a bucket"], loc="lower center", ncol=4, fontsize=8, frameon=False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, ["forward", "backward (with DDP's wait)", "optimizer", "all-reduce of a bucket"],
+               loc="lower center", ncol=4, fontsize=8, frameon=False)
     axes[-1].set_xlabel("ms from the start of the step")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

@@ -1,6 +1,6 @@
 """The discussion: where the time went, and when DDP pays off, from the runs and the cost model. Reads an
-`Experiment`; offers `findings` for the page's glue (`measurement_findings` and `analysis.payoff`'s
-`payoff_findings`, which the introduction quotes too), the emulated nodes' `nodes_findings`, `ratio_figure` and
+`Experiment`; offers `findings` for the page's glue (the runs' own and `analysis.payoff`'s `payoff_findings`,
+which the introduction quotes too), the emulated nodes' `nodes_findings`, `ratio_figure` and
 `tokens_needed_markdown`."""
 
 from __future__ import annotations
@@ -23,18 +23,17 @@ from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.payoff import CPU, GPU, benchmarked, payoff_findings, ratio_per_token
 
 
-def measurement_findings(experiment: Experiment) -> dict:
-    """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went.
-    The lost time is the mean step's excess over T1/N, split into the timed phases' excess (compute that did
-    not shrink as 1/N, exposed communication) and what the phases leave out: all of them means over the same
-    steady epochs, so the parts add up to it."""
+def findings(experiment: Experiment) -> dict:
+    """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went;
+    with the theory's verdict, `analysis.payoff`'s `payoff_findings`. The lost time is the mean step's excess over
+    T1/N, split into the timed phases' excess (compute that did not shrink as 1/N, exposed communication) and what
+    the phases leave out: all of them means over the same steady epochs, so the parts add up to it."""
     table = scaling_table(experiment)
     largest = experiment.largest
     one, big = table.loc[1], table.loc[largest]
     lost = big["mean_step_s"] - one["mean_step_s"] / largest
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
-    other = lost - lost_compute - lost_comm
     base, biggest = experiment.runs[1], experiment.runs[largest]
     return {
         "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
@@ -42,7 +41,7 @@ def measurement_findings(experiment: Experiment) -> dict:
         "step_1_ms": float(one["mean_step_s"] * 1e3), "step_nmax_ms": float(big["mean_step_s"] * 1e3),
         "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
         "lost_ms": float(lost * 1e3), "lost_compute_ms": float(lost_compute * 1e3),
-        "lost_comm_ms": float(lost_comm * 1e3), "lost_other_ms": float(other * 1e3),
+        "lost_comm_ms": float(lost_comm * 1e3), "lost_other_ms": float((lost - lost_compute - lost_comm) * 1e3),
         "main_cause": "computation that did not shrink to one N-th" if lost_compute > lost_comm
         else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
@@ -53,7 +52,7 @@ def measurement_findings(experiment: Experiment) -> dict:
         "divided_compute_ms": float(rank_compute_s(one["compute_per_step_s"], base, biggest) * 1e3),
         "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
         **time_glue("divided", _divided_comparison(experiment, largest)),
-    }
+    } | payoff_findings(experiment)
 
 
 def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
@@ -68,10 +67,6 @@ def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
 def _targets(experiment: Experiment) -> dict[str, float]:
     n, _ = benchmarked(experiment)
     return {"break even, no overlap": 1 / (n - 1), "90 % efficiency, no overlap": 9.0}
-
-
-def findings(experiment: Experiment) -> dict:
-    return measurement_findings(experiment) | payoff_findings(experiment)
 
 
 def nodes_findings(results: Path) -> dict:

@@ -30,9 +30,8 @@ def provenance_findings(gpu: GpuResults) -> dict:
     return {"gpu": info["device_name"], "gpu_driver": info["gpu_driver"], "gpu_cuda": info["cuda"],
             "gpu_nccl": info["nccl"], "gpu_torch": info["torch"],
             **{f"gpu_{key}": value for key, value in measured_by(info).items()},
-            "gpu_peak_tflops": peak_tflops(gpu.eager),
-            "gpu_matmul_tflops": info["matmul_tflops"]["bf16"], "mfu_goal": MFU_GOAL,
-            "gpu_rounds": int(gpu.eager.epochs["round"].nunique()),
+            "gpu_peak_tflops": peak_tflops(gpu.eager), "gpu_matmul_tflops": info["matmul_tflops"]["bf16"],
+            "mfu_goal": MFU_GOAL, "gpu_rounds": int(gpu.eager.epochs["round"].nunique()),
             "gpu_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0])}
 
 

@@ -16,7 +16,7 @@ from ddp_core.analysis.tables import FINAL_ACCURACY, quantity_table
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per variant: how the global batch was formed, its median step, and how far its losses lie
     from the first variant's, epoch by epoch, repeat k against repeat k (the same seed), the largest gap of all."""
-    reference = study[next(iter(study))]
+    reference = next(iter(study.values()))
     rows = {}
     for variant, e in study.items():
         run = e.baseline
@@ -32,8 +32,7 @@ def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 def _epochs(experiment: Experiment, run) -> pd.DataFrame:
     """One run's losses by epoch."""
-    metrics = experiment.metrics[experiment.metrics["run"] == run.name]
-    return metrics.set_index("epoch")[["train_loss", "val_loss"]]
+    return experiment.metrics.query("run == @run.name").set_index("epoch")[["train_loss", "val_loss"]]
 
 
 ACCUMULATION_ROWS = {

@@ -14,7 +14,7 @@ from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_fi
                                         similarity_table, similarity_test_table)
 from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
-from ddp_core.analysis.results import Experiment, Measurement, load_experiment, load_measurements, load_study
+from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, in_words, median_range, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
@@ -26,17 +26,18 @@ def key_findings(results: Path) -> dict:
     chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
     chapter's ratios (`device_`), sharding (`sharding_`) and the list of studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
+    # The studies beyond the results chapter's, from the study list itself: the overview the first page gives can
+    # then never leave one out.
+    titles = [study.title for name, study in load_study_list().items() if name != "scaling"]
+    # The One device chapter's ratios on the device the results chapter's runs had, or on the first one measured.
+    measurements = load_measurements(results / "single_device")
+    same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
     return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
             | gpu_measurements.headline_findings(results, nodes)
-            | studies_findings(load_study_list()) | critical_batch_findings(load_study(results / "time_to_accuracy"))
-            | one_device_findings(load_measurements(results / "single_device"), scaling)
+            | {"study_count": len(titles), "study_titles": "; ".join(titles)}
+            | critical_batch_findings(load_study(results / "time_to_accuracy"))
+            | ratio_findings((same or measurements)[0])
             | zero.headline_findings(load_study(results / "sharding")))
-
-
-def one_device_findings(measurements: list[Measurement], scaling: Experiment) -> dict:
-    """The One device chapter's ratios on the device the results chapter's runs had, or on the first one measured."""
-    same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
-    return ratio_findings((same or measurements)[0])
 
 
 def headline_figure(results: Path):
@@ -101,9 +102,3 @@ def findings(experiment: Experiment) -> dict:
         "placement": "each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores",
     } | {key: payoff[key] for key in ("ideal_consequence", "ratio_n_model", "break_even_ratio", "n_model")}
 
-
-def studies_findings(studies: dict) -> dict:
-    """The studies beyond the results chapter's (`scaling`), from the study list itself: the overview the first page
-    gives can then never leave one out."""
-    titles = [study.title for name, study in studies.items() if name != "scaling"]
-    return {"study_count": len(titles), "study_titles": "; ".join(titles)}

@@ -24,7 +24,7 @@ from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.analysis.tables import counted, day, measured_by, quantity_table, with_article
+from ddp_core.analysis.tables import counted, day, measured_by, median_range, quantity_table, with_article
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
 
@@ -57,7 +57,7 @@ def throughput_markdown(m: Measurement) -> str:
 def ratio_markdown(m: Measurement) -> str:
     table = ratio_table(m)
     for name in RATIOS:
-        table[name] = [f"{mid:.3f} ({low:.3f}–{high:.3f})" for mid, low, high in
+        table[name] = [median_range(*values, "{:.3f}") for values in
                        zip(table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"])]
     columns = {name: (f"{words} (median, range)", "{}") for name, (_, _, words) in RATIOS.items()}
     return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
