@@ -146,19 +146,16 @@ def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
         "tta_ranks": int(table["ranks"].iloc[0]), "tta_smallest": int(smallest), "tta_largest": int(largest),
         "tta_lr_at_32": float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
         "tta_unreached": int(table["steps"].isna().sum()), "tta_runs": len(table),
-        "tta_samples_smallest": float(batches.loc[smallest, "samples"]),
-        "tta_samples_largest": float(batches.loc[largest, "samples"]),
-        "tta_steps_smallest": float(batches.loc[smallest, "steps"]),
-        "tta_steps_largest": float(batches.loc[largest, "steps"]),
-        "tta_b_crit": fit["b_crit"], "tta_s_min": fit["s_min"], "tta_e_min": fit["e_min"],
+        **{f"tta_{column}_{end}": float(batches.loc[batch, column]) for column in ("samples", "steps")
+           for end, batch in (("smallest", smallest), ("largest", largest))},
+        **{f"tta_{key}": value for key, value in fit.items()},
         "tta_b_simple": float(noise.mean()), "tta_b_simple_low": float(noise.min()),
         "tta_b_simple_high": float(noise.max()), "tta_b_crit_over_b_simple": fit["b_crit"] / float(noise.mean()),
         "tta_rule_unreached": int(rule["steps"].isna().sum()), "tta_rule_runs": len(rule),
         **{f"tta_{key}": value for key, value in interval.items()},
         "tta_b_crit_against_range": "past the largest batch measured" if fit["b_crit"] > largest
         else "below the smallest batch measured" if fit["b_crit"] < smallest else "inside the range measured",
-        "tta_ratio_low": interval["b_crit_low"] / float(noise.mean()),
-        "tta_ratio_high": interval["b_crit_high"] / float(noise.mean()),
+        **{f"tta_ratio_{end}": interval[f"b_crit_{end}"] / float(noise.mean()) for end in ("low", "high")},
         "tta_b_crit_against_b_simple": "larger than every noise scale measured" if interval["b_crit_low"] > noise.max()
         else "smaller than every noise scale measured" if interval["b_crit_high"] < noise.min()
         else "not told apart from the noise scale",

@@ -47,7 +47,7 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
     base = study["fp32"]
     n = base.largest
     time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
-    loss, classes = compression_table(study).loc["fp32", "final_train_loss"], base.baseline.model["num_classes"]
+    loss, classes = at_world_size(base, n)["final_train_loss"], base.baseline.model["num_classes"]
     found = {"compression_nodes": n, "compression_link": link_label(base),
              "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
              "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"],

@@ -124,13 +124,11 @@ def trainer_markdown(folder: Path) -> str:
 
 def trainer_findings(folder: Path) -> dict:
     table = trainer_table(folder)
-    return {"trainer_runs": len(table), "trainer_epochs": int(table["epochs"].iloc[0]),
-            "trainer_seq_len": int(table["seq_len"].iloc[0]), "trainer_batch": int(table["batch"].iloc[0]),
-            "trainer_eval_samples": int(table["eval_samples"].iloc[0]),
-            "trainer_samples": int(table["train_samples"].iloc[0]), "trainer_chance": table["chance"].iloc[0],
-            "trainer_lowest_accuracy": table["val_accuracy"].min(),
-            "trainer_highest_accuracy": table["val_accuracy"].max(),
-            "trainer_above_chance": int((table["val_accuracy"] > table["chance"]).sum())}
+    accuracy, first = table["val_accuracy"], table.iloc[0]
+    return {"trainer_runs": len(table), "trainer_samples": int(first["train_samples"]),
+            **{f"trainer_{column}": int(first[column]) for column in ("epochs", "seq_len", "batch", "eval_samples")},
+            "trainer_chance": table["chance"].iloc[0], "trainer_lowest_accuracy": accuracy.min(),
+            "trainer_highest_accuracy": accuracy.max(), "trainer_above_chance": int((accuracy > table["chance"]).sum())}
 
 
 def forecast_markdown(gpu: GpuResults) -> str:
