@@ -169,7 +169,7 @@ def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int =
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
     """Each repeat's last validation accuracy at `world_size`, repeat 1 first."""
-    last = experiment.metrics.sort_values("epoch").groupby("run")["val_accuracy"].last()
+    last = last_epochs(experiment.metrics)["val_accuracy"]
     return [float(last[run.name]) for run in experiment.repeats[world_size]]
 
 

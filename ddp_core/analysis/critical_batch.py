@@ -50,8 +50,7 @@ DRAWS = 2000  # resamples of the seeds in `critical_batch_interval`
 
 def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> dict[str, float]:
     """How far B_crit and S_min move with the seeds: the runs of each batch size resampled with replacement and
-    fitted again; the 2.5th and 97.5th percentiles over the draws (NaN fits, with no bend, left out: their share
-    is `no_bend`)."""
+    fitted again; the 2.5th and 97.5th percentiles over the draws (NaN fits, with no bend, left out)."""
     rng = np.random.default_rng(seed)
     groups = {batch: group["steps"].to_numpy(float) for batch, group in table.groupby("batch")}
     batches = np.concatenate([np.full(len(g), batch) for batch, g in groups.items()])
@@ -59,9 +58,9 @@ def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int =
                          for _ in range(draws)])
     bent = fits[np.isfinite(fits["b_crit"])]
     if bent.empty:
-        return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan) | {"no_bend": 1.0}
+        return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan)
     return {f"{fitted}_{side}": float(np.percentile(bent[fitted], q)) for fitted in ("b_crit", "s_min")
-            for side, q in (("low", 2.5), ("high", 97.5))} | {"no_bend": 1 - len(bent) / draws}
+            for side, q in (("low", 2.5), ("high", 97.5))}
 
 
 def _evals(experiment: Experiment, run: str) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment,
                                        measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted
+from ddp_core.analysis.tables import counted, extensions_text, median_range
 from ddp_core.analysis.verdict import error_rates
 from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.studies.wind_tunnel import TOLERANCE
@@ -99,7 +99,7 @@ def similarity_test_findings(study: dict[str, Experiment]) -> dict:
     row = table.iloc[0]
     return {"similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
             "similarity_setting": f"{row['configuration']}, {counted(int(row['nodes']), 'node')}",
-            "similarity_value": f"{row['ratio']:.2f} ({row['low']:.2f} to {row['high']:.2f})",
+            "similarity_value": median_range(row["ratio"], row["low"], row["high"], between=" to "),
             "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
             "similarity_effect": SIMILARITY_EFFECT}
 
@@ -278,8 +278,7 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
-            "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
-            "tunnel_tolerance": TOLERANCE,
+            "tunnel_cpu_extensions": extensions_text(one), "tunnel_tolerance": TOLERANCE,
             "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
 
 

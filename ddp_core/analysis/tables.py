@@ -36,9 +36,19 @@ def machine_text(info: dict) -> str:
     return f"{info['device_name']} ({', '.join(info.get('cpu_extensions') or ['extensions not recorded'])})"
 
 
-def median_range(median: float, low: float, high: float, fmt: str = "{:.2f}") -> str:
-    """A median with the range it lies in, as the tables give it: '1.35 (1.20–1.59)'."""
-    return f"{fmt.format(median)} ({fmt.format(low)}–{fmt.format(high)})"
+def extensions_text(info: dict) -> str:
+    """The vector extensions a run.json or device.json recorded, as the pages list them: 'avx2, avx512f'."""
+    return ", ".join(info.get("cpu_extensions") or ["none recorded"])
+
+
+def range_text(low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
+    """A range as the tables give it, '1.20–1.59', or as the prose does (`between=" to "`): '1.20 to 1.59'."""
+    return f"{fmt.format(low)}{between}{fmt.format(high)}"
+
+
+def median_range(median: float, low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
+    """A median with the range it lies in (`range_text`), as the tables give it: '1.35 (1.20–1.59)'."""
+    return f"{fmt.format(median)} ({range_text(low, high, fmt, between)})"
 
 
 def counted(n: int, noun: str) -> str:

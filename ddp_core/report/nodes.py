@@ -26,14 +26,14 @@ from ddp_core.analysis.results import Experiment, disturbed, link_label, machine
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
-                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, measured_by, quantity_table)
+                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, measured_by, median_range, quantity_table)
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_test_table(study)
     table["shares"] = [f"{a:g} and {b:g}" for a, b in zip(table["share"], table["other_share"])]
     table["speedups"] = [f"{a:.2f} and {b:.2f}" for a, b in zip(table["speedup"], table["other_speedup"])]
-    table["ratio_range"] = [f"{row.ratio:.2f} ({row.low:.2f} to {row.high:.2f})" for row in table.itertuples()]
+    table["ratio_range"] = [median_range(row.ratio, row.low, row.high, between=" to ") for row in table.itertuples()]
     return quantity_table(table, {
         "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
         "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
@@ -113,7 +113,7 @@ def doubling_markdown(study: dict[str, Experiment]) -> str:
 
 def similarity_markdown(study: dict[str, Experiment]) -> str:
     table = similarity_table(study)
-    table["efficiency_range"] = [f"{e:.0%} ({low:.0%} to {high:.0%})" for e, low, high in
+    table["efficiency_range"] = [median_range(*row, "{:.0%}", " to ") for row in
                                  zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
     return quantity_table(table, {
         "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),

@@ -9,7 +9,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
 from ddp_core.analysis.results import Experiment, Measurement
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, quantity_table
+from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, extensions_text, quantity_table
 
 
 PRECISION_ROWS = {
@@ -59,9 +59,7 @@ def precision_crossref(measurements: list[Measurement], run) -> str:
     same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
     if not same_name:
         return "on other devices than these runs had"
-    extensions = same_name[0].info.get("cpu_extensions")
-    if extensions != run.raw.get("cpu_extensions"):
-        return (f"on a CPU of the same name but other vector extensions ({', '.join(extensions or ['none recorded'])} "
-                f"against these runs' {', '.join(run.raw.get('cpu_extensions') or ['none recorded'])}), whose bf16 "
-                f"figures do not carry over to these runs")
+    if same_name[0].info.get("cpu_extensions") != run.raw.get("cpu_extensions"):
+        return (f"on a CPU of the same name but other vector extensions ({extensions_text(same_name[0].info)} against "
+                f"these runs' {extensions_text(run.raw)}), whose bf16 figures do not carry over to these runs")
     return "on this kind of CPU, at its own batch sizes"

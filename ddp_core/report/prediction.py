@@ -12,13 +12,14 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.analysis.cost_model import allreduce_fits, measured_allreduce_s, predict
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import HIGHEST, LOWEST, counted, markdown_table, quantity_table
+from ddp_core.analysis.tables import HIGHEST, LOWEST, counted, quantity_table
 
-FORECAST_LABELS = {
-    "parameters": "parameters", "buckets": "DDP buckets", "comm_ms": "all-reduce per step (ms)",
-    "last_bucket_ms": "last bucket (ms)", "compute_bound_ms": "T1 at the peak rate (ms)",
-    "speedup_no_overlap": "speedup, no overlap", "speedup_last_bucket_only": "speedup, last bucket only",
-    "break_even_compute_ms": "break-even T1 (ms)", "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)"}
+FORECAST_ROWS = {"parameters": ("parameters", "{:,}"), "buckets": ("DDP buckets", "{:,}")} | {
+    column: (label, "{:.3g}") for column, label in {
+        "comm_ms": "all-reduce per step (ms)", "last_bucket_ms": "last bucket (ms)",
+        "compute_bound_ms": "T1 at the peak rate (ms)", "speedup_no_overlap": "speedup, no overlap",
+        "speedup_last_bucket_only": "speedup, last bucket only", "break_even_compute_ms": "break-even T1 (ms)",
+        "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)"}.items()}
 
 
 def findings(experiment: Experiment) -> dict:
@@ -191,7 +192,5 @@ def prediction_figure(experiment: Experiment):
 def forecast_markdown(experiment: Experiment) -> str:
     """The NVLink forecast per preset, presets as columns so that it fits the page."""
     workload = experiment.baseline
-    ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
-    cells = ahead.apply(lambda column: column.map(
-        "{:,}".format if column.name in ("parameters", "buckets") else "{:.3g}".format))
-    return markdown_table(cells.rename(columns=FORECAST_LABELS).T, "")
+    return quantity_table(forecast(workload.model, workload.global_batch_size, FORECAST_GPUS), FORECAST_ROWS,
+                          turned=True)

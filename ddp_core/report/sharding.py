@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, study_floor_power, time_glue
-from ddp_core.analysis.results import Experiment, last_epochs, link_label
-from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table
+from ddp_core.analysis.results import Experiment, last_epochs
+from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table, range_text
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, against_nodes_study, block_parameters, collective_kind,
-                                   counted_collectives, gloo_sends, held_shares, memory_table, model_size, modes,
-                                   node_counts, one_node, speedup_table, time_comparisons)
+                                   counted_collectives, gloo_sends, headline_findings, held_shares, memory_table,
+                                   model_size, modes, node_counts, one_node, speedup_table, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -134,11 +134,6 @@ def phase_markdown(study: dict[str, Experiment]) -> str:
         f"Mode, {max(node_counts(study))} nodes")
 
 
-def range_text(low: float, high: float) -> str:
-    """The range of the repeats as the tables give it: '1.35\u20131.59'."""
-    return f"{low:.2f}\u2013{high:.2f}"
-
-
 def speedup_markdown(study: dict[str, Experiment]) -> str:
     """Turned, a column per mode: on each number of nodes its speedup with the repeats' range, efficiency and
     verdict, and the noise floor (one per mode: its rounds' one node and its runs on every number of nodes)."""
@@ -168,7 +163,8 @@ def time_markdown(study: dict[str, Experiment]) -> str:
 
 
 def sharding_findings(study: dict[str, Experiment]) -> dict:
-    """Numbers and verdicts the page glues: the nodes, link and model; each mode's memory and traffic against DDP's,
+    """Numbers and verdicts the page glues: the key findings' (`headline_findings`: the nodes, the link, ZeRO-3's
+    against DDP's on the most nodes), the model; each mode's memory and traffic against DDP's,
     its speedup over one node (`speedup_table`) and its time per sample against DDP's (`time_comparisons`); ZeRO-1's
     against ZeRO-2's, on the same floor."""
     by_mode = modes(study)
@@ -178,27 +174,26 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
     held, against_ddp, speedups = held_shares(memory), time_comparisons(study), speedup_table(study)
     floor, alone = against_ddp[n]["zero1"].floor, run_times(one_node(study))["step_time_s"]
-    found = {"sharding_nodes": n, "sharding_fewer_nodes": fewer, "sharding_link": link_label(ddp),
-             "sharding_parameters_m": parameters / 1e6,
-             "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
-             "sharding_gradient_mb": 4 * parameters / MB,
-             "zero3_formula_share": held.loc[MODE_NAMES["zero3"], "formula"],
-             "one_node_apart": alone.max() / alone.min() - 1, "sharding_time_floor": floor,
-             **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
-                if key in ("found_10", "found_20")}}
+    found = headline_findings(study) | {
+        "sharding_fewer_nodes": fewer, "sharding_parameters_m": parameters / 1e6,
+        "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
+        "sharding_gradient_mb": 4 * parameters / MB,
+        "one_node_apart": alone.max() / alone.min() - 1, "sharding_time_floor": floor,
+        **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
+           if key in ("found_10", "found_20")}}
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
         found |= {f"{mode}_held_share": held.loc[name, "measured"],
                   f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
                   f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
     for suffix, nodes in (("", n), ("_fewer", fewer)):
-        against = against_ddp[nodes]
         zero1_against_zero2 = compare_times(by_mode["zero1"], by_mode["zero2"], nodes, nodes, floor=floor)
-        found |= (time_glue(f"zero3_time{suffix}", against["zero3"])
-                  | time_glue(f"zero1_against_zero2_time{suffix}", zero1_against_zero2)
-                  | {f"sharded_slower{suffix}": sum(against[mode].verdict == "higher" for mode in SHARDED_MODES),
-                     f"ddp_speedup{suffix}": speedups.loc["DDP", f"speedup_n{nodes}"],
-                     f"zero3_speedup{suffix}": speedups.loc[MODE_NAMES["zero3"], f"speedup_n{nodes}"]})
+        found |= time_glue(f"zero1_against_zero2_time{suffix}", zero1_against_zero2) | {
+            f"sharded_slower{suffix}": sum(against_ddp[nodes][mode].verdict == "higher" for mode in SHARDED_MODES)}
+    # on the most nodes, `headline_findings` gives these
+    found |= time_glue("sharding_zero3_time_fewer", against_ddp[fewer]["zero3"]) | {
+        "sharding_ddp_speedup_fewer": speedups.loc["DDP", f"speedup_n{fewer}"],
+        "sharding_zero3_speedup_fewer": speedups.loc[MODE_NAMES["zero3"], f"speedup_n{fewer}"]}
     phases = phase_table(study)
     last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
     losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}

@@ -24,7 +24,8 @@ from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.analysis.tables import counted, day, measured_by, median_range, quantity_table, with_article
+from ddp_core.analysis.tables import (counted, day, extensions_text, measured_by, median_range, quantity_table,
+                                      with_article)
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
 
@@ -91,9 +92,8 @@ def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
     table = throughput_table(m)
     if one.device_name != m.info["device_name"] or key not in table.index:
         return {"outcome": "none"}
-    found = {"device_name": with_article(one.device_name),
-             "runs_extensions": ", ".join(one.raw.get("cpu_extensions") or ["none recorded"]),
-             "extensions": ", ".join(m.info.get("cpu_extensions") or ["none recorded"])}
+    found = {"device_name": with_article(one.device_name), "runs_extensions": extensions_text(one.raw),
+             "extensions": extensions_text(m.info)}
     if one.raw.get("cpu_extensions") != m.info.get("cpu_extensions"):
         return found | {"outcome": "other CPU"}
     times = run_times(scaling).query("world_size == 1")

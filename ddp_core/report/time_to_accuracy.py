@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import quantity_table
+from ddp_core.analysis.tables import median_range, quantity_table
 from ddp_core.analysis.verdict import compare, noise_floor
 from ddp_core.analysis.critical_batch import follows_rule, per_batch, rule_fit, runs_table
 
@@ -73,7 +73,7 @@ def _steps_text(rows: pd.DataFrame) -> list[str]:
     """Each row's steps to the target, median (range), the median alone where the repeats agree, "–" where none
     reached it."""
     return ["–" if not np.isfinite(median) else f"{median:.0f}" if low == high
-            else f"{median:.0f} ({low:.0f} to {high:.0f})"
+            else median_range(median, low, high, "{:.0f}", " to ")
             for median, low, high in zip(rows["steps"], rows["steps_low"], rows["steps_high"])]
 
 
