@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import run_times, speedup_comparisons, steady_phases
+from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, run_times, speedup_comparisons,
+                                           speedup_glue, steady_phases)
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.analysis.results import Experiment, last_epochs
+from ddp_core.analysis.tables import counted, in_words
 
 
 def scaling_table(experiment: Experiment) -> pd.DataFrame:
@@ -52,3 +54,16 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     table["compute_to_comm_ratio"] = compute_to_comm_ratio(pd.Series(share, index=table.index), comm).where(comm > 0)
     table["exposed_share"] = (table["comm_exposed_per_step_s"] / comm).where(comm > 0)  # f of the theory chapter
     return table
+
+
+def largest_findings(experiment: Experiment) -> dict:
+    """What the results chapter, the discussion and the first page each say of a study's runs, from one place: the
+    settings they share (model, data, batch, machine, dropout, threads a rank at one rank and at the most) and, at
+    the most ranks, the speedup over one rank and the final accuracy against one rank's, each with its verdict."""
+    one, largest = experiment.baseline, experiment.largest
+    return {"preset": one.config["preset"], "dataset": in_words(one.config["dataset"]),
+            "global_batch": one.global_batch_size, "cpu_count": one.cpu_count, "dropout": one.model["dropout"],
+            "largest": largest, "threads_1": counted(one.threads_per_rank, "thread"),
+            "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
+            **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
+            **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))}

@@ -15,11 +15,10 @@ from ddp_core.engine.model_cost import preset_configs
 from ddp_core.analysis.emulated import headline_findings
 from ddp_core.analysis.cost_model import rank_compute_s
 from ddp_core.analysis.results import Experiment, load_study
-from ddp_core.analysis.tables import counted, markdown_table
+from ddp_core.analysis.tables import markdown_table
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
-from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, paired_sides, speedup_comparisons,
-                                           speedup_glue, time_glue)
-from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.comparisons import paired_sides, time_glue
+from ddp_core.analysis.speedups import largest_findings, scaling_table
 from ddp_core.analysis.payoff import CPU, GPU, benchmarked, payoff_findings, ratio_per_token
 
 
@@ -35,9 +34,8 @@ def findings(experiment: Experiment) -> dict:
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
     base, biggest = experiment.runs[1], experiment.runs[largest]
-    return {
-        "largest": largest, "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
-        **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
+    return largest_findings(experiment) | {
+        "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
         "step_1_ms": float(one["mean_step_s"] * 1e3), "step_nmax_ms": float(big["mean_step_s"] * 1e3),
         "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
         "lost_ms": float(lost * 1e3), "lost_compute_ms": float(lost_compute * 1e3),
@@ -45,10 +43,7 @@ def findings(experiment: Experiment) -> dict:
         "main_cause": "computation that did not shrink to one N-th" if lost_compute > lost_comm
         else "exposed communication",
         "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
-        "hidden_share": float(1 - big["exposed_share"]), "dropout": base.model["dropout"],
-        **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),
-        "cpu_count": biggest.cpu_count, "threads_nmax": counted(biggest.threads_per_rank, "thread"),
-        "threads_n1": counted(base.threads_per_rank, "thread"),
+        "hidden_share": float(1 - big["exposed_share"]),
         "divided_compute_ms": float(rank_compute_s(one["compute_per_step_s"], base, biggest) * 1e3),
         "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
         **time_glue("divided", _divided_comparison(experiment, largest)),

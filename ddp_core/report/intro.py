@@ -8,15 +8,14 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis import gpu_measurements, zero
-from ddp_core.analysis.comparisons import speedup_comparisons, speedup_glue
 from ddp_core.analysis.critical_batch import critical_batch_findings
 from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
                                         similarity_table, similarity_test_table)
 from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
-from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted, in_words, median_range, quantity_table
+from ddp_core.analysis.speedups import largest_findings, scaling_table
+from ddp_core.analysis.tables import counted, median_range, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
@@ -91,14 +90,8 @@ def summary_markdown(results: Path) -> str:
 def findings(experiment: Experiment) -> dict:
     table = scaling_table(experiment)
     one = experiment.baseline
-    payoff = payoff_findings(experiment)
-    return {
-        "preset": one.config["preset"], "parameters": one.parameters, "dataset": in_words(one.config["dataset"]),
-        "global_batch": one.global_batch_size, "device": one.device_name, "cpu_count": one.cpu_count,
-        "backend": one.backend,
+    return largest_findings(experiment) | payoff_findings(experiment) | {
+        "parameters": one.parameters, "device": one.device_name, "backend": one.backend,
         "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
-        "largest": experiment.largest,
-        **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[experiment.largest]),
-        "placement": "each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores",
-    } | {key: payoff[key] for key in ("ideal_consequence", "ratio_n_model", "break_even_ratio", "n_model")}
+        "placement": "each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores"}
 

@@ -19,15 +19,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (WARMUP_EPOCHS, accuracy_glue, against_chance, chance_bar, compare_accuracies,
-                                           speedup_comparisons, speedup_glue)
+from ddp_core.analysis.comparisons import WARMUP_EPOCHS, against_chance, chance_bar
 from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
-from ddp_core.analysis.speedups import scaling_table
+from ddp_core.analysis.speedups import largest_findings, scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
-                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, counted, in_words, quantity_table,
-                                      rank_label)
+                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, quantity_table, rank_label)
 
 # The columns of `scaling_table` the prose quotes on one rank and on the most.
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
@@ -40,25 +38,18 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None = None) 
     transfer and waiting (`cost_model.communication_split`: an experiment with all-reduce benchmarks)."""
     table = scaling_table(experiment)
     first, largest = experiment.baseline, experiment.largest
-    found = {
-        "dataset": in_words(first.config["dataset"]), "preset": first.config["preset"], "parameters": f"{first.parameters:,}",
-        "world_sizes": ", ".join(map(str, table.index)), "global_batch": int(table["global_batch_size"].iloc[0]),
+    found = largest_findings(experiment) | {
+        "parameters": f"{first.parameters:,}", "world_sizes": ", ".join(map(str, table.index)),
         "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
-        "largest": largest,
         "warmup_phrase": "the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
-        "threads_1": counted(first.threads_per_rank, "thread"),
-        "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
         "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
         "optimizer_growth_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]),
         "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
-        "dropout": first.model["dropout"],
-        **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
         "eval_samples": first.config["eval_samples"],
         "accuracy_vs_chance_n1": against_chance(experiment, 1),
         "accuracy_vs_chance_nmax": against_chance(experiment, largest),
     }
     found["chance"], found["chance_bar"] = chance_bar(first)
-    found |= accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))
     found |= {f"{column}_{at}": float(table.loc[n, column])
               for column in RESULTS_COLUMNS for at, n in (("n1", 1), ("nmax", largest))}
     for part in ("transfer", "waiting") if communication is not None else ():
