@@ -78,10 +78,19 @@ def with_article(name: str) -> str:
 STEP_MEDIAN_MS = "Step time, median of the repeats' medians (ms)"
 LOWEST, HIGHEST = "lowest, over repeats", "highest, over repeats"  # a median's range, in the rows below it
 FINAL_ACCURACY = "Final validation accuracy, median of the repeats"
-LOWEST_MS, HIGHEST_MS = f"{LOWEST} (ms)", f"{HIGHEST} (ms)"
-MEAN_STEP_MS = "Step time, mean over the steady epochs (ms)"  # and its parts, in the rows below it:
-OF_WHICH_COMPUTE_MS, OF_WHICH_EXPOSED_MS = "of which compute (ms)", "of which exposed all-reduce (ms)"
+MEAN_STEP_MS = "Step time, mean over the steady epochs (ms)"
 ALLREDUCE_IN_FLIGHT_MS = "All-reduce in flight per step, mean (ms)"
+# The rows several tables share: the median step with its range over the repeats, and (`step_part_rows`) the mean
+# step with its parts in the rows below it.
+STEP_RANGE_MS = {"step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3), "step_low_s": (f"{LOWEST} (ms)", "{:.0f}", 1e3),
+                 "step_high_s": (f"{HIGHEST} (ms)", "{:.0f}", 1e3)}
+
+
+def step_part_rows(fmt: str = "{:.0f}") -> dict[str, tuple]:
+    """The mean step over the steady epochs and its parts (`comparisons.steady_phases`), in ms, in format `fmt`."""
+    return {"mean_step_s": (MEAN_STEP_MS, fmt, 1e3), "compute_per_step_s": ("of which compute (ms)", fmt, 1e3),
+            "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", fmt, 1e3)}
+
 
 NUMBER = re.compile(r"[-+–]?\d|–$")  # a formatted number, or "–" for none
 

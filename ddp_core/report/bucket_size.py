@@ -10,8 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST_MS, LOWEST_MS, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
-                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, in_words, quantity_table)
+from ddp_core.analysis.tables import ALLREDUCE_IN_FLIGHT_MS, STEP_RANGE_MS, in_words, quantity_table, step_part_rows
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -33,12 +32,8 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
 BUCKET_ROWS = {
     "bucket_cap_mb": ("Bucket size set (MiB; –: PyTorch's default)", "{:g}"),
     "allreduces": ("All-reduces per step", "{:.0f}"),
-    "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
-    "step_low_s": (LOWEST_MS, "{:.0f}", 1e3),
-    "step_high_s": (HIGHEST_MS, "{:.0f}", 1e3),
-    "mean_step_s": (MEAN_STEP_MS, "{:.0f}", 1e3),
-    "compute_per_step_s": (OF_WHICH_COMPUTE_MS, "{:.0f}", 1e3),
-    "comm_exposed_per_step_s": (OF_WHICH_EXPOSED_MS, "{:.0f}", 1e3),
+    **STEP_RANGE_MS,
+    **step_part_rows(),
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}", 1e3),
 }
 

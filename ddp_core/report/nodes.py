@@ -25,8 +25,8 @@ from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SHARE_GOT, SIMIL
 from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
-                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, measured_by, median_range, quantity_table)
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, STEP_MEDIAN_MS,
+                                      measured_by, median_range, quantity_table, step_part_rows)
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
@@ -48,9 +48,7 @@ LINK_ROWS = {
     "speedup": ("Speedup over one node, median of the repeats' paired ratios", "{:.2f}"),
     "speedup_low": (LOWEST, "{:.2f}"),
     "speedup_high": (HIGHEST, "{:.2f}"),
-    "mean_step_s": (MEAN_STEP_MS, "{:.0f}", 1e3),
-    "compute_per_step_s": (OF_WHICH_COMPUTE_MS, "{:.0f}", 1e3),
-    "comm_exposed_per_step_s": (OF_WHICH_EXPOSED_MS, "{:.0f}", 1e3),
+    **step_part_rows(),
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}", 1e3),
     "predicted_compute_s": ("Compute per step, predicted (ms)", "{:.0f}", 1e3),
     "predicted_comm_s": ("All-reduce per step, predicted from the benchmark (ms)", "{:.0f}", 1e3),

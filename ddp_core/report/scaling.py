@@ -24,8 +24,8 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, OF_WHICH_COMPUTE_MS,
-                                      OF_WHICH_EXPOSED_MS, STEP_MEDIAN_MS, quantity_table, rank_label)
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, STEP_MEDIAN_MS, quantity_table,
+                                      rank_label, step_part_rows)
 
 # The columns of `scaling_table` the prose quotes on one rank and on the most.
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
@@ -68,9 +68,7 @@ RESULTS_ROWS = {
     "efficiency": ("Parallel efficiency (%)", "{:.0f}", 100),
     "cores_ideal": ("Ideal speedup for the cores the ranks had", "{:.2f}"),
     "step_time_s": (STEP_MEDIAN_MS, "{:.1f}", 1e3),
-    "mean_step_s": (MEAN_STEP_MS, "{:.1f}", 1e3),
-    "compute_per_step_s": (OF_WHICH_COMPUTE_MS, "{:.1f}", 1e3),
-    "comm_exposed_per_step_s": (OF_WHICH_EXPOSED_MS, "{:.1f}", 1e3),
+    **step_part_rows("{:.1f}"),
     "optimizer_per_step_s": ("Optimizer step, part of compute, mean (ms)", "{:.1f}", 1e3),
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.1f}", 1e3),
     "peak_memory_mb": ("Peak memory, largest rank and repeat (MB)", "{:,.0f}"),
