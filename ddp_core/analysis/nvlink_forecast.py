@@ -45,7 +45,7 @@ from ddp_core.engine.run_files import READY
 from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta
 from ddp_core.analysis.replay import one_node_step_s, replay_step
 from ddp_core.analysis.results import Experiment, Measurement, ResultsError, run_on_folder
-from ddp_core.analysis.throughput import CONFIG, throughput_table
+from ddp_core.analysis.throughput import CONFIG, precision_name, throughput_table
 from ddp_core.analysis.tables import measured_by, quantity_table
 
 LITERATURE = Path(__file__).with_name("literature")
@@ -171,7 +171,7 @@ def replay_forecast(timelines: list[StepTimeline], world_size: int = FORECAST_GP
 def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GPUS) -> str:
     """The replay forecast as a table, a row per precision and batch per GPU."""
     table = replay_forecast(timelines, world_size)
-    table.index = [f"{'fp32' if row.amp == 'off' else row.amp}, {row.batch_per_gpu}" for row in table.itertuples()]
+    table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu}" for row in table.itertuples()]
     n = world_size
     return quantity_table(table, {
         "per_gpu_ms": ("A GPU's step (ms)", "{:.1f}"), "exposed_ms": ("All-reduce exposed (ms)", "{:.2f}"),

@@ -41,16 +41,15 @@ def shown_folder(experiment: Experiment) -> tuple[str, str]:
 
 
 def setup_findings(experiment: Experiment) -> dict:
+    """`study_setup_findings` of the results chapter's runs, and the folder, host, dataset and day they come from."""
     first = experiment.baseline.raw
-    folder, kind = shown_folder(experiment)
     counts = sorted({len(runs) for runs in experiment.repeats.values()})
-    return {"folder": folder, "results_kind": kind, "world_sizes": ", ".join(map(str, experiment.runs)),
-            "device": first["device_name"], "backend": first["backend"], "hostname": first["hostname"],
-            "cpu_count": first["cpu_count"], "torch_version": first["torch"],
-            "dataset": in_words(first["config"]["dataset"]),
-            "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
-            "repeats": "one run per world size" if counts == [1]
-                       else f"{' to '.join(map(str, counts))} runs per world size, each with its own seed"}
+    return study_setup_findings(experiment) | {
+        "folder": shown_folder(experiment)[0], "world_sizes": ", ".join(map(str, experiment.runs)),
+        "hostname": first["hostname"], "dataset": in_words(first["config"]["dataset"]),
+        "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
+        "repeats": "one run per world size" if counts == [1]
+                   else f"{' to '.join(map(str, counts))} runs per world size, each with its own seed"}
 
 
 def made_findings(results: Path) -> dict:

@@ -23,9 +23,7 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
         cap = run.config.get("bucket_cap_mb")
         rows[variant] = {"bucket_cap_mb": np.nan if cap is None else cap,
                          "allreduces": run.raw.get("allreduces_per_step", np.nan),
-                         **at_world_size(e, e.largest)[["step_time_s", "step_low_s", "step_high_s", "mean_step_s",
-                                                        "compute_per_step_s", "comm_total_per_step_s",
-                                                        "comm_exposed_per_step_s"]]}
+                         **at_world_size(e, e.largest)}
     return pd.DataFrame(rows).T
 
 
