@@ -86,6 +86,11 @@ STEP_RANGE_MS = {"step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3), "step_low_s": (
                  "step_high_s": (f"{HIGHEST} (ms)", "{:.0f}", 1e3)}
 
 
+def range_rows(quantity: str, fmt: str) -> dict[str, tuple]:
+    """The rows below a median that give its range over the repeats: columns `<quantity>_low` and `_high`."""
+    return {f"{quantity}_low": (LOWEST, fmt), f"{quantity}_high": (HIGHEST, fmt)}
+
+
 def step_part_rows(fmt: str = "{:.0f}") -> dict[str, tuple]:
     """The mean step over the steady epochs and its parts (`comparisons.steady_phases`), in ms, in format `fmt`."""
     return {"mean_step_s": (MEAN_STEP_MS, fmt, 1e3), "compute_per_step_s": ("of which compute (ms)", fmt, 1e3),

@@ -12,8 +12,8 @@ from ddp_core.analysis.comparisons import (accuracy_floor, accuracy_glue, at_wor
                                            compare_times, final_accuracies, time_floor, time_glue)
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, FINAL_ACCURACY, HIGHEST, LOWEST, STEP_RANGE_MS, in_words,
-                                      quantity_table)
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, FINAL_ACCURACY, STEP_RANGE_MS, in_words, quantity_table,
+                                      range_rows)
 
 
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -31,8 +31,7 @@ COMPRESSION_ROWS = {
     **STEP_RANGE_MS,
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}", 1e3),
     "final_val_accuracy": (FINAL_ACCURACY, "{:.3f}"),
-    "accuracy_low": (LOWEST, "{:.3f}"),
-    "accuracy_high": (HIGHEST, "{:.3f}"),
+    **range_rows("accuracy", "{:.3f}"),
     "final_train_loss": ("Final training loss, median of the repeats", "{:.3f}"),
 }
 

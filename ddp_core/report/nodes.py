@@ -25,8 +25,8 @@ from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SHARE_GOT, SIMIL
 from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, MEAN_STEP_MS, STEP_MEDIAN_MS,
-                                      measured_by, median_range, quantity_table, step_part_rows)
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, MEAN_STEP_MS, STEP_MEDIAN_MS, measured_by, median_range,
+                                      quantity_table, range_rows, step_part_rows)
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
@@ -46,8 +46,7 @@ LINK_ROWS = {
     "measured_gbit_s": ("Link measured before the runs, median (Mbit/s)", "{:,.0f}", 1e3),
     "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
     "speedup": ("Speedup over one node, median of the repeats' paired ratios", "{:.2f}"),
-    "speedup_low": (LOWEST, "{:.2f}"),
-    "speedup_high": (HIGHEST, "{:.2f}"),
+    **range_rows("speedup", "{:.2f}"),
     **step_part_rows(),
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}", 1e3),
     "predicted_compute_s": ("Compute per step, predicted (ms)", "{:.0f}", 1e3),

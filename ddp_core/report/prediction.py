@@ -12,7 +12,7 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.analysis.cost_model import allreduce_fits, measured_allreduce_s, predict
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import HIGHEST, LOWEST, counted, quantity_table
+from ddp_core.analysis.tables import counted, quantity_table, range_rows
 
 FORECAST_ROWS = {"parameters": ("parameters", "{:,}"), "buckets": ("DDP buckets", "{:,}")} | {
     column: (label, "{:.3g}") for column, label in {
@@ -153,8 +153,7 @@ PREDICTION_ROWS = {
     "measured_step_s": ("Step, measured: median of the repeats' medians (ms)", "{:.1f}", 1e3),
     "predicted_speedup": ("Speedup, predicted", "{:.3f}"),
     "measured_speedup": ("Speedup, measured: median of the repeats' paired ratios", "{:.3f}"),
-    "measured_speedup_low": (LOWEST, "{:.3f}"),
-    "measured_speedup_high": (HIGHEST, "{:.3f}"),
+    **range_rows("measured_speedup", "{:.3f}"),
     "speedup_no_overlap": ("Speedup, scenario without overlap", "{:.3f}"),
     "speedup_last_bucket_only": ("Speedup, scenario last bucket only", "{:.3f}"),
     "compute_error": ("Error of the compute estimate (%)", "{:+.0f}", 100),

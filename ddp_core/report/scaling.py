@@ -24,8 +24,8 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, HIGHEST, LOWEST, STEP_MEDIAN_MS, quantity_table,
-                                      rank_label, step_part_rows)
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, STEP_MEDIAN_MS, quantity_table, range_rows, rank_label,
+                                      step_part_rows)
 
 # The columns of `scaling_table` the prose quotes on one rank and on the most.
 RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
@@ -63,8 +63,7 @@ RESULTS_ROWS = {
     "epoch_time_s": ("Epoch time, median of the repeats (s)", "{:.2f}"),
     "samples_per_s": ("Throughput, from the median step (samples/s)", "{:.1f}"),
     "speedup": ("Speedup, median of the repeats' paired ratios", "{:.2f}"),
-    "speedup_low": (LOWEST, "{:.2f}"),
-    "speedup_high": (HIGHEST, "{:.2f}"),
+    **range_rows("speedup", "{:.2f}"),
     "efficiency": ("Parallel efficiency (%)", "{:.0f}", 100),
     "cores_ideal": ("Ideal speedup for the cores the ranks had", "{:.2f}"),
     "step_time_s": (STEP_MEDIAN_MS, "{:.1f}", 1e3),
@@ -73,8 +72,7 @@ RESULTS_ROWS = {
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.1f}", 1e3),
     "peak_memory_mb": ("Peak memory, largest rank and repeat (MB)", "{:,.0f}"),
     "final_val_accuracy": ("Final validation accuracy, median", "{:.3f}"),
-    "accuracy_low": (LOWEST, "{:.3f}"),
-    "accuracy_high": (HIGHEST, "{:.3f}"),
+    **range_rows("accuracy", "{:.3f}"),
 }
 
 
