@@ -219,9 +219,9 @@ def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
-    """What the key findings say of sharding: ZeRO-3's share of DDP's training state a rank (measured, and by ZeRO's
-    formula), its time per sample against DDP's, on the study's most nodes and the configuration their links model,
-    and its speedup and DDP's over one node there."""
+    """What the key findings say of sharding, and the sharding page with them: ZeRO-3's share of DDP's training state
+    a rank (measured, and by ZeRO's formula), its time per sample against DDP's, on the study's most nodes and the
+    configuration their links model, and its speedup and DDP's over one node there."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))
     ddp, speedups = modes(study)["none"], speedup_table(study)[f"speedup_n{n}"]
