@@ -192,5 +192,6 @@ def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
     """`mfu_findings`, `forecast_findings` and `replay_findings` named `gpu_<name>`, with the GPU's name as
     `gpu_device`, for the first page."""
     gpu = load_gpu_results(results)
-    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(load_timelines(results / "gpu_timeline"))
+    timelines = load_timelines(results / "gpu_timeline")
+    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(timelines)
     return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}

@@ -5,13 +5,14 @@ One node's median step (its timeline.csv: forward, backward, optimizer, and the 
 buckets would be complete, `ddp_core.engine.run_files.READY`) is carried to N nodes: a rank computes 1/N of the global
 batch, so forward, backward and the moments within backward at which the buckets are ready shrink N times; the
 optimizer steps the whole model on every rank and does not, nor does anything else outside forward and backward
-(taking the batch, the moments between backward and the optimizer). Then the buckets' all-reduces are replayed in order on
-one channel, as DDP issues them: bucket k starts when it is ready and the one before it has finished, and takes
+(taking the batch, the moments between backward and the optimizer). Then the buckets' all-reduces are replayed in
+order on one channel, as DDP issues them: bucket k starts when it is ready and the one before it has finished, and takes
 what the all-reduce benchmark measured for its size over the nodes' links (or, for GPUs, a published curve). The
 step ends when backward and the last all-reduce have both ended, plus what followed backward on the one node. A
 timeline taken at the batch each rank computes is replayed with `nodes=1`: nothing shrinks, only the all-reduces are
-added (the GPU forecast does so, since a GPU's step does not shrink in proportion to its batch). What the replay leaves out is where it errs: on an emulated node
-the all-reduce's own CPU work (gloo's sums, the kernel's network stack) competes with backward for the node's quota.
+added (the GPU forecast does so, since a GPU's step does not shrink in proportion to its batch). What the replay
+leaves out is where it errs: on an emulated node the all-reduce's own CPU work (gloo's sums, the kernel's network
+stack) competes with backward for the node's quota.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
     table["ratio_range"] = [median_range(row.ratio, row.low, row.high, between=" to ") for row in table.itertuples()]
     return quantity_table(table, {
         "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
-        "speedups": ("Speedups (medians)", "{}"), "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
+        "speedups": ("Speedups (medians)", "{}"),
+        "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
         "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.0%}"),
         "finds_effect": (f"Chance to detect a {SIMILARITY_EFFECT:.0%} difference", "{:.0%}")}, index_name=None)
 

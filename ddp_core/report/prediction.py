@@ -74,7 +74,8 @@ def target_findings(prediction: pd.DataFrame) -> dict:
     inside = prediction["predicted_speedup"].between(prediction["measured_speedup_low"],
                                                      prediction["measured_speedup_high"])
     meets = error.max() <= TARGET and parts_error.max() <= TARGET and error.max() < null_error.max()
-    return {"target": TARGET, "meets_target": "meets" if meets else "misses", "parts_max_error": float(parts_error.max()),
+    return {"target": TARGET, "meets_target": "meets" if meets else "misses",
+            "parts_max_error": float(parts_error.max()),
             "predictions_inside": int(inside.sum()), "predictions": len(prediction),
             "null_max_error": float(null_error.max()), "null_worst_n": int(null_error.idxmax()),
             "model_vs_null": "smaller than" if error.max() < null_error.max() else "no smaller than",
@@ -178,7 +179,8 @@ def prediction_figure(experiment: Experiment):
     ax.bar(x - 0.2, prediction["predicted_speedup"], 0.4, label="predicted")
     error = [prediction["measured_speedup"] - prediction["measured_speedup_low"],
              prediction["measured_speedup_high"] - prediction["measured_speedup"]]
-    ax.bar(x + 0.2, prediction["measured_speedup"], 0.4, yerr=error, capsize=4, label="measured (bar: range of repeats)")
+    ax.bar(x + 0.2, prediction["measured_speedup"], 0.4, yerr=error, capsize=4,
+           label="measured (bar: range of repeats)")
     ax.vlines(x - 0.2, prediction["speedup_no_overlap"], prediction["speedup_last_bucket_only"], color="k",
               linewidth=3, label="scenarios: no overlap to last bucket only")
     ax.set(xticks=x, xticklabels=[f"{n} ranks" for n in prediction.index], ylabel="speedup",

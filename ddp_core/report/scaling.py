@@ -43,7 +43,8 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None = None) 
         "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
         "warmup_phrase": "the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
         "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
-        "optimizer_growth_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]),
+        "optimizer_growth_nmax": float(table.loc[largest, "optimizer_per_step_s"]
+                                       / table.loc[1, "optimizer_per_step_s"]),
         "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
         "eval_samples": first.config["eval_samples"],
         "accuracy_vs_chance_n1": against_chance(experiment, 1),
