@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -231,3 +232,23 @@ def test_the_link_model_is_fitted_through_every_point_and_never_sends_fewer_bits
     assert bits / 2e8 + fixed == pytest.approx(0.70, rel=0.05) and bits / 1.5e9 + fixed == pytest.approx(0.14, rel=0.1)
     backwards = [(2e8, 0.9), (1e9, 1.0)]  # the slower link looked faster: B is the ring's bits, A what is left
     assert fit_link(backwards, wire_bits=1e8) == pytest.approx(((0.9 - 0.5 + 1.0 - 0.1) / 2, 1e8))
+
+
+# Links far below the calibration rates, where a bit costs about half what the calibration's line says (the tiny
+# study's half-share nodes at 18 Mbit/s), and links where the fixed part is off instead.
+@pytest.mark.parametrize("true_fixed_s, true_bits", [(0.0018, 0.55 * 8e5), (0.006, 8e5)], ids=["bits", "fixed"])
+def test_the_rate_search_reaches_the_target_within_a_few_tries_where_the_calibration_line_misses(
+        tmp_path, monkeypatch, true_fixed_s, true_bits):
+    from ddp_core.launch.plan import rate_bits_per_s
+    from ddp_core.studies import wind_tunnel
+
+    def links(study, n, rate, cpus, buckets, out):  # the all-reduce as links of the true A and B take it
+        return [true_fixed_s + true_bits / rate_bits_per_s(rate)]
+
+    monkeypatch.setattr(wind_tunnel, "benchmark_buckets", links)
+    monkeypatch.setattr(wind_tunnel, "accept_benchmark", lambda benchmark, accepted: None)
+    rank_compute_s, target = 0.0063, 0.23  # the all-reduce must take 27 ms
+    found = wind_tunnel.dimension(SimpleNamespace(name="nodes"), "a100_ethernet", 2, target, rank_compute_s,
+                                  {"fixed_s": 0.0018, "bits": 8e5}, [54792], 0.25, tmp_path)
+    assert found["achieved_ratio"] == pytest.approx(target, rel=wind_tunnel.TOLERANCE)
+    assert len(found["tries"]) <= 3
