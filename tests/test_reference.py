@@ -62,6 +62,22 @@ def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
         assert found[f"{variant}_median_ms"] == pytest.approx(steps.iloc[WARMUP_STEPS:].median() * 1e3)
 
 
+@pytest.mark.parametrize("study, findings, variant", [("bucket_size", "bucket", "default_buckets"),
+                                                      ("compression", "compression", "fp32")])
+def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_its_compute(study, findings, variant):
+    """The links of these studies are set in Mbit/s, so their verdicts belong to the CPU they ran on: the page says
+    the all-reduce in flight a step over the step's compute, means over every repeat's epochs after the first."""
+    from importlib import import_module
+
+    folder = REPO / "reference" / study
+    found = getattr(import_module(f"ddp_core.report.{study}"), f"{findings}_findings")(load_study(folder))
+    later = pd.concat(pd.read_csv(run / "metrics.csv") for run in (folder / variant).glob("n2*")).query("epoch > 1")
+    per_step = lambda column: (later[column] / later["steps"]).mean()  # noqa: E731
+    compute = per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s") \
+        + per_step("optimizer_time_s")
+    assert found[f"{findings}_comm_over_compute"] == pytest.approx(per_step("comm_total_s") / compute)
+
+
 def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_runs_csvs():
     """Bytes a step: each run's link count over its steps, in fp32 gradients, the median over the runs, and what
     gloo's algorithms send for the collectives the first run counted; the state a rank holds: parameters, gradients and optimizer state of the largest rank's last epoch, over DDP's."""

@@ -302,3 +302,11 @@ def at_world_size(experiment: Experiment, n: int) -> pd.Series:
     steps = run_times(experiment).query("world_size == @n")["step_time_s"]
     return pd.concat([parts, pd.Series({"step_time_s": steps.median(), "step_low_s": steps.min(),
                                         "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median()})])
+
+
+def comm_over_compute(experiment: Experiment) -> float:
+    """The all-reduce in flight a step over the step's compute (means over the steady epochs, at the largest world
+    size): how much the links, where a study sets them in Mbit/s, weigh against the compute of the CPU it ran on, so
+    that a reader on another CPU sees where its verdicts were measured."""
+    parts = at_world_size(experiment, experiment.largest)
+    return float(parts["comm_total_per_step_s"] / parts["compute_per_step_s"])

@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import at_world_size, compare_times, run_times, time_floor, time_glue
+from ddp_core.analysis.comparisons import (at_world_size, comm_over_compute, compare_times, run_times, time_floor,
+                                           time_glue)
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import ALLREDUCE_IN_FLIGHT_MS, STEP_RANGE_MS, in_words, quantity_table, step_part_rows
 
@@ -46,7 +47,8 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
     floor = time_floor(*study.values())
     found = {"bucket_nodes": n, "bucket_link": link_label(default), "bucket_preset": default.baseline.config["preset"],
              "bucket_parameters": f"{default.baseline.parameters:,}",
-             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}"}
+             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}",
+             "bucket_comm_over_compute": comm_over_compute(default)}
     for variant in ("one_bucket", "one_mib_buckets"):
         found |= time_glue(variant, compare_times(study[variant], default, n, n, floor=floor))
     # How long each plotted step took against its run's median step: one step is an example, not a measure.
