@@ -15,11 +15,11 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
 3. per variant and N, the rate r at which T(r) = T* = (T_c/N) / R_target, r = B / (T* - A). The benchmark at r
    gives the R achieved; where it misses by more than TOLERANCE, near the target, where the two calibration rates'
    line misses what the links do, the part that took most of the try's time is taken anew and r set again, at most
-   MAX_TRIES times: B, as the try's time beyond A at its rate, where the links took most of it (far below the
+   MAX_TRIES times: B, as the tries' time beyond A at their rates, where the links took most of it (far below the
    calibration rates, where a bit costs less than between them: a B that stayed too large crept towards the target
-   by a few per cent a try); else A, as the mean over the tries so far of what each left beside B/r (the mean, so
-   that at a rate where A is most of the time one benchmark's noise is not a new A); variants that model the same configuration on the same nodes (the sharding study's
-   modes) share the first one's links;
+   by a few per cent a try); else A, as what each try left beside B/r. Each the mean over the tries so far, so that
+   one benchmark's noise is not a new A or B; variants that model the same configuration on the same nodes (the
+   sharding study's modes) share the first one's links;
 4. the forecast of each variant's step on N nodes, once per round (`forecast_round`), after the round's one-node run
    of the share and before any of the variants' runs of that round: that one node's median step replayed on N
    nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the run's
@@ -279,8 +279,8 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
             accept_benchmark(out, home / variant / f"allreduce-n{n}")
             return {"target_ratio": target, "achieved_ratio": achieved, "link_rate": rate,
                     "rank_compute_s": rank_compute_s, "tries": tries}
-        if measured > 2 * fixed_s:  # mostly on the links: B as the try took it beyond A at its rate
-            bits = (measured - fixed_s) * rate_bits_per_s(rate)
+        if measured > 2 * fixed_s:  # mostly on the links: B as the tries took it beyond A at their rates
+            bits = float(np.mean([(t["allreduce_s"] - fixed_s) * rate_bits_per_s(t["link_rate"]) for t in tries]))
         else:
             fixed_s = float(np.mean([t["allreduce_s"] - bits / rate_bits_per_s(t["link_rate"]) for t in tries]))
     raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
