@@ -304,9 +304,8 @@ def at_world_size(experiment: Experiment, n: int) -> pd.Series:
                                         "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median()})])
 
 
-def comm_over_compute(experiment: Experiment) -> float:
-    """The all-reduce in flight a step over the step's compute (means over the steady epochs, at the largest world
-    size): how much the links, where a study sets them in Mbit/s, weigh against the compute of the CPU it ran on, so
-    that a reader on another CPU sees where its verdicts were measured."""
-    parts = at_world_size(experiment, experiment.largest)
+def comm_over_compute(parts: pd.Series) -> float:
+    """The all-reduce in flight a step over the step's compute (means over the steady epochs; `parts` is
+    `at_world_size`'s): how much the links, where a study sets them in Mbit/s, weigh against the compute of the CPU it
+    ran on, so that a reader on another CPU sees where its verdicts were measured."""
     return float(parts["comm_total_per_step_s"] / parts["compute_per_step_s"])

@@ -69,14 +69,15 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
         if variant not in record or variant in links:
             continue
         twin = twins[record[variant]["models"]]
+        twin_sides, tested_sides = paired_sides(twin), paired_sides(tested)  # each side's runs read once
+        twin_speedups, tested_speedups = speedup_comparisons(twin), speedup_comparisons(tested)
         for n in sorted(n for n in tested.repeats if n > 1 and n in twin.repeats):
             c = compare_speedups(tested, twin, n)
-            twin_sides, tested_sides = paired_sides(twin), paired_sides(tested)
             repeats = [twin_sides[1], twin_sides[n], tested_sides[1], tested_sides[n],  # the floor's configurations
                        *(sides[m] for sides in (twin_sides, tested_sides) for m in sides if m not in (1, n))]
             rows.append(dict(configuration=record[variant]["configuration"], nodes=n, share=share,
-                             other_share=node_share(tested), speedup=speedup_comparisons(twin)[n].ratio,
-                             other_speedup=speedup_comparisons(tested)[n].ratio, ratio=c.ratio, low=c.low, high=c.high,
+                             other_share=node_share(tested), speedup=twin_speedups[n].ratio,
+                             other_speedup=tested_speedups[n].ratio, ratio=c.ratio, low=c.low, high=c.high,
                              floor=c.floor, verdict=c.says("scales worse", "scales better"),
                              finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS,
                                                         planted=slower_speedup, runs=SPEEDUP_RUNS)[SIMILARITY_EFFECT]))

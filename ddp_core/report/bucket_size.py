@@ -48,7 +48,7 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
     found = {"bucket_nodes": n, "bucket_link": link_label(default), "bucket_preset": default.baseline.config["preset"],
              "bucket_parameters": f"{default.baseline.parameters:,}",
              "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}",
-             "bucket_comm_over_compute": comm_over_compute(default)}
+             "bucket_comm_over_compute": comm_over_compute(at_world_size(default, n))}
     for variant in ("one_bucket", "one_mib_buckets"):
         found |= time_glue(variant, compare_times(study[variant], default, n, n, floor=floor))
     # How long each plotted step took against its run's median step: one step is an example, not a measure.

@@ -44,13 +44,14 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
     base = study["fp32"]
     n = base.largest
     time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
-    loss, classes = at_world_size(base, n)["final_train_loss"], base.baseline.model["num_classes"]
+    parts = at_world_size(base, n)  # its runs' steps read once
+    loss, classes = parts["final_train_loss"], base.baseline.model["num_classes"]
     found = {"compression_nodes": n, "compression_link": link_label(base),
              "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
              "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"],
              "compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
              "compression_learned": learned(loss, classes),
-             "compression_comm_over_compute": comm_over_compute(base)}
+             "compression_comm_over_compute": comm_over_compute(parts)}
     for variant in ("fp16", "powersgd"):
         e = study[variant]
         found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))
