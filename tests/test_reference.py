@@ -173,6 +173,17 @@ def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_and_compared_
         assert row["verdict"] in ("lower", "higher", "no visible difference")
 
 
+def test_the_sharding_page_says_how_far_apart_each_studys_one_node_repeats_ran():
+    """Beside the two studies' DDP speedups, the drift each carries: its one node's slowest median step over its
+    fastest, less 1, at the sharding study's share."""
+    from ddp_core.report.sharding import drift_findings
+
+    found = drift_findings(load_study(REPO / "reference" / "sharding"), load_study(REPO / "reference" / "nodes"))
+    for key, study in (("sharding_one_node_apart", "sharding"), ("nodes_one_node_apart", "nodes")):
+        medians = repeat_medians(REPO / "reference" / study / "one_node", 1)
+        assert found[key] == pytest.approx(max(medians) / min(medians) - 1)
+
+
 def test_the_methods_chapter_gives_each_studys_steps_a_run_from_its_csvs():
     """How many steps a run's time rests on: the median over the study's runs of the steps its epochs trained."""
     studies = load_study_list()

@@ -197,20 +197,27 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
 def forecast_findings(study: dict[str, Experiment]) -> dict:
     """Over the wind tunnel's forecasts (`forecast_table`): how many, how many within FORECAST_BAR of the step
     measured, their range and sign, and the largest by size; and how far apart the repeats of one node ran at each
-    share (the slowest median step over the fastest, less 1): the drift that forecasting each round from its own
-    one node leaves out."""
+    share (`one_node_drift`)."""
     table = forecast_table(study)
     errors = table["error"]
     worst = table.loc[errors.abs().idxmax()]
-    apart = {node_share(e): run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}}
     return {"forecast_bar": FORECAST_BAR, "forecasts": len(table),
             "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
             "forecast_rounds": int(table["rounds"].sum()), "forecast_rounds_within": int(table["rounds_within"].sum()),
             "forecast_errors": signs(errors), "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
             "forecast_worst_error": worst["error"], "forecast_worst_link": worst["link"],
             "forecast_worst_nodes": int(worst["world_size"]),
-            "one_node_repeats_apart": " and ".join(f"{steps.max() / steps.min() - 1:.0%} at {share:g} core"
-                                                   for share, steps in sorted(apart.items(), reverse=True))}
+            "one_node_repeats_apart": " and ".join(f"{apart:.0%} at {share:g} core"
+                                                   for share, apart in sorted(one_node_drift(study).items(),
+                                                                              reverse=True))}
+
+
+def one_node_drift(study: dict[str, Experiment]) -> dict[float, float]:
+    """Per CPU share, how far apart the one node's repeats ran (the slowest median step over the fastest, less 1):
+    the drift that a speedup over one node carries, and that forecasting each round from its own one node leaves
+    out."""
+    steps = {node_share(e): run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}}
+    return {share: times.max() / times.min() - 1 for share, times in steps.items()}
 
 
 def signs(values: pd.Series) -> str:

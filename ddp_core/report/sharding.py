@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, study_floor_power, time_glue
+from ddp_core.analysis.emulated import node_share, one_node_drift
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table, range_text
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, against_nodes_study, block_parameters, collective_kind,
@@ -232,3 +233,11 @@ def nodes_study_markdown(study: dict[str, Experiment], nodes: dict[str, Experime
         "speedup_there": ("DDP's speedup, the nodes study", "{:.2f}"), "range_there": ("Range of the repeats", "{}"),
         "ratio": ("This study's over the nodes study's, median of the repeats' paired ratios", "{:.2f}"),
         "verdict": ("Verdict", "{}")}, turned=True, column_names=[f"{n} nodes" for n in table.index])
+
+
+def drift_findings(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict:
+    """How far apart each study's one-node repeats ran at this study's share: a drift that each study's speedups
+    carry and that a comparison of the two, not run in the same rounds, cannot pair away."""
+    share = node_share(one_node(study))
+    return {"sharding_one_node_apart": one_node_drift(study)[share],
+            "nodes_one_node_apart": one_node_drift(nodes)[share]}
