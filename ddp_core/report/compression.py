@@ -77,7 +77,8 @@ def compression_figure(study: dict[str, Experiment]):
     time_ax.set(xticks=x, xticklabels=names, ylabel="ms per step", title="Step time (bar: range of repeats)")
     _bars(acc_ax, x, table["final_val_accuracy"], table["accuracy_low"], table["accuracy_high"], color="C2")
     chance_line(acc_ax, next(iter(study.values())).baseline.model["num_classes"])
-    acc_ax.legend(fontsize=8)
+    acc_ax.set_ylim(0, 1.3 * table["accuracy_high"].max())  # room above the whiskers for the legend
+    acc_ax.legend(fontsize=8, loc="upper right")
     acc_ax.set(xticks=x, xticklabels=names, ylabel="accuracy", title="Final validation accuracy (bar: range)")
     fig.tight_layout()
     return fig

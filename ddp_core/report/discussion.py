@@ -70,12 +70,13 @@ def nodes_findings(results: Path) -> dict:
 
 
 def ratio_figure(experiment: Experiment):
-    """R_N against tokens per rank, per preset, on CPU ranks like these and on A100s, with the two targets."""
+    """R_N against tokens per rank, per preset, on CPU ranks like these and on A100s, with the two targets; one legend
+    below both panels, off the curves."""
     n, _ = benchmarked(experiment)
     ratios = ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
     tokens = np.logspace(np.log10(64), np.log10(2**20), 40)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True)
     for ax, (name, title) in zip(axes, [(CPU, f"CPU ranks like this machine, N={n}"),
                                        (GPU, f"A100 + NVLink, N={n} (prediction)")]):
         for preset in presets:
@@ -87,9 +88,8 @@ def ratio_figure(experiment: Experiment):
     measured = scaling_table(experiment).loc[n, "compute_to_comm_ratio"]
     axes[0].plot(experiment.runs[n].tokens_per_rank, measured, "k*", markersize=10, label="these runs, measured")
     axes[0].set_ylabel("$R_N = (T_c/N)/T_\\mathrm{comm}$")
-    axes[0].legend(fontsize=8)
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 

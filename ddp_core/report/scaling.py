@@ -116,11 +116,13 @@ def speedup_figure(experiment: Experiment):
     speed.bar(x - 0.27, table["speedup"], 0.27, yerr=error, capsize=4, label="measured (bar: range)")
     speed.bar(x, table["cores_ideal"], 0.27, color="darkgray", label="ideal for the cores the ranks had")
     speed.bar(x + 0.27, sizes, 0.27, color="lightgray", label="ideal with a device per rank (N)")
-    speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="T1 / TN", title="Speedup")
+    speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="speedup over one rank (T1 / TN)",
+              title="Speedup")
     speed.legend(loc="upper left", fontsize=8)
     eff.bar(x, table["efficiency"] * 100, color="C1")
     eff.axhline(100, color="gray", linestyle="--", linewidth=1)
-    eff.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="%", title="Parallel efficiency")
+    eff.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="efficiency: speedup / ranks (%)",
+            title="Parallel efficiency")
     fig.tight_layout()
     return fig
 
