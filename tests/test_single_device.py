@@ -131,6 +131,25 @@ def test_a_ratio_is_the_median_over_rounds_with_its_range_and_noise_is_called_no
     assert verdict_table(two_rounds).loc[RATIOS["trainer"][2], verdicts].tolist() == [0, 0, 0, 1]
 
 
+def test_each_configuration_is_judged_against_its_own_noise_not_the_noisiest_configurations():
+    """A steady configuration whose trainer is 5 % slower every round is called slower, though beside it a small
+    model's epochs spread by a third: a floor pooled over both would hide the steady one's difference."""
+    steady = {"plain": [1.0, 1.01, 0.99, 1.0], "ddp_core": [1.05, 1.06, 1.04, 1.05], "timed": [1.0, 1.01, 0.99, 1.0],
+              "ddp_of_one": [1.0, 1.01, 0.99, 1.0]}
+    noisy = {"plain": [1.0, 1.3, 0.8, 1.2], "ddp_core": [1.2, 0.9, 1.3, 0.8], "timed": [0.8, 1.2, 1.0, 1.3],
+             "ddp_of_one": [1.3, 0.8, 1.2, 1.0]}
+    rows = [dict(preset=preset, amp="bf16", batch_size=64, seq_len=256, flops_per_sample=2e12, loop=loop, round=r,
+                 samples=100, seconds=s) for preset, seconds in (("large", steady), ("tiny", noisy))
+            for loop, per_round in seconds.items() for r, s in enumerate(per_round)]
+    m = Measurement("made-up", {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+                                "matmul_tflops": {"bf16": 800.0}}, pd.DataFrame(rows))
+    assert ratio_comparison(m, "trainer", ("large", "bf16", 64)).says("slower", "faster") == "slower"
+    assert ratio_comparison(m, "trainer", ("tiny", "bf16", 64)).says("slower", "faster") == "no visible difference"
+    row = verdict_table(m).loc[RATIOS["trainer"][2]]
+    assert (row["slower"], row["no visible difference"]) == (1, 1)
+    assert row["lowest_floor"] < 0.05 < 0.3 < row["highest_floor"]
+
+
 def test_the_first_page_gives_each_ratio_over_the_configurations_with_its_verdict_counts():
     slower = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [1.25, 1.25, 1.0 / 0.9], "timed": [1.0, 1.0, 1.0],
                       "ddp_of_one": [1.0, 1.0, 1.0]})

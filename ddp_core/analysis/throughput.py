@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ddp_core.analysis.results import Measurement
-from ddp_core.analysis.tables import counted, machine_text
+from ddp_core.analysis.tables import counted, machine_text, range_text
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 
 CONFIG = ["preset", "amp", "batch_size"]
@@ -64,35 +64,40 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
 
 
 def verdict_table(m: Measurement) -> pd.DataFrame:
-    """Per ratio, what the measurement says of it over every configuration: the range of its medians, the noise
-    floor, and how many configurations the one verdict function calls faster, slower, not told apart, or leaves
-    without a verdict (too few rounds). Per configuration the rounds' epochs of the two loops are paired, against
-    the noise that pairing by rounds leaves of every loop's epochs."""
-    seconds, floor = _rounds(m)
+    """Per ratio, what the measurement says of it over every configuration: the range of its medians and of the
+    configurations' noise floors, and how many configurations the one verdict function calls faster, slower, not
+    told apart, or leaves without a verdict (too few rounds)."""
+    seconds = _rounds(m)
+    floors = [_floor(rounds) for _, rounds in seconds.groupby(CONFIG)]
     medians = ratio_table(m)
     rows = []
-    for name, (loop, against, words) in RATIOS.items():
-        verdicts = [compare(list(group[against]), list(group[loop]), floor).says("slower", "faster")
-                    for _, group in seconds.groupby(CONFIG)]
+    for name, (_, _, words) in RATIOS.items():
+        verdicts = [ratio_comparison(m, name, configuration).says("slower", "faster")
+                    for configuration in seconds.index.droplevel("round").unique()]
         rows.append({"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
-                     "highest_median": medians[f"{name}_median"].max(), "floor": floor,
-                     **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
+                     "highest_median": medians[f"{name}_median"].max(), "lowest_floor": min(floors),
+                     "highest_floor": max(floors), **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
     return pd.DataFrame(rows).set_index("ratio")
 
 
-def _rounds(m: Measurement) -> tuple[pd.DataFrame, float]:
-    """Each configuration's epochs by round and loop, and the noise that pairing by rounds leaves of every loop's."""
-    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
-    return seconds, noise_floor([list(group[column]) for column in seconds for _, group in seconds.groupby(CONFIG)])
+def _rounds(m: Measurement) -> pd.DataFrame:
+    """Each configuration's epochs by round (rows) and loop (columns)."""
+    return m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
+
+
+def _floor(rounds: pd.DataFrame) -> float:
+    """The noise that pairing by rounds leaves of one configuration's loops: the floor its ratios are held against,
+    so that a configuration whose epochs are steady is not judged by another's noise (on a GPU the small model's
+    steps, a few milliseconds, spread far more than the large one's)."""
+    return noise_floor([list(rounds[loop]) for loop in rounds])
 
 
 def ratio_comparison(m: Measurement, name: str, configuration: tuple) -> Comparison:
-    """One ratio of RATIOS at one configuration (preset, amp, batch size), round by round, against the floor of the
-    whole measurement: one of the verdicts `verdict_table` counts ("lower": the loop is slower)."""
-    seconds, floor = _rounds(m)
+    """One ratio of RATIOS at one configuration (preset, amp, batch size), round by round, against that
+    configuration's floor: one of the verdicts `verdict_table` counts ("lower": the loop is slower)."""
+    rounds = _rounds(m).loc[configuration]
     loop, against, _ = RATIOS[name]
-    rounds = seconds.loc[configuration]
-    return compare(list(rounds[against]), list(rounds[loop]), floor)
+    return compare(list(rounds[against]), list(rounds[loop]), _floor(rounds))
 
 
 VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
@@ -103,12 +108,12 @@ def ratio_findings(m: Measurement) -> dict:
     """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
     them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
     `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, those outcomes
-    that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the
-    noise floor all of them were held against (`device_floor`)."""
+    that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the range
+    of the configurations' noise floors they were held against (`device_floors`)."""
     table = verdict_table(m)
     found = {"device_overview_name": machine_text(m.info),
              "device_configurations": m.epochs.groupby(CONFIG).ngroups,
-             "device_floor": float(table["floor"].iloc[0])}
+             "device_floors": range_text(table["lowest_floor"].iloc[0], table["highest_floor"].iloc[0], "{:.0%}", " to ")}
     for name, (_, _, words) in RATIOS.items():
         key, row = f"device_{name}", table.loc[words]
         found |= {f"{key}_low": float(row["lowest_median"]), f"{key}_high": float(row["highest_median"])}
