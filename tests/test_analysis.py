@@ -17,6 +17,7 @@ from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.comparisons import (WARMUP_STEPS, accuracy_floor, compare_accuracies, compare_times,
                                            final_accuracies, out_of_line, paired_sides, run_times, speedup_comparisons)
 from ddp_core.analysis.results import ResultsError, load_experiment
+from ddp_core.analysis.tables import difference_text, median_range, range_text
 from ddp_core.analysis.verdict import compare, noise_floor
 
 
@@ -181,6 +182,32 @@ def test_tables_have_a_column_per_world_size_and_words_with_units_as_headers(fol
     assert "Epoch time, median of the repeats (s)" in labels and "Peak memory, largest rank and repeat (MB)" in labels
     epoch_time = rows[labels.index("Epoch time, median of the repeats (s)")].split("|")[2].strip()
     assert epoch_time == f"{csv_of(folder, 1).query('epoch > 1')['epoch_time_s'].mean():.2f}"
+
+
+@pytest.mark.parametrize("low, high, fmt, reads, with_median", [
+    (1.2, 1.59, "{:.2f}", "1.20 to 1.59", "1.59 (1.20 to 1.59)"), (1.4109, 1.4112, "{:.3f}", "1.411", "1.411"),
+    (0.95, 0.95, "{:.0%}", "95%", "95%")])
+def test_a_range_whose_ends_read_the_same_is_given_as_its_one_value(low, high, fmt, reads, with_median):
+    assert range_text(low, high, fmt, " to ") == reads
+    assert median_range(high, low, high, fmt, " to ") == with_median
+
+
+@pytest.mark.parametrize("gap, reads", [(0.0, "0"), (3.2e-8, "1e-7"), (1e-7, "1e-7"), (9.9e-9, "1e-8"),
+                                        (0.0032, "0.0032"), (0.15, "0.15"), (2.5, "2.5"), (1234.5, "1,234")])
+def test_a_difference_reads_as_a_number_and_one_at_float_rounding_as_the_power_of_ten_it_lies_within(gap, reads):
+    assert difference_text(gap) == reads
+    assert difference_text(gap, "below ") == (f"below {reads}" if "e" in reads else reads)
+
+
+def test_the_discussion_gives_the_bytes_a_link_carries_while_a_rank_computes_a_thousand_flops(experiment):
+    """Per thousand FLOPs, so that a CPU's and an A100 node's both read as plain numbers, not 0.000798."""
+    found = discussion.findings(experiment)
+    hardware = payoff._hardware(experiment)
+    for kind, name in (("cpu", payoff.CPU), ("gpu", payoff.GPU)):
+        rate, fit = hardware[name]
+        assert found[f"{kind}_bytes_per_kflop"] == pytest.approx(fit.bus_bandwidth_GBps * 1e9 / rate * 1e3)
+    assert found["link_per_flop_ratio"] == pytest.approx(found["cpu_bytes_per_kflop"] / found["gpu_bytes_per_kflop"])
+    assert 0.1 < found["gpu_bytes_per_kflop"] < 10  # an A100 node's, from published figures: no zeros to count
 
 
 def test_the_setup_table_says_a_gpu_runs_driver_is_unknown_where_it_was_not_recorded(folder):

@@ -104,6 +104,16 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
         assert held[MODE_NAMES[mode]] == pytest.approx(state[mode] / state["none"])
 
 
+def test_the_sharding_page_gives_the_modes_loss_gap_to_ddp_as_the_power_of_ten_it_lies_within():
+    """The modes' final losses differ from DDP's at float rounding: the page says how small, '1e-8', not 9.9e-09."""
+    from ddp_core.report.sharding import sharding_findings
+
+    found = sharding_findings(load_study(REPO / "reference" / "sharding"))
+    bound = re.fullmatch(r"1e-\d+", found["sharding_loss_gap_text"])
+    assert bound, found["sharding_loss_gap_text"]
+    assert float(bound[0]) / 10 < found["sharding_loss_gap"] <= float(bound[0])
+
+
 def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_taken_round_by_round():
     """The modes' links: on each number of nodes one rate, set by the wind tunnel for DDP's ratio there, on every
     run's nodes; each mode's speedup on each number of nodes the median over the rounds of the one node's time per
@@ -269,3 +279,20 @@ def test_the_pdf_shows_the_reference_runs_with_its_equations_and_figures(clone):
     figures = re.findall(r"\\sphinxincludegraphics(?:\[[^\]]*\])?\{\{?([^}]+?)\}?\.png\}", tex)
     assert len(figures) >= 4 and all((latex / f"{name}.png").is_file() for name in figures)
     assert re.search(r"Output written on book\.pdf \(\d+ pages", (latex / "book.log").read_text())
+
+
+@pytest.mark.slow
+def test_no_word_of_a_pdf_table_runs_into_the_next_column(clone):
+    """A word wider than its column (a header's "(samples/s)", an option `--per-rank-batch-size`) is set past the
+    column's edge, into the next one: TeX reports its line as an overfull box, at a line of book.tex inside the
+    table."""
+    latex = clone / "_build" / "latex"
+    in_table, inside = set(), False
+    for number, line in enumerate((latex / "book.tex").read_text().splitlines(), 1):
+        inside = inside or bool(re.match(r"\\begin\{(tabulary|longtable|tabular)\}", line))
+        if inside:
+            in_table.add(number)
+        inside = inside and not re.match(r"\\end\{(tabulary|longtable|tabular)\}", line)
+    overfull = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in paragraph at lines \d+--(\d+)\n(.*)",
+                          (latex / "book.log").read_text())
+    assert [(words, f"{wide} pt") for wide, line, words in overfull if int(line) in in_table] == []

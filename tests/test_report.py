@@ -213,6 +213,24 @@ def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project
     assert found["accum_same_model"] == "the same model"
 
 
+def test_the_accumulation_page_gives_loss_gaps_at_float_rounding_as_the_power_of_ten_they_lie_below():
+    """The reference runs' losses agree to float rounding: the page and its table say how small the gap is ('1e-7',
+    'below 1e-7'), not its digits (3.2e-08, 2.0e-08), and the table's first variant, against itself, reads 0."""
+    study = load_study(REPO / "reference" / "grad_accum")
+    gaps = grad_accum.accumulation_table(study)["max_train_loss_gap"]
+    header, alignment, *rows = grad_accum.accumulation_markdown(study).splitlines()
+    row = next([cell.strip() for cell in line.strip("|").split("|")] for line in rows
+               if "Largest training-loss gap" in line)
+    assert row[1] == "0" and gaps.iloc[0] == 0
+    for cell, gap in zip(row[2:], gaps.iloc[1:]):
+        bound = re.fullmatch(r"below (1e-\d+)", cell)
+        assert bound and float(bound[1]) / 10 < gap <= float(bound[1]), cell
+    assert all(cell.strip().endswith(":") for cell in alignment.strip("|").split("|")[1:])  # numbers: right-aligned
+    found = grad_accum.accumulation_findings(study)
+    bound = re.fullmatch(r"1e-\d+", found["accum_loss_gap_text"])
+    assert bound and float(bound[0]) / 10 < found["accum_loss_gap"] <= float(bound[0])
+
+
 @pytest.mark.parametrize("name", [name for name in STUDIES if name != "scaling"])
 def test_each_study_page_shows_its_figure_or_table(project, name):
     page = (project / "_build" / "html" / "studies" / f"{name}.html").read_text()

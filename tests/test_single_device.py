@@ -20,7 +20,7 @@ from ddp_core.analysis.results import Measurement, load_experiment, read_measure
 from ddp_core.report.precision import precision_crossref
 from ddp_core.analysis.throughput import (RATIOS, ratio_comparison, ratio_findings, ratio_table, throughput_table,
                                          verdict_table)
-from ddp_core.report.single_device import baseline_comparison
+from ddp_core.report.single_device import baseline_comparison, throughput_markdown, verdict_markdown
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -159,6 +159,31 @@ def test_the_first_page_gives_each_ratio_over_the_configurations_with_its_verdic
     counts = ["faster", "slower", "no_visible_difference", "too_few_repeats"]
     assert [found[f"device_trainer_{count}"] for count in counts] == [0, 1, 0, 0]
     assert [found[f"device_ddp_{count}"] for count in counts] == [1, 0, 0, 0]  # the same seconds against the trainer's
+
+
+def cells(markdown: str) -> dict[str, dict[str, str]]:
+    """A Markdown table's cells: first column -> {header: cell}."""
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in markdown.splitlines()]
+    return {row[0]: dict(zip(header[1:], row[1:])) for row in rows}
+
+
+def test_a_ratios_medians_over_one_configuration_read_as_the_one_value():
+    slower = made_up({"plain": [1.0, 1.0, 1.0], "ddp_core": [1.25, 1.25, 1.0 / 0.9], "timed": [1.0, 1.0, 1.0],
+                      "ddp_of_one": [1.0, 1.0, 1.0]})
+    row = cells(verdict_markdown(slower))[RATIOS["trainer"][2]]
+    assert row["Median per configuration, lowest to highest"] == "0.800"  # not "0.800 to 0.800"
+    two = replace(slower, epochs=pd.concat([slower.epochs, slower.epochs.assign(
+        batch_size=128, seconds=slower.epochs["seconds"].where(slower.epochs["loop"] != "ddp_core", 1.0))]))
+    assert cells(verdict_markdown(two))[RATIOS["trainer"][2]]["Median per configuration, lowest to highest"] \
+        == "0.800 to 1.000"
+
+
+def test_a_share_of_the_matrix_product_rate_below_one_percent_shows_its_first_decimal():
+    m = made_up({loop: [1.0, 1.0] for loop in LOOPS})  # 100 samples/s; 1.6e10 FLOPs a sample: 1.6 of 800 TFLOP/s
+    tiny = replace(m, epochs=m.epochs.assign(flops_per_sample=1.6e10))
+    row = cells(throughput_markdown(tiny))["large, bf16, batch 64"]
+    assert row["Share of the matrix-product rate (%)"] == "0.2"  # as the GPU page gives it, not "0"
+    assert row["MFU, of the bf16 datasheet peak (%)"] == "0.2"
 
 
 def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():

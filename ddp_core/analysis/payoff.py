@@ -53,7 +53,9 @@ def payoff_findings(experiment: Experiment) -> dict:
     fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
     embedding_share = {preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
                        for preset, model in models.items()}
-    link_per_flop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate) for name, (rate, fit) in hardware.items()}
+    # The bytes the all-reduce carries while a rank computes a thousand FLOPs: a plain number on a CPU and a GPU alike,
+    # where per FLOP both would open with two or three zeros after the point.
+    link_per_kflop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate * 1e3) for name, (rate, fit) in hardware.items()}
     model_ratio = ratios[CPU, one.config["preset"]] * experiment.runs[n].tokens_per_rank  # same T_c/N: same compute
     predicts_gain = ratio > break_even_ratio
     measured = speedup_comparisons(experiment)[n]
@@ -67,8 +69,8 @@ def payoff_findings(experiment: Experiment) -> dict:
         "theory_outcome": theory_outcome(predicts_gain, measured),
         "cost_model_speedup": float(predicted["predicted_speedup"]),
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
-        "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_flop": link_per_flop[CPU],
-        "gpu_bytes_per_flop": link_per_flop[GPU], "link_per_flop_ratio": link_per_flop[CPU] / link_per_flop[GPU],
+        "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_kflop": link_per_kflop[CPU],
+        "gpu_bytes_per_kflop": link_per_kflop[GPU], "link_per_flop_ratio": link_per_kflop[CPU] / link_per_kflop[GPU],
         "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU], "most_cpu": min(models, key=lambda p: ratios[CPU, p]),
         "tokens_spread_cpu": max(ratios[CPU, p] for p in models) / min(ratios[CPU, p] for p in models),
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pandas as pd
@@ -42,13 +43,31 @@ def extensions_text(info: dict) -> str:
 
 
 def range_text(low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
-    """A range as the tables give it, '1.20–1.59', or as the prose does (`between=" to "`): '1.20 to 1.59'."""
-    return f"{fmt.format(low)}{between}{fmt.format(high)}"
+    """A range as the tables give it, '1.20–1.59', or as the prose does (`between=" to "`): '1.20 to 1.59'; the one
+    value, '1.41', where both ends read the same in `fmt`, never '1.41 to 1.41'."""
+    low_text, high_text = fmt.format(low), fmt.format(high)
+    return low_text if low_text == high_text else f"{low_text}{between}{high_text}"
 
 
 def median_range(median: float, low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
-    """A median with the range it lies in (`range_text`), as the tables give it: '1.35 (1.20–1.59)'."""
-    return f"{fmt.format(median)} ({range_text(low, high, fmt, between)})"
+    """A median with the range it lies in (`range_text`), as the tables give it: '1.35 (1.20–1.59)'; the median alone,
+    '1.41', where its range reads as that one value."""
+    median_text, spread = fmt.format(median), range_text(low, high, fmt, between)
+    return median_text if spread == median_text else f"{median_text} ({spread})"
+
+
+def difference_text(value: float, bound: str = "") -> str:
+    """A difference as a reader reads it: '0' where there is none, two significant figures where they show within
+    four decimals ('0.0032', '0.15'), and below that the power of ten it lies within, after `bound` ('below ' in a
+    table's cell, where a number would be read as the value): '1e-7' for 3.2e-08, whose digits are float
+    rounding; what such a difference says is how small it is."""
+    size = abs(value)
+    if size == 0:
+        return "0"
+    if size >= 1e-4:
+        return f"{value:,.{max(1 - math.floor(math.log10(size)), 0)}f}"
+    exponent = math.floor(math.log10(size))
+    return f"{bound}1e{exponent if 10.0 ** exponent >= size else exponent + 1}"
 
 
 def counted(n: int, noun: str) -> str:
@@ -97,7 +116,7 @@ def step_part_rows(fmt: str = "{:.0f}") -> dict[str, tuple]:
             "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", fmt, 1e3)}
 
 
-NUMBER = re.compile(r"[-+–]?\d|–$")  # a formatted number, or "–" for none
+NUMBER = re.compile(r"(below )?[-+–]?\d|–$")  # a formatted number, a bound (`difference_text`), "–" for none
 
 
 def markdown_table(cells: pd.DataFrame, index_name: str | None = None) -> str:

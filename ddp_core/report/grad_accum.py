@@ -10,7 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
 from ddp_core.analysis.results import Experiment
-from ddp_core.analysis.tables import FINAL_ACCURACY, quantity_table
+from ddp_core.analysis.tables import FINAL_ACCURACY, difference_text, quantity_table
 
 
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -42,12 +42,14 @@ ACCUMULATION_ROWS = {
     "global_batch": ("Global batch (samples)", "{:.0f}"),
     "step_time_ms": ("Step time, median of the repeats (ms)", "{:.1f}"),
     "final_val_accuracy": (FINAL_ACCURACY, "{:.4f}"),
-    "max_train_loss_gap": ("Largest training-loss gap to the first variant", "{:.1e}"),
+    "max_train_loss_gap": ("Largest training-loss gap to the first variant", "{}"),  # `accumulation_markdown` words it
 }
 
 
 def accumulation_markdown(study: dict[str, Experiment]) -> str:
-    return quantity_table(accumulation_table(study), ACCUMULATION_ROWS, turned=True)
+    table = accumulation_table(study)
+    table["max_train_loss_gap"] = [difference_text(gap, "below ") for gap in table["max_train_loss_gap"]]
+    return quantity_table(table, ACCUMULATION_ROWS, turned=True)
 
 
 # A loss that agrees to this is the same computation up to the order of float32 sums.
@@ -61,7 +63,7 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
     one_batch, accumulated, ddp = (study[variant] for variant in table.index)
     floor = time_floor(*study.values())  # one floor for both comparisons of the page
     return {"accum_reference": table.index[0].replace("_", " "),  # the variant's name in words, as the table's columns
-            "accum_loss_gap": gap, "accum_tolerance": SAME_MODEL_TOLERANCE,
+            "accum_loss_gap": gap, "accum_loss_gap_text": difference_text(gap), "accum_tolerance": SAME_MODEL_TOLERANCE,
             "accum_same_model": "the same model" if same else "different models",
             "accum_within_rounding": "within" if same else "beyond",
             "accum_ddp_ranks": ddp.largest, **chance_glue("accum", one_batch, 1),

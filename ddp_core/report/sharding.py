@@ -12,7 +12,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, study_floor_power, time_glue
 from ddp_core.analysis.emulated import node_share, one_node_drift
 from ddp_core.analysis.results import Experiment, last_epochs
-from ddp_core.analysis.tables import MEAN_STEP_MS, quantity_table, range_text
+from ddp_core.analysis.tables import MEAN_STEP_MS, difference_text, quantity_table, range_text
 from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, against_nodes_study, block_parameters, collective_kind,
                                    counted_collectives, gloo_sends, headline_findings, held_shares, memory_table,
                                    model_size, modes, node_counts, one_node, speedup_table, time_comparisons)
@@ -199,6 +199,7 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
     losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
     rss = {mode: float(table.loc[table["world_size"] == n, "peak_memory_mb"].median()) for mode, table in last.items()}
+    loss_gap = max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES)
     tensors = parameter_counts(ddp.baseline.model)
     block_share = sum(block_parameters(tensors).values()) / parameters
     found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
@@ -214,7 +215,7 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
               "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
               "ddp_forward_ms": phases.loc["DDP", "forward"],
               "zero3_forward_ms": phases.loc[MODE_NAMES["zero3"], "forward"],
-              "sharding_loss_gap": max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES),
+              "sharding_loss_gap": loss_gap, "sharding_loss_gap_text": difference_text(loss_gap),
               "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
               "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
               "ddp_rss_mb": rss["none"], "zero3_rss_mb": rss["zero3"],

@@ -25,15 +25,15 @@ from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
 from ddp_core.analysis.tables import (counted, day, extensions_text, measured_by, median_range, quantity_table,
-                                      with_article)
+                                      range_text, with_article)
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
 
 
 def verdict_markdown(m: Measurement) -> str:
     table = verdict_table(m)
-    table["medians"] = [f"{low:.3f} to {high:.3f}" for low, high in zip(table["lowest_median"],
-                                                                        table["highest_median"])]
+    table["medians"] = [range_text(low, high, "{:.3f}", " to ") for low, high in zip(table["lowest_median"],
+                                                                                     table["highest_median"])]
     columns = {"medians": ("Median per configuration, lowest to highest", "{}"), "floor": ("Noise floor", "{:.0%}")}
     columns |= {outcome: (label, "{:.0f}") for outcome, label in VERDICT_COUNTS.items()}
     return quantity_table(table, columns, "Ratio, the first loop against the second (counts: configurations)")
@@ -49,7 +49,7 @@ def throughput_markdown(m: Measurement) -> str:
                "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:,.1f}"),
                "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:,.1f}"),
                "tflops": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}", 1 if on_gpu else 1e3),
-               "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.0f}", 100)}
+               "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.1f}", 100)}
     if peak_tflops(m):
         columns["mfu"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1f}", 100)
     return quantity_table(_configuration_index(throughput_table(m)), columns, "Model, precision, batch (samples)")

@@ -70,10 +70,9 @@ NEIGHBOUR_COLUMNS = {
 
 
 def _steps_text(rows: pd.DataFrame) -> list[str]:
-    """Each row's steps to the target, median (range), the median alone where the repeats agree, "–" where none
-    reached it."""
-    return ["–" if not np.isfinite(median) else f"{median:.0f}" if low == high
-            else median_range(median, low, high, "{:.0f}", " to ")
+    """Each row's steps to the target, median (range), the median alone where the repeats agree (`median_range`),
+    "–" where none reached it."""
+    return ["–" if not np.isfinite(median) else median_range(median, low, high, "{:.0f}", " to ")
             for median, low, high in zip(rows["steps"], rows["steps_low"], rows["steps_high"])]
 
 
