@@ -20,7 +20,8 @@ from ddp_core.analysis.results import Measurement, load_experiment, read_measure
 from ddp_core.report.precision import precision_crossref
 from ddp_core.analysis.throughput import (RATIOS, ratio_comparison, ratio_findings, ratio_table, throughput_table,
                                          verdict_table)
-from ddp_core.report.single_device import baseline_comparison, throughput_markdown, verdict_markdown
+from ddp_core.report.single_device import (baseline_comparison, baseline_markdown, baseline_outcome,
+                                           measurements_markdown, throughput_markdown, verdict_markdown)
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -202,6 +203,25 @@ def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():
     assert baseline_comparison(other_cpu, experiment)["outcome"] == "other CPU"
     elsewhere = replace(measured, info=measured.info | {"device_name": "NVIDIA H100"})
     assert baseline_comparison(elsewhere, experiment) == {"outcome": "none"}
+    table = cells(baseline_markdown([elsewhere, same_cpu], experiment))["Throughput (samples/s)"]
+    assert float(table["The strong-scaling study's 1-rank runs"].replace(",", "")) == pytest.approx(
+        1 / pd.Series(per_sample).median(), abs=0.05)
+    assert float(table["This chapter"].replace(",", "")) == pytest.approx(beside["samples_per_s"], abs=0.05)
+    assert [baseline_outcome(ms, experiment) for ms in ([same_cpu], [other_cpu], [elsewhere])] == [
+        "the same CPU", "another CPU under the same name", "no device here trained that model, precision and batch"]
+    assert baseline_markdown([elsewhere], experiment) == ""
+
+
+def test_the_page_says_what_each_measurement_ran_on_from_its_device_json():
+    measured = read_measurement(REPO / "reference" / "single_device" / "cpu")
+    gpu = replace(measured, info=measured.info | {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+                                                  "cuda": "12.8", "git_commit": "0123456789abcdef"})
+    table = cells(measurements_markdown([measured, gpu]))
+    assert table["Code commit"]["NVIDIA H100 80GB HBM3"] == "0123456789"
+    assert table["Measured on"]["AMD EPYC"] == measured.info["start_time"][:10]
+    assert table["PyTorch"]["NVIDIA H100 80GB HBM3"].endswith(", CUDA 12.8")
+    assert table["Datasheet's dense bf16 peak (TFLOP/s)"] == {"AMD EPYC": "–", "NVIDIA H100 80GB HBM3": "989.4"}
+    assert table["Timed epochs of each loop per configuration"]["AMD EPYC"] == str(measured.epochs["round"].nunique())
 
 
 def test_the_precision_study_says_whether_the_one_device_chapter_timed_its_cpu():

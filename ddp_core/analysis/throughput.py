@@ -113,7 +113,7 @@ def ratio_findings(m: Measurement) -> dict:
     table = verdict_table(m)
     found = {"device_overview_name": machine_text(m.info),
              "device_configurations": m.epochs.groupby(CONFIG).ngroups,
-             "device_floors": range_text(table["lowest_floor"].iloc[0], table["highest_floor"].iloc[0], "{:.0%}", " to ")}
+             "device_floors": range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.0%}", " to ")}
     for name, (_, _, words) in RATIOS.items():
         key, row = f"device_{name}", table.loc[words]
         found |= {f"{key}_low": float(row["lowest_median"]), f"{key}_high": float(row["highest_median"])}

@@ -1,7 +1,7 @@
 """One device's training throughput, its model FLOP utilisation, and the overheads of ddp_core and of DDP,
 from the measurements of `benchmarks/single_device.py` (a folder per device: epochs.csv, device.json).
-Reads a `Measurement` (`results.load_measurements`); offers `*_table`s (DataFrames), their `*_markdown`,
-`findings` for a device's section of the page, and the sentences whose words depend on the outcome.
+Reads a `Measurement` (`results.load_measurements`); offers the page's tables as Markdown (`*_markdown`: what each
+measurement ran on, and per device its throughput, ratios and verdicts) and the outcome words its prose glues.
 
     python -m ddp_core.report.single_device results/single_device/cpu     # prints the tables
 
@@ -24,8 +24,8 @@ from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.analysis.tables import (counted, day, extensions_text, measured_by, median_range, quantity_table,
-                                      range_text, with_article)
+from ddp_core.analysis.tables import (counted, day, machine_text, measured_by, median_range, quantity_table,
+                                      range_text)
 from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
                                           throughput_table, verdict_table)
 
@@ -34,7 +34,10 @@ def verdict_markdown(m: Measurement) -> str:
     table = verdict_table(m)
     table["medians"] = [range_text(low, high, "{:.3f}", " to ") for low, high in zip(table["lowest_median"],
                                                                                      table["highest_median"])]
-    columns = {"medians": ("Median per configuration, lowest to highest", "{}"), "floor": ("Noise floor", "{:.0%}")}
+    table["floors"] = [range_text(low, high, "{:.1%}", " to ") for low, high in zip(table["lowest_floor"],
+                                                                                    table["highest_floor"])]
+    columns = {"medians": ("Median per configuration, lowest to highest", "{}"),
+               "floors": ("Noise floor per configuration, lowest to highest", "{}")}
     columns |= {outcome: (label, "{:.0f}") for outcome, label in VERDICT_COUNTS.items()}
     return quantity_table(table, columns, "Ratio, the first loop against the second (counts: configurations)")
 
@@ -64,27 +67,43 @@ def ratio_markdown(m: Measurement) -> str:
     return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
-def findings(m: Measurement) -> dict:
-    """What a device's section of the page says: its provenance and ceilings, each phrase that depends on the
-    device already chosen (empty where it does not apply)."""
-    info, peak = m.info, peak_tflops(m)
-    return {
-        "device_name": info["device_name"],
-        "compiled": ", the trainer under torch.compile" if info.get("compile") else "",
-        "device": info["device"], "cpu": _cpu_phrase(m), "backend": info["backend"], "torch": info["torch"],
-        "cuda": f"; CUDA {info['cuda']}" if info.get("cuda") and info["device"] != "cpu" else "",
-        **measured_by(info),
-        "rounds": m.epochs["round"].nunique(),
-        "matmul": " and ".join(f"{tflops:.3g} TFLOP/s in {precision_name(amp)}"
-                               for amp, tflops in info["matmul_tflops"].items()),
-        "peak_tflops": peak,  # the datasheet's dense bf16 peak; None for a device without one
-        "share_above_one": bool((throughput_table(m)["share_of_matmul"] > 1).any()),
-    }
+def measurement_label(m: Measurement) -> str:
+    """A measurement as the page heads its tables: the device, and the compiled trainer where it was."""
+    return m.info["device_name"] + (", trainer compiled" if m.info.get("compile") else "")
+
+
+def measurements_markdown(measurements: list[Measurement]) -> str:
+    """What each measurement ran on and with, a column each: the provenance and the ceilings its tables rest on."""
+    rows = {measurement_label(m): {
+        "device": m.info["device"], "cores": _cpu_text(m), "backend": m.info["backend"],
+        "torch": m.info["torch"] + (f", CUDA {m.info['cuda']}" if m.info.get("cuda") and m.info["device"] != "cpu"
+                                    else ""),
+        **measured_by(m.info), "rounds": m.epochs["round"].nunique(), "peak": peak_tflops(m),
+        "matmul": ", ".join(f"{tflops:.3g} in {precision_name(amp)}"
+                            for amp, tflops in m.info["matmul_tflops"].items())}
+        for m in measurements}
+    return quantity_table(pd.DataFrame(rows).T, {
+        "device": ("Device", "{}"), "cores": ("CPU cores and vector extensions", "{}"), "backend": ("Backend", "{}"),
+        "torch": ("PyTorch", "{}"), "measured_on": ("Measured on", "{}"), "commit": ("Code commit", "{}"),
+        "rounds": ("Timed epochs of each loop per configuration", "{}"),
+        "matmul": ("One large matrix product (TFLOP/s)", "{}"),
+        "peak": ("Datasheet's dense bf16 peak (TFLOP/s)", "{:g}")}, turned=True, column_names=list(rows))
+
+
+def share_above_devices(measurements: list[Measurement]) -> str:
+    """The measurements in which the model's own products outran the large one (a share of the matrix-product rate
+    above 100 %), or "none of these devices"."""
+    return ", ".join(measurement_label(m) for m in measurements
+                     if (throughput_table(m)["share_of_matmul"] > 1).any()) or "none of these devices"
+
+
+BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "another CPU under the same name",
+                     "none": "no device here trained that model, precision and batch"}
 
 
 def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
     """The benchmark's trainer loop beside the strong-scaling study's 1-rank runs, where they trained the same
-    preset, precision and batch on the same kind of device: two measurements, since they did not run in the same
+    preset, precision and batch on a device of the same name: two measurements, since they did not run in the same
     rounds and the verdict rule cannot pair them. `outcome` is "none" (nothing alike to set beside), "other CPU"
     (the same name, other vector extensions) or "comparable"."""
     one = scaling.baseline
@@ -92,27 +111,55 @@ def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
     table = throughput_table(m)
     if one.device_name != m.info["device_name"] or key not in table.index:
         return {"outcome": "none"}
-    found = {"device_name": with_article(one.device_name), "runs_extensions": extensions_text(one.raw),
-             "extensions": extensions_text(m.info)}
-    if one.raw.get("cpu_extensions") != m.info.get("cpu_extensions"):
-        return found | {"outcome": "other CPU"}
     times = run_times(scaling).query("world_size == 1")
-    return found | {"outcome": "comparable", "preset": key[0], "precision": precision_name(key[1]), "batch": key[2],
-                    "runs_samples_per_s": 1 / times["time_per_sample_s"].median(),
-                    "repeats": counted(len(times), "repeat"), "samples_per_s": table.loc[key, "samples_per_s_timed"],
-                    "runs_measured_on": ", ".join(sorted({day(run.raw["start_time"]) for run in scaling.repeats[1]})),
-                    "measured_on": day(m.info["start_time"])}
+    return {"outcome": "comparable" if one.raw.get("cpu_extensions") == m.info.get("cpu_extensions") else "other CPU",
+            "runs_device": machine_text(one.raw), "device": machine_text(m.info),
+            "configuration": f"{key[0]}, {precision_name(key[1])}, batch {key[2]}",
+            "runs_samples_per_s": 1 / times["time_per_sample_s"].median(), "repeats": counted(len(times), "repeat"),
+            "samples_per_s": table.loc[key, "samples_per_s_timed"],
+            "runs_measured_on": ", ".join(sorted({day(run.raw["start_time"]) for run in scaling.repeats[1]})),
+            "measured_on": day(m.info["start_time"])}
 
 
-def _cpu_phrase(m: Measurement) -> str:
-    """': 4 cores with avx2 but no avx512f or amx_bf16' for a CPU that recorded its vector extensions."""
+def _baseline(measurements: list[Measurement], scaling: Experiment) -> dict:
+    """`baseline_comparison` of the first measurement that has one to make."""
+    found = (baseline_comparison(m, scaling) for m in measurements)
+    return next((f for f in found if f["outcome"] != "none"), {"outcome": "none"})
+
+
+def baseline_markdown(measurements: list[Measurement], scaling: Experiment) -> str:
+    """The strong-scaling study's 1-rank runs and this chapter's trainer (timers on) side by side (`_baseline`); no
+    table where no measurement trained their model, precision and batch."""
+    found = _baseline(measurements, scaling)
+    if found["outcome"] == "none":
+        return ""
+    sides = pd.DataFrame({
+        "runs": [found["runs_device"], found["configuration"], "IMDB text", found["runs_samples_per_s"],
+                 f"median of the {found['repeats']}' median steps", found["runs_measured_on"]],
+        "here": [found["device"], found["configuration"], "generated tokens", found["samples_per_s"],
+                 "timed epochs, timers on", found["measured_on"]]},
+        index=["device", "configuration", "data", "samples_per_s", "from", "measured_on"]).T
+    return quantity_table(sides, {"device": ("CPU (vector extensions)", "{}"),
+                                  "configuration": ("Model, precision, batch", "{}"),
+                                  "data": ("Data", "{}"), "samples_per_s": ("Throughput (samples/s)", "{:,.1f}"),
+                                  "from": ("Throughput from", "{}"), "measured_on": ("Measured on", "{}")},
+                          turned=True, column_names=["The strong-scaling study's 1-rank runs", "This chapter"])
+
+
+def baseline_outcome(measurements: list[Measurement], scaling: Experiment) -> str:
+    """What the CPUs of `baseline_markdown`'s two sides are to each other, in words (BASELINE_OUTCOMES)."""
+    return BASELINE_OUTCOMES[_baseline(measurements, scaling)["outcome"]]
+
+
+def _cpu_text(m: Measurement) -> str:
+    """'4 cores with avx2 but no avx512f or amx_bf16' for a CPU that recorded its vector extensions, else '–'."""
     extensions = m.info.get("cpu_extensions")
     if m.info["device"] != "cpu" or extensions is None:
-        return ""
+        return "–"
     missing = [name for name in CPU_EXTENSIONS if name not in extensions]
     has = f"with {', '.join(extensions)}" if extensions else "with none of"
-    return f": {m.info['cpu_count']} cores {has}" + (f"{' but no' if extensions else ''} {_or(missing)}"
-                                                    if missing else "")
+    return f"{m.info['cpu_count']} cores {has}" + (f"{' but no' if extensions else ''} {_or(missing)}"
+                                                  if missing else "")
 
 
 def _or(names: list[str]) -> str:
@@ -139,11 +186,7 @@ def benchmarks_findings(peer_measurements: list[peers.PeerMeasurement],
 
 
 def print_summary(m: Measurement) -> None:
-    found = findings(m)
-    print(f"{m.info['device_name']} ({m.info['device']}, {m.info['backend']}, torch {m.info['torch']}), "
-          f"{counted(found['rounds'], 'timed epoch')} per loop")
-    peak = f"; datasheet's dense bf16 peak {found['peak_tflops']:g} TFLOP/s" if found["peak_tflops"] else ""
-    print(f"One large matrix product: {found['matmul']}{peak}.")
+    print(measurements_markdown([m]))
     print(_configuration_index(throughput_table(m)).drop(columns="flops_per_sample")
           .to_string(float_format=lambda v: f"{v:.4g}"))
     print(verdict_table(m).to_string(float_format=lambda v: f"{v:.3f}"))
