@@ -101,7 +101,7 @@ def test_compute_per_step_leaves_out_the_exposed_communication(folder, experimen
 
 
 @pytest.mark.parametrize("speedups,value,verdict", [
-    ((0.8, 0.8, 0.8), "0.80 (0.80 to 0.80 over 3 repeats)", "slower (beyond the noise floor of 0.0%)"),
+    ((0.8, 0.8, 0.8), "0.80 (the same in each of 3 repeats)", "slower (beyond the noise floor of 0.0%)"),
     ((1.25, 1.2, 1.3), "1.25 (1.20 to 1.30 over 3 repeats)", "faster (beyond the noise floor of"),
     ((0.9, 1.1, 1.0), "1.00 (0.90 to 1.10 over 3 repeats)", "no visible difference (within the noise floor of"),
     ((0.8,), "0.80 (one run each)", "no verdict (1 of each side; a verdict needs 3 repeats)"),

@@ -46,10 +46,13 @@ class Comparison:
         return self.verdict in ("lower", "higher")
 
     def value(self) -> str:
-        """'0.85 (0.80 to 0.90 over 3 repeats)': the ratio with the range of its pairs."""
+        """'0.85 (0.80 to 0.90 over 3 repeats)': the ratio with the range of its pairs; '1.00 (the same in each of 3
+        repeats)' where the range's ends read alike."""
         if self.pairs < 2:
             return f"{self.ratio:.2f} (one run each)"
-        return f"{self.ratio:.2f} ({self.low:.2f} to {self.high:.2f} over {self.pairs} repeats)"
+        low, high = f"{self.low:.2f}", f"{self.high:.2f}"
+        spread = "the same in each of" if low == high else f"{low} to {high} over"
+        return f"{self.ratio:.2f} ({spread} {self.pairs} repeats)"
 
     def judged(self, lower: str, higher: str) -> str:
         """The verdict in the sentence's words with the noise floor it cleared, or why there is none."""
