@@ -92,7 +92,7 @@ def test_each_rank_holds_the_training_state_zero_s_formula_gives(sharded_runs):
     optimizer state (the tiny model's tensors split evenly), while the parameters at their most are FSDP2's shards
     and, beside them, those it has gathered whole. DDP keeps its gradient buckets between steps, FSDP2 frees its
     shards."""
-    from ddp_core.analysis.zero import formula_bytes, fsdp2_parameter_bytes
+    from ddp_core.analysis.zero import formula_bytes
     from ddp_core.engine.model_cost import parameter_counts
     from ddp_core.engine.run_files import STATE_COLUMNS
 
@@ -113,10 +113,20 @@ def test_each_rank_holds_the_training_state_zero_s_formula_gives(sharded_runs):
     assert formula_bytes(sum(sizes), len(sizes), 2, "zero3")["gradients_kept_bytes"] == 0
 
 
+def fsdp2_parameter_bytes(counts: dict[str, int], ranks: int, mode: str) -> float:
+    """The parameters one rank holds at their most under FSDP2 as `ddp_core.engine.sharding` wraps the model (each
+    block a unit, the rest the root's): its shards of every parameter, and beside them the parameters gathered
+    whole at once, all of them under ZeRO-2 (kept from forward to the end of backward), the root's and one block's
+    under ZeRO-3."""
+    from ddp_core.analysis.zero import block_parameters
+
+    total, blocks = sum(counts.values()), block_parameters(counts)
+    gathered = total if mode == "zero2" else total - sum(blocks.values()) + max(blocks.values(), default=0)
+    return 4 * total / ranks + 4 * gathered
+
+
 def test_fsdp2_holds_a_units_shards_beside_the_parameters_it_has_gathered():
     """ZeRO-2 gathers every parameter; ZeRO-3 the root's (embeddings, head) and one block's, the largest."""
-    from ddp_core.analysis.zero import fsdp2_parameter_bytes
-
     counts = {"tok_emb.weight": 100, "blocks.0.w": 10, "blocks.0.b": 2, "blocks.1.w": 20, "head.weight": 8}
     assert fsdp2_parameter_bytes(counts, 4, "zero2") == 4 * 140 / 4 + 4 * 140
     assert fsdp2_parameter_bytes(counts, 4, "zero3") == 4 * 140 / 4 + 4 * (108 + 20)

@@ -88,11 +88,6 @@ def in_words(name: str) -> str:
     return " ".join(WORDS.get(word, word) for word in str(name).split("_"))
 
 
-def with_article(name: str) -> str:
-    """"an AMD EPYC", "an Intel Xeon", "a Graviton": a name with the indefinite article it is read with."""
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
 # The headers several tables share, each defined once: a quantity in words with its unit.
 STEP_MEDIAN_MS = "Step time, median of the repeats' medians (ms)"
 LOWEST, HIGHEST = "lowest, over repeats", "highest, over repeats"  # a median's range, in the rows below it

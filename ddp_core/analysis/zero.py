@@ -60,16 +60,6 @@ def block_parameters(counts: dict[str, int]) -> dict[str, int]:
     return blocks
 
 
-def fsdp2_parameter_bytes(counts: dict[str, int], ranks: int, mode: str) -> float:
-    """The parameters one rank holds at their most under FSDP2 as `ddp_core.engine.sharding` wraps the model (each
-    block a unit, the rest the root's): its shards of every parameter, and beside them the parameters gathered
-    whole at once, all of them under ZeRO-2 (kept from forward to the end of backward), the root's and one block's
-    under ZeRO-3."""
-    total, blocks = sum(counts.values()), block_parameters(counts)
-    gathered = total if mode == "zero2" else total - sum(blocks.values()) + max(blocks.values(), default=0)
-    return 4 * total / ranks + 4 * gathered
-
-
 GLOO_SENDS = {  # per kind of c10d collective (its operators' names contain it), what a node sends on gloo over
     # (N-1)/N of its size
     "allreduce": 2,  # a ring: a reduce-scatter and an all-gather of the whole
