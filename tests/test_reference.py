@@ -183,6 +183,19 @@ def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_and_compared_
         assert row["verdict"] in ("lower", "higher", "no visible difference")
 
 
+def test_the_first_page_never_gives_the_sharding_studys_ddp_without_the_nodes_studys_beside_it():
+    """Both train DDP on links set for A100s over NVLink at a quarter core; the first page quotes the sharding
+    study's speedup and, beside it, the nodes study's at the same number of nodes, each over its own one node."""
+    from ddp_core.report.intro import sharding_headline
+
+    nodes = REPO / "reference" / "nodes"
+    found = sharding_headline(load_study(REPO / "reference" / "sharding"), load_study(nodes))
+    n = found["sharding_nodes"]
+    paired = [one / many for one, many in zip(repeat_medians(nodes / "one_node", 1),
+                                              repeat_medians(nodes / "a100_nvlink", n))]
+    assert found["nodes_ddp_speedup_on_sharding_links"] == pytest.approx(pd.Series(paired).median())
+
+
 def test_the_sharding_page_says_how_far_apart_each_studys_one_node_repeats_ran():
     """Beside the two studies' DDP speedups, the drift each carries: its one node's slowest median step over its
     fastest, less 1, at the sharding study's share."""

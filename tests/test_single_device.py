@@ -21,7 +21,8 @@ from ddp_core.report.precision import precision_crossref
 from ddp_core.analysis.throughput import (RATIOS, ratio_comparison, ratio_findings, ratio_table, throughput_table,
                                          verdict_table)
 from ddp_core.report.single_device import (baseline_comparison, baseline_markdown, baseline_outcome,
-                                           measurements_markdown, throughput_markdown, verdict_markdown)
+                                           measurements_markdown, ratio_markdown, throughput_markdown,
+                                           verdict_markdown)
 
 BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "single_device.py")]
 TINY = ["--presets", "tiny", "--batch-sizes", "4", "8", "--amp", "off", "--seq-len", "16", "--steps", "3",
@@ -149,6 +150,12 @@ def test_each_configuration_is_judged_against_its_own_noise_not_the_noisiest_con
     row = verdict_table(m).loc[RATIOS["trainer"][2]]
     assert (row["slower"], row["no visible difference"]) == (1, 1)
     assert row["lowest_floor"] < 0.05 < 0.3 < row["highest_floor"]
+    table = cells(ratio_markdown(m))  # every count readable off a row: each configuration's verdict and floor
+    header = f"{RATIOS['trainer'][2]} (median, range): verdict"
+    assert table["large, bf16, batch 64"][header].endswith(": slower")
+    assert table["tiny, bf16, batch 64"][header].endswith(": no visible difference")
+    assert float(table["large, bf16, batch 64"]["Noise floor (%)"]) < 5 < 30 < float(
+        table["tiny, bf16, batch 64"]["Noise floor (%)"])
 
 
 def test_the_first_page_gives_each_ratio_over_the_configurations_with_its_verdict_counts():
@@ -208,7 +215,8 @@ def test_the_benchmark_is_set_beside_the_strong_scaling_studys_one_rank_runs():
         1 / pd.Series(per_sample).median(), abs=0.05)
     assert float(table["This chapter"].replace(",", "")) == pytest.approx(beside["samples_per_s"], abs=0.05)
     assert [baseline_outcome(ms, experiment) for ms in ([same_cpu], [other_cpu], [elsewhere])] == [
-        "the same CPU", "another CPU under the same name", "no device here trained that model, precision and batch"]
+        "the same CPU", "two CPUs of the same name",
+        "different devices (none here trained that model, precision and batch)"]
     assert baseline_markdown([elsewhere], experiment) == ""
 
 

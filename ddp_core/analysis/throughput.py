@@ -67,17 +67,21 @@ def verdict_table(m: Measurement) -> pd.DataFrame:
     """Per ratio, what the measurement says of it over every configuration: the range of its medians and of the
     configurations' noise floors, and how many configurations the one verdict function calls faster, slower, not
     told apart, or leaves without a verdict (too few rounds)."""
-    seconds = _rounds(m)
-    floors = [_floor(rounds) for _, rounds in seconds.groupby(CONFIG)]
-    medians = ratio_table(m)
-    rows = []
-    for name, (_, _, words) in RATIOS.items():
-        verdicts = [ratio_comparison(m, name, configuration).says("slower", "faster")
-                    for configuration in seconds.index.droplevel("round").unique()]
-        rows.append({"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
-                     "highest_median": medians[f"{name}_median"].max(), "lowest_floor": min(floors),
-                     "highest_floor": max(floors), **{outcome: verdicts.count(outcome) for outcome in VERDICT_COUNTS}})
-    return pd.DataFrame(rows).set_index("ratio")
+    verdicts, medians = configuration_verdicts(m), ratio_table(m)
+    return pd.DataFrame([{"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
+                          "highest_median": medians[f"{name}_median"].max(), "lowest_floor": verdicts["floor"].min(),
+                          "highest_floor": verdicts["floor"].max(),
+                          **{outcome: int((verdicts[name] == outcome).sum()) for outcome in VERDICT_COUNTS}}
+                         for name, (_, _, words) in RATIOS.items()]).set_index("ratio")
+
+
+def configuration_verdicts(m: Measurement) -> pd.DataFrame:
+    """Per configuration (preset, amp, batch size): its noise floor and each ratio's verdict on the loop against the
+    one it is set against ("slower", "faster", ...), the calls `verdict_table` counts."""
+    configurations = _rounds(m).index.droplevel("round").unique()
+    return pd.DataFrame([{"floor": _floor(_rounds(m).loc[configuration]),
+                          **{name: ratio_comparison(m, name, configuration).says("slower", "faster")
+                             for name in RATIOS}} for configuration in configurations], index=configurations)
 
 
 def _rounds(m: Measurement) -> pd.DataFrame:

@@ -9,13 +9,13 @@ import pandas as pd
 
 from ddp_core.analysis import gpu_measurements, zero
 from ddp_core.analysis.critical_batch import critical_batch_findings
-from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
-                                        similarity_table, similarity_test_table)
+from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, link_table, node_share,
+                                        nodes_figure, similarity_table, similarity_test_table)
 from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import counted, median_range, quantity_table
+from ddp_core.analysis.tables import counted, machine_text, median_range, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
@@ -23,7 +23,8 @@ from ddp_core.studies.study_list import load_study_list
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
     chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
-    chapter's ratios (`device_`), sharding (`sharding_`) and the list of studies."""
+    chapter's ratios (`device_`, and `gpu_device_` on the first GPU measured), sharding (`sharding_`) and the list of
+    studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
     # The studies beyond the results chapter's, from the study list itself: the overview the first page gives can
     # then never leave one out.
@@ -31,12 +32,25 @@ def key_findings(results: Path) -> dict:
     # The One device chapter's ratios on the device the results chapter's runs had, or on the first one measured.
     measurements = load_measurements(results / "single_device")
     same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
+    measured = (same or measurements)[0]
+    gpus = [m for m in measurements if m.info["device"] != "cpu" and not m.info.get("compile")]
     return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
             | gpu_measurements.headline_findings(results, nodes)
             | {"study_count": len(titles), "study_titles": "; ".join(titles)}
             | critical_batch_findings(load_study(results / "time_to_accuracy"))
-            | ratio_findings((same or measurements)[0])
-            | zero.headline_findings(load_study(results / "sharding")))
+            | ratio_findings(measured) | {"runs_machine": machine_text(scaling.baseline.raw),
+                                          "runs_cpu_relation": "the same CPU" if machine_text(measured.info)
+                                          == machine_text(scaling.baseline.raw) else "two different CPUs"}
+            | {f"gpu_{key}": value for key, value in ratio_findings(gpus[0]).items()}
+            | sharding_headline(load_study(results / "sharding"), nodes))
+
+
+def sharding_headline(sharding: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict:
+    """The sharding study's headline, and beside its DDP's speedup the nodes study's DDP on the same links and nodes
+    (`nodes_ddp_speedup_on_sharding_links`), so that the first page never gives one without the other."""
+    found = zero.headline_findings(sharding)
+    links = link_table(nodes).set_index(["link", "world_size"])["speedup"]
+    return found | {"nodes_ddp_speedup_on_sharding_links": links[found["sharding_link"], found["sharding_nodes"]]}
 
 
 def headline_figure(results: Path):

@@ -21,8 +21,8 @@ from ddp_core.analysis.comparisons import compare_times, time_floor
 from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
 from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SHARE_GOT, SIMILARITY_EFFECT, efficiency_table,
                                         forecast_table, link_experiments, link_table, similarity_table,
-                                        similarity_test_table, variant_experiments)
-from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, rate_text
+                                        similarity_test_table, variant_experiments, variant_label)
+from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, measured_gbit_s, only, rate_text
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, MEAN_STEP_MS, STEP_MEDIAN_MS, measured_by, median_range,
@@ -70,8 +70,8 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     worst = table.loc[table["prediction_error"].abs().idxmax()]
     inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
     return {
-        "links_measured": "; ".join(f"{row.link} at {row.world_size} nodes, {rate_text(row.measured_gbit_s)}"
-                                    for row in table.itertuples()),
+        "links_measured": "; ".join(f"{variant_label(e, study)} at {n} nodes, {rate_text(measured_gbit_s(only(e, n)))}"
+                                    for e in variant_experiments(study).values() for n in e.repeats if n > 1),
         "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
         "worst_prediction_link": worst["link"], "predictions_inside": int(inside.sum()),
         "predictions": len(table), "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],

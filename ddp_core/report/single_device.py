@@ -26,8 +26,8 @@ from ddp_core.analysis import peers, step_profile
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
 from ddp_core.analysis.tables import (counted, day, machine_text, measured_by, median_range, quantity_table,
                                       range_text)
-from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, peak_tflops, precision_name, ratio_table,
-                                          throughput_table, verdict_table)
+from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, configuration_verdicts, peak_tflops, precision_name,
+                                          ratio_table, throughput_table, verdict_table)
 
 
 def verdict_markdown(m: Measurement) -> str:
@@ -59,11 +59,14 @@ def throughput_markdown(m: Measurement) -> str:
 
 
 def ratio_markdown(m: Measurement) -> str:
-    table = ratio_table(m)
+    """Each configuration's ratios with their verdicts and the floor they were held against, so that every count
+    of `verdict_markdown` can be read off a row."""
+    table = ratio_table(m).join(configuration_verdicts(m))
     for name in RATIOS:
-        table[name] = [median_range(*values, "{:.3f}") for values in
-                       zip(table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"])]
-    columns = {name: (f"{words} (median, range)", "{}") for name, (_, _, words) in RATIOS.items()}
+        table[name] = [f"{median_range(*values, '{:.3f}')}: {verdict}" for *values, verdict in
+                       zip(table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"], table[name])]
+    columns = {name: (f"{words} (median, range): verdict", "{}") for name, (_, _, words) in RATIOS.items()}
+    columns["floor"] = ("Noise floor (%)", "{:.1f}", 100)
     return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
 
@@ -97,8 +100,8 @@ def share_above_devices(measurements: list[Measurement]) -> str:
                      if (throughput_table(m)["share_of_matmul"] > 1).any()) or "none of these devices"
 
 
-BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "another CPU under the same name",
-                     "none": "no device here trained that model, precision and batch"}
+BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "two CPUs of the same name",
+                     "none": "different devices (none here trained that model, precision and batch)"}
 
 
 def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
