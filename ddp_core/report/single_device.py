@@ -59,13 +59,15 @@ def throughput_markdown(m: Measurement) -> str:
 
 
 def ratio_markdown(m: Measurement) -> str:
-    """Each configuration's ratios with their verdicts and the floor they were held against, so that every count
-    of `verdict_markdown` can be read off a row."""
+    """Each configuration's ratios with their verdicts (no word where the rule sees no difference) and the floor they
+    were held against, so that every count of `verdict_markdown` can be read off a row."""
     table = ratio_table(m).join(configuration_verdicts(m))
     for name in RATIOS:
-        table[name] = [f"{median_range(*values, '{:.3f}')}: {verdict}" for *values, verdict in
-                       zip(table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"], table[name])]
-    columns = {name: (f"{words} (median, range): verdict", "{}") for name, (_, _, words) in RATIOS.items()}
+        table[name] = [median_range(*values, "{:.3f}") + ("" if verdict == "no visible difference" else f": {verdict}")
+                       for *values, verdict in zip(table[f"{name}_median"], table[f"{name}_low"],
+                                                   table[f"{name}_high"], table[name])]
+    columns = {name: (f"{words} (median, range): faster or slower, where the rule calls it", "{}")
+               for name, (_, _, words) in RATIOS.items()}
     columns["floor"] = ("Noise floor (%)", "{:.1f}", 100)
     return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
