@@ -17,7 +17,7 @@ from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.analysis.results import Measurement, load_experiment, read_measurement
-from ddp_core.report.precision import precision_crossref
+from ddp_core.report.precision import crossref_findings
 from ddp_core.analysis.throughput import (RATIOS, ratio_comparison, ratio_findings, ratio_table, throughput_table,
                                          verdict_table)
 from ddp_core.report.single_device import (baseline_comparison, baseline_markdown, baseline_outcome,
@@ -237,11 +237,12 @@ def test_the_precision_study_says_whether_the_one_device_chapter_timed_its_cpu()
     measured = read_measurement(REPO / "reference" / "single_device" / "cpu")
     same = replace(measured, info=measured.info | {"device_name": run.device_name,
                                                    "cpu_extensions": run.raw["cpu_extensions"]})
-    assert precision_crossref([same], run) == "on this kind of CPU, at its own batch sizes"
+    assert crossref_findings([same], run)["crossref_relation"] == "the same CPU"
     other = replace(same, info=same.info | {"cpu_extensions": ["avx512_bf16"]})
-    assert precision_crossref([other], run).endswith("whose bf16 figures do not carry over to these runs")
-    elsewhere = replace(same, info=same.info | {"device_name": "NVIDIA H100"})
-    assert precision_crossref([elsewhere], run) == "on other devices than these runs had"
+    assert crossref_findings([other], run) == {"crossref_cpu": "AMD EPYC (avx512_bf16)",
+                                               "crossref_relation": "two different CPUs"}
+    gpu = replace(same, info=same.info | {"device": "cuda:0", "device_name": "NVIDIA H100"})
+    assert crossref_findings([gpu], run)["crossref_cpu"] == "no CPU"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -37,6 +37,12 @@ def machine_text(info: dict) -> str:
     return f"{info['device_name']} ({', '.join(info.get('cpu_extensions') or ['extensions not recorded'])})"
 
 
+def cpu_relation(info: dict, other: dict) -> str:
+    """Whether two run.json or device.json describe "the same CPU" (name and vector extensions, which set its speed)
+    or "two different CPUs"."""
+    return "the same CPU" if machine_text(info) == machine_text(other) else "two different CPUs"
+
+
 def extensions_text(info: dict) -> str:
     """The vector extensions a run.json or device.json recorded, as the pages list them: 'avx2, avx512f'."""
     return ", ".join(info.get("cpu_extensions") or ["none recorded"])

@@ -15,7 +15,7 @@ from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import counted, machine_text, median_range, quantity_table
+from ddp_core.analysis.tables import counted, cpu_relation, machine_text, median_range, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
@@ -39,18 +39,19 @@ def key_findings(results: Path) -> dict:
             | {"study_count": len(titles), "study_titles": "; ".join(titles)}
             | critical_batch_findings(load_study(results / "time_to_accuracy"))
             | ratio_findings(measured) | {"runs_machine": machine_text(scaling.baseline.raw),
-                                          "runs_cpu_relation": "the same CPU" if machine_text(measured.info)
-                                          == machine_text(scaling.baseline.raw) else "two different CPUs"}
+                                          "runs_cpu_relation": cpu_relation(measured.info, scaling.baseline.raw)}
             | {f"gpu_{key}": value for key, value in ratio_findings(gpus[0]).items()}
             | sharding_headline(load_study(results / "sharding"), nodes))
 
 
 def sharding_headline(sharding: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict:
     """The sharding study's headline, and beside its DDP's speedup the nodes study's DDP on the same links and nodes
-    (`nodes_ddp_speedup_on_sharding_links`), so that the first page never gives one without the other."""
+    (`nodes_ddp_on_sharding_links`, "not run" where the nodes study has no such variant), so that the first page
+    never gives one without the other."""
     found = zero.headline_findings(sharding)
     links = link_table(nodes).set_index(["link", "world_size"])["speedup"]
-    return found | {"nodes_ddp_speedup_on_sharding_links": links[found["sharding_link"], found["sharding_nodes"]]}
+    key = (found["sharding_link"], found["sharding_nodes"])
+    return found | {"nodes_ddp_on_sharding_links": f"{links[key]:.2f}" if key in links.index else "not run"}
 
 
 def headline_figure(results: Path):

@@ -9,7 +9,8 @@ import pandas as pd
 from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
 from ddp_core.analysis.results import Experiment, Measurement
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, extensions_text, quantity_table
+from ddp_core.analysis.tables import (FINAL_ACCURACY, STEP_MEDIAN_MS, counted, cpu_relation, machine_text,
+                                      quantity_table)
 
 
 PRECISION_ROWS = {
@@ -53,13 +54,11 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
             **chance_glue("precision", study["fp32"], 1)}
 
 
-def precision_crossref(measurements: list[Measurement], run) -> str:
-    """Where the One device chapter timed bf16 against fp32 too, as a clause: on the CPU of `run` (a study's run),
-    or on another one, whose bf16 figures do not carry over (with both CPUs' vector extensions)."""
-    same_name = [m for m in measurements if m.info["device_name"] == run.device_name]
-    if not same_name:
-        return "on other devices than these runs had"
-    if same_name[0].info.get("cpu_extensions") != run.raw.get("cpu_extensions"):
-        return (f"on a CPU of the same name but other vector extensions ({extensions_text(same_name[0].info)} against "
-                f"these runs' {extensions_text(run.raw)}), whose bf16 figures do not carry over to these runs")
-    return "on this kind of CPU, at its own batch sizes"
+def crossref_findings(measurements: list[Measurement], run) -> dict:
+    """Which CPU the One device chapter timed the two precisions on (its first CPU measurement, else "no CPU"), and
+    whether that is the CPU of `run` (a study's run) by name and vector extensions: bf16's figures carry over only
+    between the same CPU."""
+    cpus = [m for m in measurements if m.info["device"] == "cpu"]
+    if not cpus:
+        return {"crossref_cpu": "no CPU", "crossref_relation": "not comparable"}
+    return {"crossref_cpu": machine_text(cpus[0].info), "crossref_relation": cpu_relation(cpus[0].info, run.raw)}
