@@ -16,7 +16,7 @@ from conftest import REPO, copy_project, repeat_medians, repeat_runs
 from ddp_core.report import discussion, prediction, scaling
 from ddp_core.analysis import provenance
 from ddp_core.analysis.comparisons import WARMUP_STEPS
-from ddp_core.analysis.results import load_experiment, load_measurements, load_study, tidy_runs
+from ddp_core.analysis.results import load_experiment, load_measurements, load_study, read_measurement, tidy_runs
 from ddp_core.analysis.throughput import throughput_table
 from ddp_core.studies.study_list import load_study_list
 
@@ -194,9 +194,24 @@ def test_the_first_page_never_gives_the_sharding_studys_ddp_without_the_nodes_st
     paired = [one / many for one, many in zip(repeat_medians(nodes / "one_node", 1),
                                               repeat_medians(nodes / "a100_nvlink", n))]
     assert found["nodes_ddp_on_sharding_links"] == f"{pd.Series(paired).median():.2f}"
+    assert found["sharding_against_nodes_verdict"] == "no verdict (not run in the same rounds)"
     elsewhere = {variant: e for variant, e in load_study(nodes).items() if variant != "a100_nvlink"}
     assert sharding_headline(load_study(REPO / "reference" / "sharding"), elsewhere)["nodes_ddp_on_sharding_links"] \
         == "not run"
+
+
+def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_the_gpu_the_gpu_chapter_names():
+    """The key findings' One device paragraph: the range of the CPU's per-configuration floors, as the One device
+    page's ratio table gives them, and the verdicts of the GPU that the GPU finding beside it names."""
+    from ddp_core.analysis.throughput import configuration_verdicts
+    from ddp_core.report.intro import key_findings
+
+    found = key_findings(REPO / "reference")
+    floors = configuration_verdicts(read_measurement(REPO / "reference" / "single_device" / "cpu"))["floor"]
+    assert found["device_floors"] == f"{floors.min():.1%} to {floors.max():.1%}"
+    assert found["gpu_device_overview_name"] == found["gpu_device"]
+    eager = read_measurement(REPO / "reference" / "single_device" / "cuda-nvidia-h200")
+    assert found["gpu_device_configurations"] == eager.epochs.groupby(["preset", "amp", "batch_size"]).ngroups
 
 
 def test_the_sharding_page_says_how_far_apart_each_studys_one_node_repeats_ran():
@@ -207,7 +222,7 @@ def test_the_sharding_page_says_how_far_apart_each_studys_one_node_repeats_ran()
     found = drift_findings(load_study(REPO / "reference" / "sharding"), load_study(REPO / "reference" / "nodes"))
     for key, study in (("sharding_one_node_apart", "sharding"), ("nodes_one_node_apart", "nodes")):
         medians = repeat_medians(REPO / "reference" / study / "one_node", 1)
-        assert found[key] == pytest.approx(max(medians) / min(medians) - 1)
+        assert found[key] == f"{max(medians) / min(medians) - 1:.0%}"
 
 
 def test_the_methods_chapter_gives_each_studys_steps_a_run_from_its_csvs():

@@ -151,7 +151,7 @@ def test_each_configuration_is_judged_against_its_own_noise_not_the_noisiest_con
     assert (row["slower"], row["no visible difference"]) == (1, 1)
     assert row["lowest_floor"] < 0.05 < 0.3 < row["highest_floor"]
     table = cells(ratio_markdown(m))  # every count readable off a row: each configuration's verdict and floor
-    header = f"{RATIOS['trainer'][2]} (median, range): faster or slower, where the rule calls it"
+    header = f"{RATIOS['trainer'][2]} (median, range): the rule's verdict, where not no visible difference"
     assert table["large, bf16, batch 64"][header].endswith(": slower")
     assert table["tiny, bf16, batch 64"][header].endswith(")")  # no visible difference: no word
     assert float(table["large, bf16, batch 64"]["Noise floor (%)"]) < 5 < 30 < float(
@@ -241,8 +241,9 @@ def test_the_precision_study_says_whether_the_one_device_chapter_timed_its_cpu()
     other = replace(same, info=same.info | {"cpu_extensions": ["avx512_bf16"]})
     assert crossref_findings([other], run) == {"crossref_cpu": "AMD EPYC (avx512_bf16)",
                                                "crossref_relation": "two different CPUs"}
+    assert crossref_findings([other, same], run)["crossref_relation"] == "the same CPU"  # the run's CPU where measured
     gpu = replace(same, info=same.info | {"device": "cuda:0", "device_name": "NVIDIA H100"})
-    assert crossref_findings([gpu], run)["crossref_cpu"] == "no CPU"
+    assert crossref_findings([gpu], run) == {"crossref_cpu": "GPUs only", "crossref_relation": "not comparable"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -51,6 +51,7 @@ def payoff_findings(experiment: Experiment) -> dict:
     hardware, ratios = _hardware(experiment), ratio_per_token(experiment)
     models = preset_configs(one.model)
     fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
+    most = min(models, key=lambda preset: ratios[CPU, preset])  # the preset that needs the most tokens on the CPU
     embedding_share = {preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
                        for preset, model in models.items()}
     # The bytes the all-reduce carries while a rank computes a thousand FLOPs: a plain number on a CPU and a GPU alike,
@@ -62,7 +63,7 @@ def payoff_findings(experiment: Experiment) -> dict:
     predicted = predict(experiment).loc[n]
     return {
         "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
-        "ratio_n_model": ratio,
+        "ratio_n_model": ratio, "theory_speedup": n * ratio / (ratio + exposed_fraction),
         "theory_side": "above" if predicts_gain else "below",
         "theory_prediction": "a speedup above 1" if predicts_gain else "a slowdown",
         "measured_speedup_value": measured.value(),
@@ -71,8 +72,8 @@ def payoff_findings(experiment: Experiment) -> dict:
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_kflop": link_per_kflop[CPU],
         "gpu_bytes_per_kflop": link_per_kflop[GPU], "link_per_flop_ratio": link_per_kflop[CPU] / link_per_kflop[GPU],
-        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU], "most_cpu": min(models, key=lambda p: ratios[CPU, p]),
-        "tokens_spread_cpu": max(ratios[CPU, p] for p in models) / min(ratios[CPU, p] for p in models),
+        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU], "most_cpu": most,
+        "tokens_spread_cpu": ratios[CPU, fewest[CPU]] / ratios[CPU, most],
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
         "smallest_embedding_share": min(embedding_share.values()),
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),

@@ -57,7 +57,7 @@ RATIOS = {
 def ratio_table(m: Measurement) -> pd.DataFrame:
     """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
     (throughput of the loop it is set against)."""
-    seconds = m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop")
+    seconds = _rounds(m)
     return pd.concat([(seconds[against] / seconds[loop]).groupby(CONFIG).agg(["median", "min", "max"])
                       .set_axis([f"{name}_median", f"{name}_low", f"{name}_high"], axis=1)
                       for name, (loop, against, _) in RATIOS.items()], axis=1)
@@ -78,10 +78,13 @@ def verdict_table(m: Measurement) -> pd.DataFrame:
 def configuration_verdicts(m: Measurement) -> pd.DataFrame:
     """Per configuration (preset, amp, batch size): its noise floor and each ratio's verdict on the loop against the
     one it is set against ("slower", "faster", ...), the calls `verdict_table` counts."""
-    configurations = _rounds(m).index.droplevel("round").unique()
-    return pd.DataFrame([{"floor": _floor(_rounds(m).loc[configuration]),
-                          **{name: ratio_comparison(m, name, configuration).says("slower", "faster")
-                             for name in RATIOS}} for configuration in configurations], index=configurations)
+    rows = {}
+    for configuration, rounds in _rounds(m).groupby(CONFIG):
+        rounds = rounds.droplevel(CONFIG)
+        floor = _floor(rounds)
+        rows[configuration] = {"floor": floor, **{name: _compare(rounds, name, floor).says("slower", "faster")
+                                                  for name in RATIOS}}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(CONFIG)
 
 
 def _rounds(m: Measurement) -> pd.DataFrame:
@@ -100,8 +103,12 @@ def ratio_comparison(m: Measurement, name: str, configuration: tuple) -> Compari
     """One ratio of RATIOS at one configuration (preset, amp, batch size), round by round, against that
     configuration's floor: one of the verdicts `verdict_table` counts ("lower": the loop is slower)."""
     rounds = _rounds(m).loc[configuration]
+    return _compare(rounds, name, _floor(rounds))
+
+
+def _compare(rounds: pd.DataFrame, name: str, floor: float) -> Comparison:
     loop, against, _ = RATIOS[name]
-    return compare(list(rounds[against]), list(rounds[loop]), _floor(rounds))
+    return compare(list(rounds[against]), list(rounds[loop]), floor)
 
 
 VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
@@ -117,7 +124,7 @@ def ratio_findings(m: Measurement) -> dict:
     table = verdict_table(m)
     found = {"device_overview_name": machine_text(m.info),
              "device_configurations": m.epochs.groupby(CONFIG).ngroups,
-             "device_floors": range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.0%}", " to ")}
+             "device_floors": range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.1%}", " to ")}
     for name, (_, _, words) in RATIOS.items():
         key, row = f"device_{name}", table.loc[words]
         found |= {f"{key}_low": float(row["lowest_median"]), f"{key}_high": float(row["highest_median"])}

@@ -55,10 +55,11 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
 
 
 def crossref_findings(measurements: list[Measurement], run) -> dict:
-    """Which CPU the One device chapter timed the two precisions on (its first CPU measurement, else "no CPU"), and
-    whether that is the CPU of `run` (a study's run) by name and vector extensions: bf16's figures carry over only
-    between the same CPU."""
-    cpus = [m for m in measurements if m.info["device"] == "cpu"]
+    """Which CPU the One device chapter timed the two precisions on (the CPU of `run`, a study's run, where it was
+    measured, else its first CPU; "GPUs only" where it measured none), and whether that is the run's CPU by name and
+    vector extensions: bf16's figures carry over only between the same CPU."""
+    cpus = sorted((m for m in measurements if m.info["device"] == "cpu"),
+                  key=lambda m: cpu_relation(m.info, run.raw) != "the same CPU")
     if not cpus:
-        return {"crossref_cpu": "no CPU", "crossref_relation": "not comparable"}
+        return {"crossref_cpu": "GPUs only", "crossref_relation": "not comparable"}
     return {"crossref_cpu": machine_text(cpus[0].info), "crossref_relation": cpu_relation(cpus[0].info, run.raw)}

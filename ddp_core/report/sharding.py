@@ -240,5 +240,5 @@ def drift_findings(study: dict[str, Experiment], nodes: dict[str, Experiment]) -
     """How far apart each study's one-node repeats ran at this study's share: a drift that each study's speedups
     carry and that a comparison of the two, not run in the same rounds, cannot pair away."""
     share = node_share(one_node(study))
-    return {"sharding_one_node_apart": one_node_drift(study)[share],
-            "nodes_one_node_apart": one_node_drift(nodes)[share]}
+    drift = {name: one_node_drift(s).get(share) for name, s in (("sharding", study), ("nodes", nodes))}
+    return {f"{name}_one_node_apart": "not run" if apart is None else f"{apart:.0%}" for name, apart in drift.items()}
