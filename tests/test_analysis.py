@@ -470,3 +470,11 @@ def test_the_discussion_says_how_far_apart_the_presets_need_tokens_as_its_table_
     found = payoff.payoff_findings(experiment)
     assert found["most_cpu"] == max(needed, key=needed.get) and found["fewest_cpu"] == min(needed, key=needed.get)
     assert found["tokens_spread_cpu"] == pytest.approx(max(needed.values()) / min(needed.values()), rel=0.02)
+
+
+def test_the_discussion_gives_the_theorys_own_speedup_from_the_runs_ratio_and_exposed_share(experiment):
+    """N x/(1+x), x = R_N/f, with R_N and f the runs' own at the largest benchmarked world size."""
+    found = payoff.payoff_findings(experiment)
+    n = found["n_model"]
+    x = scaling_table(experiment).loc[n, "compute_to_comm_ratio"] / scaling_table(experiment).loc[n, "exposed_share"]
+    assert found["theory_speedup"] == pytest.approx(n * x / (1 + x))
