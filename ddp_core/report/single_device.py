@@ -103,7 +103,7 @@ def share_above_devices(measurements: list[Measurement]) -> str:
 
 
 BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "two CPUs of the same name",
-                     "none": "different devices (none here trained that model, precision and batch)"}
+                     "none": "not timed here"}
 
 
 def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
