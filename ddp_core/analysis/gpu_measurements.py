@@ -18,7 +18,7 @@ from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_
                                                replay_findings)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
-from ddp_core.analysis.throughput import CONFIG, precision_name, ratio_comparison, throughput_table
+from ddp_core.analysis.throughput import CONFIG, precision_name, ratio_comparison, ratio_findings, throughput_table
 from ddp_core.analysis.verdict import compare, noise_floor
 from ddp_core.engine.model_shape import PRESETS
 
@@ -189,9 +189,10 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
-    """`mfu_findings`, `forecast_findings` and `replay_findings` named `gpu_<name>`, with the GPU's name as
-    `gpu_device`, for the first page."""
+    """`mfu_findings`, `forecast_findings`, `replay_findings` and the One device chapter's `ratio_findings` of the
+    eager trainer named `gpu_<name>`, with the GPU's name as `gpu_device`, for the first page."""
     gpu = load_gpu_results(results)
     timelines = load_timelines(results / "gpu_timeline")
-    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(timelines)
+    found = (mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(timelines)
+             | ratio_findings(gpu.eager))
     return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}

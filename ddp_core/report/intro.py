@@ -24,7 +24,7 @@ from ddp_core.studies.study_list import load_study_list
 def key_findings(results: Path) -> dict:
     """The main result of each chapter the first page leads with, from the studies in `results`: the results
     chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
-    chapter's ratios (`device_`, and `gpu_device_` on the GPU measured in full), sharding (`sharding_`) and the list of
+    chapter's ratios (`device_`; the GPU's among the `gpu_` findings), sharding (`sharding_`) and the list of
     studies."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
     # The studies beyond the results chapter's, from the study list itself: the overview the first page gives can
@@ -34,14 +34,12 @@ def key_findings(results: Path) -> dict:
     measurements = load_measurements(results / "single_device")
     same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
     measured = (same or measurements)[0]
-    gpu = gpu_measurements.load_gpu_results(results).eager  # the GPU the GPU chapter and the `gpu_` findings name
     return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
             | gpu_measurements.headline_findings(results, nodes)
             | {"study_count": len(titles), "study_titles": "; ".join(titles)}
             | critical_batch_findings(load_study(results / "time_to_accuracy"))
             | ratio_findings(measured) | {"runs_machine": machine_text(scaling.baseline.raw),
                                           "runs_cpu_relation": cpu_relation(measured.info, scaling.baseline.raw)}
-            | {f"gpu_{key}": value for key, value in ratio_findings(gpu).items()}
             | sharding_headline(load_study(results / "sharding"), nodes))
 
 
