@@ -224,12 +224,14 @@ def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_
 def test_the_sharding_page_says_how_far_apart_each_studys_one_node_repeats_ran():
     """Beside the two studies' DDP speedups, the drift each carries: its one node's slowest median step over its
     fastest, less 1, at the sharding study's share."""
-    from ddp_core.report.sharding import drift_findings
+    from ddp_core.report.sharding import drift_findings, sharding_findings
 
-    found = drift_findings(load_study(REPO / "reference" / "sharding"), load_study(REPO / "reference" / "nodes"))
-    for key, study in (("sharding_one_node_apart", "sharding"), ("nodes_one_node_apart", "nodes")):
-        medians = repeat_medians(REPO / "reference" / study / "one_node", 1)
-        assert found[key] == f"{max(medians) / min(medians) - 1:.0%}"
+    sharding = load_study(REPO / "reference" / "sharding")
+    found = sharding_findings(sharding) | drift_findings(sharding, load_study(REPO / "reference" / "nodes"))
+    apart = {study: max(medians) / min(medians) - 1 for study in ("sharding", "nodes")
+             for medians in [repeat_medians(REPO / "reference" / study / "one_node", 1)]}
+    assert found["one_node_apart"] == pytest.approx(apart["sharding"])
+    assert found["nodes_one_node_apart"] == f"{apart['nodes']:.0%}"
 
 
 def test_the_methods_chapter_gives_each_studys_steps_a_run_from_its_csvs():

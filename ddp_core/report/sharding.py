@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, run_times, steady_phases, study_floor_power, time_glue
+from ddp_core.analysis.comparisons import compare_times, steady_phases, study_floor_power, time_glue
 from ddp_core.analysis.emulated import node_share, one_node_drift
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import MEAN_STEP_MS, difference_text, quantity_table, range_text
@@ -174,12 +174,12 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     parameters, _ = model_size(ddp)
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
     held, against_ddp, speedups = held_shares(memory), time_comparisons(study), speedup_table(study)
-    floor, alone = against_ddp[n]["zero1"].floor, run_times(one_node(study))["step_time_s"]
+    floor = against_ddp[n]["zero1"].floor
     found = headline_findings(study) | {
         "sharding_fewer_nodes": fewer, "sharding_parameters_m": parameters / 1e6,
         "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
         "sharding_gradient_mb": 4 * parameters / MB,
-        "one_node_apart": alone.max() / alone.min() - 1, "sharding_time_floor": floor,
+        "one_node_apart": one_node_drift(study)[node_share(one_node(study))], "sharding_time_floor": floor,
         **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
            if key in ("found_10", "found_20")}}
     for mode in SHARDED_MODES:
@@ -237,8 +237,8 @@ def nodes_study_markdown(study: dict[str, Experiment], nodes: dict[str, Experime
 
 
 def drift_findings(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict:
-    """How far apart each study's one-node repeats ran at this study's share: a drift that each study's speedups
-    carry and that a comparison of the two, not run in the same rounds, cannot pair away."""
-    share = node_share(one_node(study))
-    drift = {name: one_node_drift(s).get(share) for name, s in (("sharding", study), ("nodes", nodes))}
-    return {f"{name}_one_node_apart": "not run" if apart is None else f"{apart:.0%}" for name, apart in drift.items()}
+    """How far apart the nodes study's one-node repeats ran at this study's share ("not run" where it has none): a
+    drift its speedups carry, beside this study's own (`one_node_apart`), that a comparison of the two, not run in
+    the same rounds, cannot pair away."""
+    apart = one_node_drift(nodes).get(node_share(one_node(study)))
+    return {"nodes_one_node_apart": "not run" if apart is None else f"{apart:.0%}"}
