@@ -37,8 +37,6 @@ LEFT_OUT_OF_THE_TINY_REPORT = {
                    "the page's drawn steps: tests/test_reference.py)",
     "compression": "nodes: 2 ranks on 2 emulated nodes over a shaped link (the communication hooks: "
                    "tests/test_ddp_knobs.py)",
-    "sharding": "nodes: 4 ranks on 4 emulated nodes over a shaped link (the modes' weights and memory: "
-                "tests/test_sharding.py; the links' counts: tests/test_emulated_cluster.py)",
     "time_to_accuracy": "grad_accum: variants of the settings on 1 and 2 ranks (evaluations inside epochs and a target "
                       "accuracy: tests/test_evaluations.py)",
 }

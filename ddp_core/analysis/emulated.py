@@ -32,21 +32,27 @@ def node_share(experiment: Experiment) -> float:
     return experiment.baseline.raw["network"]["cpus_per_node"]
 
 
+def ddp_on_nodes(experiment: Experiment) -> bool:
+    """Whether a variant trains DDP on several nodes: the sharded modes' variants are the sharding chapter's
+    (`zero.sharding_runs`)."""
+    return experiment.largest > 1 and experiment.baseline.sharding == "none"
+
+
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Each link's runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
+    """Each link's DDP runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
     (the variants at another share are the similarity test's)."""
     links = {variant: joined(study[BASELINE], e) for variant, e in study.items()
-             if e.largest > 1 and node_share(e) == node_share(study[BASELINE])}
+             if ddp_on_nodes(e) and node_share(e) == node_share(study[BASELINE])}
     return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
 
 
 def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Every variant of several nodes, with the one-node runs of its nodes' share beside it: the link experiments,
-    then those of the similarity test."""
+    """Every variant of DDP on several nodes, with the one-node runs of its nodes' share beside it: the link
+    experiments, then those of the similarity test."""
     links = link_experiments(study)
     ones = {node_share(e): e for e in study.values() if e.largest == 1}
     return links | {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
-                    if e.largest > 1 and variant not in links}
+                    if ddp_on_nodes(e) and variant not in links}
 
 
 def variant_label(experiment: Experiment, study: dict[str, Experiment]) -> str:
