@@ -10,6 +10,7 @@ than a few steps or build a book.
 
 import csv
 import io
+import json
 import os
 import shutil
 import socket
@@ -37,8 +38,6 @@ LEFT_OUT_OF_THE_TINY_REPORT = {
                    "the page's drawn steps: tests/test_reference.py)",
     "compression": "nodes: 2 ranks on 2 emulated nodes over a shaped link (the communication hooks: "
                    "tests/test_ddp_knobs.py)",
-    "sharding": "nodes: 4 ranks on 4 emulated nodes over a shaped link (the modes' weights and memory: "
-                "tests/test_sharding.py; the links' counts: tests/test_emulated_cluster.py)",
     "time_to_accuracy": "grad_accum: variants of the settings on 1 and 2 ranks (evaluations inside epochs and a target "
                       "accuracy: tests/test_evaluations.py)",
 }
@@ -249,6 +248,13 @@ def two_local_ranks(tmp_path_factory, isolated_env, worker_id) -> Path:
             run_training([*TWO_RANKS_ARGS, "--out", run_dir], cwd=shared, env=isolated_env, nproc=2)
             done.touch()
     return run_dir
+
+
+def ddp_variants(folder: Path, record: dict) -> dict:
+    """The entries of wind_tunnel.json (`record`) of the variants that train DDP, which the wind tunnel forecasts and
+    the nodes page shows: the sharded modes on DDP's links are the sharding chapter's."""
+    return {variant: modelled for variant, modelled in record["variants"].items()
+            if json.loads(next((folder / variant).glob("n*/run.json")).read_text())["config"]["sharding"] == "none"}
 
 
 def repeat_runs(folder: Path, world_size: int) -> list[Path]:

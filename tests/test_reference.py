@@ -78,19 +78,24 @@ def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_
     assert found[f"{findings}_comm_over_compute"] == pytest.approx(per_step("comm_total_s") / compute)
 
 
+NODES = REPO / "reference" / "nodes"
+# The sharding chapter's variants of the nodes study, and the mode of each: DDP's on the links the modes share.
+SHARDING_VARIANTS = {"a100_nvlink": "none", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
+
+
 def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_runs_csvs():
     """Bytes a step: each run's link count over its steps, in fp32 gradients, the median over the runs, and what
-    gloo's algorithms send for the collectives the first run counted; the state a rank holds: parameters, gradients and optimizer state of the largest rank's last epoch, over DDP's."""
-    from ddp_core.analysis.zero import MODE_NAMES, held_shares, memory_table
+    gloo's algorithms send for the collectives the first run counted; the state a rank holds: parameters, gradients
+    and optimizer state of the largest rank's last epoch, over DDP's."""
+    from ddp_core.analysis.zero import MODE_NAMES, held_shares, memory_table, sharding_runs
     from ddp_core.report.sharding import traffic_table
 
-    folder = REPO / "reference" / "sharding"
-    study = load_study(folder)
+    study = sharding_runs(load_study(NODES))
     traffic, held = traffic_table(study), held_shares(memory_table(study))["measured"]
     kinds = ["parameters_bytes", "gradients_bytes", "optimizer_state_bytes"]
     state = {}
-    for variant, mode in (("ddp", "none"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3")):
-        runs = sorted((folder / variant).glob("n4*"))
+    for variant, mode in SHARDING_VARIANTS.items():
+        runs = repeat_runs(NODES / variant, 4)
         metrics = [pd.read_csv(run / "metrics.csv") for run in runs]
         parameters = 4 * int(pd.read_json(runs[0] / "run.json", typ="series")["parameters"])
         per_step = pd.Series([m["link_sent_bytes"].sum() / m["steps"].sum() / parameters for m in metrics]).median()
@@ -106,105 +111,79 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
 
 def test_the_sharding_page_gives_the_modes_loss_gap_to_ddp_as_the_power_of_ten_it_lies_within():
     """The modes' final losses differ from DDP's at float rounding: the page says how small, '1e-8', not 9.9e-09."""
+    from ddp_core.analysis.zero import sharding_runs
     from ddp_core.report.sharding import sharding_findings
 
-    found = sharding_findings(load_study(REPO / "reference" / "sharding"))
+    found = sharding_findings(sharding_runs(load_study(NODES)))
     bound = re.fullmatch(r"1e-\d+", found["sharding_loss_gap_text"])
     assert bound, found["sharding_loss_gap_text"]
     assert float(bound[0]) / 10 < found["sharding_loss_gap"] <= float(bound[0])
 
 
-def test_every_sharding_mode_runs_on_the_same_modelled_links_and_its_times_are_taken_round_by_round():
-    """The modes' links: on each number of nodes one rate, set by the wind tunnel for DDP's ratio there, on every
-    run's nodes; each mode's speedup on each number of nodes the median over the rounds of the one node's time per
-    sample over the mode's (the same global batch); against DDP, each mode's time held against the study's floor as
-    the methods chapter lists it (every configuration's runs, the one node's too)."""
-    from ddp_core.analysis.comparisons import study_floor_power
-    from ddp_core.analysis.zero import MODE_NAMES, speedup_table, time_comparisons
+def test_the_sharding_page_reads_the_nodes_studys_modes_with_the_ddp_and_one_node_of_their_links_and_share(tmp_path):
+    """The modes are set against the DDP variant that models the same configuration on nodes of the same share (not
+    the similarity test's, at another share) and that share's one node, which ran in the same rounds; a nodes study
+    without sharded variants is refused in one line."""
+    from ddp_core.analysis.results import ResultsError
+    from ddp_core.analysis.zero import sharding_runs
 
-    folder = REPO / "reference" / "sharding"
-    record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]
-    assert set(record) == {"ddp", "zero1", "zero2", "zero3"}
-    counts = sorted(int(n) for n in record["ddp"]["by_nodes"])
+    study = sharding_runs(load_study(NODES))
+    assert set(study) == {"one_node", *SHARDING_VARIANTS}
+    rounds = [[run.raw["start_time"] for e in study.values() for run in e.all_runs if run.config["seed"] == seed]
+              for seed in sorted({run.config["seed"] for e in study.values() for run in e.all_runs})]
+    assert all(max(earlier) < min(later) for earlier, later in zip(rounds, rounds[1:])), "repeat k of each in round k"
+    for variant in SHARDING_VARIANTS:
+        assert {study[variant].baseline.config["sharding"]} == {SHARDING_VARIANTS[variant]}
+    for variant in ("one_node", "a100_nvlink_half_share", "one_node_half_share", "h200_nvlink"):
+        shutil.copytree(NODES / variant, tmp_path / "nodes" / variant)
+    shutil.copy(NODES / "wind_tunnel.json", tmp_path / "nodes")
+    with pytest.raises(ResultsError, match="no sharded variant in the nodes study"):
+        sharding_runs(load_study(tmp_path / "nodes"))
+
+
+def test_every_sharding_mode_runs_on_ddps_modelled_links_and_its_times_are_taken_round_by_round():
+    """The modes' links: on each number of nodes the rate the wind tunnel set for DDP's ratio there, on every run's
+    nodes; each mode's speedup on each number of nodes the median over the rounds of the one node's time per sample
+    over the mode's (the same global batch); against DDP, each mode's time held against the floor of the chapter's
+    runs, as the page's power of the rule is taken on them."""
+    from ddp_core.analysis.comparisons import study_floor_power
+    from ddp_core.analysis.zero import MODE_NAMES, sharding_runs, speedup_table, time_comparisons
+
+    record = json.loads((NODES / "wind_tunnel.json").read_text())["variants"]
+    counts = sorted(int(n) for n in record["a100_nvlink"]["by_nodes"])
     assert counts == [2, 4], "the modes run on 2 and 4 nodes"
-    study = load_study(folder)
+    study = sharding_runs(load_study(NODES))
     table = speedup_table(study)
-    methods_floor = study_floor_power(study)["floor"]
+    chapter_floor = study_floor_power(study)["floor"]
 
     def medians(variant, n):
         rate = record[variant]["by_nodes"][str(n)]["link_rate"] if n > 1 else None
-        for run in repeat_runs(folder / variant, n) if n > 1 else ():
+        for run in repeat_runs(NODES / variant, n) if n > 1 else ():
             assert json.loads((run / "network.json").read_text())["link_rate"] == rate
-        return repeat_medians(folder / variant, n)
+        return repeat_medians(NODES / variant, n)
 
     for n in counts:
-        assert len({entry["by_nodes"][str(n)]["link_rate"] for entry in record.values()}) == 1
+        assert len({record[variant]["by_nodes"][str(n)]["link_rate"] for variant in SHARDING_VARIANTS}) == 1
         against_ddp = time_comparisons(study)[n]
-        for variant, mode in (("ddp", "none"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3")):
+        for variant, mode in SHARDING_VARIANTS.items():
             paired = [one / many for one, many in zip(medians("one_node", 1), medians(variant, n))]
             assert table.loc[MODE_NAMES[mode], f"speedup_n{n}"] == pytest.approx(pd.Series(paired).median())
             assert table.loc[MODE_NAMES[mode], f"speedup_low_n{n}"] == pytest.approx(min(paired))
             if mode != "none":  # its time per sample over DDP's on as many nodes, round by round
-                paired = [mine / ddp for mine, ddp in zip(medians(variant, n), medians("ddp", n))]
+                paired = [mine / ddp for mine, ddp in zip(medians(variant, n), medians("a100_nvlink", n))]
                 assert against_ddp[mode].ratio == pytest.approx(pd.Series(paired).median())
-                assert against_ddp[mode].floor == pytest.approx(methods_floor)
+                assert against_ddp[mode].floor == pytest.approx(chapter_floor)
 
 
-def test_the_sharding_pages_ddp_is_set_beside_the_nodes_studys_ddp_and_compared_only_when_run_in_the_same_rounds(
-        tmp_path):
-    """Both studies train DDP on links set for A100s over NVLink at a quarter core, each over its own one node: the
-    page sets the two speedups side by side, and compares them repeat k against repeat k only where round k of each
-    ran before round k + 1 of either (as make report runs them), never where the two ran at other times."""
-    from ddp_core.analysis.zero import against_nodes_study
+def test_the_first_pages_sharding_finding_gives_ddps_speedup_on_the_modes_links_from_the_nodes_studys_runs():
+    """One DDP on the modes' links: the first page's is the nodes study's on links set for A100s over NVLink, over
+    its one node, round by round."""
+    from ddp_core.report.intro import key_findings
 
-    def speedups(folder, variant, n):
-        return [one / many for one, many in zip(repeat_medians(folder / "one_node", 1),
-                                                repeat_medians(folder / variant, n))]
-
-    def nodes_started(name: str, start) -> Path:
-        """The nodes study with repeat k of every run started at start(k)."""
-        shutil.copytree(nodes, tmp_path / name)
-        for info_path in (tmp_path / name).glob("*/n*/run.json"):
-            repeat = re.search(r"-r(\d)$", info_path.parent.name)
-            info = json.loads(info_path.read_text()) | {"start_time": start(int(repeat[1]) if repeat else 1)}
-            info_path.write_text(json.dumps(info))
-        return tmp_path / name
-
-    sharding, nodes = REPO / "reference" / "sharding", REPO / "reference" / "nodes"
-    twin_start = {k: json.loads((sharding / "one_node" / ("n1" if k == 1 else f"n1-r{k}") / "run.json").read_text())
-                  ["start_time"] for k in (1, 2, 3)}
-    later = "2030-01-0{}T00:00:00+00:00".format  # every round of the nodes study after the sharding study's
-    apart = against_nodes_study(load_study(sharding), load_study(nodes_started("apart", later)))
-    assert list(apart.index) == [2, 4]
-    for n, row in apart.iterrows():
-        ours, theirs = speedups(sharding, "ddp", n), speedups(nodes, "a100_nvlink", n)
-        assert (row["speedup_here"], row["speedup_there"]) == pytest.approx((pd.Series(ours).median(),
-                                                                           pd.Series(theirs).median()))
-        assert row["verdict"] == "no verdict (not run in the same rounds)" and pd.isna(row["ratio"])
-    together = against_nodes_study(load_study(sharding), load_study(nodes_started("together", twin_start.get)))
-    for n, row in together.iterrows():
-        paired = [a / b for a, b in zip(speedups(sharding, "ddp", n), speedups(nodes, "a100_nvlink", n))]
-        assert row["ratio"] == pytest.approx(pd.Series(paired).median())
-        assert row["verdict"] in ("lower", "higher", "no visible difference")
-
-
-def test_the_first_page_never_gives_the_sharding_studys_ddp_without_the_nodes_studys_beside_it():
-    """Both train DDP on links set for A100s over NVLink at a quarter core; the first page quotes the sharding
-    study's speedup and, beside it, the nodes study's at the same number of nodes, each over its own one node."""
-    from ddp_core.report.intro import sharding_headline
-
-    nodes = REPO / "reference" / "nodes"
-    found = sharding_headline(load_study(REPO / "reference" / "sharding"), load_study(nodes))
-    n = found["sharding_nodes"]
-    paired = [one / many for one, many in zip(repeat_medians(nodes / "one_node", 1),
-                                              repeat_medians(nodes / "a100_nvlink", n))]
-    assert found["nodes_ddp_on_sharding_links"] == f"{pd.Series(paired).median():.2f}"
-    from ddp_core.analysis.zero import against_nodes_study
-    assert found["sharding_against_nodes_verdict"] == against_nodes_study(load_study(REPO / "reference" / "sharding"),
-                                                                          load_study(nodes)).loc[n, "verdict"]
-    elsewhere = {variant: e for variant, e in load_study(nodes).items() if variant != "a100_nvlink"}
-    assert sharding_headline(load_study(REPO / "reference" / "sharding"), elsewhere)["nodes_ddp_on_sharding_links"] \
-        == "not run"
+    found = key_findings(REPO / "reference")
+    paired = [one / many for one, many in zip(repeat_medians(NODES / "one_node", 1),
+                                              repeat_medians(NODES / "a100_nvlink", found["sharding_nodes"]))]
+    assert found["sharding_ddp_speedup"] == pytest.approx(pd.Series(paired).median())
 
 
 def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_the_gpu_the_gpu_chapter_names():
@@ -221,17 +200,14 @@ def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_
     assert found["gpu_device_configurations"] == eager.epochs.groupby(["preset", "amp", "batch_size"]).ngroups
 
 
-def test_the_sharding_page_says_how_far_apart_each_studys_one_node_repeats_ran():
-    """Beside the two studies' DDP speedups, the drift each carries: its one node's slowest median step over its
-    fastest, less 1, at the sharding study's share."""
-    from ddp_core.report.sharding import drift_findings, sharding_findings
+def test_the_sharding_page_says_how_far_apart_its_one_node_repeats_ran():
+    """The drift each round's speedup carries: the one node's slowest median step over its fastest, less 1."""
+    from ddp_core.analysis.zero import sharding_runs
+    from ddp_core.report.sharding import sharding_findings
 
-    sharding = load_study(REPO / "reference" / "sharding")
-    found = sharding_findings(sharding) | drift_findings(sharding, load_study(REPO / "reference" / "nodes"))
-    apart = {study: max(medians) / min(medians) - 1 for study in ("sharding", "nodes")
-             for medians in [repeat_medians(REPO / "reference" / study / "one_node", 1)]}
-    assert found["one_node_apart"] == pytest.approx(apart["sharding"])
-    assert found["nodes_one_node_apart"] == f"{apart['nodes']:.0%}"
+    found = sharding_findings(sharding_runs(load_study(NODES)))
+    medians = repeat_medians(NODES / "one_node", 1)
+    assert found["one_node_apart"] == pytest.approx(max(medians) / min(medians) - 1)
 
 
 def test_the_methods_chapter_gives_each_studys_steps_a_run_from_its_csvs():

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, TINY_STUDIES
+from conftest import REPO, TINY_STUDIES, ddp_variants
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.launch.emulated import leftovers
 from ddp_core.analysis.nvlink_forecast import forecast, nvlink_fit
@@ -116,7 +116,7 @@ def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the
     from ddp_core.analysis.results import load_study
 
     folder = REPO / "reference" / "nodes"
-    record = json.loads((folder / "wind_tunnel.json").read_text())["variants"]
+    record = json.loads((folder / "wind_tunnel.json").read_text())
     table = similarity_table(load_study(folder)).set_index(["configuration", "share", "nodes"])
 
     def median_steps(variant, n):
@@ -125,7 +125,9 @@ def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the
 
     ones = {variant: json.loads((folder / variant / "n1" / "network.json").read_text())["cpus_per_node"]
             for variant in ("one_node", "one_node_half_share")}
-    for variant, modelled in record.items():
+    ddp = ddp_variants(folder, record)
+    assert list(ddp) == ["h200_nvlink", "a100_nvlink", "a100_ethernet", "a100_nvlink_half_share"]
+    for variant, modelled in ddp.items():
         one = next(name for name, share in ones.items() if share == modelled["cpus_per_node"])
         for n, entry in modelled["by_nodes"].items():
             row = table.loc[(modelled["configuration"], modelled["cpus_per_node"], int(n))]
@@ -144,7 +146,7 @@ def test_each_forecast_was_written_before_the_run_it_forecast_and_its_error_is_a
 
     folder = REPO / "reference" / "nodes"
     errors, rounds = {}, []
-    for variant, modelled in json.loads((folder / "wind_tunnel.json").read_text())["variants"].items():
+    for variant, modelled in ddp_variants(folder, json.loads((folder / "wind_tunnel.json").read_text())).items():
         for n, entry in modelled["by_nodes"].items():
             runs = sorted(folder.glob(f"{variant}/n{n}*"))  # n4, n4-r2, n4-r3: round by round
             medians = [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median() for run in runs]
@@ -178,7 +180,7 @@ def test_each_rounds_forecast_is_held_against_its_own_rounds_run_not_the_median(
     shutil.copytree(REPO / "reference" / "nodes", folder)
     record = json.loads((folder / "wind_tunnel.json").read_text())
     off_the_median = []
-    for variant, modelled in record["variants"].items():
+    for variant, modelled in ddp_variants(folder, record).items():
         for n, entry in modelled["by_nodes"].items():
             runs = sorted(folder.glob(f"{variant}/n{n}*"))
             medians = [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median() for run in runs]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from itertools import zip_longest
 
 import numpy as np
 import pandas as pd
@@ -140,15 +139,6 @@ def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[
     node, N) against that of rows 2 and 3, whose step on N takes longer by the effect; every row in the floor, as
     `compare_speedups` pools both experiments' configurations (with `runs=SPEEDUP_RUNS`)."""
     return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
-
-
-def ran_in_rounds(*experiments: Experiment) -> bool:
-    """Whether the experiments' runs alternated round by round, repeat k of every one before any repeat k + 1, as
-    make report runs them: only then does repeat k of one pair with repeat k of another."""
-    repeats = [runs for experiment in experiments for runs in experiment.repeats.values()]
-    # round k: repeat k of every experiment and world size that has one
-    rounds = [[run.raw["start_time"] for run in runs if run is not None] for runs in zip_longest(*repeats)]
-    return all(max(earlier) < min(later) for earlier, later in zip(rounds, rounds[1:]))
 
 
 def time_floor(*experiments: Experiment, quantity: str = "time_per_sample_s") -> float:

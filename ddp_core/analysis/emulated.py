@@ -32,21 +32,27 @@ def node_share(experiment: Experiment) -> float:
     return experiment.baseline.raw["network"]["cpus_per_node"]
 
 
+def ddp_on_nodes(experiment: Experiment) -> bool:
+    """Whether a variant trains DDP on several nodes: the sharded modes' variants are the sharding chapter's
+    (`zero.sharding_runs`)."""
+    return experiment.largest > 1 and experiment.baseline.sharding == "none"
+
+
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Each link's runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
+    """Each link's DDP runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
     (the variants at another share are the similarity test's)."""
     links = {variant: joined(study[BASELINE], e) for variant, e in study.items()
-             if e.largest > 1 and node_share(e) == node_share(study[BASELINE])}
+             if ddp_on_nodes(e) and node_share(e) == node_share(study[BASELINE])}
     return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
 
 
 def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Every variant of several nodes, with the one-node runs of its nodes' share beside it: the link experiments,
-    then those of the similarity test."""
+    """Every variant of DDP on several nodes, with the one-node runs of its nodes' share beside it: the link
+    experiments, then those of the similarity test."""
     links = link_experiments(study)
     ones = {node_share(e): e for e in study.values() if e.largest == 1}
     return links | {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
-                    if e.largest > 1 and variant not in links}
+                    if ddp_on_nodes(e) and variant not in links}
 
 
 def variant_label(experiment: Experiment, study: dict[str, Experiment]) -> str:
@@ -129,10 +135,10 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def nodes_findings(study: dict[str, Experiment]) -> dict:
-    """The numbers of the headline: each node's share, the speedup and efficiency of the fastest and the slowest
-    link at the most nodes, with their ranges and the verdict word, a step's compute against one node's / N and
-    its exposed all-reduce; and at how many of the (link, nodes) points the
-    theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
+    """The numbers of the headline: each node's share, the runs of sharded modes (the sharding chapter's), the
+    speedup and efficiency of the fastest and the slowest link at the most nodes, with their ranges and the verdict
+    word, a step's compute against one node's / N and its exposed all-reduce; and at how many of the (link, nodes)
+    points the theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
     table, links = link_table(study), list(link_experiments(study).values())
     most = int(table["world_size"].max())
     one = study[BASELINE].baseline
@@ -144,6 +150,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
              "train_samples": one.config["train_samples"], "epochs": one.config["epochs"], "share_got": SHARE_GOT,
              "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
              "runs_each": counted(len(study[BASELINE].all_runs), "run"), "ideal_cores": network["cpus_per_node"] * most,
+             "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharding != "none"),
              "cores": one.cpu_count, "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              **chance_glue("one_node", study[BASELINE], 1), "prediction_errors": signs(table["prediction_error"])}
     for end, experiment in (("fastest", links[0]), ("slowest", links[-1])):

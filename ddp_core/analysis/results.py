@@ -66,6 +66,11 @@ class RunInfo:
         return self.world_size if "network" in self.raw else self.local_world_size
 
     @property
+    def sharding(self) -> str:
+        """The sharding mode: "none" (DDP) for runs made before there were others."""
+        return self.config.get("sharding", "none")
+
+    @property
     def tokens_per_rank(self) -> int:
         """Tokens in one forward pass of one rank, padding included."""
         return self.per_rank_batch_size * self.model["max_len"]

@@ -10,18 +10,18 @@ moments and 4 a tensor for its step count. N ranks each hold 1/N of what a mode 
 
 The formula's 1/N is an even split; what a rank measures (`ddp_core.engine.memory`) departs from it where the split
 cannot be even: FSDP2 pads each tensor's first dimension to a multiple of N, and ZeRO-1 gives each rank whole
-tensors, so a model with one large tensor (an embedding) leaves one rank most of the optimizer's state. The sharding
-study's runs (one variant per mode) read into the measured bytes beside the formula's, and each mode's time per
-sample against DDP's, for the chapter and the key findings.
+tensors, so a model with one large tensor (an embedding) leaves one rank most of the optimizer's state. The nodes
+study's sharded variants (one per mode), with the DDP and one node they share links and nodes with (`sharding_runs`),
+read into the measured bytes beside the formula's, and each mode's time per sample against DDP's, for the chapter and
+the key findings.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (compare_speedups, compare_times, ran_in_rounds, speedup_comparisons,
-                                           time_floor, time_glue)
-from ddp_core.analysis.emulated import node_share
+from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
+from ddp_core.analysis.emulated import ddp_on_nodes, node_share
 from ddp_core.analysis.results import (Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only,
                                       wind_tunnel_record)
 from ddp_core.analysis.speedups import scaling_table
@@ -116,7 +116,7 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
 def modes(study: dict[str, Experiment], nodes: int | None = None) -> dict[str, Experiment]:
     """The study's variants on several nodes by sharding mode (the one-node runs, which shard nothing, apart); with
     `nodes`, each variant's runs on that many alone, as the memory and the bytes are read (at the most nodes)."""
-    by_mode = {e.baseline.config["sharding"]: e for e in study.values() if e.largest > 1}
+    by_mode = {e.baseline.sharding: e for e in study.values() if e.largest > 1}
     return by_mode if nodes is None else {mode: only(e, nodes) for mode, e in by_mode.items()}
 
 
@@ -126,7 +126,7 @@ def node_counts(study: dict[str, Experiment]) -> list[int]:
 
 
 def one_node(study: dict[str, Experiment]) -> Experiment:
-    """The study's runs on one node, which each mode's speedup is taken over."""
+    """The runs on one node, which each mode's speedup is taken over."""
     return next(e for e in study.values() if e.largest == 1)
 
 
@@ -160,37 +160,27 @@ def held_shares(table: pd.DataFrame) -> pd.DataFrame:
 
 def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Comparison]]:
     """Per number of nodes and sharded mode, its time per sample against DDP's on as many nodes, repeat by repeat, all
-    held against one floor, the study's: every configuration's runs, the one node's too, as the methods chapter
-    gives it."""
+    held against one floor, that of every configuration `sharding_runs` gives, the one node's too."""
     by_mode = modes(study)
     ddp, floor = by_mode["none"], time_floor(*study.values())
     return {n: {mode: compare_times(by_mode[mode], ddp, n, n, floor=floor) for mode in SHARDED_MODES}
             for n in node_counts(study)}
 
 
-def against_nodes_study(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> pd.DataFrame:
-    """Per number of nodes both ran, DDP's speedup here and the nodes study's on links set for the same configuration
-    at the same share, each over its own one node (`speedup_<side>`, its range `low_`, `high_`), and the rule on the
-    two repeat by repeat (`compare_speedups`: `ratio`, `verdict`) where the two studies ran in the same rounds
-    (`ran_in_rounds`); no rows where the nodes study has no such variant."""
-    ddp = modes(study)["none"]
-    models, share = wind_tunnel_record(ddp.folder.parent)[ddp.folder.name]["models"], node_share(ddp)
-    record = wind_tunnel_record(next(iter(nodes.values())).folder.parent)
-    twins = [e for name, e in nodes.items() if record.get(name, {}).get("models") == models and node_share(e) == share]
-    alone = [e for e in nodes.values() if e.largest == 1 and node_share(e) == share]
-    if not twins or not alone:
-        return pd.DataFrame()
-    sides = {"here": joined(one_node(study), ddp), "there": joined(alone[0], twins[0])}
-    speedups = {side: speedup_comparisons(e) for side, e in sides.items()}
-    paired = ran_in_rounds(*sides.values())
-    rows = {}
-    for n in (n for n in node_counts(study) if n in twins[0].repeats):
-        c = compare_speedups(sides["here"], sides["there"], n) if paired else None
-        rows[n] = {f"{key}_{side}": getattr(by_nodes[n], field) for side, by_nodes in speedups.items()
-                   for key, field in (("speedup", "ratio"), ("low", "low"), ("high", "high"))}
-        rows[n] |= {"ratio": c.ratio if c else float("nan"),
-                    "verdict": c.says("lower", "higher") if c else "no verdict (not run in the same rounds)"}
-    return pd.DataFrame(rows).T
+def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
+    """What the sharding chapter reads of the nodes study: each sharded mode's variant, the DDP variant whose links
+    the modes share (the same configuration modelled on nodes of the same share) and the one node of that share, so
+    that every mode's runs and DDP's ran in the same rounds."""
+    sharded = {name: e for name, e in nodes.items() if e.baseline.sharding != "none"}
+    if not sharded:
+        raise ResultsError(f"{next(iter(nodes.values())).folder.parent}: no sharded variant in the nodes study "
+                           f"(variants with settings: {{sharding: zero1}} and the like)")
+    record, first = wind_tunnel_record(next(iter(sharded.values())).folder.parent), next(iter(sharded.values()))
+    models, share = record[first.folder.name]["models"], node_share(first)
+    ddp = {name: e for name, e in nodes.items()
+           if ddp_on_nodes(e) and record.get(name, {}).get("models") == models and node_share(e) == share}
+    alone = {name: e for name, e in nodes.items() if e.largest == 1 and node_share(e) == share}
+    return alone | ddp | sharded
 
 
 SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict", "noise_floor")
@@ -210,7 +200,7 @@ def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """What the key findings say of sharding, and the sharding page with them: ZeRO-3's share of DDP's training state
-    a rank (measured, and by ZeRO's formula), its time per sample against DDP's, on the study's most nodes and the
+    a rank (measured, and by ZeRO's formula), its time per sample against DDP's, on the most nodes and the
     configuration their links model, and its speedup and DDP's over one node there."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))

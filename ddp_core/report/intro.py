@@ -40,20 +40,7 @@ def key_findings(results: Path) -> dict:
             | critical_batch_findings(load_study(results / "time_to_accuracy"))
             | ratio_findings(measured) | {"runs_machine": machine_text(scaling.baseline.raw),
                                           "runs_cpu_relation": cpu_relation(measured.info, scaling.baseline.raw)}
-            | sharding_headline(load_study(results / "sharding"), nodes))
-
-
-def sharding_headline(sharding: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict:
-    """The sharding study's headline, and beside its DDP's speedup the nodes study's DDP on the same links, share
-    and nodes with the rule's verdict on the two (`zero.against_nodes_study`; "not run" where the nodes study has no
-    such variant), so that the first page never gives one without the other."""
-    found = zero.headline_findings(sharding)
-    table = zero.against_nodes_study(sharding, nodes)
-    if found["sharding_nodes"] not in table.index:
-        return found | {"nodes_ddp_on_sharding_links": "not run", "sharding_against_nodes_verdict": "not run"}
-    row = table.loc[found["sharding_nodes"]]
-    return found | {"nodes_ddp_on_sharding_links": f"{row['speedup_there']:.2f}",
-                    "sharding_against_nodes_verdict": row["verdict"]}
+            | zero.headline_findings(zero.sharding_runs(nodes)))
 
 
 def headline_figure(results: Path):

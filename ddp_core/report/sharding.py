@@ -1,7 +1,7 @@
 """When the model stops fitting: ZeRO-1, 2 and 3 against DDP on the same emulated nodes, in the memory a rank holds
 (counted from its tensors, against ZeRO's formula), the bytes each node's link sent a step (against the formula and
-against gloo's collectives), and the time per sample (the one verdict function), over one node too. Reads the study's
-`Experiment`s (`load_study`), one variant per mode and the one node."""
+against gloo's collectives), and the time per sample (the one verdict function), over one node too. Reads the nodes
+study's sharded variants with the DDP and one node they share links and nodes with (`zero.sharding_runs`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from ddp_core.analysis.comparisons import compare_times, steady_phases, study_fl
 from ddp_core.analysis.emulated import node_share, one_node_drift
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import MEAN_STEP_MS, difference_text, quantity_table, range_text
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, against_nodes_study, block_parameters, collective_kind,
-                                   counted_collectives, gloo_sends, headline_findings, held_shares, memory_table,
-                                   model_size, modes, node_counts, one_node, speedup_table, time_comparisons)
+from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
+                                   gloo_sends, headline_findings, held_shares, memory_table, model_size, modes,
+                                   node_counts, one_node, speedup_table, time_comparisons)
 from ddp_core.engine.model_cost import parameter_counts
 
 KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
@@ -221,24 +221,3 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
               "ddp_rss_mb": rss["none"], "zero3_rss_mb": rss["zero3"],
               "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20 / rss["none"]}
     return found
-
-
-def nodes_study_markdown(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> str:
-    """Per number of nodes, DDP's speedup here and the nodes study's on the same links (`zero.against_nodes_study`),
-    with the rule's verdict on the two where they ran in the same rounds."""
-    table = against_nodes_study(study, nodes)
-    for side in ("here", "there"):
-        table[f"range_{side}"] = list(map(range_text, table.get(f"low_{side}", []), table.get(f"high_{side}", [])))
-    return quantity_table(table, {
-        "speedup_here": ("DDP's speedup, this study", "{:.2f}"), "range_here": ("Range of the repeats", "{}"),
-        "speedup_there": ("DDP's speedup, the nodes study", "{:.2f}"), "range_there": ("Range of the repeats", "{}"),
-        "ratio": ("This study's over the nodes study's, median of the repeats' paired ratios", "{:.2f}"),
-        "verdict": ("Verdict", "{}")}, turned=True, column_names=[f"{n} nodes" for n in table.index])
-
-
-def drift_findings(study: dict[str, Experiment], nodes: dict[str, Experiment]) -> dict:
-    """How far apart the nodes study's one-node repeats ran at this study's share ("not run" where it has none): a
-    drift its speedups carry, beside this study's own (`one_node_apart`), that a comparison of the two, not run in
-    the same rounds, cannot pair away."""
-    apart = one_node_drift(nodes).get(node_share(one_node(study)))
-    return {"nodes_one_node_apart": "not run" if apart is None else f"{apart:.0%}"}

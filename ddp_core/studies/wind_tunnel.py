@@ -19,7 +19,7 @@ its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json bes
    calibration rates, where a bit costs less than between them: a B that stayed too large crept towards the target
    by a few per cent a try); else A, as what each try left beside B/r. Each the mean over the tries so far, so that
    one benchmark's noise is not a new A or B; variants that model the same configuration on the same nodes (the
-   sharding study's modes) share the first one's links;
+   nodes study's sharded modes and its DDP) share the first one's links;
 4. the forecast of each variant's step on N nodes, once per round (`forecast_round`), after the round's one-node run
    of the share and before any of the variants' runs of that round: that one node's median step replayed on N
    nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the run's
@@ -297,7 +297,7 @@ def accept_benchmark(benchmark: Path, accepted: Path) -> None:
 
 def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dict:
     """Variant `first`'s links at n nodes for `variant`, which models the same configuration on the same nodes (the
-    sharding study's modes): its rate and benchmark, without its tries."""
+    nodes study's sharded modes): its rate and benchmark, without its tries."""
     accept_benchmark(home / first / f"allreduce-n{n}", home / variant / f"allreduce-n{n}")
     return {key: entry[key] for key in ("target_ratio", "achieved_ratio", "link_rate", "rank_compute_s")} | {
         "links_of": first}
