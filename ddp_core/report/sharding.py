@@ -146,7 +146,8 @@ def speedup_markdown(study: dict[str, Experiment]) -> str:
                        f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
                        f"efficiency_n{n}": (f"Efficiency (speedup over the nodes), {n} nodes", "{:.0%}"),
                        f"verdict_n{n}": (f"Verdict, {n} nodes", "{}")}
-    return quantity_table(table, quantities | {f"noise_floor_n{counts[-1]}": ("Noise floor", "{:.1%}")}, turned=True)
+    floor = {f"noise_floor_n{counts[-1]}": ("Noise floor (every number of nodes and the one node)", "{:.1%}")}
+    return quantity_table(table, quantities | floor, turned=True)
 
 
 def time_markdown(study: dict[str, Experiment]) -> str:
