@@ -141,18 +141,18 @@ def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[
     return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
 
 
-def time_floor(*experiments: Experiment, quantity: str = "time_per_sample_s") -> float:
-    """The noise floor of a quantity of `run_times` over the configurations (world sizes) of all `experiments`."""
-    return noise_floor(_pooled(*(paired_sides(e, quantity) for e in experiments)))
+def time_floor(*experiments: Experiment) -> float:
+    """The noise floor of the time per sample over the configurations (world sizes) of all `experiments`."""
+    return noise_floor(_pooled(*(paired_sides(e) for e in experiments)))
 
 
 def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
-                  quantity: str = "time_per_sample_s", floor: float | None = None) -> Comparison:
-    """A's time per sample (or another quantity of `run_times`) at `a_ranks` against B's at `b_ranks`, repeat by
-    repeat ("lower": A is faster), held against `floor`, by default the noise floor of that quantity over the
-    configurations of both experiments (a page that compares several pairs passes one floor for all)."""
-    sides_a = paired_sides(a, quantity)  # each experiment's runs read once
-    sides_b = sides_a if b is a else paired_sides(b, quantity)
+                  floor: float | None = None) -> Comparison:
+    """A's time per sample at `a_ranks` against B's at `b_ranks`, repeat by repeat ("lower": A is faster), held
+    against `floor`, by default the noise floor over the configurations of both experiments (a page that compares
+    several pairs passes one floor for all)."""
+    sides_a = paired_sides(a)  # each experiment's runs read once
+    sides_b = sides_a if b is a else paired_sides(b)
     return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
                    noise_floor(_pooled(sides_a, sides_b)) if floor is None else floor)
 

@@ -27,8 +27,6 @@ from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 PEERS = {"tutorial": "DDP tutorial loop", "accelerate": "Accelerate loop"}
 # The engine's goal against each peer: a median ratio of at least GOAL_MEDIAN, no round below GOAL_LOWEST.
 GOAL_MEDIAN, GOAL_LOWEST = 1.00, 0.97
-# What the rounds say of ddp_core against a peer, in the table's words.
-VERDICT_WORDS = {"higher": "ddp_core faster", "lower": "ddp_core slower"}
 
 
 @dataclass
@@ -76,7 +74,7 @@ def speed_table(m: PeerMeasurement) -> pd.DataFrame:
     return pd.DataFrame([{"peer": peer, "ranks": ranks, "peer_step_ms": times[peer, ranks] * 1e3,
                           "ddp_core_step_ms": times["ddp_core", ranks] * 1e3, "ratio": c.ratio, "low": c.low,
                           "high": c.high, "rounds": c.pairs, "floor": c.floor,
-                          "verdict": VERDICT_WORDS.get(c.verdict, c.verdict), "goal": goal_outcome(c)}
+                          "verdict": c.says("ddp_core slower", "ddp_core faster"), "goal": goal_outcome(c)}
                          for (peer, ranks), c in comparisons(m).items()])
 
 

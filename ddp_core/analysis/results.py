@@ -132,10 +132,10 @@ class Experiment:
         return max(self.runs)
 
 
-def book_results_folder(start: Path | None = None) -> Path:
+def book_results_folder() -> Path:
     """The results the book shows: `book/results`, a link per study to its runs (made at each build by
     book/_ext), in the project that holds the current directory."""
-    here = (start or Path.cwd()).resolve()
+    here = Path.cwd().resolve()
     for folder in (here, *here.parents):
         if (folder / "_config.yml").is_file() and (folder / "book").is_dir():
             return folder / "book" / "results"
@@ -252,10 +252,10 @@ def only(experiment: Experiment, n: int) -> Experiment:
                       {size: bench for size, bench in experiment.allreduce.items() if size == n})
 
 
-def load_study(folder: str | Path, variant_order: list[str] | None = None) -> dict[str, Experiment]:
+def load_study(folder: str | Path) -> dict[str, Experiment]:
     """A study's experiments by variant: the folder itself ("") when it holds runs, else each subfolder that
-    does (not the wind tunnel's measurements beside them), in `variant_order` (default: the order in which the
-    variants first ran, which the study runner takes from the study list)."""
+    does (not the wind tunnel's measurements beside them), in the order in which the variants first ran, which the
+    study runner takes from the study list."""
     folder = Path(folder)
     if folder.is_dir() and any((p / "run.json").exists() for p in folder.iterdir() if p.is_dir()):
         return {"": load_experiment(folder)}
@@ -263,10 +263,8 @@ def load_study(folder: str | Path, variant_order: list[str] | None = None) -> di
     if not found:
         raise ResultsError(f"{folder}: no runs of this study (run it: make report STUDIES={folder.name})")
     experiments = {name: load_experiment(folder / name) for name in found}
-    if variant_order is None:
-        variant_order = sorted(found, key=lambda v: (min(run.raw["start_time"] for run in experiments[v].all_runs), v))
-    ordered = [name for name in variant_order if name in found] + sorted(found - set(variant_order))
-    return {name: experiments[name] for name in ordered}
+    first_ran = {name: min(run.raw["start_time"] for run in e.all_runs) for name, e in experiments.items()}
+    return {name: experiments[name] for name in sorted(found, key=lambda name: (first_ran[name], name))}
 
 
 def study_tables(folder: Path, studies: list[str]) -> pd.DataFrame:
@@ -367,9 +365,9 @@ def measured_gbit_s(experiment: Experiment) -> float:
     return float(median(run.raw["network"]["measured_gbit_s"] for run in experiment.all_runs if run.world_size > 1))
 
 
-def run_on_folder(prog: str, report, load=load_experiment, argv: list[str] | None = None) -> int:
+def run_on_folder(prog: str, report, load=load_experiment) -> int:
     """`python -m PROG RESULTS_FOLDER`: `report(load(folder))` prints its findings, a bad folder one error line."""
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:]
     if len(argv) != 1:
         print(f"usage: python -m {prog} RESULTS_FOLDER", file=sys.stderr)
         return 2

@@ -58,10 +58,7 @@ class Comparison:
         """The verdict in the sentence's words with the noise floor it cleared, or why there is none."""
         if not self.decided:
             return self.why_undecided()
-        return f"{self.says(lower, higher)} (beyond the noise floor of {self._floor_text()})"
-
-    def _floor_text(self) -> str:
-        return f"{self.floor:.1%}"  # as the methods chapter gives it
+        return f"{self.says(lower, higher)} (beyond the noise floor of {self.floor:.1%})"
 
     def why_undecided(self) -> str:
         """The outcome where the rule decides neither way, in a few words with what decided it (the pages and the
@@ -72,7 +69,7 @@ class Comparison:
             return "no verdict (every repeat of both sides at chance)"
         if math.isnan(self.floor):
             return "no verdict (no noise floor: no configurations shared rounds)"
-        return f"no visible difference (within the noise floor of {self._floor_text()})"
+        return f"no visible difference (within the noise floor of {self.floor:.1%})"
 
 
 def compare(a: list[float], b: list[float], floor: float) -> Comparison:
