@@ -201,11 +201,12 @@ def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """What the key findings say of sharding, and the sharding page with them: ZeRO-3's share of DDP's training state
     a rank (measured, and by ZeRO's formula), its time per sample against DDP's, on the most nodes and the
-    configuration their links model, and its speedup and DDP's over one node there."""
+    configuration their links model, and its speedup and DDP's over one node there with their verdicts."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))
-    ddp, speedups = modes(study)["none"], speedup_table(study)[f"speedup_n{n}"]
-    return {"sharding_nodes": n, "sharding_link": link_label(ddp), "sharding_ddp_speedup": speedups[MODE_NAMES["none"]],
-            "sharding_zero3_speedup": speedups[MODE_NAMES["zero3"]], "sharding_zero3_held_share": zero3["measured"],
-            "sharding_zero3_formula_share": zero3["formula"],
+    speedups = speedup_table(study).rename(index={MODE_NAMES["none"]: "ddp", MODE_NAMES["zero3"]: "zero3"})
+    return {"sharding_nodes": n, "sharding_link": link_label(modes(study)["none"]),
+            **{f"sharding_{mode}_speedup{key}": speedups.loc[mode, f"{column}_n{n}"] for mode in ("ddp", "zero3")
+               for key, column in (("", "speedup"), ("_verdict", "verdict"))},
+            "sharding_zero3_held_share": zero3["measured"], "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}
