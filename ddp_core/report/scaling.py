@@ -4,11 +4,7 @@ page's glue, `results_markdown` and `*_figure`s.
 
     python -m ddp_core.report.scaling results/report     # prints the summary table
 
-Speed is compared the one way every page compares (`comparisons`): each run's median step, repeat
-k at N ranks paired with repeat k at one rank, which ran next to it in time. The breakdown of a
-step (compute, communication, data) is of the mean step over the steady epochs of all repeats, so
-that its parts add up to it: the first epoch of every run is left out, as it pays for start-up
-(allocator warm-up, DDP's bucket rebuild, cold caches) that later epochs do not.
+How speed is compared and a step broken down: `ddp_core.analysis.speedups`.
 """
 
 from __future__ import annotations

@@ -5,13 +5,7 @@ measurement ran on, and per device its throughput, ratios and verdicts) and the 
 
     python -m ddp_core.report.single_device results/single_device/cpu     # prints the tables
 
-Throughput of a loop: its samples over its seconds, summed over the timed epochs. Model FLOP
-utilisation (MFU): the model's training FLOPs per second (the cost model's count, padding included)
-over the device's dense bf16 peak from its datasheet, the usual definition (PaLM, Chowdhery et al.
-2022); beside it, the share of the rate one large matrix product reached on the same device, which
-a CPU, with no datasheet figure, has too. A ratio of two loops is computed per round (the loops of a
-round ran back to back) and reported as the median over the rounds with its range; whether one loop
-is faster is the one verdict function's call (`verdict.compare`), the rounds paired.
+What throughput, MFU and a ratio of two loops are, and how one is called faster: `ddp_core.analysis.throughput`.
 """
 
 from __future__ import annotations
