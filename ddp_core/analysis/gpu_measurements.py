@@ -18,8 +18,9 @@ from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_
                                                replay_findings)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
-from ddp_core.analysis.throughput import CONFIG, precision_name, ratio_comparison, ratio_findings, throughput_table
-from ddp_core.analysis.verdict import compare, noise_floor
+from ddp_core.analysis.throughput import (CONFIG, loop_rounds, precision_name, ratio_comparison, ratio_findings,
+                                          rounds_floor, throughput_table)
+from ddp_core.analysis.verdict import compare
 from ddp_core.engine.model_shape import PRESETS
 
 MFU_GOAL = 0.40  # the model FLOP utilisation this project set itself for the large preset in bf16 on one GPU
@@ -82,9 +83,8 @@ def mfu_findings(gpu: GpuResults) -> dict:
     if gpu.compiled is not None:
         compiled = table.xs(True, level="compiled")
         config = compiled["mfu"].idxmax()
-        seconds = gpu.compiled.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").loc[config]
-        floor = noise_floor([list(seconds[loop]) for loop in seconds])
-        verdict = compare(list(seconds["plain"]), list(seconds["timed"]), floor)
+        seconds = loop_rounds(gpu.compiled).loc[config]
+        verdict = compare(list(seconds["plain"]), list(seconds["timed"]), rounds_floor(seconds))
         found |= {"compiled_mfu": compiled.loc[config, "mfu"],
                   "compiled_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
                   "eager_mfu_same_config": eager.loc[config, "mfu"] if config in eager.index else float("nan"),

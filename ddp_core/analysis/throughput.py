@@ -57,7 +57,7 @@ RATIOS = {
 def ratio_table(m: Measurement) -> pd.DataFrame:
     """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
     (throughput of the loop it is set against)."""
-    seconds = _rounds(m)
+    seconds = loop_rounds(m)
     return pd.concat([(seconds[against] / seconds[loop]).groupby(CONFIG).agg(["median", "min", "max"])
                       .set_axis([f"{name}_median", f"{name}_low", f"{name}_high"], axis=1)
                       for name, (loop, against, _) in RATIOS.items()], axis=1)
@@ -79,20 +79,20 @@ def configuration_verdicts(m: Measurement) -> pd.DataFrame:
     """Per configuration (preset, amp, batch size): its noise floor and each ratio's verdict on the loop against the
     one it is set against ("slower", "faster", ...), the calls `verdict_table` counts."""
     rows = {}
-    for configuration, rounds in _rounds(m).groupby(CONFIG):
+    for configuration, rounds in loop_rounds(m).groupby(CONFIG):
         rounds = rounds.droplevel(CONFIG)
-        floor = _floor(rounds)
+        floor = rounds_floor(rounds)
         rows[configuration] = {"floor": floor, **{name: _compare(rounds, name, floor).says("slower", "faster")
                                                   for name in RATIOS}}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(CONFIG)
 
 
-def _rounds(m: Measurement) -> pd.DataFrame:
+def loop_rounds(m: Measurement) -> pd.DataFrame:
     """Each configuration's epochs by round (rows) and loop (columns)."""
     return m.epochs.set_index(CONFIG + ["round", "loop"])["seconds"].unstack("loop").sort_index()
 
 
-def _floor(rounds: pd.DataFrame) -> float:
+def rounds_floor(rounds: pd.DataFrame) -> float:
     """The noise that pairing by rounds leaves of one configuration's loops: the floor its ratios are held against,
     so that a configuration whose epochs are steady is not judged by another's noise (on a GPU the small model's
     steps, a few milliseconds, spread far more than the large one's)."""
@@ -102,8 +102,8 @@ def _floor(rounds: pd.DataFrame) -> float:
 def ratio_comparison(m: Measurement, name: str, configuration: tuple) -> Comparison:
     """One ratio of RATIOS at one configuration (preset, amp, batch size), round by round, against that
     configuration's floor: one of the verdicts `verdict_table` counts ("lower": the loop is slower)."""
-    rounds = _rounds(m).loc[configuration]
-    return _compare(rounds, name, _floor(rounds))
+    rounds = loop_rounds(m).loc[configuration]
+    return _compare(rounds, name, rounds_floor(rounds))
 
 
 def _compare(rounds: pd.DataFrame, name: str, floor: float) -> Comparison:

@@ -175,7 +175,8 @@ def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
     if not sharded:
         raise ResultsError(f"{next(iter(nodes.values())).folder.parent}: no sharded variant in the nodes study "
                            f"(variants with settings: {{sharding: zero1}} and the like)")
-    record, first = wind_tunnel_record(next(iter(sharded.values())).folder.parent), next(iter(sharded.values()))
+    first = next(iter(sharded.values()))
+    record = wind_tunnel_record(first.folder.parent)
     models, share = record[first.folder.name]["models"], node_share(first)
     ddp = {name: e for name, e in nodes.items()
            if ddp_on_nodes(e) and record.get(name, {}).get("models") == models and node_share(e) == share}
@@ -204,9 +205,11 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
     configuration their links model, and its speedup and DDP's over one node there with their verdicts."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))
-    speedups = speedup_table(study).rename(index={MODE_NAMES["none"]: "ddp", MODE_NAMES["zero3"]: "zero3"})
+    speedups, ddp, zero3_name = speedup_table(study), MODE_NAMES["none"], MODE_NAMES["zero3"]
     return {"sharding_nodes": n, "sharding_link": link_label(modes(study)["none"]),
-            **{f"sharding_{mode}_speedup{key}": speedups.loc[mode, f"{column}_n{n}"] for mode in ("ddp", "zero3")
-               for key, column in (("", "speedup"), ("_verdict", "verdict"))},
+            "sharding_ddp_speedup": speedups.loc[ddp, f"speedup_n{n}"],
+            "sharding_ddp_speedup_verdict": speedups.loc[ddp, f"verdict_n{n}"],
+            "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],
+            "sharding_zero3_speedup_verdict": speedups.loc[zero3_name, f"verdict_n{n}"],
             "sharding_zero3_held_share": zero3["measured"], "sharding_zero3_formula_share": zero3["formula"],
             **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}

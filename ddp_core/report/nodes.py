@@ -20,8 +20,8 @@ from ddp_core.engine.run_files import READY
 from ddp_core.analysis.comparisons import compare_times, time_floor
 from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
 from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SHARE_GOT, SIMILARITY_EFFECT, ddp_on_nodes,
-                                        efficiency_table, forecast_table, link_experiments, link_table, similarity_table,
-                                        similarity_test_table, variant_experiments, variant_label)
+                                        efficiency_table, forecast_table, link_experiments, link_table,
+                                        similarity_table, similarity_test_table, variant_experiments, variant_label)
 from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, measured_gbit_s, only, rate_text
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
@@ -191,8 +191,9 @@ def gradient_ready_findings(study: dict[str, Experiment]) -> dict:
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """Per run of one node or of DDP on nodes with a CPU share (the sharded modes' are the sharding chapter's): how
-    far its nodes got the share they were set, and what else the machine did. `used_share` is a node's CPU over the periods it ran in, against its share: 1 for a node that computed all
-    the time, less where it waited for the network inside a period. `throttled` is the share of those periods in
+    far its nodes got the share they were set, and what else the machine did. `used_share` is a node's CPU over the
+    periods it ran in, against its share: 1 for a node that computed all the time, less where it waited for the
+    network inside a period. `throttled` is the share of those periods in
     which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
     process on the machine (the launcher, the kernel's network work) and the time the hypervisor took. A run is
     `disturbed` where a one-node run got less than SHARE_GOT of its share or the machine did more beside it than a
