@@ -117,7 +117,9 @@ GOOD = {"title": "t", "profile": "tiny", "world_sizes": [1]}
     (GOOD | {"settings": {"optimiser": "sgd"}}, "unknown setting 'optimiser'"),
     (GOOD | {"world_sizes": [2], "variants": {"odd": {"settings": {"global_batch_size": 15}}}},
      "run bad/odd/n2: --global-batch-size 15 does not divide by world size 2"),
-], ids=["bad value", "bad world size", "unknown key", "unknown profile", "unknown setting", "batch per rank"])
+    (GOOD | {"ratio_tolerance": 5}, "study 'bad': ratio_tolerance must be a fraction between 0 and 1, got 5"),
+], ids=["bad value", "bad world size", "unknown key", "unknown profile", "unknown setting", "batch per rank",
+        "bad tolerance"])
 def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path, isolated_env, entry, message):
     study_list = tmp_path / "studies.yml"
     study_list.write_text(yaml.safe_dump({"good": GOOD, "bad": entry}))

@@ -22,7 +22,6 @@ from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, extensions_text, median_range
 from ddp_core.analysis.verdict import error_rates
 from ddp_core.launch.plan import rate_bits_per_s
-from ddp_core.studies.wind_tunnel import TOLERANCE
 
 BASELINE = "one_node"
 
@@ -293,7 +292,7 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
-            "tunnel_cpu_extensions": extensions_text(one), "tunnel_tolerance": TOLERANCE,
+            "tunnel_cpu_extensions": extensions_text(one), "tunnel_tolerance": tunnel.get("tolerance", np.nan),
             "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
 
 

@@ -23,7 +23,7 @@ from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
 STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce",
-              "ranks_per_node", "link_rate", "cpus_per_node"}
+              "ranks_per_node", "link_rate", "cpus_per_node", "ratio_tolerance"}
 VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node", "models"}
 
 
@@ -76,6 +76,7 @@ class Study:
     variants: tuple[Variant, ...]
     allreduce: bool
     ranks_per_node: int | None = None  # set: every run on an emulated cluster of world_size / ranks_per_node nodes
+    ratio_tolerance: float = 0.05  # how far a modelled variant's R_N^bench may miss its target (the wind tunnel's)
 
     def experiment(self, variant: Variant) -> str:
         return f"{self.name}/{variant.name}" if variant.name else self.name
@@ -132,6 +133,9 @@ def parse_study(name: str, entry) -> Study:
     if ranks_per_node is not None and not (isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
                                            and ranks_per_node >= 1):
         raise StudyError(f"{where}: ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+    tolerance = entry.get("ratio_tolerance", Study.ratio_tolerance)
+    if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 < tolerance < 1):
+        raise StudyError(f"{where}: ratio_tolerance must be a fraction between 0 and 1, got {tolerance!r}")
     common = _mapping(entry.get("settings", {}), f"{where}: settings")
     study_sizes = entry.get("world_sizes")
     variants = []
@@ -164,7 +168,7 @@ def parse_study(name: str, entry) -> Study:
                              f"one-node variant (world_sizes [1]) of its cpus_per_node listed before it: its first "
                              f"run measures the compute the wind tunnel sets the links by")
     return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
-                 bool(entry.get("allreduce", False)), ranks_per_node)
+                 bool(entry.get("allreduce", False)), ranks_per_node, float(tolerance))
 
 
 def _check_models(models, link_rate, cpus_per_node, ranks_per_node, where: str) -> None:
