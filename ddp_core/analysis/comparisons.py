@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError, last_epochs
-from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, rank_share_s
 from ddp_core.analysis.tables import quantity_table
 from ddp_core.analysis.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
                                        noise_floor)
@@ -56,24 +55,17 @@ def out_of_line(step_times: pd.Series, configurations: pd.Series) -> pd.Series:
 
 def run_times(experiment: Experiment) -> pd.DataFrame:
     """One row per run: world size, repeat (1 for the lowest seed), its median step over the steps after its
-    first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), its steady
-    phases per step (`steady_phases`, means over epochs), and R_N against the 1-rank repeat of its round."""
-    phases = steady_phases(experiment.metrics).groupby("run")[["compute_per_step_s", "comm_total_per_step_s"]].mean()
+    first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), and its compute per
+    step (`steady_phases`, the mean over its steady epochs)."""
+    compute = steady_phases(experiment.metrics).groupby("run")["compute_per_step_s"].mean()
     rows = []
     for n, runs in experiment.repeats.items():
         for repeat, run in enumerate(runs, 1):
             step = median_step(experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"])
             rows.append({"world_size": n, "repeat": repeat, "run": run.name, "step_time_s": step,
-                         "time_per_sample_s": step / run.global_batch_size, **phases.loc[run.name]})
-    times = pd.DataFrame(rows)
-    one_compute = times[times["world_size"] == 1].set_index("repeat")["compute_per_step_s"]
-    runs = experiment.runs
-    times["compute_to_comm_ratio"] = [
-        compute_to_comm_ratio(rank_share_s(one_compute[row.repeat], runs[1], runs[row.world_size]),
-                              row.comm_total_per_step_s)
-        if row.world_size > 1 and row.repeat in one_compute.index and row.comm_total_per_step_s > 0 else float("nan")
-        for row in times.itertuples()]
-    return times
+                         "time_per_sample_s": step / run.global_batch_size,
+                         "compute_per_step_s": compute[run.name]})
+    return pd.DataFrame(rows)
 
 
 def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") -> dict[int, list[float]]:
@@ -285,13 +277,16 @@ def run_order_markdown(experiment: Experiment) -> str:
 def at_world_size(experiment: Experiment, n: int) -> pd.Series:
     """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median of the repeats' median
     steps (`run_times`) with their lowest and highest, the mean step and its parts over the steady epochs, and the
-    median final training loss."""
+    final validation accuracy (median, lowest, highest) and training loss (median)."""
     steady = steady_phases(experiment.metrics).query("world_size == @n")
     parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
     last = last_epochs(experiment.metrics.query("world_size == @n"))
     steps = run_times(experiment).query("world_size == @n")["step_time_s"]
     return pd.concat([parts, pd.Series({"step_time_s": steps.median(), "step_low_s": steps.min(),
-                                        "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median()})])
+                                        "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median(),
+                                        "final_val_accuracy": last["val_accuracy"].median(),
+                                        "accuracy_low": last["val_accuracy"].min(),
+                                        "accuracy_high": last["val_accuracy"].max()})])
 
 
 def comm_over_compute(parts: pd.Series) -> float:

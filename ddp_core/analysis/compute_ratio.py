@@ -1,5 +1,5 @@
 """R_N, the compute-to-communication ratio of the theory chapter: its one definition, which every chapter uses,
-measured from runs (`scaling.scaling_table`, `comparisons.run_times`) or from the model (`cost_model`); and the
+measured from runs (`speedups.scaling_table`) or from the model (`cost_model`); and the
 share of the machine a rank computes on, which sets how far a rank's measured compute is from T_c/N."""
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
                          predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],
                          speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
                          measured_speedup_low=measured["speedup_low"], measured_speedup_high=measured["speedup_high"],
-                         predicted_efficiency=speedup["predicted"] / n, measured_efficiency=measured["efficiency"],
+                         compute_error=compute / measured["compute_per_step_s"] - 1,
+                         comm_error=comm / measured["comm_total_per_step_s"] - 1,
                          error=speedup["predicted"] / measured["speedup"] - 1))
     return pd.DataFrame(rows).set_index("world_size")
 

@@ -19,7 +19,7 @@ from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment,
                                        measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted, extensions_text, median_range
+from ddp_core.analysis.tables import counted, median_range
 from ddp_core.analysis.verdict import error_rates
 from ddp_core.launch.plan import rate_bits_per_s
 
@@ -292,7 +292,7 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
-            "tunnel_cpu_extensions": extensions_text(one), "tunnel_tolerance": tunnel.get("tolerance", np.nan),
+            "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]), "tunnel_tolerance": tunnel.get("tolerance", np.nan),
             "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
 
 

@@ -43,11 +43,6 @@ def cpu_relation(info: dict, other: dict) -> str:
     return "the same CPU" if machine_text(info) == machine_text(other) else "two different CPUs"
 
 
-def extensions_text(info: dict) -> str:
-    """The vector extensions a run.json or device.json recorded, as the pages list them: 'avx2, avx512f'."""
-    return ", ".join(info.get("cpu_extensions") or ["none recorded"])
-
-
 def range_text(low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
     """A range as the tables give it, '1.20–1.59', or as the prose does (`between=" to "`): '1.20 to 1.59'; the one
     value, '1.41', where both ends read the same in `fmt`, never '1.41 to 1.41'."""

@@ -116,11 +116,8 @@ VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference
 
 
 def ratio_findings(m: Measurement) -> dict:
-    """Per ratio (`trainer`, `timers`, `ddp`), the range of its medians over the configurations and how many of
-    them the one verdict function calls faster, slower, not told apart or leaves without a verdict, as glue:
-    `device_<ratio>_low`, `_high`, `_faster`, `_slower`, `_no_visible_difference`, `_too_few_repeats`, those outcomes
-    that occurred with their counts (`_verdicts`: "no visible difference in 8 configurations"), and the range
-    of the configurations' noise floors they were held against (`device_floors`)."""
+    """Per ratio of RATIOS, the range of its medians over the configurations and how many of them each verdict
+    reached (`device_<ratio>_*`), and the range of the noise floors they were held against (`device_floors`)."""
     table = verdict_table(m)
     found = {"device_overview_name": machine_text(m.info),
              "device_configurations": m.epochs.groupby(CONFIG).ngroups,

@@ -1,6 +1,5 @@
 """Gradient buckets and overlap, over an emulated link: how DDP's bucket size sets the all-reduces of a step and how
-much of them backward hides. Reads the study's `Experiment`s (`load_study`); offers `bucket_findings`, the
-table and the timeline of one step."""
+much of them backward hides."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Gradient compression, over an emulated link: DDP's fp16 and PowerSGD communication hooks against fp32, in step time
-and in accuracy. Reads the study's `Experiment`s (`load_study`); offers `compression_findings`, the table and
-the figure."""
+and in accuracy."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (accuracy_floor, accuracy_glue, at_world_size, comm_over_compute,
-                                           compare_accuracies, compare_times, final_accuracies, time_floor, time_glue)
+                                           compare_accuracies, compare_times, time_floor, time_glue)
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, FINAL_ACCURACY, STEP_RANGE_MS, in_words, quantity_table,
@@ -17,14 +16,8 @@ from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, FINAL_ACCURACY, ST
 
 
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant, at the study's world size: its step and communication (`at_world_size`), and its repeats' final
-    accuracies, median and range."""
-    rows = {}
-    for variant, e in study.items():
-        accuracies = final_accuracies(e, e.largest)
-        rows[variant] = {**at_world_size(e, e.largest), "final_val_accuracy": float(np.median(accuracies)),
-                         "accuracy_low": min(accuracies), "accuracy_high": max(accuracies)}
-    return pd.DataFrame(rows).T
+    """Per variant, at the study's world size: its step, communication and accuracy (`at_world_size`)."""
+    return pd.DataFrame({variant: at_world_size(e, e.largest) for variant, e in study.items()}).T
 
 
 COMPRESSION_ROWS = {

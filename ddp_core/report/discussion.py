@@ -1,7 +1,5 @@
-"""The discussion: where the time went, and when DDP pays off, from the runs and the cost model. Reads an
-`Experiment`; offers `findings` for the page's glue (the runs' own and `analysis.payoff`'s `payoff_findings`,
-which the introduction quotes too), the emulated nodes' `nodes_findings`, `ratio_figure` and
-`tokens_needed_markdown`."""
+"""The discussion: where the time went, and when DDP pays off, from the runs and the cost model (`analysis.payoff`,
+which the introduction quotes too)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import pandas as pd
 from ddp_core.analysis.gpu_measurements import (MFU_GOAL, PRESET_ORDER, GpuResults, emulated_table, forecast_table,
                                                 load_gpu_results, mfu_findings, mfu_table)
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_markdown
-from ddp_core.analysis.results import Experiment, load_study, read_run
+from ddp_core.analysis.results import Experiment, load_study, read_run, run_on_folder
 from ddp_core.analysis.step_profile import categorised
 from ddp_core.analysis.tables import measured_by, quantity_table
 from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name
@@ -168,6 +168,4 @@ def print_summary(results: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m ddp_core.report.gpu RESULTS_FOLDER")
-    print_summary(Path(sys.argv[1]))
+    sys.exit(run_on_folder("ddp_core.report.gpu", print_summary, Path))

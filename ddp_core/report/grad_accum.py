@@ -1,6 +1,5 @@
 """Gradient accumulation against DDP: the same global batch formed on one rank at once, on one rank in micro-batches,
-and on several ranks, the same model to float32's order of sums. Reads the study's `Experiment`s (`load_study`);
-offers `accumulation_findings` for the page's glue and its table."""
+and on several ranks, the same model to float32's order of sums."""
 
 from __future__ import annotations
 

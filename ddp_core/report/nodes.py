@@ -1,7 +1,5 @@
 """Strong scaling over emulated nodes (`ddp_core.launch.emulated`), the nodes page and the report's headline: a
-node's own CPU share and network stack, the link's bandwidth the variable. Reads the study's `Experiment`s
-(`load_study`); offers `*_findings` for the pages' glue, `*_table`s (DataFrames), their `*_markdown` and
-`*_figure`s.
+node's own CPU share and network stack, the link's bandwidth the variable.
 
 Speedups are taken against the study's one-node runs (`one_node`), which ran in the same rounds as every link's;
 the prediction is the prediction chapter's cost model fed the all-reduce benchmark measured over the same links.

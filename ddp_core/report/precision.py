@@ -1,5 +1,4 @@
-"""Mixed precision: bf16 against fp32 on the runs' processor, in step time and in accuracy. Reads the study's
-`Experiment`s (`load_study`); offers `precision_findings` for the page's glue, its table, and where the One device
+"""Mixed precision: bf16 against fp32 on the runs' processor, in step time and in accuracy, and where the One device
 chapter timed the same precisions."""
 
 from __future__ import annotations

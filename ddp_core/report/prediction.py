@@ -1,6 +1,5 @@
 """The chapter "Predicting scaling": the all-reduce fit, predicted against measured speedup, the NVLink
-forecast, and what the CPU these runs used does to the model. Reads an `Experiment`; offers `findings` for
-the page's glue, `*_markdown` tables and `*_figure`s."""
+forecast, and what the CPU these runs used does to the model."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ def target_findings(prediction: pd.DataFrame) -> dict:
     all, as ranks that share the cores add no compute (a cost model earns its keep by erring less); and how many
     lie inside the range of the measured repeats (there this machine cannot tell prediction from measurement)."""
     error = prediction["error"].abs()
-    parts_error = pd.concat([prediction["predicted_compute_s"] / prediction["measured_compute_s"] - 1,
-                             prediction["predicted_comm_s"] / prediction["measured_comm_s"] - 1]).abs()
+    parts_error = pd.concat([prediction["compute_error"], prediction["comm_error"]]).abs()
     null_error = (1 / prediction["measured_speedup"] - 1).abs()
     inside = prediction["predicted_speedup"].between(prediction["measured_speedup_low"],
                                                      prediction["measured_speedup_high"])
@@ -165,9 +163,7 @@ PREDICTION_ROWS = {
 
 def prediction_markdown(experiment: Experiment) -> str:
     """Predicted against measured, part by part, one column per world size (Markdown)."""
-    prediction = predict(experiment).assign(
-        compute_error=lambda t: t["predicted_compute_s"] / t["measured_compute_s"] - 1,
-        comm_error=lambda t: t["predicted_comm_s"] / t["measured_comm_s"] - 1)
+    prediction = predict(experiment)
     return quantity_table(prediction, PREDICTION_ROWS, turned=True,
                           column_names=[f"{n} ranks" for n in prediction.index])
 

@@ -1,6 +1,4 @@
-"""The results chapter: speedup, efficiency and the compute/communication split, per world size. Reads an
-`Experiment`; offers `scaling_table` (a DataFrame, which every other chapter builds on), `findings` for the
-page's glue, `results_markdown` and `*_figure`s.
+"""The results chapter: speedup, efficiency and the compute/communication split, per world size.
 
     python -m ddp_core.report.scaling results/report     # prints the summary table
 

@@ -1,7 +1,5 @@
 """One device's training throughput, its model FLOP utilisation, and the overheads of ddp_core and of DDP,
 from the measurements of `benchmarks/single_device.py` (a folder per device: epochs.csv, device.json).
-Reads a `Measurement` (`results.load_measurements`); offers the page's tables as Markdown (`*_markdown`: what each
-measurement ran on, and per device its throughput, ratios and verdicts) and the outcome words its prose glues.
 
     python -m ddp_core.report.single_device results/single_device/cpu     # prints the tables
 
