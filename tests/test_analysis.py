@@ -179,7 +179,7 @@ def test_tables_have_a_column_per_world_size_and_words_with_units_as_headers(fol
     header, _, *rows = scaling.results_markdown(experiment).splitlines()
     assert [cell.strip() for cell in header.strip("|").split("|")[1:]] == ["1 rank", "4 ranks"]
     labels = [row.split("|")[1].strip() for row in rows]
-    assert "Epoch time, median of the repeats (s)" in labels and "Peak memory, largest rank and repeat (MB)" in labels
+    assert "Epoch time, median of the repeats (s)" in labels and "Peak memory, largest rank and repeat (MiB)" in labels
     epoch_time = rows[labels.index("Epoch time, median of the repeats (s)")].split("|")[2].strip()
     assert epoch_time == f"{csv_of(folder, 1).query('epoch > 1')['epoch_time_s'].mean():.2f}"
 

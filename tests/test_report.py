@@ -264,7 +264,7 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_each_point_of_the_efficiency_curve_sits_at_its_runs_compute_over_their_exposed_all_reduce(project):
     """x = R_N / f = (T_c / N) / (the all-reduce a step waited for), from the steady epochs' CSV rows; the theory's
-    efficiency there is x / (1 + x)."""
+    efficiency there is x / (1 + x), and the point's efficiency is measured by the same statistic, mean steps."""
     from ddp_core.analysis.emulated import efficiency_table
 
     folder = project / "results" / "nodes"
@@ -275,6 +275,8 @@ def test_each_point_of_the_efficiency_curve_sits_at_its_runs_compute_over_their_
     x = (one_node_compute / 2) / (two["comm_exposed_s"] / two["steps"]).mean()
     row = table.loc["100 Mbit/s"]
     assert (row["ratio_over_exposed"], row["theory_efficiency"]) == pytest.approx((x, x / (1 + x)))
+    mean_step = lambda epochs: (epochs["epoch_time_s"] / epochs["steps"]).mean()  # noqa: E731
+    assert row["efficiency"] == pytest.approx(mean_step(one) / (2 * mean_step(two)))
     assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
 
 

@@ -135,6 +135,8 @@ def test_the_forecast_steps_each_gpus_quarter_in_ddp_and_takes_r_as_the_emulated
     assert (row["speedup_slowest_round"], row["speedup_fastest_round"]) == (
         pytest.approx(80 / (44 + row["comm_ms"])), pytest.approx(80 / (36 + row["last_bucket_ms"])))
     assert (row["bare_per_gpu_ms"], row["ddp_cost_ms"]) == (pytest.approx(30.0), pytest.approx(10.0))  # DDP's own work
+    assert (row["bare_speedup_no_overlap"], row["bare_speedup_last_bucket_only"]) == (  # without it
+        pytest.approx(80 / (30 + row["comm_ms"])), pytest.approx(80 / (30 + row["last_bucket_ms"])))
 
 
 def test_the_chapter_reads_the_gpu_measured_in_full_and_passes_over_one_measured_in_part(tmp_path):

@@ -55,16 +55,16 @@ def out_of_line(step_times: pd.Series, configurations: pd.Series) -> pd.Series:
 
 def run_times(experiment: Experiment) -> pd.DataFrame:
     """One row per run: world size, repeat (1 for the lowest seed), its median step over the steps after its
-    first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), and its compute per
-    step (`steady_phases`, the mean over its steady epochs)."""
-    compute = steady_phases(experiment.metrics).groupby("run")["compute_per_step_s"].mean()
+    first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), and its mean step and
+    compute per step (`steady_phases`, means over its steady epochs)."""
+    steady = steady_phases(experiment.metrics).groupby("run")[["mean_step_s", "compute_per_step_s"]].mean()
     rows = []
     for n, runs in experiment.repeats.items():
         for repeat, run in enumerate(runs, 1):
             step = median_step(experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"])
             rows.append({"world_size": n, "repeat": repeat, "run": run.name, "step_time_s": step,
                          "time_per_sample_s": step / run.global_batch_size,
-                         "compute_per_step_s": compute[run.name]})
+                         **steady.loc[run.name]})
     return pd.DataFrame(rows)
 
 

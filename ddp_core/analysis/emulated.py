@@ -260,18 +260,24 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the parallel efficiency measured (median of the repeats, with their range)
-    against x = R_N / f, the runs' own compute-to-communication ratio over the share of the all-reduce they left
-    exposed, and the theory's efficiency at that x, x / (1 + x): a step of T_c/N + f T_comm (the theory chapter),
-    whatever the CPU, the link or the configuration modelled."""
+    """Per variant and number of nodes: the parallel efficiency measured against x = R_N / f, the runs' own
+    compute-to-communication ratio over the share of the all-reduce they left exposed, and the theory's efficiency
+    at that x, x / (1 + x): a step of T_c/N + f T_comm (the theory chapter), whatever the CPU, the link or the
+    configuration modelled. The theory's step is a mean over the steady epochs, so the efficiency here is too: one
+    node's mean step over N times the N nodes' in the same round (median of the rounds, with their range); the
+    median step of the speedups leaves out the slower first steps of each epoch, and would put points above the
+    curve."""
     experiments = variant_experiments(study)
     points = pd.concat({variant: scaling_table(e).query("index > 1") for variant, e in experiments.items()},
                        names=["variant", "nodes"]).reset_index()
     x, nodes = points["compute_to_comm_ratio"] / points["exposed_share"], points["nodes"]
+    steps = {variant: paired_sides(e, "mean_step_s") for variant, e in experiments.items()}
+    rounds = [[one / (n * step) for one, step in zip(steps[v][1], steps[v][n])]
+              for v, n in zip(points["variant"], nodes)]
     table = pd.DataFrame({"configuration": [variant_label(experiments[v], study) for v in points["variant"]],
-                          "nodes": nodes, "ratio_over_exposed": x, "efficiency": points["efficiency"],
-                          "efficiency_low": points["speedup_low"] / nodes,
-                          "efficiency_high": points["speedup_high"] / nodes, "theory_efficiency": x / (1 + x)})
+                          "nodes": nodes, "ratio_over_exposed": x, "efficiency": [np.median(r) for r in rounds],
+                          "efficiency_low": [min(r) for r in rounds], "efficiency_high": [max(r) for r in rounds],
+                          "theory_efficiency": x / (1 + x)})
     return table.assign(of_theory=table["efficiency"] / table["theory_efficiency"])
 
 

@@ -123,7 +123,7 @@ def run_markdown(info: dict) -> str:
 RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"),
                      "samples_per_s": ("Throughput (samples/s)", "{:.1f}"), "train_loss": ("Training loss", "{:.4f}"),
                      "val_loss": ("Validation loss", "{:.4f}"), "val_accuracy": ("Validation accuracy", "{:.4f}"),
-                     "peak_memory_mb": ("Peak memory (MB)", "{:,.0f}")}
+                     "peak_memory_mb": ("Peak memory (MiB)", "{:,.0f}")}
 
 
 def run_epochs_markdown(metrics: pd.DataFrame) -> str:

@@ -62,7 +62,8 @@ def summary_table(results: Path) -> pd.DataFrame:
     rows = []
     for row in similarity_table(nodes).itertuples():
         share = "" if row.share == node_share(nodes[BASELINE]) else f" (nodes of {row.share:g} core)"
-        rows.append(dict(setting=f"{row.configuration}{share}, {counted(row.nodes, 'node')}",
+        modelled = "Links set for " if row.target_ratio > 0 else ""  # else the links' rate names them
+        rows.append(dict(setting=f"{modelled}{row.configuration}{share}, {counted(row.nodes, 'node')}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
                          value=median_range(row.speedup, row.speedup_low, row.speedup_high),
                          efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
@@ -79,7 +80,7 @@ def summary_table(results: Path) -> pd.DataFrame:
     setting = "Ranks on a GPU each" if one.on_gpu else f"Ranks sharing one machine's {one.cpu_count} cores"
     rows.append(dict(setting=f"{setting}, {counted(scaling.largest, 'rank')}", ratio="",
                      value=median_range(shared["speedup"], shared["speedup_low"], shared["speedup_high"]),
-                     efficiency=f"{shared['efficiency']:.0%}", verdict=shared["verdict"],
+                     efficiency=f"{shared['efficiency']:.0%}" if one.on_gpu else "", verdict=shared["verdict"],
                      floor=f"{shared['noise_floor']:.0%}", why="" if one.on_gpu else "no compute added"))
     return pd.DataFrame(rows)
 

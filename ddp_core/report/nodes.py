@@ -135,7 +135,7 @@ def efficiency_figure(study: dict[str, Experiment]):
                         yerr=[[row.efficiency - row.efficiency_low], [row.efficiency_high - row.efficiency]],
                         label=f"{configuration}, {row.nodes} nodes")
     ax.set(xscale="log", xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
-           ylabel="parallel efficiency (bar: range of the repeats)", ylim=(0, 1.05),
+           ylabel="parallel efficiency, mean steps\n(bar: range of the rounds)", ylim=(0, 1.05),
            title="Efficiency against the compute-to-communication ratio")
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()

@@ -65,7 +65,7 @@ RESULTS_ROWS = {
     **step_part_rows("{:.1f}"),
     "optimizer_per_step_s": ("Optimizer step, part of compute, mean (ms)", "{:.1f}", 1e3),
     "comm_total_per_step_s": (ALLREDUCE_IN_FLIGHT_MS, "{:.1f}", 1e3),
-    "peak_memory_mb": ("Peak memory, largest rank and repeat (MB)", "{:,.0f}"),
+    "peak_memory_mb": ("Peak memory, largest rank and repeat (MiB)", "{:,.0f}"),
     "final_val_accuracy": ("Final validation accuracy, median", "{:.3f}"),
     **range_rows("accuracy", "{:.3f}"),
 }
