@@ -34,7 +34,7 @@ def node_share(experiment: Experiment) -> float:
 def ddp_on_nodes(experiment: Experiment) -> bool:
     """Whether a variant trains DDP on several nodes: the sharded modes' variants are the sharding chapter's
     (`zero.sharding_runs`)."""
-    return experiment.largest > 1 and experiment.baseline.sharding == "none"
+    return experiment.largest > 1 and not experiment.baseline.sharded
 
 
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
@@ -149,7 +149,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
              "train_samples": one.config["train_samples"], "epochs": one.config["epochs"], "share_got": SHARE_GOT,
              "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
              "runs_each": counted(len(study[BASELINE].all_runs), "run"), "ideal_cores": network["cpus_per_node"] * most,
-             "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharding != "none"),
+             "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
              "cores": one.cpu_count, "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              **chance_glue("one_node", study[BASELINE], 1), "prediction_errors": signs(table["prediction_error"])}
     for end, experiment in (("fastest", links[0]), ("slowest", links[-1])):
@@ -298,7 +298,8 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
-            "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]), "tunnel_tolerance": tunnel.get("tolerance", np.nan),
+            "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
+            "tunnel_tolerance": tunnel.get("tolerance", np.nan),
             "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
 
 

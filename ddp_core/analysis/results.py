@@ -71,6 +71,10 @@ class RunInfo:
         return self.config.get("sharding", "none")
 
     @property
+    def sharded(self) -> bool:
+        return self.sharding != "none"
+
+    @property
     def tokens_per_rank(self) -> int:
         """Tokens in one forward pass of one rank, padding included."""
         return self.per_rank_batch_size * self.model["max_len"]

@@ -33,7 +33,8 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     steady = steady_phases(experiment.metrics)
     means = ["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s",
              "optimizer_per_step_s", "data_per_step_s"]
-    table = steady.groupby("world_size").agg(**{c: (c, "mean") for c in means}, peak_memory_mb=("peak_memory_mb", "max"))
+    table = steady.groupby("world_size").agg(**{c: (c, "mean") for c in means},
+                                             peak_memory_mb=("peak_memory_mb", "max"))
     table["epoch_time_s"] = steady.groupby(["world_size", "run"])["epoch_time_s"].mean().groupby("world_size").median()
     timed = ["step_time_s", "time_per_sample_s"]
     table[timed] = run_times(experiment).groupby("world_size")[timed].median()

@@ -171,7 +171,7 @@ def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
     """What the sharding chapter reads of the nodes study: each sharded mode's variant, the DDP variant whose links
     the modes share (the same configuration modelled on nodes of the same share) and the one node of that share, so
     that every mode's runs and DDP's ran in the same rounds."""
-    sharded = {name: e for name, e in nodes.items() if e.baseline.sharding != "none"}
+    sharded = {name: e for name, e in nodes.items() if e.baseline.sharded}
     if not sharded:
         raise ResultsError(f"{next(iter(nodes.values())).folder.parent}: no sharded variant in the nodes study "
                            f"(variants with settings: {{sharding: zero1}} and the like)")
