@@ -202,17 +202,13 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 def forecast_findings(study: dict[str, Experiment]) -> dict:
     """Over the wind tunnel's forecasts (`forecast_table`): how many, how many within FORECAST_BAR of the step
-    measured, their range and sign, and the largest by size; and how far apart the repeats of one node ran at each
-    share (`one_node_drift`)."""
+    measured, their range and sign; and how far apart the repeats of one node ran at each share (`one_node_drift`)."""
     table = forecast_table(study)
     errors = table["error"]
-    worst = table.loc[errors.abs().idxmax()]
     return {"forecast_bar": FORECAST_BAR, "forecasts": len(table),
             "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
             "forecast_rounds": int(table["rounds"].sum()), "forecast_rounds_within": int(table["rounds_within"].sum()),
             "forecast_errors": signs(errors), "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
-            "forecast_worst_error": worst["error"], "forecast_worst_link": worst["link"],
-            "forecast_worst_nodes": int(worst["world_size"]),
             "one_node_repeats_apart": " and ".join(f"{apart:.0%} at {share:g} core"
                                                    for share, apart in sorted(one_node_drift(study).items(),
                                                                               reverse=True))}

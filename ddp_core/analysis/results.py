@@ -339,9 +339,7 @@ def link_label(experiment: Experiment) -> str:
     if modelled:
         return modelled["configuration"]
     rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
-    if rate is None:
-        return "unshaped"
-    return f"{rate:g} Gbit/s" if rate >= 1 else f"{rate * 1000:g} Mbit/s"
+    return "unshaped" if rate is None else rate_text(rate)
 
 
 def read_wind_tunnel(study_folder: Path) -> dict | None:
