@@ -92,7 +92,7 @@ RUN_TITLE = "# One training run"
 
 
 def title_run_page(app, docname, source):
-    from ddp_core.analysis.tables import in_words, rank_label
+    from ddp_core.analysis.tables import counted, in_words
 
     parts = docname.split("/")
     if parts[0] != "results" or parts[-1] != "run_experiment":
@@ -101,7 +101,7 @@ def title_run_page(app, docname, source):
     info = json.loads((Path(app.srcdir).joinpath(*parts[:-1]) / "run.json").read_text())
     n = info["world_size"]
     repeat = f", repeat {run.split('-r')[1] if '-r' in run else 1}"  # every title names it, the first one too
-    title = (f"# Run on {rank_label(n)}{repeat}: {in_words(info['config']['dataset'])}, "
+    title = (f"# Run on {counted(n, 'rank')}{repeat}: {in_words(info['config']['dataset'])}, "
              f"{info['config']['preset']} model, seed {info['config']['seed']}")
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
     source[0] = wrap_printed_commands(source[0])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis.results import load_per_device, read_device_files, run_on_folder
-from ddp_core.analysis.tables import measured_by, median_range, quantity_table, rank_label
+from ddp_core.analysis.tables import counted, measured_by, median_range, quantity_table
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
 
 # benchmarks/peers's loops other than ddp_core, as the page names them
@@ -80,7 +80,7 @@ def speed_table(m: PeerMeasurement) -> pd.DataFrame:
 
 def speed_markdown(m: PeerMeasurement) -> str:
     table = speed_table(m)
-    table.index = [f"{PEERS[peer][0].upper()}{PEERS[peer][1:]}, {rank_label(n)}"
+    table.index = [f"{PEERS[peer][0].upper()}{PEERS[peer][1:]}, {counted(n, 'rank')}"
                    for peer, n in zip(table["peer"], table["ranks"])]
     table["ratio_text"] = list(map(median_range, table["ratio"], table["low"], table["high"]))
     columns = {"peer_step_ms": ("The loop's median step (ms)", "{:.1f}"),

@@ -17,7 +17,7 @@ from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER
                                        book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.tables import (commit_text, counted, day, in_words, machine_text, markdown_table,
-                                      quantity_table, rank_label)
+                                      quantity_table)
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
@@ -111,7 +111,7 @@ def run_markdown(info: dict) -> str:
     """What one run was (run.json as `read_run` gives it), a row per item: ranks, backend, device, torch,
     parameters, start, and what else the machine did while it trained (where recorded)."""
     use = machine_use(info)
-    items = {"Ranks": rank_label(info["world_size"]), "Backend": info["backend"], "Device": info["device_name"],
+    items = {"Ranks": counted(info["world_size"], "rank"), "Backend": info["backend"], "Device": info["device_name"],
              "PyTorch": info["torch"], "Parameters": f"{info['parameters']:,}",
              "Started (UTC)": info["start_time"][:19].replace("T", " ")}
     if use:

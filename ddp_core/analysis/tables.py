@@ -8,11 +8,6 @@ import re
 import pandas as pd
 
 
-def rank_label(n: int) -> str:
-    """A world size in words, "1 rank" or "4 ranks": how tables, legends and axes name it."""
-    return f"{n} rank{'s' if n > 1 else ''}"
-
-
 def commit_text(commit: str | None) -> str:
     """A run's code commit as the book shows it: short, `-dirty` kept (its tree had uncommitted changes)."""
     return "unknown" if commit is None else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")

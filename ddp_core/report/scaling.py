@@ -18,7 +18,7 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, STEP_MEDIAN_MS, quantity_table, range_rows, rank_label,
+from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, STEP_MEDIAN_MS, counted, quantity_table, range_rows,
                                       step_part_rows)
 
 # The columns of `scaling_table` the prose quotes on one rank and on the most.
@@ -74,7 +74,7 @@ RESULTS_ROWS = {
 def results_markdown(experiment: Experiment) -> str:
     """Per world size (columns), averaged over the steady epochs."""
     table = scaling_table(experiment)
-    return quantity_table(table, RESULTS_ROWS, turned=True, column_names=[rank_label(n) for n in table.index])
+    return quantity_table(table, RESULTS_ROWS, turned=True, column_names=[counted(n, "rank") for n in table.index])
 
 
 def _plot_each_run(ax, metrics: pd.DataFrame, sizes: pd.Index, column: str) -> None:
@@ -82,7 +82,7 @@ def _plot_each_run(ax, metrics: pd.DataFrame, sizes: pd.Index, column: str) -> N
     size so that the repeats share a legend entry."""
     colors, labelled = {n: f"C{i}" for i, n in enumerate(sizes)}, set()
     for (n, _), rows in metrics.sort_values("epoch").groupby(["world_size", "run"]):
-        ax.plot(rows["epoch"], rows[column], "o-", color=colors[n], label=None if n in labelled else rank_label(n),
+        ax.plot(rows["epoch"], rows[column], "o-", color=colors[n], label=None if n in labelled else counted(n, "rank"),
                 alpha=0.8)
         labelled.add(n)
     ax.set_xticks(sorted(metrics["epoch"].unique()))
@@ -94,7 +94,7 @@ def epoch_time_figure(experiment: Experiment):
     _plot_each_run(per_epoch, experiment.metrics, table.index, "epoch_time_s")
     per_epoch.set(xlabel="epoch", ylabel="seconds", title="Time per epoch (each repeat)")
     per_epoch.legend(fontsize=8)
-    mean_time.bar([rank_label(n) for n in table.index], table["epoch_time_s"], color="C0")
+    mean_time.bar([counted(n, "rank") for n in table.index], table["epoch_time_s"], color="C0")
     mean_time.set(ylabel="seconds", title="Epoch time after warm-up, median of the repeats")
     fig.tight_layout()
     return fig
@@ -141,7 +141,7 @@ def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
         for label, (seconds, color) in stack.items():
             ax.bar(x + offset, seconds * 1e3, 0.38, bottom=bottom, color=color, alpha=alpha, label=label)
             bottom += seconds.to_numpy() * 1e3
-    ax.set(xticks=x, xticklabels=[rank_label(n) for n in table.index], ylabel="ms per step (mean)",
+    ax.set(xticks=x, xticklabels=[counted(n, "rank") for n in table.index], ylabel="ms per step (mean)",
            title="Where a step's time goes")
     fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
