@@ -308,6 +308,10 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> t
                          f"resume with the same arguments (only --epochs may grow)")
     if ckpt["world_size"] != rt.world_size:
         raise UsageError(f"--resume: the run used {ckpt['world_size']} rank(s), this launch has {rt.world_size}")
+    reached = ckpt["in_epoch"]["epoch"] if "in_epoch" in ckpt else ckpt["epoch"]
+    if cfg.epochs < reached:
+        raise UsageError(f"--resume: the run's checkpoint is at epoch {reached}; --epochs {cfg.epochs} would end it "
+                         f"before it (only --epochs may grow)")
     load_whole_state(state.model, state.optimizer, state.sharding, ckpt["model"], ckpt["optimizer"])
     state.scheduler.load_state_dict(ckpt["scheduler"])
     state.scaler.load_state_dict(ckpt["scaler"])

@@ -60,6 +60,7 @@ CASES = {
     "bf16 hook on gloo": ([*TINY_SYNTHETIC, *BATCH, "--comm-hook", "bf16", "--backend", "gloo"],
                           "--comm-hook bf16 needs NCCL"),
     "bf16 hook without GPUs": ([*TINY_SYNTHETIC, *BATCH, "--comm-hook", "bf16"], "--comm-hook bf16 needs NCCL"),
+    "fp16 autocast without GPUs": ([*TINY_SYNTHETIC, *BATCH, "--amp", "fp16"], "--amp fp16 needs a CUDA device"),
     "out is a file": ([*TINY_SYNTHETIC, *BATCH, "--out", "afile"], "--out afile is a file, not a directory"),
     "cache dir is a file": (["--dataset", "imdb", "--data-dir", ".", "--cache-dir", "afile", *BATCH],
                             "--cache-dir afile is a file"),

@@ -55,6 +55,23 @@ def test_another_command_never_takes_over_a_stopped_run(refused, run_dir):
     assert (run_dir / "metrics.csv").read_text() == before
 
 
+def test_resuming_a_finished_run_without_more_epochs_is_refused_and_leaves_its_files_as_they_were(refused, run_dir):
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    error = one_line_error(refused(*RUN, "--epochs", 1, "--out", run_dir, "--resume"))
+    assert "holds a finished run of 1 epoch(s)" in error and "raise --epochs" in error
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+
+
+def test_resuming_a_stopped_run_with_fewer_epochs_than_its_checkpoint_is_refused(train, refused, run_dir):
+    train(*RUN, "--epochs", 2, "--out", run_dir, "--resume")  # its checkpoint now at epoch 2
+    info = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps(info | {"end_time": None}))  # stopped before its end was written
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    error = one_line_error(refused(*RUN, "--epochs", 1, "--out", run_dir, "--resume"))
+    assert "checkpoint is at epoch 2; --epochs 1 would end it before it" in error
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
+
+
 def test_a_truncated_checkpoint_is_named_in_one_line(refused, run_dir):
     checkpoint = run_dir / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])

@@ -319,11 +319,16 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
 
 
 def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
-    """A new run needs a directory that holds no other run; a resumed one needs its checkpoint. The same command
+    """A new run needs a directory that holds no other run; a resumed one needs its checkpoint and, once finished, more
+    epochs. The same command
     continues its own unfinished run: from the last checkpoint (a run stopped by a time limit, requeued by Slurm or
     restarted by torchrun runs its command again), or from the start if it stopped before any checkpoint."""
     out = Path(cfg.out)
     check_writable_folder(out, "--out")
+    trained = finished_epochs(out)
+    if cfg.resume and trained is not None and cfg.epochs <= trained:
+        raise UsageError(f"--resume: {out} holds a finished run of {trained} epoch(s), which --epochs {cfg.epochs} "
+                         f"would not add to; raise --epochs to train it further")
     if cfg.resume and not (out / CHECKPOINT_NAME).is_file():
         raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME} (the run completed no step); "
                          f"run the command without --resume to start it again")
@@ -331,6 +336,16 @@ def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
         return
     if not is_unfinished(out, cfg, world_size):
         raise UsageError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def finished_epochs(out: Path) -> int | None:
+    """The epochs a finished run in `out` asked for; None where it holds no finished run. Resuming it with no more
+    epochs would train nothing and write its run.json anew, the machine's record of its training among it."""
+    try:
+        info = json.loads((out / "run.json").read_text())
+        return info["config"]["epochs"] if info["end_time"] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def continues_run(cfg: TrainConfig) -> bool:

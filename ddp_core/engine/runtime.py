@@ -68,6 +68,8 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
     if cfg.comm_hook == "bf16" and backend != "nccl":
         raise UsageError("--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend), and this run "
                          "has no GPU per rank: use --comm-hook fp16")
+    if cfg.amp == "fp16" and not use_cuda:  # --device cpu is refused when parsed; auto resolves to the CPU only here
+        raise UsageError("--amp fp16 needs a CUDA device, and this run has no GPU per rank: use --amp bf16 on CPU")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return Runtime(rank, local_rank, world_size, local_world_size, device, backend,
                    threads_per_rank(local_world_size, cfg.threads_per_rank))
