@@ -60,13 +60,14 @@ test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -m "not slow"
 
 build_book = $(BIN)/jupyter-book build book -W --keep-going
+# The study runner on the chosen studies ($(1)), the studies first: --world-sizes takes every number after it.
+run_studies = $(BIN)/python -m ddp_core.studies.run $(1) --study-list $(STUDY_LIST) \
+	--allreduce-args="$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) $(if $(WORLD_SIZES),--world-sizes $(WORLD_SIZES))
 
 # Train the studies (each run an executed run notebook in its folder), then build the book from them: a line
 # per run or benchmark with its time, then the book's warnings only.
 report: $(MATHJAX) | $(VENV)/.installed $(QUIET_KERNELS)
-	$(BIN)/python -m ddp_core.studies.run --study-list $(STUDY_LIST) --results-dir $(RESULTS_DIR) \
-		--allreduce-args "$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) \
-		$(if $(WORLD_SIZES),--world-sizes $(WORLD_SIZES)) $(STUDIES)
+	$(call run_studies,$(STUDIES)) --results-dir $(RESULTS_DIR)
 	@echo "building the book (make book shows Sphinx's progress)"
 	@IPYTHONDIR=$(abspath $(dir $(QUIET_KERNELS))..) $(build_book) -q
 	@echo "HTML: _build/html/index.html"
@@ -80,8 +81,10 @@ $(QUIET_KERNELS):
 # book needs none). Commit them with the code they were made with. The measurements of single devices, of the
 # peers and of a step's operators stay: they come from other machines too (make single-device, peers, step-profile);
 # so do the quota period's (python benchmarks/cpu_period.py --results-dir reference/cpu_period) and a GPU lease's
-# (benchmarks/gpu_session.sh: gpu_trainer, gpu_timeline, and gpu_lease with their provenance).
+# (benchmarks/gpu_session.sh: gpu_trainer, gpu_timeline, and gpu_lease with their provenance). Every run is checked
+# first, against an empty folder: a bad setting stops it before anything is removed.
 reference: | $(VENV)/.installed
+	$(call run_studies,) --check --results-dir "$$(mktemp -u -d)"
 	mkdir -p $(REFERENCE) && find $(REFERENCE) -mindepth 1 -maxdepth 1 ! -name single_device ! -name peers \
 		! -name step_profile ! -name cpu_period ! -name gpu_trainer ! -name gpu_timeline ! -name gpu_lease \
 		-exec rm -rf {} +

@@ -34,6 +34,21 @@ def test_the_benchmark_never_overwrites_a_measurement(tmp_path, monkeypatch, cap
     assert (tmp_path / "ar" / "allreduce.csv").read_text() == "size_bytes\n4\n"
 
 
+@pytest.mark.parametrize("args,fragment", [
+    (["--min-bytes", "4096", "--max-bytes", "16"], "no size to time from --min-bytes 4096 to --max-bytes 16"),
+    (["--sizes", "-8"], "at least 4 each"), (["--warmup", "0"], "--warmup needs at least 1 iteration"),
+    (["--seconds-per-size", "-1"], "--seconds-per-size a time above 0"), (["--bogus"], "unrecognized arguments"),
+], ids=["sizes out of order", "negative size", "no warm-up", "negative time budget", "unknown option"])
+def test_bad_benchmark_options_are_one_line_before_any_process_group(tmp_path, monkeypatch, capsys, args, fragment):
+    from ddp_core.bench.allreduce import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["--out", str(tmp_path / "ar"), *args]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("bench_allreduce: error:") and fragment in line
+    assert not (tmp_path / "ar").exists()
+
+
 def test_fit_recovers_latency_and_bandwidth_of_a_ring():
     n, alpha, beta = 4, 25e-6, 1 / 12e9
     sizes = 4.0 ** np.arange(1, 15)

@@ -130,6 +130,60 @@ def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path
     assert not (tmp_path / "results").exists(), "the good study ran although the list had a bad entry"
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--world-sizes", "1", "good"], "argument --world-sizes: 'good' is not a number of ranks (name the studies before"),
+    (["--allreduce-args=--bogus"], "--allreduce-args '--bogus': unrecognized arguments: --bogus"),
+    (["--allreduce-args", "--min-bytes 4096 --max-bytes 16"], "no size to time from --min-bytes 4096 to --max-bytes 16"),
+    (["--allreduce-args", "--sizes '8"], "No closing quotation"),
+    (["--results-dir", "afile"], "--results-dir afile is a file, not a folder"),
+    (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+], ids=["studies after world sizes", "unknown benchmark option", "no benchmark size", "unclosed quote",
+        "results in a file", "unknown option"])
+def test_a_bad_command_line_is_refused_in_one_line_before_any_run_starts(tmp_path, isolated_env, args, message):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"good": GOOD}))
+    (tmp_path / "afile").write_text("mine\n")
+    defaults = ["--study-list", study_list] + ([] if "--results-dir" in args else ["--results-dir", "results"])
+    proc = run_studies([*defaults, *args], cwd=tmp_path, env=isolated_env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddp_core.studies.run: error:") and message in lines[0], proc.stderr
+    assert not (tmp_path / "results").exists() and (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_a_damaged_run_json_in_the_results_is_named_in_one_line(tmp_path, isolated_env):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"good": GOOD}))
+    (tmp_path / "results" / "good" / "n1").mkdir(parents=True)
+    (tmp_path / "results" / "good" / "n1" / "run.json").write_text("[]")
+    proc = run_studies(["--study-list", study_list, "--results-dir", "results", "--check"], cwd=tmp_path,
+                       env=isolated_env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("ddp_core.studies.run: error: study 'good', run good/n1: ")
+    assert "run.json is not a run's record (TypeError" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_check_plans_every_run_and_trains_none(tmp_path, isolated_env):
+    proc = run_studies(["--study-list", TINY_STUDIES, "--results-dir", "results", "--check"], cwd=tmp_path,
+                       env=isolated_env)
+    planned = plan_runs(list(load_study_list(TINY_STUDIES).values()), str(tmp_path / "results"))
+    assert proc.stdout.strip() == f"ddp_core.studies.run: check passed: {len(planned)} runs planned", proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_making_the_reference_with_a_bad_setting_removes_nothing(tmp_path, isolated_env):
+    reference = tmp_path / "reference"
+    (reference / "scaling" / "n1").mkdir(parents=True)
+    (reference / "scaling" / "n1" / "run.json").write_text("{}")
+    (reference / "headline.png").write_bytes(b"png")
+    before = sorted(reference.rglob("*"))
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "reference", f"REFERENCE={reference}", "PROFILE=nosuch",
+                           f"QUIET_KERNELS={tmp_path / 'kernels.py'}"], cwd=REPO, env=isolated_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "no profile 'nosuch'" in proc.stderr
+    assert sorted(reference.rglob("*")) == before
+
+
 def test_an_unknown_study_name_is_refused_with_the_names_there_are(tmp_path, isolated_env):
     proc = run_studies(["ag_news", "ag_nwes"], cwd=tmp_path, env=isolated_env)
     assert proc.returncode == 2

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_core.engine.config import TrainConfig, world_size_from_env
+from ddp_core.engine.config import OneLineParser, TrainConfig, UsageError, world_size_from_env
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
 from ddp_core.launch.plan import ALLREDUCE_READY_LINE
@@ -52,8 +52,10 @@ def time_allreduce(tensor: torch.Tensor, iterations: int) -> float:
     return elapsed.item()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m ddp_core.bench.allreduce", description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options, checked before any process group starts: the study runner checks the options it will
+    pass here before its first run trains."""
+    parser = OneLineParser(prog="torchrun ... -m ddp_core.bench.allreduce", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for allreduce.csv and allreduce.json")
     parser.add_argument("--min-bytes", type=int, default=4)
     parser.add_argument("--max-bytes", type=int, default=256 * 2**20)
@@ -62,14 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seconds-per-size", type=float, default=0.3, help="time budget that sets the iterations")
     opts = parser.parse_args(argv)
+    if opts.warmup < 1 or opts.seconds_per_size <= 0:
+        raise UsageError("--warmup needs at least 1 iteration and --seconds-per-size a time above 0")
+    if any(size < 4 for size in opts.sizes or []):
+        raise UsageError("--sizes are bytes of float32 elements: at least 4 each")
+    if not (opts.sizes or sizes(opts.min_bytes, opts.max_bytes)):
+        raise UsageError(f"no size to time from --min-bytes {opts.min_bytes} to --max-bytes {opts.max_bytes}")
     out = Path(opts.out)
-    world_size = world_size_from_env()
-    if world_size < 2:
-        print("bench_allreduce: error: run it under torchrun with at least 2 processes", file=sys.stderr)
-        return 2
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
     if (out / "allreduce.csv").exists():
-        print(f"bench_allreduce: error: {out / 'allreduce.csv'} exists; choose another --out", file=sys.stderr)
+        raise UsageError(f"{out / 'allreduce.csv'} exists; choose another --out")
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        opts = parse_args(argv)
+        if world_size_from_env() < 2:
+            raise UsageError("run it under torchrun with at least 2 processes")
+    except UsageError as exc:
+        print(f"bench_allreduce: error: {exc}", file=sys.stderr)
         return 2
+    out, world_size = Path(opts.out), world_size_from_env()
     rt = resolve_runtime(TrainConfig())  # the trainer's own choice of device, backend and threads
     place_process(rt)
     device = rt.device

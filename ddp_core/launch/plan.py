@@ -110,10 +110,15 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
         raise ExperimentError(str(exc)) from None
     action = "train"
     if (run_dir / "run.json").exists():
-        info = json.loads((run_dir / "run.json").read_text())
-        changed = differing_settings(info["config"], cfg)
-        if changed or info["world_size"] != world_size:
-            raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed) or 'world size'}); "
+        try:
+            info = json.loads((run_dir / "run.json").read_text())
+            changed = differing_settings(info["config"], cfg) + ([] if info["world_size"] == world_size
+                                                                 else ["world size"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ExperimentError(f"{run_dir / 'run.json'} is not a run's record ({type(exc).__name__}: {exc}); "
+                                  f"move the folder away or choose another experiment name") from None
+        if changed:
+            raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
                                   f"choose another experiment name")
         network = network_of(run_dir)
         if network and ((network["nodes"], network["link_rate"], network.get("cpus_per_node"))

@@ -3,12 +3,13 @@
     python -m ddp_core.studies.run                       # every study of notebooks/studies.yml
     python -m ddp_core.studies.run nodes precision --results-dir results
     python -m ddp_core.studies.run scaling --profile gpu     # the strong-scaling study on this node's GPUs
+    python -m ddp_core.studies.run --check                   # every run checked and planned; none trains
 
 The runs train round by round: round k is repeat k of every chosen study, variant and world size, so
 that the runs the report compares alternate in time (each run.json has its start time). Every run
 of the chosen studies is planned and checked first (its settings by the trainer's own
-parser, its folder for a different run already there), so a bad entry fails in one line before
-anything trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed
+parser, its folder for a different run already there; the all-reduce benchmark's options by its own), so a bad
+entry fails in one line before anything trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed
 notebook saved in the run's folder: a finished run with its notebook is skipped, a finished one
 without is reused by the notebook, an interrupted one resumed from its checkpoint.
 """
@@ -25,8 +26,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_core.launch.plan import check_can_emulate
-from ddp_core.launch.plan import ExperimentError, Plan, launch_command, prepare
+from ddp_core.engine.config import OneLineParser, UsageError
+from ddp_core.launch.plan import ExperimentError, Plan, check_can_emulate, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
 from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
@@ -198,19 +199,44 @@ def can_run_here(studies: list[Study]) -> tuple[list[Study], str]:
     return studies, ""
 
 
+def check_allreduce_args(extra_args: str) -> None:
+    """The all-reduce benchmark's extra options, checked as the benchmark checks them (here, on an emulated cluster's
+    links too) before the first run trains: the benchmarks run after every run."""
+    from ddp_core.bench.allreduce import parse_args
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            for base in ([], EMULATED_ALLREDUCE_ARGS):
+                parse_args([*base, "--out", f"{folder}/allreduce", *shlex.split(extra_args)])
+        except (ValueError, UsageError) as exc:
+            raise StudyError(f"--allreduce-args {extra_args!r}: {exc}") from None
+
+
+def world_sizes(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks (name the studies before --world-sizes)")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_core.studies.run", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m ddp_core.studies.run", description=__doc__.splitlines()[0])
     parser.add_argument("studies", nargs="*", help="names of studies to run (default: all of them)")
     parser.add_argument("--study-list", default=str(STUDY_LIST), help="the study list (default %(default)s)")
     parser.add_argument("--results-dir", default=RESULTS_DIR, help="where the studies' folders go")
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
     parser.add_argument("--profile", default=None,
                         help="base profile of every chosen study instead of its own (e.g. gpu); its settings still apply")
-    parser.add_argument("--world-sizes", nargs="+", type=int, metavar="N",
+    parser.add_argument("--world-sizes", nargs="+", type=world_sizes, metavar="N",
                         help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
                              "later call, which reuses these")
-    args = parser.parse_args(argv)
+    parser.add_argument("--check", action="store_true",
+                        help="plan and check every run of the chosen studies, then stop: train nothing")
     try:
+        args = parser.parse_args(argv)
+        if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
+            raise StudyError(f"--results-dir {args.results_dir} is a file, not a folder")
+        if args.allreduce_args:
+            check_allreduce_args(args.allreduce_args)
         studies = select(load_study_list(args.study_list), args.studies)
         if not args.studies:  # a study named on the command line is refused in one line instead
             studies, skipped = can_run_here(studies)
@@ -220,8 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             studies = at_world_sizes(studies, args.world_sizes)
         if args.profile:
             studies = [replace(study, profile=args.profile) for study in studies]
-        run_studies(studies, args.results_dir, args.allreduce_args)
-    except StudyError as exc:
+        if args.check:
+            print(f"ddp_core.studies.run: check passed: {len(plan_runs(studies, args.results_dir))} runs planned")
+        else:
+            run_studies(studies, args.results_dir, args.allreduce_args)
+    except (StudyError, UsageError) as exc:
         print(f"ddp_core.studies.run: error: {exc}", file=sys.stderr)
         return 2
     return 0
