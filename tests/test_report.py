@@ -151,7 +151,12 @@ def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, 
     (lambda run: (run / "metrics.csv").unlink(), "metrics.csv: missing"),
     (lambda run: (run / "metrics.csv").write_text("epoch,world_size\n1,1\n"), "metrics.csv: missing column(s)"),
     (lambda run: (run / "metrics.csv").write_bytes(b'epoch,"world\n\x00\x01'), "metrics.csv: unreadable CSV"),
-], ids=["missing CSV", "CSV without its columns", "corrupt CSV"])
+    (lambda run: metrics_of(run).assign(epoch_time_s="fast").to_csv(run / "metrics.csv", index=False),
+     "metrics.csv: empty or non-numeric values"),
+    (lambda run: (run / "run.json").write_text(json.dumps({"world_size": 4})), "run.json: not a run's record (missing"),
+    (lambda run: (run / "run.json").write_text("[4]"), "run.json: not a run's record (missing world_size"),
+], ids=["missing CSV", "CSV without its columns", "corrupt CSV", "a word for a time", "run.json without its fields",
+        "run.json not a mapping"])
 def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, reason):
     results = tmp_path / "experiment"
     shutil.copytree(project / "results" / "scaling", results)

@@ -167,6 +167,10 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         info = json.loads(info_path.read_text())
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{info_path}: not valid JSON ({exc})") from None
+    needed = [f.name for f in fields(RunInfo) if f.name not in ("name", "raw")]
+    missing = [key for key in needed if not isinstance(info, dict) or key not in info]
+    if missing:
+        raise ResultsError(f"{info_path}: not a run's record (missing {', '.join(missing)})")
     metrics = _read_csv(metrics_path)
     if "resumes" not in metrics.columns:  # written before epochs could resume mid-way: none did
         metrics["resumes"] = 0
@@ -181,6 +185,7 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     if info.get("world_size", 1) > 1 and info.get("allreduces_per_step", 0) is None:
         unmeasured += ["comm_total_s", "comm_exposed_s"]  # FSDP2's collectives, which no DDP hook times
     measured = [c for c in METRICS_COLUMNS if c not in unmeasured]
+    metrics[METRICS_COLUMNS] = metrics[METRICS_COLUMNS].apply(pd.to_numeric, errors="coerce")  # a word: NaN
     if metrics[measured].isna().any().any() and info.get("config", {}).get("timers", True):
         raise ResultsError(f"{metrics_path}: empty or non-numeric values")
     network = run_dir / "network.json"  # a run on an emulated cluster: its nodes and link
