@@ -16,16 +16,17 @@ range shows how far the machine's noise reaches.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from ddp_core.engine.config import OneLineParser, UsageError, positive_int
 from ddp_core.launch.plan import launch_command
 
 EPOCHS = 3
@@ -60,11 +61,15 @@ def alternate(name: str, measure_a, measure_b, repeats: int) -> float:
     return median
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="synthetic", choices=["synthetic", "imdb"])
-    parser.add_argument("--repeats", type=int, default=4)
-    opts = parser.parse_args()
+    parser.add_argument("--repeats", type=positive_int, default=4)
+    try:
+        opts = parser.parse_args()
+    except UsageError as exc:
+        print(f"bench_ddp_core: error: {exc}", file=sys.stderr)
+        return 2
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dataset {opts.dataset}, "
           f"{opts.repeats} ABBA pairs, steady epochs 2..{EPOCHS}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,10 +13,10 @@ of the report's one verdict function (`ddp_core.analysis.cpu_period.period_table
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from ddp_core.engine.config import OneLineParser, UsageError, positive_int
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.plan import follow_trainer, prepare, trainer_args
 from ddp_core.analysis.cpu_period import load_periods, period_table
@@ -41,10 +41,14 @@ def train(results_dir: Path, period_ms: int, repeat: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results-dir", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=3)
-    opts = parser.parse_args(argv)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    try:
+        opts = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"cpu_period: error: {exc}", file=sys.stderr)
+        return 2
     for repeat in range(1, opts.rounds + 1):
         order = PERIODS_MS if repeat % 2 else PERIODS_MS[::-1]
         for period in order:

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_core.engine.config import OneLineParser, UsageError, micro_batch_size, parse_args
+from ddp_core.engine.config import (OneLineParser, UsageError, check_writable_folder, micro_batch_size, parse_args,
+                                   positive_int)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier
 from ddp_core.engine.collectives import CollectiveCensus
@@ -55,13 +56,6 @@ from ddp_core.train import Evaluations, Training, TrainingState, batch_plan, mod
 
 # The loops of the docstring, in the order of a forward round: epochs.csv names each row's loop.
 LOOPS = ("plain", "ddp_core", "timed", "ddp_of_one")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError
-    return value
 
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +94,7 @@ def new_measurement_folder(results_dir: Path, kind: str, name: str) -> Path:
     """RESULTS_DIR/KIND/NAME for a new measurement; one that already holds a measurement is refused, never
     overwritten."""
     out = results_dir / kind / name
+    check_writable_folder(out, "--results-dir")
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already holds a measurement of this device; remove it to measure again, or choose "
                          f"another --results-dir")

@@ -18,7 +18,6 @@ the run had finished, which the trainer now skips once its files are written. Af
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ddp_core.engine.config import OneLineParser, UsageError, positive_int  # noqa: E402
 from ddp_core.launch.launchers import start  # noqa: E402
 from ddp_core.launch.plan import prepare  # noqa: E402
 
@@ -63,11 +63,17 @@ def import_s() -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8, help="emulated nodes of the second run (0: none)")
     parser.add_argument("--cpus-per-node", type=float, default=0.125)
-    parser.add_argument("--rounds", type=int, default=3)
-    opts = parser.parse_args()
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    try:
+        opts = parser.parse_args()
+        if opts.nodes < 0:
+            raise UsageError(f"--nodes must be 0 (no emulated run) or more, got {opts.nodes}")
+    except UsageError as exc:
+        print(f"startup: error: {exc}", file=sys.stderr)
+        return 2
     configurations = {"1 rank": dict(launcher="local")}
     if opts.nodes and os.geteuid() == 0:
         configurations[f"{opts.nodes} nodes"] = dict(launcher="emulated", nodes=opts.nodes, link_rate="1gbit",

@@ -29,9 +29,8 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.single_device import (matmul_tflops, measurement_name, new_measurement_folder, positive_int,
-                                      synchronize, trainer_epoch)
-from ddp_core.engine.config import OneLineParser, UsageError, parse_args
+from benchmarks.single_device import matmul_tflops, measurement_name, new_measurement_folder, synchronize, trainer_epoch
+from ddp_core.engine.config import OneLineParser, UsageError, parse_args, positive_int
 from ddp_core.engine.data import load_data
 from ddp_core.engine.model_cost import training_flops
 from ddp_core.engine.model_shape import PRESETS

@@ -4,11 +4,13 @@ launch) starts one."""
 
 import gzip
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import TINY_SYNTHETIC, one_line_error
+from conftest import REPO, TINY_SYNTHETIC, one_line_error
 from ddp_core.launch.local import run_local
 from ddp_core.launch.plan import ExperimentError, prepare
 
@@ -65,6 +67,43 @@ CASES = {
     "cache dir is a file": (["--dataset", "imdb", "--data-dir", ".", "--cache-dir", "afile", *BATCH],
                             "--cache-dir afile is a file"),
 }
+
+
+BENCHMARK_CASES = {
+    "quota periods of no round": (["cpu_period.py", "--results-dir", "out", "--rounds", "0"],
+                                  "cpu_period: error: argument --rounds: must be at least 1, got 0"),
+    "start-up of no round": (["startup.py", "--rounds", "0"], "startup: error: argument --rounds: must be at least 1"),
+    "start-up on negative nodes": (["startup.py", "--nodes", "-1"], "startup: error: --nodes must be 0"),
+    "overheads of no repeat": (["bench_ddp_core.py", "--repeats", "0"], "bench_ddp_core: error: argument --repeats"),
+    "a device measured into a file": (["single_device.py", "--results-dir", "afile"],
+                                      "--results-dir afile/single_device/cpu cannot be made: /"),
+}
+
+
+@pytest.mark.parametrize("args,line", BENCHMARK_CASES.values(), ids=BENCHMARK_CASES.keys())
+def test_the_benchmarks_refuse_bad_options_in_one_line_before_measuring(tmp_path, isolated_env, args, line):
+    (tmp_path / "afile").write_text("mine\n")
+    proc = subprocess.run([sys.executable, REPO / "benchmarks" / args[0], *args[1:]], cwd=tmp_path, env=isolated_env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and line in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+@pytest.mark.parametrize("script,args,line", [
+    ("submit-4gpu.sh", ["run", "--global-batch-size", "6"], "--global-batch-size 6 does not divide by world size 4"),
+    ("submit-1gpu.sh", ["run", "--global-batch-size", "8", "--lr", "-1"], "--lr must be a finite number above 0"),
+    ("submit-1gpu.sh", ["--dataset", "imdb", "run"], "(the run directory first)"),
+], ids=["batch for 4 GPUs", "bad value", "options before the run directory"])
+def test_a_slurm_submission_with_bad_options_is_refused_before_it_is_queued(tmp_path, isolated_env, script, args, line):
+    """The sbatch on the PATH only notes that it was called: a refusal must come before it."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path / 'queued'}\n")
+    (tmp_path / "bin" / "sbatch").chmod(0o755)
+    env = isolated_env | {"DDP_PYTHON": sys.executable, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    proc = subprocess.run(["bash", REPO / "slurm" / script, *args], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and line in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "queued").exists()
 
 
 @pytest.mark.parametrize("args,fragment", CASES.values(), ids=CASES.keys())

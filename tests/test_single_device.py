@@ -93,7 +93,7 @@ def test_a_bad_option_is_refused_in_one_line_before_measuring(tmp_path, isolated
     proc = run_in_process(["--batch-sizes", "32", "0", "--results-dir", "out"], cwd=tmp_path, env=isolated_env,
                           main=single_device_main)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "single_device: error: argument --batch-sizes: invalid positive_int value: '0'"
+    assert proc.stderr.strip() == "single_device: error: argument --batch-sizes: must be at least 1, got 0"
     assert not (tmp_path / "out").exists()
 
 
@@ -151,7 +151,7 @@ def test_each_configuration_is_judged_against_its_own_noise_not_the_noisiest_con
     assert (row["slower"], row["no visible difference"]) == (1, 1)
     assert row["lowest_floor"] < 0.05 < 0.3 < row["highest_floor"]
     table = cells(ratio_markdown(m))  # every count readable off a row: each configuration's verdict and floor
-    header = f"{RATIOS['trainer'][2]} (median, range): the rule's verdict, where not no visible difference"
+    header = f"{RATIOS['trainer'][2]} (median, range), and the verdict where the rule tells a difference"
     assert table["large, bf16, batch 64"][header].endswith(": slower")
     assert table["tiny, bf16, batch 64"][header].endswith(")")  # no visible difference: no word
     assert float(table["large, bf16, batch 64"]["Noise floor (%)"]) < 5 < 30 < float(

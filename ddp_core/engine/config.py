@@ -133,6 +133,14 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def positive_int(text: str) -> int:
+    """A count of at least 1, for the benchmarks' options (argparse names the option and the value refused)."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -259,7 +267,9 @@ def check_writable_folder(folder: Path, option: str) -> None:
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{option} {folder} is a file, not a directory")
     existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir():
+        raise UsageError(f"{option} {folder} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {folder} cannot be written (no write permission in {existing})")
 
 

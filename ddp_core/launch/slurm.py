@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddp_core.engine.config import ERROR_PREFIX
+from ddp_core.engine.config import ERROR_PREFIX, UsageError, parse_args
 from ddp_core.launch.plan import ExperimentError, Plan, refuse_interrupted
 from ddp_core.paths import REPO_ROOT
 
@@ -136,3 +136,20 @@ def run_slurm(plan: Plan) -> bool:
         raise ExperimentError(f"job {job_id} ended {state} (exit code {exit_code or '?'})\n"
                               + failure_report(plan.run_dir, job_id))
     return True
+
+
+def check_submission(argv: list[str]) -> int:
+    """`python -m ddp_core.launch.slurm WORLD_SIZE RUN_DIR [trainer options]`: the trainer's own checks of a job's
+    options at its world size, which slurm/submit-*.sh run before anything is queued; a job refused only once it has
+    its GPUs would have waited in the queue for nothing."""
+    world_size, run_dir, *options = argv
+    try:
+        parse_args([*options, "--out", run_dir], world_size=int(world_size))
+    except UsageError as exc:
+        print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(check_submission(sys.argv[1:]))
