@@ -410,10 +410,10 @@ def test_the_parts_of_the_mean_step_add_up_to_no_more_than_it(experiment):
 
 @pytest.mark.parametrize("predicts_gain,ratios,says", [
     (True, [1.2, 1.3, 1.25], "as the theory predicts"),
-    (True, [0.7, 0.72, 0.71], "against the theory's prediction"),
+    (True, [0.7, 0.72, 0.71], "contrary to the theory's prediction"),
     (False, [0.7, 0.72, 0.71], "as the theory predicts"),
-    (False, [1.2, 1.3, 1.25], "against the theory's prediction"),
-    (True, [0.9, 1.1, 1.0], "the runs can neither confirm nor refute it: no visible difference"),
+    (False, [1.2, 1.3, 1.25], "contrary to the theory's prediction"),
+    (True, [0.9, 1.1, 1.0], "so the runs can neither confirm nor refute the prediction: no visible difference"),
 ], ids=["gain predicted, gain", "gain predicted, loss", "loss predicted, loss", "loss predicted, gain", "noise"])
 def test_the_discussion_says_whether_the_theory_held_for_every_outcome(predicts_gain, ratios, says):
     assert payoff.theory_outcome(predicts_gain, compare(ratios, [1.0] * 3, 0.05)).startswith(says)

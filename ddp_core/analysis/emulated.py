@@ -333,7 +333,7 @@ def nodes_figure(study: dict[str, Experiment]):
         ahead = record.get(variant, {}).get("by_nodes", {})
         speed.plot([int(n) for n in ahead], [forecast(entry)["speedup"] for entry in ahead.values()], "s--",
                    color=f"C{i}", alpha=0.6)
-        colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=variant_label(e, study)))
+        colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=f"{variant_label(e, study)} (left only)"))
     ahead_label = "speedup forecast before the runs" if table["forecast_speedup"].notna().all() else "speedup predicted"
     styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
               Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6, label=ahead_label),

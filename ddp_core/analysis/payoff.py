@@ -85,8 +85,8 @@ def payoff_findings(experiment: Experiment) -> dict:
 
 def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:
     """Whether the measured speedup (through the one verdict function) bears the theory's prediction out: 'as the
-    theory predicts', 'against the theory's prediction', or why the runs cannot tell."""
+    theory predicts', 'contrary to the theory's prediction', or why the runs cannot tell."""
     if not measured.decided:
-        return f"the runs can neither confirm nor refute it: {measured.why_undecided()}"
+        return f"so the runs can neither confirm nor refute the prediction: {measured.why_undecided()}"
     borne_out = (measured.verdict == "higher") == predicts_gain
-    return "as the theory predicts" if borne_out else "against the theory's prediction"
+    return "as the theory predicts" if borne_out else "contrary to the theory's prediction"

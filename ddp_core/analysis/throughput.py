@@ -111,7 +111,7 @@ def _compare(rounds: pd.DataFrame, name: str, floor: float) -> Comparison:
     return compare(list(rounds[against]), list(rounds[loop]), floor)
 
 
-VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "Not told apart",
+VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "No visible difference",
                   "too few repeats": "No verdict (few rounds)"}
 
 

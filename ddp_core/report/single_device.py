@@ -58,7 +58,7 @@ def ratio_markdown(m: Measurement) -> str:
         table[name] = [median_range(*values, "{:.3f}") + ("" if verdict == "no visible difference" else f": {verdict}")
                        for *values, verdict in zip(table[f"{name}_median"], table[f"{name}_low"],
                                                    table[f"{name}_high"], table[name])]
-    columns = {name: (f"{words} (median, range): the rule's verdict, where not no visible difference", "{}")
+    columns = {name: (f"{words} (median, range), and the verdict where the rule tells a difference", "{}")
                for name, (_, _, words) in RATIOS.items()}
     columns["floor"] = ("Noise floor (%)", "{:.1f}", 100)
     return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
