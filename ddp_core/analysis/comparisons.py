@@ -247,7 +247,7 @@ def rule_rates_table(experiment: Experiment) -> pd.DataFrame:
 def rule_rates_markdown(rates: pd.DataFrame) -> str:
     """`rule_rates_table`, made once per build (its resampling takes seconds), as the book's table."""
     return quantity_table(rates, {"effect": ("Planted effect: side A takes longer by", "{:.0%}"),
-                                  "called": ("Comparisons called in its direction (at 0 %: in either)", "{:.1%}")})
+                                  "called": ("Comparisons called in its direction (at 0%: in either)", "{:.1%}")})
 
 
 def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:

@@ -252,7 +252,7 @@ FLOOR_POWER_COLUMNS = {"steps": (f"Steps a run, median (its time: the median of 
                        "degrees": ("Degrees of freedom", "{:.0f}"),
                        "floor": ("Noise floor of the time per sample", "{:.1%}"),
                        "identical_called": ("Identical configurations called different", "{:.1%}"),
-                       "found_10": ("A 10 % effect found", "{:.0%}"), "found_20": ("A 20 % effect found", "{:.0%}")}
+                       "found_10": ("A 10% effect found", "{:.0%}"), "found_20": ("A 20% effect found", "{:.0%}")}
 
 
 def floor_power_markdown(results: Path, studies: dict) -> str:

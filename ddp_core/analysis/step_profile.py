@@ -122,7 +122,7 @@ def findings(p: StepProfile) -> dict:
             "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_rate": f"{large / gflops_per_unit:,.0f} {unit}",
             "products_rate": f"{products['gflops'] / gflops_per_unit:,.0f} {unit}",
             "products_share": f"{products['gflops'] / large:.0%}",
-            "products_time_share": f"{products['share_pct']:.0f} %",
+            "products_time_share": f"{products['share_pct']:.0f}%",
             "model_rate": f"{model / gflops_per_unit:,.0f} {unit}", "model_share": f"{model / large:.0%}"}
 
 

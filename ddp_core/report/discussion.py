@@ -59,7 +59,7 @@ def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
 
 def _targets(experiment: Experiment) -> dict[str, float]:
     n, _ = benchmarked(experiment)
-    return {"break even, no overlap": 1 / (n - 1), "90 % efficiency, no overlap": 9.0}
+    return {"break even, no overlap": 1 / (n - 1), "90% efficiency, no overlap": 9.0}
 
 
 def nodes_findings(results: Path) -> dict:

@@ -18,7 +18,7 @@ FORECAST_ROWS = {"parameters": ("parameters", "{:,}"), "buckets": ("DDP buckets"
         "comm_ms": "all-reduce per step (ms)", "last_bucket_ms": "last bucket (ms)",
         "compute_bound_ms": "T1 at the peak rate (ms)", "speedup_no_overlap": "speedup, no overlap",
         "speedup_last_bucket_only": "speedup, last bucket only", "break_even_compute_ms": "break-even T1 (ms)",
-        "efficiency_90_compute_ms": "T1 for 90 % efficiency (ms)"}.items()}
+        "efficiency_90_compute_ms": "T1 for 90% efficiency (ms)"}.items()}
 
 
 def findings(experiment: Experiment) -> dict:
