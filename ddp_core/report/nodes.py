@@ -86,7 +86,7 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
         "forecast_ms": ("Step forecast, median of the rounds (ms)", "{:.0f}"),
         "rounds_before": ("Rounds forecast before their run", "{}"),
         "step_ms": ("Step measured, median (ms)", "{:.0f}"),
-        "error": ("Error", "{:+.0%}"),
+        "error": ("Error of the forecast step (negative: shorter than measured)", "{:+.0%}"),
         "within": (f"Within {FORECAST_BAR:.0%}", "{}"),
         "rounds_within": (f"Rounds within {FORECAST_BAR:.0%} of their run", "{}")}, index_name=None)
 
