@@ -155,8 +155,9 @@ def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, 
      "metrics.csv: empty or non-numeric values"),
     (lambda run: (run / "run.json").write_text(json.dumps({"world_size": 4})), "run.json: not a run's record (missing"),
     (lambda run: (run / "run.json").write_text("[4]"), "run.json: not a run's record (missing world_size"),
+    (lambda run: (run / "run.json").unlink(), "run.json: missing (a run's metrics without its record"),
 ], ids=["missing CSV", "CSV without its columns", "corrupt CSV", "a word for a time", "run.json without its fields",
-        "run.json not a mapping"])
+        "run.json not a mapping", "metrics without run.json"])
 def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, reason):
     results = tmp_path / "experiment"
     shutil.copytree(project / "results" / "scaling", results)

@@ -113,12 +113,14 @@ GOOD = {"title": "t", "profile": "tiny", "world_sizes": [1]}
     (GOOD | {"settings": {"lr": -1}}, "study 'bad', run bad/n1: --lr must be a finite number above 0, got -1.0"),
     (GOOD | {"world_sizes": [0]}, "world_sizes must be a non-empty list of positive integers, got [0]"),
     (GOOD | {"epoch": 2}, "study 'bad': unknown key(s) epoch"),
+    (GOOD | {"variants": {"v": {"link": "1gbit"}}}, "unknown key(s) link; a variant has cpus_per_node, link_rate, models, "
+                                                    "settings, world_sizes"),
     (GOOD | {"profile": "nope"}, "no profile 'nope'"),
     (GOOD | {"settings": {"optimiser": "sgd"}}, "unknown setting 'optimiser'"),
     (GOOD | {"world_sizes": [2], "variants": {"odd": {"settings": {"global_batch_size": 15}}}},
      "run bad/odd/n2: --global-batch-size 15 does not divide by world size 2"),
     (GOOD | {"ratio_tolerance": 5}, "study 'bad': ratio_tolerance must be a fraction between 0 and 1, got 5"),
-], ids=["bad value", "bad world size", "unknown key", "unknown profile", "unknown setting", "batch per rank",
+], ids=["bad value", "bad world size", "unknown key", "unknown variant key", "unknown profile", "unknown setting", "batch per rank",
         "bad tolerance"])
 def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path, isolated_env, entry, message):
     study_list = tmp_path / "studies.yml"

@@ -223,6 +223,9 @@ def load_experiment(folder: str | Path) -> Experiment:
     if not folder.is_dir():
         raise ResultsError(f"{folder}: no such results folder")
     run_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "run.json").exists())
+    for orphan in (p for p in folder.iterdir() if (p / "metrics.csv").exists() and p not in run_dirs):
+        raise ResultsError(f"{orphan / 'run.json'}: missing (a run's metrics without its record: restore it, or move "
+                           f"the folder away)")
     if not run_dirs:
         raise ResultsError(f"{folder}: holds no run (no subfolder with run.json)")
     frames, step_frames, repeats = [], [], {}

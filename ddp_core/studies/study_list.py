@@ -144,7 +144,7 @@ def parse_study(name: str, entry) -> Study:
         variant = _mapping(variant or {}, vwhere)
         if set(variant) - VARIANT_KEYS:
             raise StudyError(f"{vwhere}: unknown key(s) {', '.join(sorted(set(variant) - VARIANT_KEYS))}; "
-                             f"a variant has settings and world_sizes")
+                             f"a variant has {', '.join(sorted(VARIANT_KEYS))}")
         sizes = variant.get("world_sizes", study_sizes)
         if sizes is None:
             raise StudyError(f"{vwhere}: no world_sizes (give them to the study or to each variant)")
