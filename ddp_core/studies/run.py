@@ -199,14 +199,16 @@ def can_run_here(studies: list[Study]) -> tuple[list[Study], str]:
     return studies, ""
 
 
-def check_allreduce_args(extra_args: str) -> None:
-    """The all-reduce benchmark's extra options, checked as the benchmark checks them (here, on an emulated cluster's
-    links too) before the first run trains: the benchmarks run after every run."""
+def check_allreduce_args(extra_args: str, studies: list[Study]) -> None:
+    """The all-reduce benchmark's extra options, checked as the benchmark checks them (after the options of an
+    emulated cluster's benchmark too, where a study has one) before the first run trains: the benchmarks run after
+    every run."""
     from ddp_core.bench.allreduce import parse_args
 
+    emulated = any(study.ranks_per_node is not None and study.allreduce for study in studies)
     with tempfile.TemporaryDirectory() as folder:
         try:
-            for base in ([], EMULATED_ALLREDUCE_ARGS):
+            for base in ([], EMULATED_ALLREDUCE_ARGS) if emulated else ([],):
                 parse_args([*base, "--out", f"{folder}/allreduce", *shlex.split(extra_args)])
         except (ValueError, UsageError) as exc:
             raise StudyError(f"--allreduce-args {extra_args!r}: {exc}") from None
@@ -235,8 +237,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
             raise StudyError(f"--results-dir {args.results_dir} is a file, not a folder")
-        if args.allreduce_args:
-            check_allreduce_args(args.allreduce_args)
         studies = select(load_study_list(args.study_list), args.studies)
         if not args.studies:  # a study named on the command line is refused in one line instead
             studies, skipped = can_run_here(studies)
@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             studies = at_world_sizes(studies, args.world_sizes)
         if args.profile:
             studies = [replace(study, profile=args.profile) for study in studies]
+        if args.allreduce_args:
+            check_allreduce_args(args.allreduce_args, studies)
         if args.check:
             print(f"ddp_core.studies.run: check passed: {len(plan_runs(studies, args.results_dir))} runs planned")
         else:
