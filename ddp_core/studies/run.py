@@ -6,12 +6,12 @@
     python -m ddp_core.studies.run --check                   # every run checked and planned; none trains
 
 The runs train round by round: round k is repeat k of every chosen study, variant and world size, so
-that the runs the report compares alternate in time (each run.json has its start time). Every run
-of the chosen studies is planned and checked first (its settings by the trainer's own
-parser, its folder for a different run already there; the all-reduce benchmark's options by its own), so a bad
-entry fails in one line before anything trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed
-notebook saved in the run's folder: a finished run with its notebook is skipped, a finished one
-without is reused by the notebook, an interrupted one resumed from its checkpoint.
+that the runs the report compares alternate in time (each run.json has its start time). Every run of the chosen
+studies is planned and checked first (its settings by the trainer's own parser, its folder for a different run
+already there; the all-reduce benchmark's options by its own), so a bad entry fails in one line before anything
+trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed notebook saved in the
+run's folder: a finished run with its notebook is skipped, a finished one without is reused by the notebook, an
+interrupted one resumed from its checkpoint.
 """
 
 from __future__ import annotations
