@@ -179,6 +179,8 @@ def prediction_figure(experiment: Experiment):
            label="measured (bar: range of repeats)")
     ax.vlines(x - 0.2, prediction["speedup_no_overlap"], prediction["speedup_last_bucket_only"], color="k",
               linewidth=3, label="scenarios: no overlap to last bucket only")
+    for end in ("speedup_no_overlap", "speedup_last_bucket_only"):  # a tick at each, seen where the two are close
+        ax.hlines(prediction[end], x - 0.35, x - 0.05, color="k", linewidth=1.5)
     ax.set(xticks=x, xticklabels=[f"{n} ranks" for n in prediction.index], ylabel="speedup",
            title="Predicted vs measured speedup")
     fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
