@@ -137,7 +137,7 @@ def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path
     (["--allreduce-args=--bogus"], "--allreduce-args '--bogus': unrecognized arguments: --bogus"),
     (["--allreduce-args", "--min-bytes 4096 --max-bytes 16"], "no size to time from --min-bytes 4096 to --max-bytes 16"),
     (["--allreduce-args", "--sizes '8"], "No closing quotation"),
-    (["--results-dir", "afile"], "--results-dir afile is a file, not a folder"),
+    (["--results-dir", "afile"], "--results-dir afile is a file, not a directory"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option"),
 ], ids=["studies after world sizes", "unknown benchmark option", "no benchmark size", "unclosed quote",
         "results in a file", "unknown option"])

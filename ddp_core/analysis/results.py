@@ -182,11 +182,11 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise ResultsError(f"{metrics_path}: missing column(s) {', '.join(missing)}")
     if metrics.empty:
         raise ResultsError(f"{metrics_path}: no completed epoch")
-    if info.get("world_size", 1) > 1 and info.get("allreduces_per_step", 0) is None:
+    if info["world_size"] > 1 and info.get("allreduces_per_step", 0) is None:
         unmeasured += ["comm_total_s", "comm_exposed_s"]  # FSDP2's collectives, which no DDP hook times
     measured = [c for c in METRICS_COLUMNS if c not in unmeasured]
     metrics[METRICS_COLUMNS] = metrics[METRICS_COLUMNS].apply(pd.to_numeric, errors="coerce")  # a word: NaN
-    if metrics[measured].isna().any().any() and info.get("config", {}).get("timers", True):
+    if metrics[measured].isna().any().any() and info["config"].get("timers", True):
         raise ResultsError(f"{metrics_path}: empty or non-numeric values")
     network = run_dir / "network.json"  # a run on an emulated cluster: its nodes and link
     if network.is_file():
@@ -223,7 +223,8 @@ def load_experiment(folder: str | Path) -> Experiment:
     if not folder.is_dir():
         raise ResultsError(f"{folder}: no such results folder")
     run_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "run.json").exists())
-    for orphan in (p for p in folder.iterdir() if (p / "metrics.csv").exists() and p not in run_dirs):
+    orphan = next((p for p in folder.iterdir() if (p / "metrics.csv").exists() and p not in run_dirs), None)
+    if orphan:
         raise ResultsError(f"{orphan / 'run.json'}: missing (a run's metrics without its record: restore it, or move "
                            f"the folder away)")
     if not run_dirs:

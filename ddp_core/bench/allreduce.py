@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_core.engine.config import OneLineParser, TrainConfig, UsageError, world_size_from_env
+from ddp_core.engine.config import OneLineParser, TrainConfig, UsageError, check_writable_folder, world_size_from_env
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.engine.runtime import place_process, resolve_runtime
 from ddp_core.launch.plan import ALLREDUCE_READY_LINE
@@ -71,22 +71,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not (opts.sizes or sizes(opts.min_bytes, opts.max_bytes)):
         raise UsageError(f"no size to time from --min-bytes {opts.min_bytes} to --max-bytes {opts.max_bytes}")
     out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
+    check_writable_folder(out, "--out")
     if (out / "allreduce.csv").exists():
         raise UsageError(f"{out / 'allreduce.csv'} exists; choose another --out")
     return opts
 
 
 def main(argv: list[str] | None = None) -> int:
+    world_size = world_size_from_env()
     try:
         opts = parse_args(argv)
-        if world_size_from_env() < 2:
+        if world_size < 2:
             raise UsageError("run it under torchrun with at least 2 processes")
     except UsageError as exc:
         print(f"bench_allreduce: error: {exc}", file=sys.stderr)
         return 2
-    out, world_size = Path(opts.out), world_size_from_env()
+    out = Path(opts.out)
     rt = resolve_runtime(TrainConfig())  # the trainer's own choice of device, backend and threads
     place_process(rt)
     device = rt.device

@@ -330,9 +330,9 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
 
 def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
     """A new run needs a directory that holds no other run; a resumed one needs its checkpoint and, once finished, more
-    epochs. The same command
-    continues its own unfinished run: from the last checkpoint (a run stopped by a time limit, requeued by Slurm or
-    restarted by torchrun runs its command again), or from the start if it stopped before any checkpoint."""
+    epochs. The same command continues its own unfinished run: from the last checkpoint (a run stopped by a time
+    limit, requeued by Slurm or restarted by torchrun runs its command again), or from the start if it stopped before
+    any checkpoint."""
     out = Path(cfg.out)
     check_writable_folder(out, "--out")
     trained = finished_epochs(out)

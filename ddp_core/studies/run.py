@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_core.engine.config import OneLineParser, UsageError
+from ddp_core.engine.config import OneLineParser, UsageError, check_writable_folder, positive_int
 from ddp_core.launch.plan import ExperimentError, Plan, check_can_emulate, launch_command, prepare
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
@@ -214,10 +214,13 @@ def check_allreduce_args(extra_args: str, studies: list[Study]) -> None:
             raise StudyError(f"--allreduce-args {extra_args!r}: {exc}") from None
 
 
-def world_sizes(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks (name the studies before --world-sizes)")
-    return int(text)
+def world_size(text: str) -> int:
+    """`positive_int`, naming the usual slip: a study's name after --world-sizes, which takes every word after it."""
+    try:
+        return positive_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of ranks (name the studies before --world-sizes)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,15 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
     parser.add_argument("--profile", default=None,
                         help="base profile of every chosen study instead of its own (e.g. gpu); its settings still apply")
-    parser.add_argument("--world-sizes", nargs="+", type=world_sizes, metavar="N",
+    parser.add_argument("--world-sizes", nargs="+", type=world_size, metavar="N",
                         help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
                              "later call, which reuses these")
     parser.add_argument("--check", action="store_true",
                         help="plan and check every run of the chosen studies, then stop: train nothing")
     try:
         args = parser.parse_args(argv)
-        if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
-            raise StudyError(f"--results-dir {args.results_dir} is a file, not a folder")
+        check_writable_folder(Path(args.results_dir), "--results-dir")
         studies = select(load_study_list(args.study_list), args.studies)
         if not args.studies:  # a study named on the command line is refused in one line instead
             studies, skipped = can_run_here(studies)
