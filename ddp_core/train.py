@@ -13,8 +13,8 @@ they are called. The parts they use (settings, placement, model, data, timers, r
 a signal) live in `ddp_core/engine/`.
 
 A run checkpoints at the end of every epoch, every --checkpoint-every-steps steps inside one, and when
-it is told to stop (SIGTERM: a time limit, a preemption, torchrun stopping its ranks). The same
-command continues it from there exactly: each rank resumes at the same sample with the same random
+it is told to stop (SIGTERM: a time limit, a preemption, torchrun stopping its ranks; SIGINT: Ctrl-C). The
+same command continues it from there exactly: each rank resumes at the same sample with the same random
 state and the same partial sums of its metrics as if it had never stopped.
 """
 
@@ -25,7 +25,7 @@ import json
 import math
 import os
 import resource
-import signal
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -64,17 +64,28 @@ from ddp_core.launch.plan import RUN_FINISHED_LINE
 def main(argv: list[str] | None = None) -> int:
     leader = int(os.environ.get("RANK", "0")) == 0  # every rank meets the same error or stop; one says it
     try:
-        with StopRequest() as stop:  # first: a SIGTERM while the run starts is a request to stop too
-            train(parse_args(argv), stop)
+        with StopRequest() as stop:  # first: a signal while the run starts is a request to stop too
+            cfg = parse_args(argv)
+            train(cfg, stop)
     except UsageError as exc:
         if leader:
             print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
     except Stopped as exc:
         if leader:
-            print(f"ddp_core: {exc}", flush=True)
-        return 128 + signal.SIGTERM
+            print(f"ddp_core: {exc}; continue the run with: {continue_command(argv, cfg, exc.run_dir)}", flush=True)
+        return exc.exit_code
     return 0
+
+
+def continue_command(argv: list[str] | None, cfg: TrainConfig, run_dir: Path) -> str:
+    """The command that continues a stopped run, on one line: its arguments as given, plus its run directory where
+    they named none (they would start another run), launched as before (this node's ranks under torchrun)."""
+    args = [*(sys.argv[1:] if argv is None else argv), *([] if cfg.out else ["--out", str(run_dir)])]
+    world, local = (int(os.environ.get(name, "1")) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+    rendezvous = ["--standalone"] if world == local else [f"--nnodes={world // local}", "..."]  # ...: no rank knows it
+    launch = ["torchrun", *rendezvous, f"--nproc-per-node={local}"] if world > 1 else ["python"]
+    return shlex.join([*launch, "-m", "ddp_core.train", *args])
 
 
 def train(cfg: TrainConfig, stop: StopRequest) -> None:
@@ -505,8 +516,8 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
                                timer.summary(), noise.sums(), random_state(rt.device))
             save_mid_epoch_checkpoint(state, epoch, so_far, out, cfg, rt)
             if stopping:
-                raise Stopped(f"stopped by {stop.signal_name or 'a signal to another rank'} at epoch {epoch}, step "
-                              f"{step + 1} of {batch.steps}: checkpoint written; the same command continues the run")
+                raise Stopped(stopping, f"stopped by {stopping.name} at epoch {epoch}, step {step + 1} of "
+                              f"{batch.steps}: checkpoint written", out)
     if rt.device.type == "cuda":
         torch.cuda.synchronize(rt.device)
     return done.then(steps, loss_sum, first_bad_step, time.perf_counter() - start - evaluating, timer.summary(),

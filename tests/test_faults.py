@@ -1,15 +1,18 @@
-"""Faults cost steps, not the run: a run told to stop (SIGTERM, as a Slurm time limit or preemption sends it)
-checkpoints inside its epoch and the same command continues it exactly; with torchrun's restarts on, a rank killed
-outright is replaced and the run finishes by itself with the same results."""
+"""Faults cost steps, not the run: a run told to stop (SIGTERM, as a Slurm time limit or preemption sends it; SIGINT,
+Ctrl-C) checkpoints inside its epoch and the same command continues it exactly; with torchrun's restarts on, a rank
+killed outright is replaced and the run finishes by itself with the same results."""
 
 import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,15 +59,23 @@ def stopped(tmp_path_factory, isolated_env):
     """The run sent SIGTERM in its second epoch, torchrun and both ranks at once as Slurm's scancel does:
     (run directory, what it printed, exit code)."""
     folder = tmp_path_factory.mktemp("stopped")
-    proc = subprocess.Popen(launch_command(2) + trainer("--out", folder / "run"), cwd=folder, env=isolated_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    printed, code = signalled(launch_command(2) + trainer("--out", folder / "run"), signal.SIGTERM, folder,
+                              isolated_env)
+    return folder / "run", printed, code
+
+
+def signalled(command: list[str], signum: int, cwd, env) -> tuple[str, int]:
+    """`command` sent `signum` once its first epoch is written, to its whole process group as a terminal sends
+    Ctrl-C (and Slurm's scancel SIGTERM): what it printed, stdout and stderr together, and its exit code."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     printed = []
     for line in proc.stdout:
         printed.append(line)
         if line.startswith("ddp_core: epoch 1:"):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signum)
     proc.wait(timeout=120)
-    return folder / "run", "".join(printed), proc.returncode
+    return "".join(printed), proc.returncode
 
 
 def copy_of(run_dir, tmp_path):
@@ -126,3 +137,72 @@ def test_a_rank_killed_with_restarts_on_is_replaced_and_the_run_finishes_the_sam
     assert agent.returncode == 0, output
     assert_same_training(run_dir, straight)
     assert len(json.loads((run_dir / "run.json").read_text())["resumed_at"]) == 1
+
+
+STOP_LINE = re.compile(r"^ddp_core: stopped by SIGINT at epoch 2, step (\d+) of (\d+): checkpoint written; "
+                       r"continue the run with: (.*)$", re.MULTILINE)
+
+
+def continue_command(printed: str) -> list[str]:
+    """The command in the one line that a run stopped by Ctrl-C inside its second epoch printed, to run from here."""
+    lines = STOP_LINE.findall(printed)
+    assert len(lines) == 1, printed
+    step, steps, command = lines[0]
+    assert 0 < int(step) < int(steps), printed
+    program, *args = shlex.split(command)
+    return [str(Path(sys.executable).with_name(program)), *args]  # python or torchrun, of this environment
+
+
+def test_ctrl_c_stops_one_process_in_one_line_whose_command_finishes_the_run(tmp_path, isolated_env):
+    # 600 steps an epoch: one process takes 150 in less time than a busy machine may take to send the signal
+    printed, code = signalled([sys.executable, "-m", "ddp_core.train", *trainer("--train-samples", 4800)],
+                              signal.SIGINT, tmp_path, isolated_env)
+    assert code == 130 and "Traceback" not in printed, printed
+    command = continue_command(printed)
+    assert command[1:3] == ["-m", "ddp_core.train"]
+    run_dir = tmp_path / command[command.index("--out") + 1]  # named by the line: the run's own command did not
+    assert [row["epoch"] for row in read_metrics(run_dir)] == ["1"]
+
+    finished = subprocess.run(command, cwd=tmp_path, env=isolated_env, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert [row["resumes"] for row in read_metrics(run_dir)] == ["0", "1"]
+
+
+def test_ctrl_c_stops_every_rank_under_torchrun_and_the_command_it_prints_continues_exactly(straight, tmp_path,
+                                                                                          isolated_env):
+    """Torchrun reports the signal itself after the ranks have stopped (a traceback and exit status 1, torch 2.13):
+    the ranks print one line and no traceback."""
+    printed, _ = signalled(launch_command(2) + trainer("--out", tmp_path / "run"), signal.SIGINT, tmp_path,
+                           isolated_env)
+    assert "KeyboardInterrupt" not in printed, printed
+    command = continue_command(printed)
+    assert Path(command[0]).name == "torchrun" and "--nproc-per-node=2" in command
+
+    finished = subprocess.run(command, cwd=tmp_path, env=isolated_env, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert_same_training(tmp_path / "run", straight)
+
+
+# The local launcher, called as a notebook's cell calls it, in a process that Ctrl-C interrupts as a terminal's does
+# (a suite run in a background job would have it inherit SIGINT ignored).
+LAUNCHER = """import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from ddp_core.launch.local import run_local
+from ddp_core.launch.plan import prepare
+run_local(prepare(world_size=2, launcher="local", results_dir=sys.argv[1], experiment="ctrl-c", profile="tiny",
+                  overrides={"train_samples": 2400, "global_batch_size": 8}))
+"""
+
+
+def test_ctrl_c_in_the_local_launcher_ends_in_the_trainers_one_line_and_the_same_call_finishes_the_run(
+        tmp_path, isolated_env):
+    command = [sys.executable, "-c", LAUNCHER, str(tmp_path / "results")]
+    printed, code = signalled(command, signal.SIGINT, tmp_path, isolated_env)
+    assert code == 130 and "Traceback" not in printed and "SignalException" not in printed, printed
+    continue_command(printed)
+    run_dir = tmp_path / "results" / "ctrl-c" / "n2"
+    assert [row["epoch"] for row in read_metrics(run_dir)] == ["1"]
+
+    finished = subprocess.run(command, cwd=tmp_path, env=isolated_env, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert [row["resumes"] for row in read_metrics(run_dir)] == ["0", "1"]
