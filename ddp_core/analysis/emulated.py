@@ -15,8 +15,8 @@ import pandas as pd
 from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glue, compare_speedups, paired_sides,
                                            run_times, slower_speedup, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
-from ddp_core.analysis.results import (EMULATED_OTHER_CORES, STOLEN, Experiment, forecast, joined, link_label,
-                                       measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
+from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, forecast, joined,
+                                       link_label, measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, median_range
@@ -95,19 +95,20 @@ SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 
 
 def similarity_test_findings(study: dict[str, Experiment]) -> dict:
     """The similarity test's first comparison for the key findings: the configuration and nodes, the shares, the ratio
-    of the speedups with its range, the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and empty
+    of the speedups with its range, how far from 1 its farthest round lay (what the test can show: agreement within
+    that), the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and empty
     numbers where the study has no variant on nodes of another share."""
     table = similarity_test_table(study)
     if table.empty:
         return {"similarity_verdict": "not run", "similarity_value": "none", "similarity_share": "none",
                 "similarity_other_share": "none", "similarity_power": np.nan, "similarity_effect": SIMILARITY_EFFECT,
-                "similarity_setting": "none"}
+                "similarity_setting": "none", "similarity_within": np.nan}
     row = table.iloc[0]
     return {"similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
             "similarity_setting": f"{row['configuration']}, {counted(int(row['nodes']), 'node')}",
             "similarity_value": median_range(row["ratio"], row["low"], row["high"], between=" to "),
             "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
-            "similarity_effect": SIMILARITY_EFFECT}
+            "similarity_within": max(abs(row["low"] - 1), abs(row["high"] - 1)), "similarity_effect": SIMILARITY_EFFECT}
 
 
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -285,6 +286,16 @@ def efficiency_findings(study: dict[str, Experiment]) -> dict:
             "curve_reached_range": f"{reached.min():.0%} to {reached.max():.0%}"}
 
 
+def calibration_runs(runs: list[dict]) -> dict:
+    """The one-node runs the wind tunnel set the links by (wind_tunnel.json): how many counted, the range of their
+    compute per step in ms, and those it set aside with why, or "none"."""
+    counted = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]] or [np.nan]
+    return {"tunnel_runs_counted": len(runs) - sum(bool(run["set_aside"]) for run in runs), "tunnel_runs": len(runs),
+            "tunnel_runs_range": f"{min(counted):,.0f} to {max(counted):,.0f}",
+            "tunnel_set_aside": ", ".join(f"{run['run']} ({run['set_aside']}, {run['compute_per_step_s'] * 1e3:,.0f} "
+                                          f"ms)" for run in runs if run["set_aside"]) or "none"}
+
+
 def similarity_findings(study: dict[str, Experiment]) -> dict:
     """One node's compute per step on this machine, the CPU, the tolerance the wind tunnel held every target to and
     where the configurations' ratios come from ("none" where no variant models one)."""
@@ -293,13 +304,13 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     modelled = {m["configuration"]: CONFIGURATIONS[m["models"]].source for m in tunnel.get("variants", {}).values()}
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
+            **calibration_runs(calibrated.get("one_node_runs", []) if calibrated else []),
+            "tunnel_out_of_line": calibrated.get("out_of_line", np.nan) if calibrated else np.nan,
+            "tunnel_quiet": "quiet" if not calibrated or calibrated.get("quiet", True) else "busy",
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
             "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
             "tunnel_tolerance": tunnel.get("tolerance", np.nan),
             "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
-
-
-SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
 
 
 def nodes_figure(study: dict[str, Experiment]):

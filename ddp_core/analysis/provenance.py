@@ -16,6 +16,7 @@ from ddp_core.analysis.comparisons import WARMUP_STEPS, median_step, out_of_line
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
                                        book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.analysis.figures import chance_line
+from ddp_core.launch.plan import WIND_TUNNEL_FOLDER
 from ddp_core.analysis.tables import (commit_text, counted, day, in_words, machine_text, markdown_table,
                                       quantity_table)
 
@@ -214,7 +215,8 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
     rows = []
     for name, study in studies.items():
         uses = []
-        for run_dir in sorted(path.parent for path in (results / name).glob("**/run.json")):
+        for run_dir in sorted(path.parent for path in (results / name).glob("**/run.json")
+                              if WIND_TUNNEL_FOLDER not in path.relative_to(results).parts):  # the nodes page's
             _, info = read_run(run_dir)
             use, run = machine_use(info), run_dir.relative_to(results / name)
             if use is not None:

@@ -110,6 +110,24 @@ def disturbed(info: dict) -> bool:
     return use is not None and (use["stolen"] > STOLEN or use["other_cores"] > limit)
 
 
+SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at least this much of its share
+
+
+def shares_used(info: dict) -> list[float]:
+    """Each emulated node's CPU over the quota periods it ran in, against its share (run.json's `network`, as
+    `read_run` gives it): 1 for a node that computed all the time; empty for a run without CPU shares."""
+    network = info.get("network") or {}
+    period_s = network.get("cpu_period_ms", 0) / 1e3
+    return [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"]
+            for node in network.get("node_cpu") or []]
+
+
+def short_of_share(info: dict) -> bool:
+    """A one-node run whose node got less than SHARE_GOT of its CPU share: it computed less than it was set to."""
+    used = shares_used(info)
+    return info.get("network", {}).get("nodes") == 1 and bool(used) and min(used) < SHARE_GOT
+
+
 @dataclass
 class Experiment:
     folder: Path

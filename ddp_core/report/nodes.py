@@ -17,10 +17,11 @@ from ddp_core.engine.model_cost import bucket_ready_shares, bucket_sizes
 from ddp_core.engine.run_files import READY
 from ddp_core.analysis.comparisons import compare_times, time_floor
 from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
-from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SHARE_GOT, SIMILARITY_EFFECT, ddp_on_nodes,
+from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SIMILARITY_EFFECT, ddp_on_nodes,
                                         efficiency_table, forecast_table, link_experiments, link_table,
                                         similarity_table, similarity_test_table, variant_experiments, variant_label)
-from ddp_core.analysis.results import Experiment, disturbed, link_label, machine_use, measured_gbit_s, only, rate_text
+from ddp_core.analysis.results import (Experiment, disturbed, link_label, machine_use, measured_gbit_s, only, rate_text,
+                                       shares_used, short_of_share)
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, MEAN_STEP_MS, STEP_MEDIAN_MS, measured_by, median_range,
@@ -194,24 +195,22 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     network inside a period. `throttled` is the share of those periods in
     which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
     process on the machine (the launcher, the kernel's network work) and the time the hypervisor took. A run is
-    `disturbed` where a one-node run got less than SHARE_GOT of its share or the machine did more beside it than a
-    quiet one does (`results.disturbed`)."""
+    `disturbed` where a one-node run got less than its share (`results.short_of_share`) or the machine did more
+    beside it than a quiet one does (`results.disturbed`)."""
     rows = []
     for variant, experiment in ((v, e) for v, e in study.items() if e.largest == 1 or ddp_on_nodes(e)):
         for run in experiment.all_runs:
-            network, use = run.raw["network"], machine_use(run.raw)
-            nodes = network.get("node_cpu")
-            if not nodes:
+            network, use, used = run.raw["network"], machine_use(run.raw), shares_used(run.raw)
+            if not used:
                 continue
-            period_s = network["cpu_period_ms"] / 1e3
-            used = [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"] for node in nodes]
+            nodes = network["node_cpu"]
             rows.append(dict(
                 link=link_label(experiment) if experiment.largest > 1 else "none", nodes=network["nodes"],
                 share=network["cpus_per_node"], run=f"{variant}/{run.name}",
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
                 other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan,
-                disturbed=(network["nodes"] == 1 and min(used) < SHARE_GOT) or disturbed(run.raw)))
+                disturbed=short_of_share(run.raw) or disturbed(run.raw)))
     return pd.DataFrame(rows)
 
 

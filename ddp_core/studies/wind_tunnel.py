@@ -7,8 +7,10 @@ R_N^bench = (T_c/N) / T_comm: T_c is one node's compute per step at its CPU shar
 model's gradient buckets as `ddp_core.bench.allreduce` times them over the variant's links and nodes. The calibration,
 its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json beside them:
 
-1. T_c: the study's one-node run on nodes of the variant's share (the first repeat of its one-node variant, which
-   round 1 trains before the variants it serves), its compute per step over the steady epochs as every page takes it;
+1. T_c: the median compute per step (over the steady epochs, as every page takes it) of CALIBRATION_RUNS runs of the
+   study's one-node variant at the variant's share, trained for this into the wind tunnel's folder. A run that got
+   less than its share, ran beside other work, or computed out of line with the others is set aside and another
+   trained, so that one disturbed run cannot set every link (`calibration_compute`);
 2. per number of nodes N, the buckets' all-reduce T(r) = A + B/r against the links' rate r, from the benchmark at two
    rates (CALIBRATION_RATES): A is the part no rate changes (gloo's latency and sums on a node's share, the kernel's
    work on the links), B the bits a node sends as the links carry them (a ring sends 2(N-1)/N of every byte);
@@ -32,8 +34,11 @@ refused in one line before any of the variant's nodes are made.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,16 +46,19 @@ import numpy as np
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.launch.emulated import EmulatedCluster
-from ddp_core.launch.plan import rate_bits_per_s
-from ddp_core.launch.plan import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, run_dir_name
+from ddp_core.launch.launchers import start
+from ddp_core.launch.plan import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, prepare, rate_bits_per_s
+from ddp_core.launch.plan import WIND_TUNNEL_FOLDER as FOLDER
 from ddp_core.studies.study_list import Run, Study, StudyError
 
 MAX_TRIES = 6
 FASTEST_RATE = 5e9  # bits/s: above this tbf and the veth pair cost more CPU than the nodes' shares leave them
 SLOWEST_RATE = 1e6
-FOLDER = "wind_tunnel"
 SECONDS_PER_SIZE = "1"  # per bucket size: at 8 nodes two tries of 0.5 s differed by 15 %
 CALIBRATION_RATES = ("200mbit", "1gbit")  # about the slowest and fastest links the report's configurations need
+CALIBRATION_RUNS = 3  # one-node runs whose median compute per step the links are set by
+MAX_CALIBRATION_RUNS = 5  # on a machine too busy for 3 to agree in as many, the median of them all, recorded as such
+OUT_OF_LINE_TOLERANCES = 2  # a run whose compute is more ratio tolerances than this off the runs' median is set aside
 
 
 def ring_bits(buckets: list[int], nodes: int) -> float:
@@ -118,25 +126,89 @@ def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None,
         raise StudyError(str(exc)) from None
 
 
+def one_node_run(study: Study, share: float) -> Run:
+    """The first run of the study's one-node variant on nodes of `share` cores."""
+    return next(run for run in study.runs() if run.world_size == 1 and not run.models and run.cpus_per_node == share)
+
+
 def baseline_run(study: Study, share: float, results_dir: str, repeat: int = 1) -> Path:
     """Repeat `repeat` of the study's one-node variant on nodes of `share` cores, which each round trains before the
-    variants it serves (the study list makes sure): the first gives T_c, each the forecast of its round."""
-    variant = next(v for v in study.variants if not v.models and v.world_sizes == (1,) and v.cpus_per_node == share)
-    return Path(results_dir) / study.experiment(variant) / run_dir_name(1, repeat)
+    variants it serves (the study list makes sure): the one node its round is forecast from."""
+    return Path(results_dir) / replace(one_node_run(study, share), repeat=repeat).folder
 
 
-def node_compute_s(run_dir: Path) -> tuple[float, dict, int]:
-    """A one-node run's compute per step over its steady epochs (as the pages take it), its model and global batch."""
+def calibration_run(study: Study, share: float, repeat: int) -> Run:
+    """Repeat `repeat` of the one-node variant, trained into the wind tunnel's folder to measure T_c: the study's own
+    one-node runs stay in their rounds."""
+    run = one_node_run(study, share)
+    return replace(run, experiment=f"{study.name}/{FOLDER}/{run.experiment.split('/', 1)[1]}", repeat=repeat)
+
+
+def train_quietly(run: Run, results_dir: str) -> Path:
+    """The run trained (or reused, when finished), its output shown only when it fails."""
+    output = io.StringIO()
+    try:
+        plan = prepare(**run.parameters(results_dir))
+        if plan.action != "reuse":
+            began = time.perf_counter()
+            with contextlib.redirect_stdout(output):
+                start(plan)
+            print(f"{run.folder}: trained in {time.perf_counter() - began:.0f} s", flush=True)
+    except ExperimentError as exc:
+        tail = "\n".join(output.getvalue().strip().splitlines()[-10:])
+        raise StudyError(f"the wind tunnel's run {run.folder} failed: {exc}" + (f"; its last lines:\n{tail}" if tail
+                                                                                   else "")) from None
+    return plan.run_dir
+
+
+def node_compute(run_dir: Path, home: Path) -> dict:
+    """A one-node run's compute per step over its steady epochs (as the pages take it), and whether it counts: a run
+    that got less than its share or ran beside more work than a quiet machine does is `disturbed`."""
     from ddp_core.analysis.comparisons import steady_phases
-    from ddp_core.analysis.results import ResultsError, read_run
+    from ddp_core.analysis.results import ResultsError, disturbed, read_run, short_of_share
 
     try:
         metrics, info = read_run(run_dir)
     except ResultsError as exc:
-        raise StudyError(f"the wind tunnel needs the one-node run first: {exc}") from None
-    if not info.get("end_time"):
-        raise StudyError(f"the wind tunnel needs the one-node run {run_dir} finished")
-    return float(steady_phases(metrics)["compute_per_step_s"].mean()), info["model"], info["global_batch_size"]
+        raise StudyError(f"the wind tunnel needs its one-node run: {exc}") from None
+    return {"run": run_dir.relative_to(home).as_posix(), "start_time": info["start_time"],
+            "compute_per_step_s": float(steady_phases(metrics)["compute_per_step_s"].mean()),
+            "disturbed": short_of_share(info) or disturbed(info), "model": info["model"],
+            "global_batch_size": info["global_batch_size"]}
+
+
+def set_aside(runs: list[dict], tolerance: float) -> list[str | None]:
+    """Why each one-node run cannot set the links, None where it can: "disturbed", or "out of line" where its compute
+    is more than OUT_OF_LINE_TOLERANCES times the ratio tolerance off the median of all the runs (of the undisturbed
+    ones alone, a single run could be that median)."""
+    middle = float(np.median([run["compute_per_step_s"] for run in runs]))
+    return ["disturbed" if run["disturbed"] else
+            "out of line" if abs(run["compute_per_step_s"] / middle - 1) > OUT_OF_LINE_TOLERANCES * tolerance else None
+            for run in runs]
+
+
+def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
+    """T_c at `share` (module docstring, step 1): one-node runs trained until CALIBRATION_RUNS of them count, at most
+    MAX_CALIBRATION_RUNS; past that (a busy machine) the median of them all, with `quiet` false."""
+    home = Path(results_dir) / study.name
+    runs = []
+    for repeat in range(1, MAX_CALIBRATION_RUNS + 1):
+        runs.append(node_compute(train_quietly(calibration_run(study, share, repeat), results_dir), home))
+        reasons = set_aside(runs, study.ratio_tolerance)
+        if reasons.count(None) >= CALIBRATION_RUNS:
+            break
+    counted = [run for run, why in zip(runs, reasons) if why is None]
+    quiet = len(counted) >= CALIBRATION_RUNS
+    if not quiet:
+        print(f"{study.name}: the one-node runs at {share:g} core did not agree in {MAX_CALIBRATION_RUNS} tries (other "
+              f"work on the machine?): the links are set by the median of them all, and the book says so", flush=True)
+    compute_s = float(np.median([run["compute_per_step_s"] for run in (counted if quiet else runs)]))
+    return {"compute_per_step_s": compute_s, "quiet": quiet, "model": runs[0]["model"],
+            "out_of_line": OUT_OF_LINE_TOLERANCES * study.ratio_tolerance,
+            "global_batch_size": runs[0]["global_batch_size"],
+            "one_node_runs": [{"run": run["run"], "start_time": run["start_time"],
+                               "compute_per_step_s": run["compute_per_step_s"], "set_aside": why}
+                              for run, why in zip(runs, reasons)]}
 
 
 def recorded(study: Study, results_dir: str) -> dict | None:
@@ -176,8 +248,9 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
                                               **environment(torch.device("cpu"))}
     if f"{share:g}" in record["shares"]:
         return record
-    baseline = baseline_run(study, share, results_dir)
-    compute_s, workload, global_batch = node_compute_s(baseline)
+    calibration = calibration_compute(study, share, results_dir)
+    compute_s, workload, global_batch = (calibration[key] for key in ("compute_per_step_s", "model",
+                                                                      "global_batch_size"))
     buckets = bucket_sizes(workload)
     modelled = [variant for variant in study.variants if variant.models and variant.cpus_per_node == share]
     try:  # every target computed (and a missing measurement refused) before any node is made
@@ -192,8 +265,9 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
             link_rate_for(target, compute_s / n, links[n]["fixed_s"], links[n]["bits"])
         except StudyError as exc:
             raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} nodes: {exc}") from None
-    record["shares"][f"{share:g}"] = {"baseline": str(baseline.relative_to(home)), "compute_per_step_s": compute_s,
-                                      "bucket_bytes": buckets, "links": {str(n): link for n, link in links.items()}}
+    kept = ("compute_per_step_s", "quiet", "out_of_line", "one_node_runs")
+    record["shares"][f"{share:g}"] = {key: calibration[key] for key in kept} | {
+        "bucket_bytes": buckets, "links": {str(n): link for n, link in links.items()}}
     dimensioned_first = {}  # (configuration, n): the variant whose links the others that model it share
     for variant in modelled:
         modelling = configuration(variant.models)
