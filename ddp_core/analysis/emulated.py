@@ -304,9 +304,9 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     modelled = {m["configuration"]: CONFIGURATIONS[m["models"]].source for m in tunnel.get("variants", {}).values()}
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
-            **calibration_runs(calibrated.get("one_node_runs", []) if calibrated else []),
-            "tunnel_out_of_line": calibrated.get("out_of_line", np.nan) if calibrated else np.nan,
-            "tunnel_quiet": "quiet" if not calibrated or calibrated.get("quiet", True) else "busy",
+            **calibration_runs(calibrated["one_node_runs"] if calibrated else []),
+            "tunnel_out_of_line": calibrated["out_of_line"] if calibrated else np.nan,
+            "tunnel_quiet": "quiet" if not calibrated or calibrated["quiet"] else "busy",
             "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
             "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
             "tunnel_tolerance": tunnel.get("tolerance", np.nan),
