@@ -289,9 +289,9 @@ def efficiency_findings(study: dict[str, Experiment]) -> dict:
 def calibration_runs(runs: list[dict]) -> dict:
     """The one-node runs the wind tunnel set the links by (wind_tunnel.json): how many counted, the range of their
     compute per step in ms, and those it set aside with why, or "none"."""
-    counted = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]] or [np.nan]
-    return {"tunnel_runs_counted": len(runs) - sum(bool(run["set_aside"]) for run in runs), "tunnel_runs": len(runs),
-            "tunnel_runs_range": f"{min(counted):,.0f} to {max(counted):,.0f}",
+    counted = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]]
+    return {"tunnel_runs_counted": len(counted),
+            "tunnel_runs_range": f"{min(counted, default=np.nan):,.0f} to {max(counted, default=np.nan):,.0f}",
             "tunnel_set_aside": ", ".join(f"{run['run']} ({run['set_aside']}, {run['compute_per_step_s'] * 1e3:,.0f} "
                                           f"ms)" for run in runs if run["set_aside"]) or "none"}
 

@@ -16,9 +16,9 @@ from ddp_core.analysis.comparisons import WARMUP_STEPS, median_step, out_of_line
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
                                        book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
 from ddp_core.analysis.figures import chance_line
-from ddp_core.launch.plan import WIND_TUNNEL_FOLDER
 from ddp_core.analysis.tables import (commit_text, counted, day, in_words, machine_text, markdown_table,
                                       quantity_table)
+from ddp_core.launch.plan import WIND_TUNNEL_FOLDER
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).

@@ -122,10 +122,11 @@ def shares_used(info: dict) -> list[float]:
             for node in network.get("node_cpu") or []]
 
 
-def short_of_share(info: dict) -> bool:
-    """A one-node run whose node got less than SHARE_GOT of its CPU share: it computed less than it was set to."""
+def node_disturbed(info: dict) -> bool:
+    """`disturbed`, or a one-node run whose node got less than SHARE_GOT of its CPU share: it computed less than it was
+    set to (where several nodes run, a node also waits for the network inside its periods)."""
     used = shares_used(info)
-    return info.get("network", {}).get("nodes") == 1 and bool(used) and min(used) < SHARE_GOT
+    return disturbed(info) or (info.get("network", {}).get("nodes") == 1 and bool(used) and min(used) < SHARE_GOT)
 
 
 @dataclass

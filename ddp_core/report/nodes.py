@@ -20,8 +20,8 @@ from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_t
 from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SIMILARITY_EFFECT, ddp_on_nodes,
                                         efficiency_table, forecast_table, link_experiments, link_table,
                                         similarity_table, similarity_test_table, variant_experiments, variant_label)
-from ddp_core.analysis.results import (Experiment, disturbed, link_label, machine_use, measured_gbit_s, only, rate_text,
-                                       shares_used, short_of_share)
+from ddp_core.analysis.results import (Experiment, link_label, machine_use, measured_gbit_s, node_disturbed, only,
+                                       rate_text, shares_used)
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, MEAN_STEP_MS, STEP_MEDIAN_MS, measured_by, median_range,
@@ -195,8 +195,8 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     network inside a period. `throttled` is the share of those periods in
     which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
     process on the machine (the launcher, the kernel's network work) and the time the hypervisor took. A run is
-    `disturbed` where a one-node run got less than its share (`results.short_of_share`) or the machine did more
-    beside it than a quiet one does (`results.disturbed`)."""
+    `disturbed` where a one-node run got less than its share or the machine did more beside it than a quiet one does
+    (`results.node_disturbed`)."""
     rows = []
     for variant, experiment in ((v, e) for v, e in study.items() if e.largest == 1 or ddp_on_nodes(e)):
         for run in experiment.all_runs:
@@ -210,7 +210,7 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 used_share_low=min(used), used_share=float(np.median(used)),
                 throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
                 other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan,
-                disturbed=short_of_share(run.raw) or disturbed(run.raw)))
+                disturbed=node_disturbed(run.raw)))
     return pd.DataFrame(rows)
 
 

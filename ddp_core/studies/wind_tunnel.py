@@ -165,7 +165,7 @@ def node_compute(run_dir: Path, home: Path) -> dict:
     """A one-node run's compute per step over its steady epochs (as the pages take it), and whether it counts: a run
     that got less than its share or ran beside more work than a quiet machine does is `disturbed`."""
     from ddp_core.analysis.comparisons import steady_phases
-    from ddp_core.analysis.results import ResultsError, disturbed, read_run, short_of_share
+    from ddp_core.analysis.results import ResultsError, node_disturbed, read_run
 
     try:
         metrics, info = read_run(run_dir)
@@ -173,7 +173,7 @@ def node_compute(run_dir: Path, home: Path) -> dict:
         raise StudyError(f"the wind tunnel needs its one-node run: {exc}") from None
     return {"run": run_dir.relative_to(home).as_posix(), "start_time": info["start_time"],
             "compute_per_step_s": float(steady_phases(metrics)["compute_per_step_s"].mean()),
-            "disturbed": short_of_share(info) or disturbed(info), "model": info["model"],
+            "disturbed": node_disturbed(info), "model": info["model"],
             "global_batch_size": info["global_batch_size"]}
 
 
