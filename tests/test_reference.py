@@ -192,6 +192,30 @@ def test_the_first_pages_sharding_finding_gives_ddps_speedup_on_the_modes_links_
         assert verdict != "slower" or max(paired) < 1
 
 
+def test_the_first_page_names_emulated_nodes_by_their_ratio_and_every_cluster_beside_its_own_forecast():
+    """No emulated result under a GPU's name: the headline's nodes are named by the ratio their links were set to;
+    each cluster whose ratio they borrow stands in a column of its own, with its forecast and never a measured
+    speedup, and every cluster the wind tunnel modelled appears with its name."""
+    from ddp_core.analysis.likeness import likeness_table
+    from ddp_core.analysis.results import load_study
+    from ddp_core.analysis.similarity import CONFIGURATIONS
+
+    table = likeness_table(load_study(NODES))
+    record = json.loads((NODES / "wind_tunnel.json").read_text())["variants"]
+    names = [cluster.name for cluster in CONFIGURATIONS.values()]
+    nodes = [name for name in table.index if "emulated nodes" in name]
+    clusters = [name for name in table.index if name not in nodes]
+    assert len(nodes) == len(clusters) == 2
+    for emulated, cluster in zip(nodes, clusters):
+        assert not any(name in emulated for name in names)
+        assert table.loc[emulated, "speedup"].endswith("measured")
+        assert table.loc[cluster, "speedup"].endswith("forecast")
+        variant = next(v for v, entry in record.items() if cluster.endswith(entry["configuration"]))
+        target = record[variant]["by_nodes"]["4"]["target_ratio"]
+        assert emulated == f"4 emulated nodes, links set to ratio {target:.2g}"
+        assert table.loc[cluster, "bench_ratio"] == target
+
+
 def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_the_gpu_the_gpu_chapter_names():
     """The key findings' One device paragraph: the range of the CPU's per-configuration floors, as the One device
     page's ratio table gives them, and the verdicts of the GPU that the GPU finding beside it names."""
@@ -237,7 +261,7 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
 
     folder = REPO / "reference" / "nodes"
     row = similarity_test_table(load_study(folder)).iloc[0]
-    assert (row["configuration"], row["nodes"], row["share"], row["other_share"]) == (
+    assert (row["borrowed"], row["nodes"], row["share"], row["other_share"]) == (
         "A100s over NVLink", 4, 0.25, 0.125)
 
     def per_sample(variant, n):
@@ -255,7 +279,9 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     expected = error_rates(repeats, [SIMILARITY_EFFECT], draws=500, planted=speedups_apart, runs=4)[SIMILARITY_EFFECT]
     assert row["finds_effect"] == pytest.approx(expected, abs=0.05)
     assert row["floor"] == pytest.approx(noise_floor(repeats, runs=4))  # the verdict's floor: four runs a ratio
-    assert similarity_test_findings(load_study(folder))["similarity_setting"] == "A100s over NVLink, 4 nodes"
+    twin = json.loads((folder / "wind_tunnel.json").read_text())["variants"]["a100_nvlink"]["by_nodes"]["4"]
+    assert similarity_test_findings(load_study(folder))["similarity_setting"] == (
+        f"4 nodes, links set to ratio {twin['target_ratio']:.2g}")
 
 
 @pytest.fixture(scope="module")

@@ -325,7 +325,7 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
         return steps / json.loads((run_dir / "run.json").read_text())["global_batch_size"]
 
     row, = similarity_test_table(load_study(folder)).itertuples()
-    assert (row.configuration, row.nodes, row.share, row.other_share) == ("A100s over 32 Gbit/s Ethernet", 2, 0.5, 0.25)
+    assert (row.borrowed, row.nodes, row.share, row.other_share) == ("A100s over 32 Gbit/s Ethernet", 2, 0.5, 0.25)
     assert row.speedup == pytest.approx(per_sample(folder / "one_node" / "n1") / per_sample(folder / "a100_ethernet" / "n2"))
     assert row.other_speedup == pytest.approx(per_sample(folder / "one_node_half_share" / "n1")
                                               / per_sample(folder / "a100_ethernet_half_share" / "n2"))
@@ -363,7 +363,7 @@ def test_the_key_findings_table_says_why_from_the_runs_ratio_against_the_break_e
     two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
     in_flight, exposed = (two["comm_total_s"] / two["steps"]).mean(), (two["comm_exposed_s"] / two["steps"]).mean()
     ratio, break_even = one_node_compute / 2 / in_flight, exposed / in_flight
-    row = summary_table(project / "results").set_index("setting").loc["100 Mbit/s, 2 nodes"]
+    row = summary_table(project / "results").set_index("setting").loc["2 nodes, 100 Mbit/s links"]
     assert row["why"] == f"$R_N$ {ratio:.2f} {'>' if ratio > break_even else '<'} {break_even:.2f}"
     assert row["ratio"] == ""  # a link set by its rate models no configuration
 

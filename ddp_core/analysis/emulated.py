@@ -15,8 +15,8 @@ import pandas as pd
 from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glue, compare_speedups, paired_sides,
                                            run_times, slower_speedup, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
-from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, forecast, joined,
-                                       link_label, measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
+from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, borrowed_from, forecast,
+                                       joined, link_label, measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, median_range
@@ -80,14 +80,15 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
             c = compare_speedups(tested, twin, n)
             repeats = [twin_sides[1], twin_sides[n], tested_sides[1], tested_sides[n],  # the floor's configurations
                        *(sides[m] for sides in (twin_sides, tested_sides) for m in sides if m not in (1, n))]
-            rows.append(dict(configuration=record[variant]["configuration"], nodes=n, share=share,
+            rows.append(dict(configuration=f"ratio {record[variant]['by_nodes'][str(n)]['target_ratio']:.2g}", nodes=n,
+                             borrowed=record[variant]["configuration"], share=share,
                              other_share=node_share(tested), speedup=twin_speedups[n].ratio,
                              other_speedup=tested_speedups[n].ratio, ratio=c.ratio, low=c.low, high=c.high,
                              floor=c.floor, verdict=c.says("scales worse", "scales better"),
                              finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS,
                                                         planted=slower_speedup, runs=SPEEDUP_RUNS)[SIMILARITY_EFFECT]))
-    return pd.DataFrame(rows, columns=["configuration", "nodes", "share", "other_share", "speedup", "other_speedup",
-                                       "ratio", "low", "high", "floor", "verdict", "finds_effect"])
+    return pd.DataFrame(rows, columns=["configuration", "nodes", "borrowed", "share", "other_share", "speedup",
+                                       "other_speedup", "ratio", "low", "high", "floor", "verdict", "finds_effect"])
 
 
 SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other
@@ -105,7 +106,7 @@ def similarity_test_findings(study: dict[str, Experiment]) -> dict:
                 "similarity_setting": "none", "similarity_within": np.nan}
     row = table.iloc[0]
     return {"similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
-            "similarity_setting": f"{row['configuration']}, {counted(int(row['nodes']), 'node')}",
+            "similarity_setting": f"{counted(int(row['nodes']), 'node')}, links set to {row['configuration']}",
             "similarity_value": median_range(row["ratio"], row["low"], row["high"], between=" to "),
             "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
             "similarity_within": max(abs(row["low"] - 1), abs(row["high"] - 1)), "similarity_effect": SIMILARITY_EFFECT}
@@ -137,10 +138,12 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
 def nodes_findings(study: dict[str, Experiment]) -> dict:
     """The numbers of the headline: each node's share, the runs of sharded modes (the sharding chapter's), the
     speedup and efficiency of the fastest and the slowest link at the most nodes, with their ranges and the verdict
-    word, a step's compute against one node's / N and its exposed all-reduce; and at how many of the (link, nodes)
-    points the theory's break-even called the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
-    table, links = link_table(study), list(link_experiments(study).values())
+    word, its links' setting in words ("links set to ratio 2.6", "unshaped links"), a step's compute against one
+    node's / N and its exposed all-reduce; and at how many of the (link, nodes) points the theory's break-even called
+    the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
+    table, links = link_table(study), link_experiments(study)
     most = int(table["world_size"].max())
+    points = similarity_table(study).set_index(["variant", "nodes"])
     one = study[BASELINE].baseline
     network = one.raw["network"]
     nodes = sorted({n for experiment in study.values() for n in experiment.repeats})
@@ -153,10 +156,12 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
              "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
              "cores": one.cpu_count, "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
              **chance_glue("one_node", study[BASELINE], 1), "prediction_errors": signs(table["prediction_error"])}
-    for end, experiment in (("fastest", links[0]), ("slowest", links[-1])):
+    for end, variant in (("fastest", list(links)[0]), ("slowest", list(links)[-1])):
+        experiment, point = links[variant], points.loc[(variant, most)]
         row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
         found |= {f"{end}_{key}": value for key, value in {
-            "link": link_label(experiment), "speedup": row["speedup"],
+            "link": link_label(experiment), "setting": link_setting(point),
+            "speedup": row["speedup"],
             "speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}", "efficiency": row["efficiency"],
             "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
             "exposed_ms": row["comm_exposed_per_step_s"] * 1e3, "step_ms": row["mean_step_s"] * 1e3,
@@ -232,7 +237,8 @@ def signs(values: pd.Series) -> str:
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the configuration its links model (else their rate) and the nodes' share,
+    """Per variant and number of nodes: the ratio its links were set for (else their rate), the cluster that ratio is
+    borrowed from and that cluster's own forecast speedup (`Configuration.speedup_range`), the nodes' share,
     R_N^bench as that configuration has it (its target, from published figures or the measured GPU) and as the wind
     tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty for links set by
     a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of the same share,
@@ -241,19 +247,31 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = []
     for variant, experiment in variant_experiments(study).items():
         table, models = scaling_table(experiment), record.get(variant, {}).get("models")
-        batch = (CONFIGURATIONS[models].global_batch or experiment.baseline.global_batch_size) if models else np.nan
+        cluster, one = (CONFIGURATIONS[models] if models else None), experiment.baseline
         rate = experiment.all_runs[-1].raw["network"]["link_rate_gbit_s"]
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
             entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
+            cluster_low, cluster_high = (cluster.speedup_range(one.model, one.global_batch_size, n) if cluster
+                                         else (np.nan, np.nan))
             rows.append(dict(
-                configuration=link_label(experiment), share=node_share(experiment), nodes=n, modelled_batch=batch,
+                variant=variant, configuration=link_label(experiment), borrowed=borrowed_from(experiment),
+                share=node_share(experiment),
+                nodes=n, modelled_batch=cluster.batch(one.global_batch_size) if cluster else np.nan,
+                cluster_low=cluster_low, cluster_high=cluster_high,
                 target_ratio=entry.get("target_ratio", np.nan), achieved_ratio=entry.get("achieved_ratio", np.nan),
                 link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry else rate * 1e3 if rate else np.nan,
                 **row[["speedup", "efficiency", "speedup_low", "speedup_high"]], efficiency_low=row["speedup_low"] / n,
                 efficiency_high=row["speedup_high"] / n, verdict=row["verdict"], floor=row["noise_floor"],
-                runs_ratio=row["compute_to_comm_ratio"], break_even=row["exposed_share"] / (n - 1)))
+                runs_ratio=row["compute_to_comm_ratio"], exposed_share=row["exposed_share"],
+                break_even=row["exposed_share"] / (n - 1)))
     return pd.DataFrame(rows)
+
+
+def link_setting(point: pd.Series) -> str:
+    """A `similarity_table` row's links in words: "links set to ratio 2.6" where the wind tunnel set them, else
+    "unshaped links" or "100 Mbit/s links"."""
+    return f"links set to ratio {point['target_ratio']:.2g}" if point["borrowed"] else f"{point['configuration']} links"
 
 
 def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -363,7 +381,7 @@ def nodes_figure(study: dict[str, Experiment]):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
         ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    fig.legend(handles=colours, title="links set for", loc="lower left", bbox_to_anchor=(0.04, 0), fontsize=9,
+    fig.legend(handles=colours, title="links", loc="lower left", bbox_to_anchor=(0.04, 0), fontsize=9,
                title_fontsize=9, frameon=False)
     fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.22, 1, 1))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis.comparisons import speedup_glue
-from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
+from ddp_core.analysis.emulated import BASELINE, link_setting, link_table, node_share, similarity_table
 from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_LOOP, load_timelines, measured_forecast,
                                                replay_findings)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
@@ -127,21 +127,22 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
 
 
 def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
-    """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many):
-    R_N from the benchmarked all-reduce, as the forecast's (the ratio the wind tunnel reached, where it set the
-    links; else one node's forward and backward over N, over the benchmark), and the efficiency its runs measured
-    with its range."""
+    """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many), by
+    its setting in words: R_N from the benchmarked all-reduce, as the forecast's (the ratio the wind tunnel reached,
+    where it set the links; else one node's forward and backward over N, over the benchmark), and the efficiency its
+    runs measured with its range."""
     links = link_table(nodes)
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links[links["world_size"] == n].set_index("link")
     share = node_share(nodes[BASELINE])  # the links' nodes, not the similarity test's
-    reached = similarity_table(nodes).query("nodes == @n and share == @share").set_index("configuration")[
-        "achieved_ratio"]
-    ratio = reached.reindex(table.index).fillna(table["predicted_compute_s"] / table["predicted_comm_s"])
-    return pd.DataFrame({"nodes": n, "ratio": ratio,
+    points = similarity_table(nodes).query("nodes == @n and share == @share")
+    settings = {point["configuration"]: link_setting(point) for _, point in points.iterrows()}
+    bench = table["predicted_compute_s"] / table["predicted_comm_s"]
+    ratio = points.set_index("configuration")["achieved_ratio"].reindex(table.index).fillna(bench)
+    return pd.DataFrame({"setting": [settings[link] for link in table.index], "nodes": n, "ratio": ratio,
                          "compute_over_ideal": table["compute_per_step_s"] / table["predicted_compute_s"],
                          "efficiency": table["efficiency"], "efficiency_low": table["speedup_low"] / n,
-                         "efficiency_high": table["speedup_high"] / n}).sort_values("ratio")
+                         "efficiency_high": table["speedup_high"] / n}).set_index("setting").sort_values("ratio")
 
 
 def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
@@ -189,8 +190,9 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
             "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
             "forecast_low": row["efficiency_no_overlap"], "forecast_high": row["efficiency_last_bucket"],
             "forecast_place": place, "emulated_nodes": int(links["nodes"].iloc[0]),
-            "forecast_beside": " and ".join(f"{link} at {links.loc[link, 'ratio']:.2f}, "
-                                            f"{links.loc[link, 'efficiency']:.0%} measured" for link in beside)}
+            "forecast_beside": " and ".join(f"{link}, {links.loc[link, 'ratio']:.2f} reached, "
+                                            f"{links.loc[link, 'efficiency']:.0%} efficiency measured"
+                                            for link in beside)}
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:

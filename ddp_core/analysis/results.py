@@ -361,13 +361,20 @@ def rate_text(gbit_s: float) -> str:
 
 
 def link_label(experiment: Experiment) -> str:
-    """The configuration the links model where the wind tunnel set them (`ddp_core.studies.wind_tunnel`), else '1
-    Gbit/s' or 'unshaped' for the links of an experiment's runs."""
+    """What an experiment's links are set for: where the wind tunnel set them (`ddp_core.studies.wind_tunnel`), the
+    compute-to-communication ratio they were set to at each number of nodes ("ratio 2.6", "ratios 5.1 and 1.6"),
+    not the cluster that ratio is borrowed from (`borrowed_from`); else '1 Gbit/s' or 'unshaped'."""
     modelled = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name)
     if modelled:
-        return modelled["configuration"]
+        targets = [entry["target_ratio"] for _, entry in sorted(modelled["by_nodes"].items(), key=lambda i: int(i[0]))]
+        return ("ratio " if len(targets) == 1 else "ratios ") + " and ".join(f"{target:.2g}" for target in targets)
     rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
     return "unshaped" if rate is None else rate_text(rate)
+
+
+def borrowed_from(experiment: Experiment) -> str:
+    """The real cluster whose compute-to-communication ratio the wind tunnel set an experiment's links to, or ""."""
+    return wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name, {}).get("configuration", "")
 
 
 def read_wind_tunnel(study_folder: Path) -> dict | None:

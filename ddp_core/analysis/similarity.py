@@ -16,6 +16,8 @@ published figures kept with their source in `literature/`, or from the GPU this 
 
 R_N is taken as the emulated side takes it (`ddp_core.analysis.compute_ratio`): the whole batch's step over N, as if
 each GPU did exactly its share, over the sum of the model's gradient buckets' all-reduces as a benchmark times them.
+The emulated nodes match a configuration in that number only: a page names them by it, and shows the cluster's own
+forecast (`Configuration.speedup_range`) beside any result that names the cluster.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pandas as pd
 from ddp_core.engine.model_cost import bucket_sizes, preset_configs, training_flops
 from ddp_core.paths import REPO_ROOT
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio
-from ddp_core.analysis.nvlink_forecast import LITERATURE, WHOLE_LOOP, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.analysis.nvlink_forecast import LITERATURE, SHARE_LOOP, WHOLE_LOOP, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.analysis.results import read_measurement
 
 PRESET = "large"  # the model every configuration trains
@@ -54,58 +56,82 @@ def a100_step_s(workload: dict, global_batch: int) -> float:
     return training_flops(large_model(workload), tokens) / (peak_gemm_flops_per_s() * A100_MFU)
 
 
-def h200_step_s(workload: dict) -> float:
-    """One H200's step of H200_GLOBAL_BATCH sequences as measured: the trainer, timers off, summed over the rounds."""
+def h200_step_s(batch: int, loop: str) -> float:
+    """One H200's step of `batch` sequences as measured in `loop` (timers off), summed over the rounds."""
     if not (H200_MEASUREMENT / "epochs.csv").is_file():
         raise SimilarityError(f"the H200 configuration needs the GPU measurement in {H200_MEASUREMENT}")
     rows = read_measurement(H200_MEASUREMENT).epochs.query(
-        "preset == @PRESET and amp == @H200_PRECISION and batch_size == @H200_GLOBAL_BATCH and loop == @WHOLE_LOOP")
+        "preset == @PRESET and amp == @H200_PRECISION and batch_size == @batch and loop == @loop")
     if rows.empty:
-        raise SimilarityError(f"{H200_MEASUREMENT}: no step of the {PRESET} model in {H200_PRECISION} at batch "
-                              f"{H200_GLOBAL_BATCH}")
-    return float(rows["seconds"].sum() / rows["samples"].sum() * H200_GLOBAL_BATCH)
+        raise SimilarityError(f"{H200_MEASUREMENT}: no step of the {PRESET} model in {H200_PRECISION} at batch {batch}")
+    return float(rows["seconds"].sum() / rows["samples"].sum() * batch)
 
 
-def nvlink_allreduce_s(workload: dict, nodes: int) -> float:
-    """The large model's buckets all-reduced over NVLink on `nodes` GPUs, by the published curve's fit."""
-    fit = nvlink_fit(nodes)
-    return sum(fit.allreduce_s(size) for size in bucket_sizes(large_model(workload)))
+def nvlink_bucket_s(size_bytes: float, gpus: int) -> float:
+    """A bucket all-reduced over NVLink on `gpus` GPUs, by the published curve's fit."""
+    return nvlink_fit(gpus).allreduce_s(size_bytes)
 
 
-def ethernet_allreduce_s(workload: dict, nodes: int) -> float:
-    """The large model's buckets all-reduced by a ring at the published bus bandwidth (the median of its runs): the
-    bandwidth term only, a lower bound on the time (no latency), so R_N is the configuration's best case."""
+def ethernet_bucket_s(size_bytes: float, gpus: int) -> float:
+    """A bucket all-reduced by a ring at the published bus bandwidth (the median of its runs): the bandwidth term
+    only, a lower bound on the time (no latency), so R_N is the configuration's best case."""
     busbw = float(pd.read_csv(ETHERNET_FILE, comment="#")["busbw_gbit_s"].median() * 1e9 / 8)  # bytes per second
-    return sum(2 * (nodes - 1) / nodes * size / busbw for size in bucket_sizes(large_model(workload)))
+    return 2 * (gpus - 1) / gpus * size_bytes / busbw
+
+
+def nvlink_latency_s(gpus: int) -> float:
+    return nvlink_fit(gpus).alpha_s
+
+
+def unpublished(gpus: int) -> float:
+    return float("nan")
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """A real cluster: what the page calls it, its batch, and how its step and all-reduce are known."""
+    """A real cluster: what the page calls it, its batch, and how its steps and all-reduce are known."""
     name: str  # the words a page names it by
     global_batch: int | None  # None: the study's own
-    step_s: Callable[[dict, int], float]  # (workload, global batch) -> one GPU's step of the whole batch
-    allreduce_s: Callable[[dict, int], float]  # (workload, GPUs) -> the all-reduce of a step's gradient
+    step_s: Callable[[dict, int], float]  # (workload, batch) -> one GPU's step of `batch` samples, alone
+    share_step_s: Callable[[dict, int], float]  # (workload, batch) -> the same inside DDP, without communication
+    bucket_allreduce_s: Callable[[float, int], float]  # (bucket bytes, GPUs) -> its all-reduce
+    latency_s: Callable[[int], float]  # GPUs -> the all-reduce's latency term alpha; NaN where not published
     source: str
+
+    def batch(self, study_batch: int) -> int:
+        return self.global_batch or study_batch
+
+    def allreduces_s(self, workload: dict, gpus: int) -> list[float]:
+        """Each of the large model's gradient buckets all-reduced on `gpus` GPUs, the last one to be ready last."""
+        return [self.bucket_allreduce_s(size, gpus) for size in bucket_sizes(large_model(workload))]
 
     def ratio(self, workload: dict, study_batch: int, nodes: int) -> float:
         """R_N^bench of this configuration on `nodes` GPUs, for a run's workload (its `model`) and global batch."""
-        step = self.step_s(workload, self.global_batch or study_batch)
-        return compute_to_comm_ratio(step / nodes, self.allreduce_s(workload, nodes))
+        step = self.step_s(workload, self.batch(study_batch))
+        return compute_to_comm_ratio(step / nodes, sum(self.allreduces_s(workload, nodes)))
+
+    def speedup_range(self, workload: dict, study_batch: int, nodes: int) -> tuple[float, float]:
+        """The cluster's own forecast speedup on `nodes` GPUs over one: each GPU steps its share of the batch and
+        then waits for every bucket's all-reduce (lowest), or for the last bucket's only (highest)."""
+        batch = self.batch(study_batch)
+        whole, share = self.step_s(workload, batch), self.share_step_s(workload, batch // nodes)
+        buckets = self.allreduces_s(workload, nodes)
+        return whole / (share + sum(buckets)), whole / (share + buckets[-1])
 
 
 CONFIGURATIONS = {
     "h200_nvlink": Configuration(
-        "H200s over NVLink", H200_GLOBAL_BATCH, lambda workload, batch: h200_step_s(workload), nvlink_allreduce_s,
+        "H200s over NVLink", H200_GLOBAL_BATCH, lambda workload, batch: h200_step_s(batch, WHOLE_LOOP),
+        lambda workload, batch: h200_step_s(batch, SHARE_LOOP), nvlink_bucket_s, nvlink_latency_s,
         "one H200's step measured by this project (reference/single_device/cuda-nvidia-h200, from the lease in "
         "reference/gpu_lease); the all-reduce from Azure's published "
         "ND A100 v4 curve (an A100's NVLink: the H200's is faster)"),
     "a100_nvlink": Configuration(
-        "A100s over NVLink", None, a100_step_s, nvlink_allreduce_s,
+        "A100s over NVLink", None, a100_step_s, a100_step_s, nvlink_bucket_s, nvlink_latency_s,
         f"Azure's published ND A100 v4 all-reduce curve and matrix-product rate, a step at {A100_MFU:.0%} of it"),
     "a100_ethernet": Configuration(
-        "A100s over 32 Gbit/s Ethernet", ETHERNET_GLOBAL_BATCH, a100_step_s, ethernet_allreduce_s,
-        "NCCL over TCP on 32 Gbit/s Ethernet as published in NVIDIA/nccl#209; the A100's step as above"),
+        "A100s over 32 Gbit/s Ethernet", ETHERNET_GLOBAL_BATCH, a100_step_s, a100_step_s, ethernet_bucket_s,
+        unpublished, "NCCL over TCP on 32 Gbit/s Ethernet as published in NVIDIA/nccl#209; the A100's step as above"),
 }
 
 

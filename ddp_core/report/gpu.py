@@ -152,7 +152,7 @@ def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     return quantity_table(table, {"ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"),
                                 "compute_over_ideal": (f"A node's compute / ($T_1$/{n})", "{:.2f}"),
                                 "efficiency": ("Efficiency, measured (median)", "{:.0%}"),
-                                "range": ("lowest to highest", "{}")}, "Emulated link")
+                                "range": ("lowest to highest", "{}")}, "Emulated links")
 
 
 def print_summary(results: Path) -> None:

@@ -10,8 +10,9 @@ import pandas as pd
 from ddp_core.analysis import gpu_measurements, zero
 from ddp_core.analysis.comparisons import study_floor_power
 from ddp_core.analysis.critical_batch import critical_batch_findings
-from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share, nodes_figure,
-                                        similarity_table, similarity_test_table)
+from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, link_setting, node_share,
+                                        nodes_figure, similarity_table, similarity_test_table)
+from ddp_core.analysis.likeness import likeness_table
 from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
@@ -53,6 +54,18 @@ def headline_figure(results: Path):
     return figure
 
 
+def likeness_markdown(results: Path) -> str:
+    """`likeness_table`: the headline's emulated nodes beside the clusters whose ratio they borrow, a column each."""
+    table = likeness_table(load_study(results / "nodes"))
+    return quantity_table(table, {
+        "bench_ratio": ("Compute over all-reduce, as a benchmark times it ($R_N^\\text{bench}$)", "{:.2f}"),
+        "runs_ratio": ("Compute over all-reduce inside the runs ($R_N$)", "{:.2f}"),
+        "exposed_share": ("Share of the all-reduce that backward did not hide ($f$)", "{:.0%}"),
+        "fixed_ms": ("All-reduce time no faster link removes (ms per step)", "{:.2f}"),
+        "quota_period_ms": ("CPU quota period (ms)", "{:g}"),
+        "speedup": ("Speedup over one", "{}")}, turned=True, column_names=list(table.index))
+
+
 def summary_table(results: Path) -> pd.DataFrame:
     """One row per finding the key findings page leads with: each configuration the emulated nodes modelled at each
     number of nodes (the ratio R_N^bench targeted and reached, the speedup with its range, the efficiency, the
@@ -61,17 +74,16 @@ def summary_table(results: Path) -> pd.DataFrame:
     nodes = load_study(results / "nodes")
     rows = []
     for row in similarity_table(nodes).itertuples():
-        share = "" if row.share == node_share(nodes[BASELINE]) else f" (nodes of {row.share:g} core)"
-        modelled = "Links set for " if row.target_ratio > 0 else ""  # else the links' rate names them
-        rows.append(dict(setting=f"{modelled}{row.configuration}{share}, {counted(row.nodes, 'node')}",
+        share = "" if row.share == node_share(nodes[BASELINE]) else f" of {row.share:g} core"
+        rows.append(dict(setting=f"{counted(row.nodes, 'node')}{share}, {link_setting(pd.Series(row._asdict()))}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
                          value=median_range(row.speedup, row.speedup_low, row.speedup_high),
                          efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
                              f"{row.break_even:.2f}"))
     for row in similarity_test_table(nodes).itertuples():
-        rows.append(dict(setting=f"{row.configuration}, {counted(row.nodes, 'node')}: speedup at {row.other_share:g} "
-                                 f"core over at {row.share:g}",
+        rows.append(dict(setting=f"{counted(row.nodes, 'node')}, links set to {row.configuration}: speedup at "
+                                 f"{row.other_share:g} core over at {row.share:g}",
                          ratio="", value=median_range(row.ratio, row.low, row.high), efficiency="", verdict=row.verdict,
                          floor=f"{row.floor:.0%}",
                          why=f"finds a {SIMILARITY_EFFECT:.0%} difference {row.finds_effect:.0%} of the time"))

@@ -109,17 +109,20 @@ def doubling_markdown(study: dict[str, Experiment]) -> str:
 
 
 def similarity_markdown(study: dict[str, Experiment]) -> str:
+    """`similarity_table`: each point's ratio, where it is borrowed from, its speedup beside that cluster's forecast."""
     table = similarity_table(study)
-    table["efficiency_range"] = [median_range(*row, "{:.0%}", " to ") for row in
-                                 zip(table["efficiency"], table["efficiency_low"], table["efficiency_high"])]
+    table["speedup_range"] = [median_range(*row, "{:.2f}", " to ") for row in
+                              zip(table["speedup"], table["speedup_low"], table["speedup_high"])]
+    table["cluster_range"] = [f"{low:.2f} to {high:.2f}" if low > 0 else np.nan
+                              for low, high in zip(table["cluster_low"], table["cluster_high"])]
     return quantity_table(table, {
-        "configuration": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
+        "borrowed": ("Ratio borrowed from", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "modelled_batch": ("Global batch modelled", "{:.0f}"),
         "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
         "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
-        "link_mbit_s": ("Link rate set (Mbit/s)", "{:,.0f}"),
-        "efficiency_range": ("Efficiency, median (lowest to highest)", "{}"),
-        "verdict": ("Verdict against one node", "{}")}, index_name=None)
+        "speedup_range": ("Speedup, median (lowest to highest)", "{}"),
+        "verdict": ("Verdict against one node", "{}"),
+        "cluster_range": ("The cluster's own forecast speedup", "{}")}, index_name=None)
 
 
 def efficiency_figure(study: dict[str, Experiment]):

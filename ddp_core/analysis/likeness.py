@@ -1,0 +1,57 @@
+"""What emulated nodes match of the real cluster whose compute-to-communication ratio their links borrow, and what
+they do not: the first page shows it beside the headline, so that no emulated result stands under a GPU's name
+without that GPU's own forecast next to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ddp_core.analysis.emulated import BASELINE, link_experiments, link_setting, similarity_table
+from ddp_core.analysis.results import Experiment, wind_tunnel_record
+from ddp_core.analysis.similarity import CONFIGURATIONS, large_model
+from ddp_core.analysis.tables import median_range
+from ddp_core.engine.model_cost import bucket_sizes
+
+
+def fixed_allreduce_ms(record: dict, variant: str, nodes: int) -> float:
+    """The all-reduce time of a step that no link rate takes away (latency, copies), as the wind tunnel estimated it
+    on this machine for the rate it accepted (`record`: `wind_tunnel_record`)."""
+    entry = record[variant]["by_nodes"][str(nodes)]
+    return entry["tries"][-1]["fixed_s"] * 1e3
+
+
+def cluster_fixed_ms(models: str, workload: dict, nodes: int) -> float:
+    """The same for the real cluster: its published latency alpha over every bucket's ring, 2(N-1) alpha each."""
+    buckets = len(bucket_sizes(large_model(workload)))
+    return buckets * 2 * (nodes - 1) * CONFIGURATIONS[models].latency_s(nodes) * 1e3
+
+
+def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
+    """For the fastest and the slowest links at the most nodes: the emulated nodes as measured and, where the wind
+    tunnel set their links, the cluster whose ratio they borrow, a row each named in words. Columns: R_N^bench
+    (reached; the cluster's target), R_N and the exposed share f inside the runs, the all-reduce time no link rate
+    removes, the CPU quota's period, and the speedup over one (measured, with the repeats' range; the cluster's own
+    forecast range). NaN: not known for that side."""
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    links = list(link_experiments(study))
+    points = similarity_table(study).query("variant in @links").set_index(["variant", "nodes"])
+    most = int(points.index.get_level_values("nodes").max())
+    one = study[BASELINE].baseline
+    rows = []
+    for variant in dict.fromkeys([links[0], links[-1]]):
+        point = points.loc[(variant, most)]
+        modelled = bool(point["borrowed"])
+        rows.append(dict(name=f"{most} emulated nodes, {link_setting(point)}", bench_ratio=point["achieved_ratio"],
+                         runs_ratio=point["runs_ratio"], exposed_share=point["exposed_share"],
+                         fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,
+                         quota_period_ms=one.raw["network"]["cpu_period_ms"],
+                         speedup=median_range(point["speedup"], point["speedup_low"], point["speedup_high"],
+                                              between=" to ") + ", measured"))
+        if modelled:
+            rows.append(dict(name=f"{most} {point['borrowed']}", bench_ratio=point["target_ratio"], runs_ratio=np.nan,
+                             exposed_share=np.nan, fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
+                             quota_period_ms=np.nan,
+                             speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast"))
+    return pd.DataFrame(rows).set_index("name")
