@@ -14,11 +14,12 @@ export DDP_CORE_DATA_DIR := $(or $(DDP_CORE_DATA_DIR),$(abspath $(wildcard ../sh
 
 # The studies: notebooks/studies.yml (what each varies, from which profile); STUDIES="a b" runs some of them.
 # Each study's runs land in $(RESULTS_DIR)/<study>; a finished run is reused, an interrupted one resumed.
-STUDY_LIST ?= notebooks/studies.yml
-# PROFILE=gpu: the studies on another base profile (notebooks/profiles/$(PROFILE).yml) instead of each one's own.
-# With a PROFILE only the strong-scaling study runs unless STUDIES names others: the rest are sized for a CPU.
+# PROFILE=gpu: the studies on another base profile (notebooks/profiles/$(PROFILE).yml) instead of each one's own,
+# from the study list sized for GPUs (notebooks/studies-gpu.yml): the runner refuses a study whose settings would
+# override the profile's.
 PROFILE ?=
-STUDIES ?= $(if $(PROFILE),scaling)
+STUDY_LIST ?= $(if $(filter gpu,$(PROFILE)),notebooks/studies-gpu.yml,notebooks/studies.yml)
+STUDIES ?=
 RESULTS_DIR ?= results
 # WORLD_SIZES="1": only the runs of that many ranks (a machine with one GPU); a later call trains the rest.
 WORLD_SIZES ?=

@@ -33,7 +33,7 @@ measure)
     "$python" benchmarks/single_device.py --results-dir "$results" --presets large medium small \
         --batch-sizes 32 128 256 --amp bf16 off ;;
 studies)
-    "$python" -m ddp_core.studies.run scaling --profile gpu --world-sizes 1 --results-dir "$results" ;;
+    "$python" -m ddp_core.studies.run --study-list notebooks/studies-gpu.yml --world-sizes 1 --results-dir "$results" ;;
 compiled)
     "$python" benchmarks/single_device.py --results-dir "$results" --presets large --batch-sizes 128 --amp bf16 \
         --compile ;;

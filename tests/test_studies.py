@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, run_in_process
-from ddp_core.engine.config import global_batch_size, parse_args
+from ddp_core.engine.config import global_batch_size, load_profile, parse_args
 from ddp_core.report import precision
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.compute_ratio import cores_per_rank
@@ -197,18 +197,42 @@ def test_an_unknown_study_name_is_refused_with_the_names_there_are(tmp_path, iso
 def test_a_profile_given_to_the_runner_replaces_each_studys_own_and_the_study_settings_still_apply(tmp_path,
                                                                                                    isolated_env):
     study_list = tmp_path / "studies.yml"
-    study_list.write_text(yaml.safe_dump({"mine": GOOD | {"profile": "default", "settings": {"epochs": 1}}}))
+    study_list.write_text(yaml.safe_dump({"mine": GOOD | {"profile": "default", "settings": {"dropout": 0.0}}}))
     proc = run_studies(["--study-list", study_list, "--results-dir", "results", "--profile", "tiny"], cwd=tmp_path,
                        env=isolated_env)
     assert proc.returncode == 0, proc.stderr
     config = json.loads((tmp_path / "results" / "mine" / "n1" / "run.json").read_text())["config"]
-    assert (config["dataset"], config["preset"], config["epochs"]) == ("synthetic", "tiny", 1)
+    assert (config["dataset"], config["preset"], config["dropout"]) == ("synthetic", "tiny", 0.0)
+
+
+def test_a_cpu_sized_study_under_the_gpu_profile_is_refused_in_one_line_before_any_run(tmp_path, isolated_env):
+    proc = run_in_process(["scaling", "--profile", "gpu", "--results-dir", "results"], cwd=tmp_path, env=isolated_env,
+                          main=runner_main)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "ddp_core.studies.run: error: study 'scaling' sets epochs, eval_samples, train_samples for its own profile "
+        "'default', which "
+        "profile 'gpu' sets too; run a study list sized for 'gpu' (make report PROFILE=gpu uses "
+        "notebooks/studies-gpu.yml)")
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_gpu_study_list_trains_the_whole_imdb_training_split_at_the_gpu_profiles_scale():
+    from ddp_core.studies.study_list import GPU_STUDY_LIST
+
+    studies = load_study_list(GPU_STUDY_LIST)
+    for run in (run for study in studies.values() for run in study.runs()):
+        settings = load_profile(run.profile) | run.settings
+        assert run.profile == "gpu" and settings["train_samples"] is None  # the whole split
+        assert (settings["dataset"], settings["preset"], settings["device"]) == ("imdb", "large", "cuda")
+    assert sorted({run.world_size for run in studies["scaling"].runs()}) == [1, 2, 4]
+    assert studies["scaling"].repeats >= 3 and studies["scaling"].allreduce
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_the_gpu_profile_on_a_machine_without_gpus_is_refused_in_one_line_before_any_run(tmp_path, isolated_env):
-    proc = run_in_process(["scaling", "--profile", "gpu", "--results-dir", "results"], cwd=tmp_path, env=isolated_env,
-                          main=runner_main)
+    proc = run_in_process(["--study-list", str(REPO / "notebooks" / "studies-gpu.yml"), "--profile", "gpu",
+                           "--results-dir", "results"], cwd=tmp_path, env=isolated_env, main=runner_main)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "ddp_core.studies.run: error: study 'scaling', run scaling/n1: --device cuda needs a CUDA GPU per local rank: "

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from ddp_core.engine.config import OneLineParser, UsageError, check_writable_folder, positive_int
@@ -31,7 +30,7 @@ from ddp_core.launch.plan import ExperimentError, Plan, check_can_emulate, launc
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
 from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
-                                         select)
+                                         on_profile, select)
 
 RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
@@ -230,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", default=RESULTS_DIR, help="where the studies' folders go")
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
     parser.add_argument("--profile", default=None,
-                        help="base profile of every chosen study instead of its own (e.g. gpu); its settings still apply")
+                        help="base profile of every chosen study instead of its own (e.g. gpu); refused where a "
+                             "study's settings would override the profile's")
     parser.add_argument("--world-sizes", nargs="+", type=world_size, metavar="N",
                         help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
                              "later call, which reuses these")
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.world_sizes:
             studies = at_world_sizes(studies, args.world_sizes)
         if args.profile:
-            studies = [replace(study, profile=args.profile) for study in studies]
+            studies = on_profile(studies, args.profile)
         if args.allreduce_args:
             check_allreduce_args(args.allreduce_args, studies)
         if args.check:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import yaml
 
+from ddp_core.engine.config import UsageError, load_profile
 from ddp_core.launch.plan import run_dir_name
 from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
+GPU_STUDY_LIST = REPO_ROOT / "notebooks" / "studies-gpu.yml"  # the studies sized for the GPU profile
 STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce",
               "ranks_per_node", "link_rate", "cpus_per_node", "ratio_tolerance"}
 VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node", "models"}
@@ -211,6 +213,24 @@ def at_world_sizes(studies: list[Study], sizes: list[int]) -> list[Study]:
         raise StudyError(f"no run of {', '.join(study.name for study in studies)} has "
                          f"{' or '.join(map(str, sizes))} rank(s)")
     return kept
+
+
+def on_profile(studies: list[Study], profile: str) -> list[Study]:
+    """The studies on another base profile (`--profile gpu`). A study whose settings would override one the profile
+    sets (a CPU-sized study's train_samples under a GPU profile) is refused: that profile needs a study list sized
+    for it, not a silent mix of the two."""
+    try:
+        sets = load_profile(profile)
+    except UsageError as exc:
+        raise StudyError(str(exc)) from None
+    for study in studies:
+        clash = sorted({key for variant in study.variants for key, value in variant.settings.items()
+                        if key in sets and sets[key] != value})
+        if clash:
+            raise StudyError(f"study {study.name!r} sets {', '.join(clash)} for its own profile {study.profile!r}, "
+                             f"which profile {profile!r} sets too; run a study list sized for {profile!r} (make report "
+                             f"PROFILE=gpu uses {GPU_STUDY_LIST.relative_to(REPO_ROOT)})")
+    return [replace(study, profile=profile) for study in studies]
 
 
 def select(studies: dict[str, Study], names: list[str]) -> list[Study]:
