@@ -23,6 +23,11 @@ STUDIES ?=
 RESULTS_DIR ?= results
 # WORLD_SIZES="1": only the runs of that many ranks (a machine with one GPU); a later call trains the rest.
 WORLD_SIZES ?=
+# LAUNCHER=slurm: every run (and all-reduce benchmark) a job of slurm/ddp_train.sbatch, submitted from here and waited
+# for in turn, round by round; RUNNER_ARGS="--ranks-per-node 8 --cpus-per-rank 8" places them (python -m
+# ddp_core.studies.run --help).
+LAUNCHER ?= local
+RUNNER_ARGS ?=
 # Options for the all-reduce benchmark behind the cost model (ddp_core/bench/allreduce.py).
 ALLREDUCE_ARGS ?=
 # The reference results shipped in the repository (`make reference` makes them anew). The book shows, for
@@ -63,7 +68,8 @@ test-fast: $(VENV)/.installed
 build_book = $(BIN)/jupyter-book build book -W --keep-going
 # The study runner on the chosen studies ($(1)), the studies first: --world-sizes takes every number after it.
 run_studies = $(BIN)/python -m ddp_core.studies.run $(1) --study-list $(STUDY_LIST) \
-	--allreduce-args="$(ALLREDUCE_ARGS)" $(if $(PROFILE),--profile $(PROFILE)) $(if $(WORLD_SIZES),--world-sizes $(WORLD_SIZES))
+	--allreduce-args="$(ALLREDUCE_ARGS)" --launcher $(LAUNCHER) $(RUNNER_ARGS) $(if $(PROFILE),--profile $(PROFILE)) \
+	$(if $(WORLD_SIZES),--world-sizes $(WORLD_SIZES))
 
 # Train the studies (each run an executed run notebook in its folder), then build the book from them: a line
 # per run or benchmark with its time, then the book's warnings only.

@@ -12,8 +12,9 @@ import jupytext
 import papermill
 import pytest
 import torch
+import yaml
 
-from conftest import REPO, TWO_RANKS_ARGS, TWO_RANKS_SETTINGS, free_port, read_metrics
+from conftest import REPO, TINY_STUDIES, TWO_RANKS_ARGS, TWO_RANKS_SETTINGS, copy_project, free_port, read_metrics
 from ddp_core.studies.run import kernel_on_unix_sockets
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
@@ -156,6 +157,47 @@ def test_submit_now_and_collect_later(slurm_cluster, tmp_path):
     printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="later")
     assert "submitted job" not in printed, "the second execution must not submit the run again"
     assert len(read_metrics(tmp_path / "results" / "later" / "n2")) == 2
+
+
+def test_the_study_runner_submits_each_run_and_benchmark_as_a_job_and_collects_what_finished(slurm_cluster, tmp_path,
+                                                                                               isolated_env):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"mine": {"title": "Mine", "profile": "tiny", "world_sizes": [1, 2],
+                                                   "allreduce": True}}))
+    command = [sys.executable, "-m", "ddp_core.studies.run", "--study-list", str(study_list), "--results-dir",
+               "results", "--launcher", "slurm", "--ranks-per-node", "2", "--cpus-per-rank", "1",
+               "--allreduce-args=--max-bytes 4096"]
+    env = isolated_env | {"SLURM_CONF": os.environ["SLURM_CONF"]}
+    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    study = tmp_path / "results" / "mine"
+    jobs = {folder: (study / folder / "slurm_job_id").read_text().strip() for folder in ("n1", "n2", "allreduce-n2")}
+    assert len(set(jobs.values())) == 3, "a job each"
+    for folder, job in jobs.items():
+        assert (study / folder / f"slurm-{job}.out").is_file(), "each job's log in its folder"
+    assert [len(read_metrics(study / f"n{n}")) for n in (1, 2)] == [2, 2]  # the tiny profile's 2 epochs
+    assert (study / "allreduce-n2" / "allreduce.csv").is_file()
+
+    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.count("done before, reused") == 2 and "submitted job" not in second.stdout
+    assert {folder: (study / folder / "slurm_job_id").read_text().strip() for folder in jobs} == jobs
+
+
+def test_one_job_makes_the_whole_report_inside_its_allocation(slurm_cluster, tmp_path, isolated_env):
+    """For sites that allow no long process on the login node: sbatch slurm/report.sbatch, make's variables after it."""
+    project = copy_project(tmp_path / "project")
+    env = isolated_env | {"SLURM_CONF": os.environ["SLURM_CONF"]}
+    job = subprocess.run(["sbatch", "--wait", "--parsable", "--cpus-per-task", "2", "slurm/report.sbatch",
+                          f"STUDY_LIST={TINY_STUDIES}", "STUDIES=scaling",
+                          "ALLREDUCE_ARGS=--max-bytes 4096 --seconds-per-size 0.02"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    log = project / f"slurm-report-{job.stdout.strip().split(';')[0]}.out"
+    assert job.returncode == 0, log.read_text()[-3000:] if log.is_file() else job.stderr
+    assert "report: job" in log.read_text() and "HTML: _build/html/index.html" in log.read_text()
+    assert (project / "results" / "scaling" / "n1" / "run.json").is_file()
+    assert "Strong scaling" in (project / "_build" / "html" / "notebooks" / "scaling_analysis.html").read_text()
 
 
 def test_two_nodes_rendezvous_over_c10d_and_train_the_same_model_as_one_node(tmp_path, isolated_env, two_local_ranks):

@@ -21,8 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 
 
 def slurm_conf(folder, cluster: EmulatedCluster) -> str:
-    """Two nodes with a core each; slurmctld on node0. Each slurmd keeps its own spool, PID file and log (%n)."""
-    nodes = "\n".join(f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 State=UNKNOWN" for k in range(2))
+    """Two nodes with a core each and a third of this machine's memory (the batch script asks for 4 GB a core);
+    slurmctld on node0. Each slurmd keeps its own spool, PID file and log (%n)."""
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 3
+    nodes = "\n".join(f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 RealMemory={memory_mb} State=UNKNOWN"
+                      for k in range(2))
     return f"""ClusterName=ddp-emulated
 SlurmctldHost=node0({cluster.address(0)})
 SlurmUser=root

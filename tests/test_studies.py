@@ -42,7 +42,8 @@ def test_the_runner_hands_the_run_notebook_exactly_the_parameters_it_declares_an
     import jupytext
     import papermill
 
-    from ddp_core.launch.plan import prepare
+    from ddp_core.launch.plan import SlurmOptions, prepare
+    from ddp_core.studies.study_list import SlurmPlacement, on_slurm
 
     notebook = tmp_path / "run_experiment.ipynb"
     jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
@@ -51,6 +52,11 @@ def test_the_runner_hands_the_run_notebook_exactly_the_parameters_it_declares_an
     for run, _ in plan_runs(list(STUDIES.values()), str(tmp_path / "results")):
         handed = set(run.parameters(str(tmp_path / "results")))
         assert handed <= declared and handed <= accepted, handed - (declared & accepted)
+    slurm_options = {"slurm_gpus_per_rank", "slurm_cpus_per_rank"}  # SlurmOptions' fields, in the notebook's words
+    assert {f"slurm_{name}" for name in inspect.signature(SlurmOptions).parameters} >= slurm_options
+    for run, _ in plan_runs(on_slurm([STUDIES["scaling"]], SlurmPlacement()), str(tmp_path / "results")):
+        handed = set(run.parameters(str(tmp_path / "results")))
+        assert handed <= declared and handed - slurm_options <= accepted, handed - (declared & accepted)
 
 
 def test_every_study_of_the_list_passes_the_trainers_checks_and_has_a_book_page(tmp_path):
@@ -227,6 +233,31 @@ def test_the_gpu_study_list_trains_the_whole_imdb_training_split_at_the_gpu_prof
         assert (settings["dataset"], settings["preset"], settings["device"]) == ("imdb", "large", "cuda")
     assert sorted({run.world_size for run in studies["scaling"].runs()}) == [1, 2, 4]
     assert studies["scaling"].repeats >= 3 and studies["scaling"].allreduce
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="this torch is a CUDA build")
+def test_gpu_jobs_from_a_torch_without_cuda_are_refused_in_one_line_before_any_is_queued(tmp_path, isolated_env):
+    """On a login node the GPUs are not there to check, but the build is: a job would fail on its node."""
+    proc = run_in_process(["--study-list", str(REPO / "notebooks" / "studies-gpu.yml"), "--launcher", "slurm",
+                           "--results-dir", "results"], cwd=tmp_path, env=isolated_env, main=runner_main)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"ddp_core.studies.run: error: study 'scaling', run scaling/n1: --device cuda on Slurm needs a CUDA build of "
+        f"torch, and this one is {torch.__version__} without CUDA: install the build for the cluster's driver "
+        f"(docs/using.md, \"On a GPU cluster\")")
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nodes", "--launcher", "slurm"], "study 'nodes' trains on nodes emulated on this machine: not on Slurm; name "
+                                       "the studies to submit (e.g. scaling)"),
+    (["scaling", "--launcher", "slurm", "--ranks-per-node", "3"], "study 'scaling': 4 ranks do not fill whole nodes "
+                                                                  "of 3"),
+])
+def test_runs_slurm_cannot_place_are_refused_in_one_line_before_any_is_queued(tmp_path, isolated_env, args, message):
+    proc = run_in_process([*args, "--results-dir", "results"], cwd=tmp_path, env=isolated_env, main=runner_main)
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"ddp_core.studies.run: error: {message}")
+    assert not (tmp_path / "results").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

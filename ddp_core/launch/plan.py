@@ -134,6 +134,8 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
             action = "resume"
         else:
             action = "interrupted"
+    if launcher == "slurm" and action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
+        check_cuda_build()
     if launcher == "local" and action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
         from ddp_core.engine.runtime import check_gpus, visible_gpus  # torch: imported only when GPUs are asked for
 
@@ -142,6 +144,16 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
         except UsageError as exc:
             raise ExperimentError(str(exc)) from None
     return Plan(world_size, nodes, run_dir, args, action, launcher, link_rate, cpus_per_node, max_restarts, slurm)
+
+
+def check_cuda_build() -> None:
+    """A job for GPUs fails on its node when this torch has no CUDA: said here, on the login node, before it queues."""
+    import torch
+
+    if torch.version.cuda is None:
+        raise ExperimentError(f"--device cuda on Slurm needs a CUDA build of torch, and this one is {torch.__version__} "
+                              f"without CUDA: install the build for the cluster's driver (docs/using.md, "
+                              f"\"On a GPU cluster\")")
 
 
 def network_of(run_dir: Path) -> dict | None:

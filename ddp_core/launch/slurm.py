@@ -106,9 +106,9 @@ def failure_report(run_dir: Path, job_id: str, lines: int = 15) -> str:
     return "\n".join([*causes, f"--- end of {log}:", *text[-lines:]])
 
 
-def run_slurm(plan: Plan) -> bool:
+def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
     """Submit (or attach to) the run's job as `plan.slurm` asks for it; with its `wait`, block until it ends. True
-    when the run is finished."""
+    when the run is finished. `module` is what the job's ranks run: the trainer, or the all-reduce benchmark."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not resubmitting")
         return True
@@ -121,7 +121,7 @@ def run_slurm(plan: Plan) -> bool:
         refuse_interrupted(plan)
         command = sbatch_command(plan)
         env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes),
-                   DDP_MAX_RESTARTS=str(plan.max_restarts))
+                   DDP_MAX_RESTARTS=str(plan.max_restarts), DDP_MODULE=module)
         submitted = subprocess.run(command, capture_output=True, text=True, env=env)
         if submitted.returncode != 0:
             raise ExperimentError("sbatch refused the job: " + " ".join(submitted.stderr.split()))

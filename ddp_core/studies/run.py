@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 
 from ddp_core.engine.config import OneLineParser, UsageError, check_writable_folder, positive_int
-from ddp_core.launch.plan import ExperimentError, Plan, check_can_emulate, launch_command, prepare
+from ddp_core.launch.plan import ExperimentError, Plan, SlurmOptions, check_can_emulate, launch_command, prepare
+from ddp_core.launch.slurm import run_slurm
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
 from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
-                                         on_profile, select)
+                                         SlurmPlacement, on_profile, on_slurm, select)
 
 RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
@@ -48,8 +49,10 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     for run in interleaved(studies):
         if run.models:
             run = wind_tunnel.dimensioned(run, records[run.study])
+        parameters = run.parameters(results_dir)
+        slurm = SlurmOptions(parameters.pop("slurm_gpus_per_rank", 0), parameters.pop("slurm_cpus_per_rank", 1))
         try:
-            plan = prepare(**run.parameters(results_dir))
+            plan = prepare(**parameters, slurm=slurm)
         except ExperimentError as exc:
             raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
         planned.append((run, plan))
@@ -137,13 +140,29 @@ def run_quietly(label: str, command: list[str]) -> None:
     print(f"{label}: done in {time.perf_counter() - start:.0f} s", flush=True)
 
 
+def benchmark_on_slurm(study: Study, n: int, out: Path, extra_args: str) -> None:
+    """The all-reduce benchmark on `n` ranks as a Slurm job placed as the study's runs are, waited for."""
+    run = next(run for run in study.runs() if run.world_size == n)
+    parameters = run.parameters(str(out.parent))
+    slurm = SlurmOptions(parameters["slurm_gpus_per_rank"], parameters["slurm_cpus_per_rank"])
+    plan = Plan(n, parameters["nodes"], out, shlex.split(extra_args), "train", "slurm", slurm=slurm)
+    start = time.perf_counter()
+    run_slurm(plan, module="ddp_core.bench.allreduce")
+    print(f"{study.name}: all-reduce benchmark on {n} ranks as a Slurm job: done in {time.perf_counter() - start:.0f} s",
+          flush=True)
+
+
 def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:
-    """The all-reduce benchmark at each world size above 1 of the study: on this machine, or for an emulated study
-    on each variant's links (results/<study>/<variant>/allreduce-n<N>)."""
+    """The all-reduce benchmark at each world size above 1 of the study: on this machine or as a Slurm job, or for
+    an emulated study on each variant's links (results/<study>/<variant>/allreduce-n<N>)."""
     if study.ranks_per_node is None:
         for n in study.allreduce_world_sizes:
             out = Path(results_dir) / study.name / f"allreduce-n{n}"
-            if not (out / "allreduce.csv").exists():
+            if (out / "allreduce.csv").exists():
+                continue
+            if study.slurm:
+                benchmark_on_slurm(study, n, out, extra_args)
+            else:
                 run_quietly(f"{study.name}: all-reduce benchmark on {n} ranks",
                             [*launch_command(n, "-m", "ddp_core.bench.allreduce"), "--out", str(out),
                              *shlex.split(extra_args)])
@@ -185,10 +204,14 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
         benchmark_allreduce(study, results_dir, allreduce_args)
 
 
-def can_run_here(studies: list[Study]) -> tuple[list[Study], str]:
-    """The studies this machine can run, and why the others cannot: those on an emulated cluster need root and
-    iproute2. A user who did not name them gets the rest, and the book shows their reference runs."""
+def can_run_here(studies: list[Study], launcher: str = "local") -> tuple[list[Study], str]:
+    """The studies this machine (or, under `launcher` slurm, its cluster) can run, and why the others cannot: those on
+    an emulated cluster need root and iproute2 here, and are no cluster's. A user who did not name them gets the
+    rest, and the book shows their reference runs."""
     emulated = [study for study in studies if study.ranks_per_node is not None]
+    if emulated and launcher == "slurm":
+        return [study for study in studies if study not in emulated], (
+            f"not submitting {', '.join(study.name for study in emulated)}: their nodes are emulated on one machine")
     try:
         if emulated:
             check_can_emulate(1, None)
@@ -234,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-sizes", nargs="+", type=world_size, metavar="N",
                         help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
                              "later call, which reuses these")
+    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                        help="local: every run on this machine; slurm: every run a job of slurm/ddp_train.sbatch, "
+                             "submitted and waited for in turn")
+    parser.add_argument("--ranks-per-node", type=positive_int, default=SlurmPlacement.ranks_per_node,
+                        help="slurm: the most ranks a job puts on a node (its GPUs); more take whole nodes "
+                             "(default %(default)s)")
+    parser.add_argument("--cpus-per-rank", type=positive_int, default=SlurmPlacement.cpus_per_rank,
+                        help="slurm: CPU cores a rank asks for (default %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="plan and check every run of the chosen studies, then stop: train nothing")
     try:
@@ -241,13 +272,15 @@ def main(argv: list[str] | None = None) -> int:
         check_writable_folder(Path(args.results_dir), "--results-dir")
         studies = select(load_study_list(args.study_list), args.studies)
         if not args.studies:  # a study named on the command line is refused in one line instead
-            studies, skipped = can_run_here(studies)
+            studies, skipped = can_run_here(studies, args.launcher)
             if skipped:
                 print(f"ddp_core.studies.run: {skipped}; the book shows their reference runs", flush=True)
         if args.world_sizes:
             studies = at_world_sizes(studies, args.world_sizes)
         if args.profile:
             studies = on_profile(studies, args.profile)
+        if args.launcher == "slurm":
+            studies = on_slurm(studies, SlurmPlacement(args.ranks_per_node, args.cpus_per_rank))
         if args.allreduce_args:
             check_allreduce_args(args.allreduce_args, studies)
         if args.check:

@@ -34,6 +34,15 @@ class StudyError(Exception):
 
 
 @dataclass(frozen=True)
+class SlurmPlacement:
+    """How the runner's --launcher slurm places a run as a job: at most `ranks_per_node` ranks a node (a run of more
+    takes world_size / ranks_per_node nodes), a GPU a rank where its profile trains on cuda, `cpus_per_rank` cores a
+    rank. The site's partition, account and time limit are slurm/ddp_train.sbatch's."""
+    ranks_per_node: int = 4
+    cpus_per_rank: int = 4
+
+
+@dataclass(frozen=True)
 class Run:
     study: str
     experiment: str  # folder under the results: <study> or <study>/<variant>
@@ -45,6 +54,7 @@ class Run:
     link_rate: str | None = None  # the emulated links' rate (None: unshaped)
     cpus_per_node: float | None = None  # the emulated nodes' CPU share (None: the machine's cores, shared)
     models: str | None = None  # the configuration the links model (ddp_core.analysis.similarity); its rate set later
+    slurm: SlurmPlacement | None = None  # set: a Slurm job, not a process of this machine
 
     @property
     def folder(self) -> str:
@@ -53,10 +63,19 @@ class Run:
     def parameters(self, results_dir: str) -> dict:
         """The run notebook's parameters for this run, which are also `launch.plan.prepare`'s: the runner checks
         the run with them before anything trains, and papermill hands the same to the notebook."""
-        return dict(world_size=self.world_size, profile=self.profile, overrides=self.settings, repeat=self.repeat,
-                    experiment=self.experiment, results_dir=results_dir,
-                    launcher="local" if self.nodes is None else "emulated", nodes=self.nodes or 1,
-                    link_rate=self.link_rate, cpus_per_node=self.cpus_per_node)
+        common = dict(world_size=self.world_size, profile=self.profile, overrides=self.settings, repeat=self.repeat,
+                      experiment=self.experiment, results_dir=results_dir)
+        if self.slurm:
+            on_gpus = (load_profile(self.profile) | self.settings).get("device") == "cuda"
+            return common | dict(launcher="slurm", nodes=slurm_nodes(self.world_size, self.slurm),
+                                 slurm_gpus_per_rank=int(on_gpus), slurm_cpus_per_rank=self.slurm.cpus_per_rank)
+        return common | dict(launcher="local" if self.nodes is None else "emulated", nodes=self.nodes or 1,
+                             link_rate=self.link_rate, cpus_per_node=self.cpus_per_node)
+
+
+def slurm_nodes(world_size: int, placement: SlurmPlacement) -> int:
+    """The nodes a run of `world_size` ranks takes as a job: one up to a node's ranks, else whole nodes."""
+    return max(1, world_size // placement.ranks_per_node)
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,7 @@ class Study:
     allreduce: bool
     ranks_per_node: int | None = None  # set: every run on an emulated cluster of world_size / ranks_per_node nodes
     ratio_tolerance: float = 0.05  # how far a modelled variant's R_N^bench may miss its target (the wind tunnel's)
+    slurm: SlurmPlacement | None = None  # set: every run a Slurm job (the runner's --launcher slurm)
 
     def experiment(self, variant: Variant) -> str:
         return f"{self.name}/{variant.name}" if variant.name else self.name
@@ -87,7 +107,7 @@ class Study:
         """Repeat by repeat, every variant and world size once per repeat (see `interleaved`)."""
         return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat,
                     n // self.ranks_per_node if self.ranks_per_node else None, variant.link_rate,
-                    variant.cpus_per_node, variant.models)
+                    variant.cpus_per_node, variant.models, self.slurm)
                 for repeat in range(1, self.repeats + 1) for variant in self.variants for n in variant.world_sizes]
 
     @property
@@ -231,6 +251,21 @@ def on_profile(studies: list[Study], profile: str) -> list[Study]:
                              f"which profile {profile!r} sets too; run a study list sized for {profile!r} (make report "
                              f"PROFILE=gpu uses {GPU_STUDY_LIST.relative_to(REPO_ROOT)})")
     return [replace(study, profile=profile) for study in studies]
+
+
+def on_slurm(studies: list[Study], placement: SlurmPlacement) -> list[Study]:
+    """The studies with every run a Slurm job placed as `placement` says. Emulated nodes are this machine's, not a
+    cluster's, and a run of more ranks than a node holds must fill whole nodes: both refused in one line."""
+    for study in studies:
+        if study.ranks_per_node is not None:
+            raise StudyError(f"study {study.name!r} trains on nodes emulated on this machine: not on Slurm; name the "
+                             f"studies to submit (e.g. scaling)")
+        uneven = sorted({n for variant in study.variants for n in variant.world_sizes
+                         if n > placement.ranks_per_node and n % placement.ranks_per_node})
+        if uneven:
+            raise StudyError(f"study {study.name!r}: {', '.join(map(str, uneven))} ranks do not fill whole nodes of "
+                             f"{placement.ranks_per_node}")
+    return [replace(study, slurm=placement) for study in studies]
 
 
 def select(studies: dict[str, Study], names: list[str]) -> list[Study]:
