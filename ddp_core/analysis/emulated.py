@@ -16,7 +16,8 @@ from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glu
                                            run_times, slower_speedup, speedup_comparisons, steady_phases)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, borrowed_from, forecast,
-                                       joined, link_label, measured_gbit_s, only, read_wind_tunnel, wind_tunnel_record)
+                                       joined, link_label, measured_gbit_s, only, point_label, read_wind_tunnel,
+                                       wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, median_range
@@ -54,10 +55,12 @@ def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
                     if ddp_on_nodes(e) and variant not in links}
 
 
-def variant_label(experiment: Experiment, study: dict[str, Experiment]) -> str:
-    """What its links are set for, and the nodes' share where it is not the one node's."""
+def variant_label(experiment: Experiment, study: dict[str, Experiment], nodes: int | None = None) -> str:
+    """What its links are set for (at `nodes` nodes, where given), and the nodes' share where it is not the one
+    node's."""
     share = node_share(experiment)
-    return link_label(experiment) + ("" if share == node_share(study[BASELINE]) else f", nodes of {share:g} core")
+    links = link_label(experiment) if nodes is None else point_label(experiment, nodes)
+    return links + ("" if share == node_share(study[BASELINE]) else f", nodes of {share:g} core")
 
 
 def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -125,7 +128,7 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
             row, predicted = table.loc[n], prediction.reindex([n]).iloc[0]  # all NaN where no benchmark at n
             ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             rows.append(dict(
-                forecast_speedup=forecast(ahead).get("speedup", np.nan), link=link_label(e),
+                forecast_speedup=forecast(ahead).get("speedup", np.nan), link=link_label(e), point=point_label(e, n),
                 measured_gbit_s=measured_gbit_s(only(e, n)), world_size=n,
                 **row[["speedup", "speedup_low", "speedup_high", "efficiency", "step_time_s", "mean_step_s",
                        "comm_total_per_step_s", "comm_exposed_per_step_s"]],
@@ -200,7 +203,7 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
             rounds = [f for f in entry.get("forecasts", []) if f["repeat"] <= len(runs)]
             before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
             within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
-            rows.append(dict(link=variant_label(experiment, study), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
+            rows.append(dict(link=variant_label(experiment, study, n), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
                              rounds_before=f"{before} of {len(runs)}", step_ms=step * 1e3,
                              error=ahead["step_s"] / step - 1, rounds_within=within, rounds=len(rounds)))
     return pd.DataFrame(rows)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ddp_core.analysis.emulated import BASELINE, link_experiments, link_setting, similarity_table
 from ddp_core.analysis.results import Experiment, wind_tunnel_record
-from ddp_core.analysis.similarity import CONFIGURATIONS, large_model
+from ddp_core.analysis.similarity import CONFIGURATIONS, PRESET, large_model
 from ddp_core.analysis.tables import median_range
 from ddp_core.engine.model_cost import bucket_sizes
 
@@ -30,7 +30,8 @@ def cluster_fixed_ms(models: str, workload: dict, nodes: int) -> float:
 
 def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """For the fastest and the slowest links at the most nodes: the emulated nodes as measured and, where the wind
-    tunnel set their links, the cluster whose ratio they borrow, a row each named in words. Columns: R_N^bench
+    tunnel set their links, the cluster whose ratio they borrow, a row each named in words. Columns: the model preset
+    and global batch, R_N^bench
     (reached; the cluster's target), R_N and the exposed share f inside the runs, the all-reduce time no link rate
     removes, the CPU quota's period, and the speedup over one (measured, with the repeats' range; the cluster's own
     forecast range). NaN: not known for that side."""
@@ -43,14 +44,16 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant in dict.fromkeys([links[0], links[-1]]):
         point = points.loc[(variant, most)]
         modelled = bool(point["borrowed"])
-        rows.append(dict(name=f"{most} emulated nodes, {link_setting(point)}", bench_ratio=point["achieved_ratio"],
+        rows.append(dict(name=f"{most} emulated nodes, {link_setting(point)}", model=one.config["preset"],
+                         global_batch=one.global_batch_size, bench_ratio=point["achieved_ratio"],
                          runs_ratio=point["runs_ratio"], exposed_share=point["exposed_share"],
                          fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,
                          quota_period_ms=one.raw["network"]["cpu_period_ms"],
                          speedup=median_range(point["speedup"], point["speedup_low"], point["speedup_high"],
                                               between=" to ") + ", measured"))
         if modelled:
-            rows.append(dict(name=f"{most} {point['borrowed']}", bench_ratio=point["target_ratio"], runs_ratio=np.nan,
+            rows.append(dict(name=f"{most} {point['borrowed']}", model=PRESET, global_batch=point["modelled_batch"],
+                             bench_ratio=point["target_ratio"], runs_ratio=np.nan,
                              exposed_share=np.nan, fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
                              quota_period_ms=np.nan,
                              speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast"))

@@ -372,6 +372,13 @@ def link_label(experiment: Experiment) -> str:
     return "unshaped" if rate is None else rate_text(rate)
 
 
+def point_label(experiment: Experiment, nodes: int) -> str:
+    """What an experiment's links were set for at `nodes` nodes: "ratio 5.1" where the wind tunnel set them, else
+    `link_label`'s rate."""
+    entry = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name, {}).get("by_nodes", {})
+    return f"ratio {entry[str(nodes)]['target_ratio']:.2g}" if str(nodes) in entry else link_label(experiment)
+
+
 def borrowed_from(experiment: Experiment) -> str:
     """The real cluster whose compute-to-communication ratio the wind tunnel set an experiment's links to, or ""."""
     return wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name, {}).get("configuration", "")

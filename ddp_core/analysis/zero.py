@@ -23,7 +23,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
 from ddp_core.analysis.emulated import ddp_on_nodes, node_share
 from ddp_core.analysis.results import (Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only,
-                                      wind_tunnel_record)
+                                      point_label, wind_tunnel_record)
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
@@ -207,6 +207,7 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
     n = max(node_counts(study))
     speedups, ddp, zero3_name = speedup_table(study), MODE_NAMES["none"], MODE_NAMES["zero3"]
     return {"sharding_nodes": n, "sharding_link": link_label(modes(study)["none"]),
+            "sharding_setting": point_label(modes(study)["none"], n),
             "sharding_ddp_speedup": speedups.loc[ddp, f"speedup_n{n}"],
             "sharding_ddp_speedup_verdict": speedups.loc[ddp, f"verdict_n{n}"],
             "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],

@@ -58,6 +58,7 @@ def likeness_markdown(results: Path) -> str:
     """`likeness_table`: the headline's emulated nodes beside the clusters whose ratio they borrow, a column each."""
     table = likeness_table(load_study(results / "nodes"))
     return quantity_table(table, {
+        "model": ("Model", "{}"), "global_batch": ("Global batch", "{:.0f}"),
         "bench_ratio": ("Compute over all-reduce, as a benchmark times it ($R_N^\\text{bench}$)", "{:.2f}"),
         "runs_ratio": ("Compute over all-reduce inside the runs ($R_N$)", "{:.2f}"),
         "exposed_share": ("Share of the all-reduce that backward did not hide ($f$)", "{:.0%}"),

@@ -61,7 +61,7 @@ LINK_ROWS = {
 def link_markdown(study: dict[str, Experiment], world_size: int) -> str:
     """The table at one world size, a column per link."""
     table = link_table(study).query("world_size == @world_size")
-    return quantity_table(table, LINK_ROWS, turned=True, column_names=list(table["link"]))
+    return quantity_table(table, LINK_ROWS, turned=True, column_names=list(table["point"]))
 
 
 def link_findings(study: dict[str, Experiment]) -> dict:
@@ -69,10 +69,11 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     worst = table.loc[table["prediction_error"].abs().idxmax()]
     inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
     return {
-        "links_measured": "; ".join(f"{variant_label(e, study)} at {n} nodes, {rate_text(measured_gbit_s(only(e, n)))}"
+        "links_measured": "; ".join(f"{variant_label(e, study, n)} at {n} nodes, "
+                                    f"{rate_text(measured_gbit_s(only(e, n)))}"
                                     for e in variant_experiments(study).values() for n in e.repeats if n > 1),
         "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
-        "worst_prediction_link": worst["link"], "predictions_inside": int(inside.sum()),
+        "worst_prediction_link": worst["point"], "predictions_inside": int(inside.sum()),
         "predictions": len(table), "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
 
@@ -116,9 +117,9 @@ def similarity_markdown(study: dict[str, Experiment]) -> str:
     table["cluster_range"] = [f"{low:.2f} to {high:.2f}" if low > 0 else np.nan
                               for low, high in zip(table["cluster_low"], table["cluster_high"])]
     return quantity_table(table, {
+        "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
         "borrowed": ("Ratio borrowed from", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
         "modelled_batch": ("Global batch modelled", "{:.0f}"),
-        "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
         "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
         "speedup_range": ("Speedup, median (lowest to highest)", "{}"),
         "verdict": ("Verdict against one node", "{}"),
