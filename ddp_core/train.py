@@ -84,7 +84,8 @@ def continue_command(argv: list[str] | None, cfg: TrainConfig, run_dir: Path) ->
     args = [*(sys.argv[1:] if argv is None else argv), *([] if cfg.out else ["--out", str(run_dir)])]
     world, local = (int(os.environ.get(name, "1")) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))
     rendezvous = ["--standalone"] if world == local else [f"--nnodes={world // local}", "..."]  # ...: no rank knows it
-    launch = ["torchrun", *rendezvous, f"--nproc-per-node={local}"] if world > 1 else ["python"]
+    torchrun = os.environ.get("DDP_CORE_LAUNCHER", "torchrun")  # ddp-torchrun sets it (ddp_core.launch.torchrun)
+    launch = [torchrun, *rendezvous, f"--nproc-per-node={local}"] if world > 1 else ["python"]
     return shlex.join([*launch, "-m", "ddp_core.train", *args])
 
 

@@ -168,15 +168,20 @@ def test_ctrl_c_stops_one_process_in_one_line_whose_command_finishes_the_run(tmp
     assert [row["resumes"] for row in read_metrics(run_dir)] == ["0", "1"]
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "ddp-torchrun"])
 def test_ctrl_c_stops_every_rank_under_torchrun_and_the_command_it_prints_continues_exactly(straight, tmp_path,
-                                                                                          isolated_env):
+                                                                                          isolated_env, launcher):
     """Torchrun reports the signal itself after the ranks have stopped (a traceback and exit status 1, torch 2.13):
-    the ranks print one line and no traceback."""
-    printed, _ = signalled(launch_command(2) + trainer("--out", tmp_path / "run"), signal.SIGINT, tmp_path,
-                           isolated_env)
+    the ranks print one line and no traceback. The project's ddp-torchrun leaves the agent's report out and exits
+    130, as a program ended by Ctrl-C does; its line names it as the command to continue with."""
+    agent = [str(Path(sys.executable).with_name(launcher)), "--standalone", "--nproc-per-node=2", "-m",
+             "ddp_core.train"]
+    printed, code = signalled(agent + trainer("--out", tmp_path / "run"), signal.SIGINT, tmp_path, isolated_env)
     assert "KeyboardInterrupt" not in printed, printed
+    if launcher == "ddp-torchrun":
+        assert code == 130 and "Traceback" not in printed and "signal" not in printed.replace("SIGINT", ""), printed
     command = continue_command(printed)
-    assert Path(command[0]).name == "torchrun" and "--nproc-per-node=2" in command
+    assert Path(command[0]).name == launcher and "--nproc-per-node=2" in command
 
     finished = subprocess.run(command, cwd=tmp_path, env=isolated_env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stdout + finished.stderr

@@ -1,0 +1,42 @@
+"""torchrun, stopped as the trainer stops: on Ctrl-C (or SIGTERM) the ranks finish their step, checkpoint, and rank 0
+says in one line where it stopped and how to continue; this leaves out what torchrun's agent adds to that (its log
+lines about the signal, then its traceback) and exits as a program ended by the signal does (130 for Ctrl-C).
+
+    ddp-torchrun --standalone --nproc-per-node 4 -m ddp_core.train --dataset imdb ...
+
+Its options are torchrun's (torch.distributed.run); everything else it prints, it prints as torchrun does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.run import main as torchrun
+
+NAME = "ddp-torchrun"
+LAUNCHER_VARIABLE = "DDP_CORE_LAUNCHER"  # read by the trainer's ranks: the command that continues a stopped run
+AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+STOP_WORDS = ("death signal", "closing signal", "termination signal")
+
+
+def not_about_the_stop(record: logging.LogRecord) -> bool:
+    """The agent's lines about a stop signal say again what the ranks' one line says."""
+    return not any(words in record.getMessage() for words in STOP_WORDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ[LAUNCHER_VARIABLE] = NAME
+    for name in AGENT_LOGGERS:
+        logging.getLogger(name).addFilter(not_about_the_stop)
+    try:
+        torchrun(argv)
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
