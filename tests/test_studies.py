@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, run_in_process
+from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, read_metrics, run_in_process
 from ddp_core.engine.config import global_batch_size, load_profile, parse_args
 from ddp_core.report import precision
 from ddp_core.analysis.comparisons import WARMUP_STEPS
@@ -460,3 +460,36 @@ def test_a_study_page_states_how_many_runs_of_how_many_epochs_ran_where(tmp_path
     assert (found["setup_device"], found["setup_cores"], found["setup_torch"]) == (
         info["device_name"], info["cpu_count"], info["torch"])
     assert found["setup_shown"].startswith("the reference results shipped with the report")
+
+
+# The study runner, in a process that Ctrl-C interrupts as a terminal's does (a suite run in a background job would
+# have it inherit SIGINT ignored).
+RUNNER_UNDER_CTRL_C = """import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from ddp_core.studies.run import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_study_runner_in_one_line_and_the_same_command_goes_on(tmp_path, isolated_env):
+    study_list = tmp_path / "studies.yml"
+    study_list.write_text(yaml.safe_dump({"mine": GOOD | {"settings": {"train_samples": 48000}, "world_sizes": [2]}}))
+    command = [sys.executable, "-c", RUNNER_UNDER_CTRL_C, "--study-list", str(study_list), "--results-dir", "results"]
+    run_dir = tmp_path / "results" / "mine" / "n2"
+    with subprocess.Popen(command, cwd=tmp_path, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as runner:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "steps.csv").exists():  # the run is training
+            assert runner.poll() is None and time.monotonic() < deadline, runner.communicate()
+            time.sleep(0.2)
+        os.killpg(runner.pid, signal.SIGINT)
+        out, err = runner.communicate(timeout=120)
+    assert runner.returncode == 130 and "Traceback" not in out + err, out + err
+    assert err.strip().splitlines()[-1] == (
+        "ddp_core.studies.run: stopped by Ctrl-C; run the same command to go on: it reuses every finished run and "
+        "continues a stopped one from its checkpoint")
+
+    again = subprocess.run(command, cwd=tmp_path, env=isolated_env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [row["epoch"] for row in read_metrics(run_dir)] == ["1", "2"]

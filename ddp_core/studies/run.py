@@ -290,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     except (StudyError, UsageError) as exc:
         print(f"ddp_core.studies.run: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the run in flight, in a session of its own, got it too: it stops at a checkpoint
+        print("ddp_core.studies.run: stopped by Ctrl-C; run the same command to go on: it reuses every finished run "
+              "and continues a stopped one from its checkpoint", file=sys.stderr)
+        return 130
     return 0
 
 
