@@ -192,16 +192,20 @@ def test_ctrl_c_stops_every_rank_under_torchrun_and_the_command_it_prints_contin
 # (a suite run in a background job would have it inherit SIGINT ignored).
 LAUNCHER = """import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from ddp_core.launch.local import run_local
+from ddp_core.launch.launchers import start
 from ddp_core.launch.plan import prepare
-run_local(prepare(world_size=2, launcher="local", results_dir=sys.argv[1], experiment="ctrl-c", profile="tiny",
-                  overrides={"train_samples": 2400, "global_batch_size": 8}))
+start(prepare(world_size=2, launcher=sys.argv[2], nodes=int(sys.argv[3]), results_dir=sys.argv[1],
+              experiment="ctrl-c", profile="tiny", overrides={"train_samples": 2400, "global_batch_size": 8}))
 """
 
 
-def test_ctrl_c_in_the_local_launcher_ends_in_the_trainers_one_line_and_the_same_call_finishes_the_run(
-        tmp_path, isolated_env):
-    command = [sys.executable, "-c", LAUNCHER, str(tmp_path / "results")]
+@pytest.mark.parametrize("launcher, nodes", [
+    ("local", 1),
+    pytest.param("emulated", 2, marks=pytest.mark.skipif(os.geteuid() != 0, reason="emulated nodes need root")),
+])
+def test_ctrl_c_in_a_launcher_ends_in_the_trainers_one_line_and_the_same_call_finishes_the_run(
+        tmp_path, isolated_env, launcher, nodes):
+    command = [sys.executable, "-c", LAUNCHER, str(tmp_path / "results"), launcher, str(nodes)]
     printed, code = signalled(command, signal.SIGINT, tmp_path, isolated_env)
     assert code == 130 and "Traceback" not in printed and "SignalException" not in printed, printed
     continue_command(printed)

@@ -40,6 +40,7 @@ from pathlib import Path
 from ddp_core.engine.config import ERROR_PREFIX
 from ddp_core.engine.run_files import save_atomic
 from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, NodeCpu, find_controller, remove_group
+from ddp_core.launch.local import stop_interrupted
 from ddp_core.launch.plan import (NETWORK_FILE, ClusterError, ExperimentError, Plan, check_can_emulate, follow_trainer,
                                   rate_bits_per_s, refuse_interrupted, shell_command, stop_with_parent, trainer_args)
 
@@ -48,6 +49,7 @@ NETNS_ETC = Path("/etc/netns")
 PREFIX = "ddc"  # ddc<owner pid, 6 hex digits><sequence>: <=15 characters with the link suffixes (Linux's limit)
 NAME = re.compile(rf"^{PREFIX}(?P<owner>[0-9a-f]{{6}})[0-9a-z](?:-n\d+|br|v\d+)$")
 STOP_GRACE_S = 5  # after a node failed, the others' time to end by themselves before they are stopped
+STOP_AT_CHECKPOINT_S = 120  # after Ctrl-C, the nodes' time to finish their step and write the checkpoint
 MASTER_PORT = 29500  # every cluster has its own network stacks: two clusters never share this port
 _sequence = itertools.count()
 _failure_lock = threading.Lock()
@@ -358,6 +360,12 @@ def run_emulated(plan: Plan) -> bool:
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
         try:
             follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
+        except KeyboardInterrupt:  # every node stops at the same step with a checkpoint before the cluster goes
+            for node in others:
+                node.send_signal(signal.SIGINT)
+            for node in others:
+                node.wait(timeout=STOP_AT_CHECKPOINT_S)
+            stop_interrupted(leader)
         except ExperimentError:
             if leader.wait() == -signal.SIGTERM and cluster.first_failed:  # node 0 was stopped for another that failed
                 cluster.wait(others, plan.run_dir)
