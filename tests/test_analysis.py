@@ -478,3 +478,16 @@ def test_the_discussion_gives_the_theorys_own_speedup_from_the_runs_ratio_and_ex
     n = found["n_model"]
     x = scaling_table(experiment).loc[n, "compute_to_comm_ratio"] / scaling_table(experiment).loc[n, "exposed_share"]
     assert found["theory_speedup"] == pytest.approx(n * x / (1 + x))
+
+
+@pytest.mark.parametrize("value, floor, shown", [
+    (2.664, 0.07, "2.7"),  # 7 % of 2.66 is 0.19: the first decimal is the noise's
+    (0.801, 0.04, "0.80"),  # 4 % of 0.80 is 0.03: the second decimal
+    (12.3, 0.2, "12"),  # 20 % of 12 is 2.5: no decimal
+    (1.234, 0.0001, "1.23"),  # never more than two decimals
+    (1.234, float("nan"), "1.23"),  # no floor known: two decimals
+])
+def test_a_number_is_written_to_the_digit_its_noise_floor_allows(value, floor, shown):
+    from ddp_core.analysis.tables import noise_format
+
+    assert noise_format(value, floor).format(value) == shown

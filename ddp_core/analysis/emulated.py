@@ -13,14 +13,15 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glue, compare_speedups, paired_sides,
-                                           run_times, slower_speedup, speedup_comparisons, steady_phases)
+                                           run_times, slower_speedup, speedup_comparisons, steady_phases,
+                                           study_floor_power)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, borrowed_from, forecast,
                                        joined, link_label, measured_gbit_s, only, point_label, read_wind_tunnel,
                                        wind_tunnel_record)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import counted, median_range
+from ddp_core.analysis.tables import counted, median_range, noise_format, range_text
 from ddp_core.analysis.verdict import error_rates
 from ddp_core.launch.plan import rate_bits_per_s
 
@@ -162,14 +163,19 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     for end, variant in (("fastest", list(links)[0]), ("slowest", list(links)[-1])):
         experiment, point = links[variant], points.loc[(variant, most)]
         row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
+        comparison = speedup_comparisons(experiment)[most]
+        shown = noise_format(row["speedup"], comparison.floor)
         found |= {f"{end}_{key}": value for key, value in {
+            "speedup_shown": shown.format(row["speedup"]), "floor": comparison.floor,
+            "power": study_floor_power({"": experiment})["found_10"],
             "link": link_label(experiment), "setting": link_setting(point),
             "speedup": row["speedup"],
-            "speedup_range": f"{row['speedup_low']:.2f} to {row['speedup_high']:.2f}", "efficiency": row["efficiency"],
+            "speedup_range": range_text(row["speedup_low"], row["speedup_high"], shown, " to "),
+            "efficiency": row["efficiency"],
             "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
             "exposed_ms": row["comm_exposed_per_step_s"] * 1e3, "step_ms": row["mean_step_s"] * 1e3,
             "comm_ms": row["comm_total_per_step_s"] * 1e3, "benchmark_ms": row["predicted_comm_s"] * 1e3,
-            "verdict": speedup_comparisons(experiment)[most].says("slower", "faster")}.items()}
+            "verdict": comparison.says("slower", "faster")}.items()}
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
     return found | {"compute_inflation_range": f"{inflation.min():.2f} to {inflation.max():.2f}", "points": len(table),
                     "faster_points": int((table["speedup"] > 1).sum()),

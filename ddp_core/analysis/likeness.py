@@ -11,7 +11,7 @@ import pandas as pd
 from ddp_core.analysis.emulated import BASELINE, link_experiments, link_setting, similarity_table
 from ddp_core.analysis.results import Experiment, wind_tunnel_record
 from ddp_core.analysis.similarity import CONFIGURATIONS, PRESET, large_model
-from ddp_core.analysis.tables import median_range
+from ddp_core.analysis.tables import median_range, noise_format
 from ddp_core.engine.model_cost import bucket_sizes
 
 
@@ -50,7 +50,7 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
                          fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,
                          quota_period_ms=one.raw["network"]["cpu_period_ms"],
                          speedup=median_range(point["speedup"], point["speedup_low"], point["speedup_high"],
-                                              between=" to ") + ", measured"))
+                                              noise_format(point["speedup"], point["floor"]), " to ") + ", measured"))
         if modelled:
             rows.append(dict(name=f"{most} {point['borrowed']}", model=PRESET, global_batch=point["modelled_batch"],
                              bench_ratio=point["target_ratio"], runs_ratio=np.nan,

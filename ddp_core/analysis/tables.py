@@ -52,6 +52,15 @@ def median_range(median: float, low: float, high: float, fmt: str = "{:.2f}", be
     return median_text if spread == median_text else f"{median_text} ({spread})"
 
 
+def noise_format(value: float, floor: float) -> str:
+    """The format that writes `value` to the digit its noise floor allows: the last digit shown is the first that a
+    relative spread of `floor` can move (2.66 at a floor of 7 %: '2.7'; 0.80 at 4 %: '0.80'); two decimals at most,
+    and where the floor is unknown."""
+    if not floor > 0 or not value:
+        return "{:.2f}"
+    return f"{{:.{min(2, max(0, -math.floor(math.log10(abs(value) * floor))))}f}}"
+
+
 def difference_text(value: float, bound: str = "") -> str:
     """A difference as a reader reads it: '0' where there is none, two significant figures where they show within
     four decimals ('0.0032', '0.15'), and below that the power of ten it lies within, after `bound` ('below ' in a

@@ -17,7 +17,7 @@ from ddp_core.analysis.payoff import payoff_findings
 from ddp_core.analysis.provenance import shown_folder
 from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import counted, cpu_relation, machine_text, median_range, quantity_table
+from ddp_core.analysis.tables import counted, cpu_relation, machine_text, median_range, noise_format, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
 from ddp_core.studies.study_list import load_study_list
 
@@ -78,7 +78,8 @@ def summary_table(results: Path) -> pd.DataFrame:
         share = "" if row.share == node_share(nodes[BASELINE]) else f" of {row.share:g} core"
         rows.append(dict(setting=f"{counted(row.nodes, 'node')}{share}, {link_setting(pd.Series(row._asdict()))}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
-                         value=median_range(row.speedup, row.speedup_low, row.speedup_high),
+                         value=median_range(row.speedup, row.speedup_low, row.speedup_high,
+                                            noise_format(row.speedup, row.floor)),
                          efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
                          why=f"$R_N$ {row.runs_ratio:.2f} {'>' if row.runs_ratio > row.break_even else '<'} "
                              f"{row.break_even:.2f}"))
