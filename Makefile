@@ -119,7 +119,12 @@ book: $(VENV)/.installed $(MATHJAX)
 	$(build_book)
 	@echo "HTML: _build/html/index.html"
 
+# TeX: installed with apt-get where it is missing and make runs as root; without root, a TeX of the user's own (see
+# docs/using.md, "On a GPU cluster") on the PATH.
 pdf: $(VENV)/.installed
+	@command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || [ "$$(id -u)" = 0 ] || \
+		{ echo "make pdf: needs latexmk and TeX Gyre (tgtermes.sty) on the PATH, which only root can install with" \
+		       "apt-get; see docs/using.md, \"On a GPU cluster\"" >&2; exit 2; }
 	command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
 		($(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends $(TEX_PACKAGES))
 	$(BIN)/jupyter-book build book --builder pdflatex

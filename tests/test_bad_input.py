@@ -4,8 +4,11 @@ launch) starts one."""
 
 import gzip
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -199,3 +202,18 @@ def test_a_run_the_trainer_refuses_fails_the_notebook_in_the_trainers_one_line(t
     assert str(refused.value) == (f"ddp_core.train: error: {folder / 'train.csv.gz'}: row 2: label 5 out of range; "
                                   f"expected 0..1")
     assert not plan.run_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs as another user: needs root")
+def test_make_pdf_without_tex_and_without_root_says_what_it_needs_in_one_line():
+    """A cluster user has no root: make pdf cannot apt-get TeX there, and says so before trying."""
+    with tempfile.TemporaryDirectory() as folder:  # readable by the other user, unlike pytest's own
+        os.chmod(folder, 0o755)
+        for tool in ("sh", "make", "id"):  # a PATH without latexmk
+            os.symlink(shutil.which(tool), os.path.join(folder, tool))
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"PATH={folder}",
+                               "make", "-o", ".venv/.installed", "pdf"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert proc.stderr.splitlines()[0] == ("make pdf: needs latexmk and TeX Gyre (tgtermes.sty) on the PATH, which "
+                                           "only root can install with apt-get; see docs/using.md, \"On a GPU "
+                                           "cluster\"")
