@@ -164,7 +164,8 @@ def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
     data = load_data(cfg)
     flops_per_sample = training_flops(vars(model_config(cfg, data.num_classes)), cfg.seq_len)
     loops = {"plain": plain_epoch(cfg, rt, data), "ddp_core": trainer_epoch(cfg, rt, data, False, False),
-             "timed": trainer_epoch(cfg, rt, data, True, False), "ddp_of_one": trainer_epoch(cfg, rt, data, False, True)}
+             "timed": trainer_epoch(cfg, rt, data, True, False),
+             "ddp_of_one": trainer_epoch(cfg, rt, data, False, True)}
     rows = []
     for round_ in range(-1, rounds):  # round -1 warms every loop up and is not kept
         for loop in LOOPS if round_ % 2 else LOOPS[::-1]:

@@ -430,8 +430,8 @@ def bucket_cap_mb(cfg: TrainConfig, rt: Runtime, model: TransformerClassifier) -
         return cfg.bucket_cap_mb
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     if cfg.bucket_cap_mb is not None and cfg.bucket_cap_mb < gradient_mb:
-        raise UsageError(f"--comm-hook powersgd on gloo needs one gradient bucket: --bucket-cap-mb {cfg.bucket_cap_mb:g} "
-                         f"is less than the model's {gradient_mb:.1f} MiB (leave it unset)")
+        raise UsageError(f"--comm-hook powersgd on gloo needs one gradient bucket: --bucket-cap-mb "
+                         f"{cfg.bucket_cap_mb:g} is less than the model's {gradient_mb:.1f} MiB (leave it unset)")
     return max(cfg.bucket_cap_mb or 0.0, gradient_mb + 1)
 
 

@@ -334,7 +334,8 @@ _skipped: list[str] = []
 
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
-        _skipped.append(f"{report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr}")
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        _skipped.append(f"{report.nodeid}: {reason}")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -291,7 +291,8 @@ def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
     assert table.loc[4, ["speedup", "speedup_low", "speedup_high"]].tolist() == pytest.approx([1.0, 0.8, 2.0])
 
 
-@pytest.mark.parametrize("target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"), (1.0, "no visible difference (within")])
+@pytest.mark.parametrize("target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"),
+                                             (1.0, "no visible difference (within")])
 def test_the_ranks_compute_is_judged_against_the_one_rank_compute_divided_among_the_cores(folder, target, verdict):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     found = discussion.findings(load_experiment(folder))

@@ -177,7 +177,8 @@ def test_the_book_pages_and_the_report_start_without_importing_torch():
     analysis layer, nor anything a page imports loads it."""
     pages = [*(REPO / "book").glob("*.md"), *(REPO / "book" / "studies").glob("*.md"),
              REPO / "notebooks" / "scaling_analysis.md"]
-    imported = {match for page in pages for match in re.findall(r"^(?:from|import) (ddp_core[\w.]*)", page.read_text(), re.M)}
+    imported = {match for page in pages
+                for match in re.findall(r"^(?:from|import) (ddp_core[\w.]*)", page.read_text(), re.M)}
     modules = sorted(imported | {f"ddp_core.{layer}.{m.name}" for layer in ("analysis", "report")
                                  for m in pkgutil.iter_modules([str(REPO / "ddp_core" / layer)])})
     assert {"ddp_core.report.nodes", "ddp_core.analysis.emulated", "ddp_core.engine.config"} <= set(modules)

@@ -120,7 +120,8 @@ def start_cluster_process(tmp_path) -> subprocess.Popen:
     as in a terminal, even when the suite runs in a background job (whose children inherit SIGINT ignored)."""
     code = ("from ddp_core.launch.emulated import EmulatedCluster\nimport signal, time\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "with EmulatedCluster(nodes=2, link_rate='100mbit', cpus_per_node=0.5):\n    print('up', flush=True)\n    time.sleep(600)\n")
+            "with EmulatedCluster(nodes=2, link_rate='100mbit', cpus_per_node=0.5):\n"
+            "    print('up', flush=True)\n    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
     assert owned_by(proc.pid)["namespaces"] and owned_by(proc.pid)["cpu groups"]

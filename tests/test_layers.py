@@ -28,7 +28,8 @@ def test_neither_the_analysis_nor_what_measures_and_trains_imports_a_page():
              *(path for folder in ("analysis", "engine", "launch", "bench", "studies")
                for path in (REPO / "ddp_core" / folder).glob("*.py"))]
     assert len(below) > 40 and (REPO / "ddp_core" / "analysis" / "results.py") in below
-    offenders = {str(path.relative_to(REPO)): sorted(m for m in imported_modules(path) if m.startswith("ddp_core.report"))
+    offenders = {str(path.relative_to(REPO)): sorted(m for m in imported_modules(path)
+                                                     if m.startswith("ddp_core.report"))
                  for path in below}
     assert {path: modules for path, modules in offenders.items() if modules} == {}
 
@@ -38,7 +39,8 @@ def test_a_page_imports_no_other_page():
     pages = [path for path in (REPO / "ddp_core" / "report").glob("*.py") if path.stem not in ("__init__", "page")]
     assert {"intro", "nodes", "gpu"} <= {path.stem for path in pages}
     offenders = {path.stem: sorted(m for m in imported_modules(path)
-                                   if m.startswith("ddp_core.report") and m not in ("ddp_core.report", "ddp_core.report.page"))
+                                   if m.startswith("ddp_core.report")
+                                   and m not in ("ddp_core.report", "ddp_core.report.page"))
                  for path in pages}
     assert {page: modules for page, modules in offenders.items() if modules} == {}
 

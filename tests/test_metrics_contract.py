@@ -58,7 +58,8 @@ def test_every_step_has_a_row_of_steps_csv_whose_times_make_up_its_epoch(runs):
     for name in ("n1", "n2"):
         epochs, steps = pd.read_csv(runs / name / "metrics.csv"), pd.read_csv(runs / name / "steps.csv")
         assert list(steps.columns) == STEPS_COLUMNS
-        per_epoch = steps.groupby("epoch").agg(steps=("step", "size"), last=("step", "max"), time=("step_time_s", "sum"),
+        per_epoch = steps.groupby("epoch").agg(steps=("step", "size"), last=("step", "max"),
+                                               time=("step_time_s", "sum"),
                                                exposed=("comm_exposed_s", "sum"))
         assert per_epoch["steps"].tolist() == per_epoch["last"].tolist() == epochs["steps"].tolist()
         # the steps are the epoch but for the loop around them: a step is the mean over ranks, and every rank's steps

@@ -24,5 +24,6 @@ def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_i
     worst = table.loc[table["prediction_error"].abs().idxmax()]
     assert (found["worst_prediction_error"], found["worst_prediction_nodes"], found["worst_prediction_link"]) == (
         worst["prediction_error"], worst["world_size"], worst["point"])
-    inside = ((table["speedup_low"] <= table["predicted_speedup"]) & (table["predicted_speedup"] <= table["speedup_high"]))
+    inside = ((table["speedup_low"] <= table["predicted_speedup"])
+              & (table["predicted_speedup"] <= table["speedup_high"]))
     assert (found["predictions_inside"], found["predictions"]) == (inside.sum(), len(table))

@@ -58,8 +58,9 @@ def test_the_book_shows_the_projects_own_runs_and_offers_every_epoch_it_shows_as
     assert (project / "book" / "results" / "scaling").resolve() == (project / "results" / "scaling").resolve()
     [table] = (project / "_build" / "html").glob("_downloads/*/all_runs.csv")
     shown = [(project / "book" / "results" / name).resolve() for name in STUDIES]  # own runs, else the reference
+    # the wind tunnel's one-node runs are the nodes page's, not a study's
     epochs = {name: sum(len(pd.read_csv(metrics)) for metrics in folder.glob("**/metrics.csv")
-                        if "wind_tunnel" not in metrics.relative_to(folder).parts)  # its one-node runs: the nodes page's
+                        if "wind_tunnel" not in metrics.relative_to(folder).parts)
               for name, folder in zip(STUDIES, shown)}
     assert pd.read_csv(table).groupby("study").size().to_dict() == epochs
 
@@ -169,7 +170,8 @@ def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, r
         papermill.execute_notebook(notebook, tmp_path / "out.ipynb", cwd=tmp_path, progress_bar=False,
                                    parameters={"results": str(results)})
     assert failure.value.ename == "ResultsError"
-    assert str(results / "n4" / reason.split(":")[0]) in failure.value.evalue and reason.split(": ")[1] in failure.value.evalue
+    assert str(results / "n4" / reason.split(":")[0]) in failure.value.evalue
+    assert reason.split(": ")[1] in failure.value.evalue
 
 
 # The studies of the tiny report -------------------------------------------------------------------------------
@@ -265,7 +267,8 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
     assert table.loc["100 Mbit/s", "measured_gbit_s"] == pytest.approx(network["measured_gbit_s"])
     # each node has the one node's CPU share: a rank's compute is predicted as the one node's over the nodes
     one = metrics_of(folder / "one_node" / "n1").iloc[1:]
-    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]).mean()
+    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"])
+                        / one["steps"]).mean()
     assert table["predicted_compute_s"].tolist() == pytest.approx([one_node_compute / 2] * len(table))
 
 
@@ -278,7 +281,8 @@ def test_each_point_of_the_efficiency_curve_sits_at_its_runs_compute_over_their_
     folder = project / "results" / "nodes"
     table = efficiency_table(load_study(folder)).set_index("configuration")
     one = metrics_of(folder / "one_node" / "n1").iloc[1:]
-    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]).mean()
+    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"])
+                        / one["steps"]).mean()
     two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
     x = (one_node_compute / 2) / (two["comm_exposed_s"] / two["steps"]).mean()
     row = table.loc["100 Mbit/s"]
@@ -326,7 +330,8 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
 
     row, = similarity_test_table(load_study(folder)).itertuples()
     assert (row.borrowed, row.nodes, row.share, row.other_share) == ("A100s over 32 Gbit/s Ethernet", 2, 0.5, 0.25)
-    assert row.speedup == pytest.approx(per_sample(folder / "one_node" / "n1") / per_sample(folder / "a100_ethernet" / "n2"))
+    assert row.speedup == pytest.approx(per_sample(folder / "one_node" / "n1")
+                                        / per_sample(folder / "a100_ethernet" / "n2"))
     assert row.other_speedup == pytest.approx(per_sample(folder / "one_node_half_share" / "n1")
                                               / per_sample(folder / "a100_ethernet_half_share" / "n2"))
     assert row.verdict == "too few repeats"  # one run each: the rule gives no verdict on it
@@ -359,7 +364,8 @@ def test_the_key_findings_table_says_why_from_the_runs_ratio_against_the_break_e
 
     folder = project / "results" / "nodes"
     one = metrics_of(folder / "one_node" / "n1").iloc[1:]
-    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]).mean()
+    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"])
+                        / one["steps"]).mean()
     two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
     in_flight, exposed = (two["comm_total_s"] / two["steps"]).mean(), (two["comm_exposed_s"] / two["steps"]).mean()
     ratio, break_even = one_node_compute / 2 / in_flight, exposed / in_flight

@@ -85,7 +85,8 @@ def test_asking_for_a_gpu_where_there_is_none_is_refused_before_measuring(tmp_pa
     proc = run_in_process([*TINY[:-2], "--device", "cuda", "--results-dir", "out"], cwd=tmp_path, env=isolated_env,
                           main=single_device_main)
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("single_device: error: --device cuda needs a CUDA GPU per local rank"), proc.stderr
+    assert proc.stderr.strip().startswith("single_device: error: --device cuda needs a CUDA GPU per local rank"), \
+        proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -100,7 +101,8 @@ def test_a_bad_option_is_refused_in_one_line_before_measuring(tmp_path, isolated
 def made_up(seconds: dict[str, list[float]], device_name: str = "NVIDIA H100 80GB HBM3") -> Measurement:
     """A measurement with the given seconds per loop and round, 100 samples per epoch."""
     rows = [dict(preset="large", amp="bf16", batch_size=64, seq_len=256, flops_per_sample=2e12, loop=loop,
-                 round=r, samples=100, seconds=s) for loop, per_round in seconds.items() for r, s in enumerate(per_round)]
+                 round=r, samples=100, seconds=s)
+            for loop, per_round in seconds.items() for r, s in enumerate(per_round)]
     info = {"device": "cuda:0", "device_name": device_name, "matmul_tflops": {"bf16": 800.0}}
     return Measurement("made-up", info, pd.DataFrame(rows))
 

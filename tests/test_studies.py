@@ -119,15 +119,15 @@ GOOD = {"title": "t", "profile": "tiny", "world_sizes": [1]}
     (GOOD | {"settings": {"lr": -1}}, "study 'bad', run bad/n1: --lr must be a finite number above 0, got -1.0"),
     (GOOD | {"world_sizes": [0]}, "world_sizes must be a non-empty list of positive integers, got [0]"),
     (GOOD | {"epoch": 2}, "study 'bad': unknown key(s) epoch"),
-    (GOOD | {"variants": {"v": {"link": "1gbit"}}}, "unknown key(s) link; a variant has cpus_per_node, link_rate, models, "
-                                                    "settings, world_sizes"),
+    (GOOD | {"variants": {"v": {"link": "1gbit"}}},
+     "unknown key(s) link; a variant has cpus_per_node, link_rate, models, settings, world_sizes"),
     (GOOD | {"profile": "nope"}, "no profile 'nope'"),
     (GOOD | {"settings": {"optimiser": "sgd"}}, "unknown setting 'optimiser'"),
     (GOOD | {"world_sizes": [2], "variants": {"odd": {"settings": {"global_batch_size": 15}}}},
      "run bad/odd/n2: --global-batch-size 15 does not divide by world size 2"),
     (GOOD | {"ratio_tolerance": 5}, "study 'bad': ratio_tolerance must be a fraction between 0 and 1, got 5"),
-], ids=["bad value", "bad world size", "unknown key", "unknown variant key", "unknown profile", "unknown setting", "batch per rank",
-        "bad tolerance"])
+], ids=["bad value", "bad world size", "unknown key", "unknown variant key", "unknown profile", "unknown setting",
+        "batch per rank", "bad tolerance"])
 def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path, isolated_env, entry, message):
     study_list = tmp_path / "studies.yml"
     study_list.write_text(yaml.safe_dump({"good": GOOD, "bad": entry}))
@@ -139,9 +139,11 @@ def test_a_bad_study_entry_is_refused_in_one_line_before_any_run_starts(tmp_path
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--world-sizes", "1", "good"], "argument --world-sizes: 'good' is not a number of ranks (name the studies before"),
+    (["--world-sizes", "1", "good"],
+     "argument --world-sizes: 'good' is not a number of ranks (name the studies before"),
     (["--allreduce-args=--bogus"], "--allreduce-args '--bogus': unrecognized arguments: --bogus"),
-    (["--allreduce-args", "--min-bytes 4096 --max-bytes 16"], "no size to time from --min-bytes 4096 to --max-bytes 16"),
+    (["--allreduce-args", "--min-bytes 4096 --max-bytes 16"],
+     "no size to time from --min-bytes 4096 to --max-bytes 16"),
     (["--allreduce-args", "--sizes '8"], "No closing quotation"),
     (["--results-dir", "afile"], "--results-dir afile is a file, not a directory"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option"),
@@ -414,7 +416,8 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
              for row in last]).mean())
     found = period_findings(folder)
     said = found["period_comparisons"]
-    made = [json.loads((run / "run.json").read_text()) for p in (5, 10, 100) for run in repeats(folder / f"period-{p}ms", 4)]
+    made = [json.loads((run / "run.json").read_text())
+            for p in (5, 10, 100) for run in repeats(folder / f"period-{p}ms", 4)]
     assert found["period_commits"].split(", ") == sorted({info["git_commit"][:10] for info in made})
     assert found["period_dates"].split(", ") == sorted({info["start_time"][:10] for info in made})
     assert said.startswith(f"at 5 ms, {paired_median(steps[5], steps[10]):.2f} (") and "at 100 ms, " in said

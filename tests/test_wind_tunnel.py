@@ -141,7 +141,8 @@ def test_a_one_node_run_out_of_line_with_the_others_or_disturbed_is_set_aside():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="the wind tunnel's one-node runs train on emulated nodes, which need root")
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="the wind tunnel's one-node runs train on emulated nodes, which need root")
 def test_a_slow_one_node_run_is_set_aside_before_it_sets_the_links_and_another_trained(tmp_path):
     """One disturbed one-node run once set every link of the nodes study (its step 1.43 times its repeats'): the links
     are set by the median of several, and a run far out of line with the others is set aside and replaced."""

@@ -135,7 +135,7 @@ def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links[links["world_size"] == n].set_index("link")
     share = node_share(nodes[BASELINE])  # the links' nodes, not the similarity test's
-    points = similarity_table(nodes).query("nodes == @n and share == @share")
+    points = similarity_table(nodes).query(f"nodes == {n} and share == {share}")
     settings = {point["configuration"]: link_setting(point) for _, point in points.iterrows()}
     bench = table["predicted_compute_s"] / table["predicted_comm_s"]
     ratio = points.set_index("configuration")["achieved_ratio"].reindex(table.index).fillna(bench)

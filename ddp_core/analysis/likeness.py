@@ -54,7 +54,8 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
         if modelled:
             rows.append(dict(name=f"{most} {point['borrowed']}", model=PRESET, global_batch=point["modelled_batch"],
                              bench_ratio=point["target_ratio"], runs_ratio=np.nan,
-                             exposed_share=np.nan, fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
+                             exposed_share=np.nan,
+                             fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
                              quota_period_ms=np.nan,
                              speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast"))
     return pd.DataFrame(rows).set_index("name")

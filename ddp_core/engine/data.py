@@ -81,7 +81,8 @@ def local_files(data_dir: str, dataset: str) -> dict[str, Path]:
                 found[split] = folder / f"{split}{suffix}"
                 break
     if not found:
-        raise UsageError(f"no {dataset} data in {folder}: expected train and/or test as .csv, .csv.gz, .parquet or .jsonl")
+        raise UsageError(f"no {dataset} data in {folder}: expected train and/or test as .csv, .csv.gz, .parquet or "
+                         f".jsonl")
     return found
 
 
@@ -107,7 +108,8 @@ def load_splits(cfg: TrainConfig):
         except Exception as exc:
             raise UsageError(
                 f"cannot load {hub_id} from the Hugging Face Hub ({type(exc).__name__}); pass a local copy with "
-                f"--data-dir DIR or DDP_CORE_DATA_DIR=DIR (files DIR/{cfg.dataset}/train.csv.gz, test.csv.gz)") from None
+                f"--data-dir DIR or DDP_CORE_DATA_DIR=DIR (files DIR/{cfg.dataset}/train.csv.gz, "
+                f"test.csv.gz)") from None
         splits = {split: hub[split] for split in ("train", "test")}
         sources = {split: f"{hub_id} {split}" for split in splits}
     for split, ds in splits.items():
@@ -134,7 +136,8 @@ def read_local_file(path: Path, split: str):
             reason = "truncated" if isinstance(exc, EOFError) else "corrupt or not gzip"
             raise UsageError(f"{path}: not a valid gzip file ({reason})") from None
     if fmt in ("csv", "json"):
-        with (gzip.open(path, "rt", errors="replace") if path.name.endswith(".gz") else open(path, errors="replace")) as f:
+        opened = gzip.open(path, "rt", errors="replace") if path.name.endswith(".gz") else open(path, errors="replace")
+        with opened as f:
             lines = [line for _, line in zip(range(2), f) if line.strip()]
         if len(lines) < (2 if fmt == "csv" else 1):
             raise UsageError(f"{path}: no rows")
@@ -212,7 +215,8 @@ def encode_text_dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
 
 def synthetic_task(cfg: TrainConfig) -> EncodedData:
     """Neutral random tokens with a sprinkle of class keywords (always at least one): learnable to ~100 %."""
-    n_train, n_eval = (cfg.train_samples or SYNTHETIC_DEFAULT_SAMPLES[0]), (cfg.eval_samples or SYNTHETIC_DEFAULT_SAMPLES[1])
+    n_train = cfg.train_samples or SYNTHETIC_DEFAULT_SAMPLES[0]
+    n_eval = cfg.eval_samples or SYNTHETIC_DEFAULT_SAMPLES[1]
     gen = torch.Generator().manual_seed(cfg.seed)
     keywords_per_class = max(1, (cfg.vocab_size - 2) // 4)
     first_neutral = min(2 + 2 * keywords_per_class, cfg.vocab_size - 1)
@@ -220,7 +224,8 @@ def synthetic_task(cfg: TrainConfig) -> EncodedData:
     def make(n: int):
         labels = torch.randint(0, 2, (n,), generator=gen)
         ids = torch.randint(first_neutral, cfg.vocab_size, (n, cfg.seq_len), generator=gen)
-        keywords = 2 + labels[:, None] * keywords_per_class + torch.randint(0, keywords_per_class, (n, cfg.seq_len), generator=gen)
+        keywords = 2 + labels[:, None] * keywords_per_class + torch.randint(0, keywords_per_class, (n, cfg.seq_len),
+                                                                            generator=gen)
         sprinkle = torch.rand(n, cfg.seq_len, generator=gen) < 0.2
         sprinkle[:, 0] = True
         ids = torch.where(sprinkle, keywords, ids)

@@ -36,7 +36,8 @@ METRICS_COLUMNS = [
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
 # evals.csv: one row per evaluation on the evaluation set, the optimizer steps taken before it counted over the run.
 EVALS_COLUMNS = ["epoch", "step", "val_loss", "val_accuracy"]
-# timeline.csv: the median step of the run's last epoch on rank 0, its phases and each bucket's all-reduce in seconds from its start.
+# timeline.csv: the median step of the run's last epoch on rank 0, its phases and each bucket's all-reduce in seconds
+# from its start.
 TIMELINE_COLUMNS = ["what", "start_s", "end_s"]
 READY = "gradients ready, bucket "  # a timeline row of one rank: when DDP's bucket k would be handed over
 
@@ -91,7 +92,8 @@ def git_commit() -> str | None:
     one it was copied from."""
     here = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
                                 ":(top,exclude)reference"], cwd=here,
                                capture_output=True, text=True, check=True).stdout.strip()

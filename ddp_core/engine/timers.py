@@ -30,9 +30,9 @@ future's callback, which on a GPU runs on a stream that waits for the NCCL kerne
 
 Timeline. The median step of each epoch (by wall time) is also kept whole: its phases and each bucket's
 all-reduce on one time axis (`median_step_timeline`); on one rank, where DDP forms no buckets, the moment each of
-DDP's buckets would be complete instead (`gradient_ready`, from a hook on every parameter's gradient), which the trainer writes to timeline.csv for the run's
-last epoch. The median, not the last, so that the step drawn is a typical one and not one a burst of other
-load happened to stretch.
+DDP's buckets would be complete instead (`gradient_ready`, from a hook on every parameter's gradient), which the
+trainer writes to timeline.csv for the run's last epoch. The median, not the last, so that the step drawn is a
+typical one and not one a burst of other load happened to stretch.
 
 Steps. Each optimizer step's wall time and its exposed communication are also kept one by one
 (`summary`'s second value): the report takes a median over steps, which a burst of other load on

@@ -26,8 +26,8 @@ Its weight is high (WEIGHT), so that the nodes get their quota before other proc
 kernel, the runner) get what is left: the quota, not the scheduler's fairness, sets their compute.
 
 Both cgroup versions: v1 (`cpu.cfs_quota_us` in the `cpu` hierarchy, usage from `cpuacct`, threads moved through
-`tasks`) and v2 (`cpu.max`, `cpu.stat`; the two children are threaded, threads moved through `cgroup.threads`). A group is named like the cluster's namespaces, so the sweep of a killed
-owner's leftovers finds it.
+`tasks`) and v2 (`cpu.max`, `cpu.stat`; the two children are threaded, threads moved through `cgroup.threads`).
+A group is named like the cluster's namespaces, so the sweep of a killed owner's leftovers finds it.
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def remove_group(controller: CpuController, name: str) -> None:
     """Kill what still runs in the group, then remove it, its children first (the kernel refuses while a process is
     in one)."""
     for top in controller.folders(name):
-        children = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if top.exists() else []
+        children = (sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if top.exists()
+                    else [])
         for folder in [*children, top]:
             for _ in range(50):
                 if not folder.exists():

@@ -19,8 +19,8 @@ Addresses come from 198.18.0.0/15, the range RFC 2544 sets aside for benchmarks;
 beyond their own subnet and the bridge has no address, so no packet leaves them.
 
 The cluster is torn down on every way out of its `with` block (end, error, Ctrl-C): processes still in its
-namespaces are killed, then the namespaces, the links, the hosts files and the CPU groups are removed. A cluster whose owner
-was killed (kill -9) is swept by the next one: the owner's process id is part of every name.
+namespaces are killed, then the namespaces, the links, the hosts files and the CPU groups are removed. A cluster
+whose owner was killed (kill -9) is swept by the next one: the owner's process id is part of every name.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
         return bool(match) and not owner_alive(int(match["owner"], 16))
 
     namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
-    links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", "show", check=False).stdout.splitlines()]
+    shown = _ip("-o", "link", "show", check=False).stdout.splitlines()
+    links = [line.split(":")[1].strip().split("@")[0] for line in shown]
     folders = [p.name for p in NETNS_ETC.iterdir()] if NETNS_ETC.is_dir() else []
     controller = _cpu_controller()
     groups = controller.groups() if controller else []

@@ -151,9 +151,9 @@ def check_cuda_build() -> None:
     import torch
 
     if torch.version.cuda is None:
-        raise ExperimentError(f"--device cuda on Slurm needs a CUDA build of torch, and this one is {torch.__version__} "
-                              f"without CUDA: install the build for the cluster's driver (docs/using.md, "
-                              f"\"On a GPU cluster\")")
+        raise ExperimentError(f"--device cuda on Slurm needs a CUDA build of torch, and this one is "
+                              f"{torch.__version__} without CUDA: install the build for the cluster's driver "
+                              f"(docs/using.md, \"On a GPU cluster\")")
 
 
 def network_of(run_dir: Path) -> dict | None:

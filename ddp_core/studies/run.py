@@ -30,8 +30,8 @@ from ddp_core.launch.plan import ExperimentError, Plan, SlurmOptions, check_can_
 from ddp_core.launch.slurm import run_slurm
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
-from ddp_core.studies.study_list import (STUDY_LIST, Run, Study, StudyError, at_world_sizes, interleaved, load_study_list,
-                                         SlurmPlacement, on_profile, on_slurm, select)
+from ddp_core.studies.study_list import (STUDY_LIST, Run, SlurmPlacement, Study, StudyError, at_world_sizes,
+                                         interleaved, load_study_list, on_profile, on_slurm, select)
 
 RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
@@ -148,8 +148,8 @@ def benchmark_on_slurm(study: Study, n: int, out: Path, extra_args: str) -> None
     plan = Plan(n, parameters["nodes"], out, shlex.split(extra_args), "train", "slurm", slurm=slurm)
     start = time.perf_counter()
     run_slurm(plan, module="ddp_core.bench.allreduce")
-    print(f"{study.name}: all-reduce benchmark on {n} ranks as a Slurm job: done in {time.perf_counter() - start:.0f} s",
-          flush=True)
+    print(f"{study.name}: all-reduce benchmark on {n} ranks as a Slurm job: done in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
 def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:

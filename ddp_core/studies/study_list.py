@@ -145,7 +145,8 @@ def parse_study(name: str, entry) -> Study:
     entry = _mapping(entry, where)
     unknown = set(entry) - STUDY_KEYS
     if unknown:
-        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a study has {', '.join(sorted(STUDY_KEYS))}")
+        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a study has "
+                         f"{', '.join(sorted(STUDY_KEYS))}")
     if "profile" not in entry or "title" not in entry:
         raise StudyError(f"{where}: needs a title and a profile")
     repeats = entry.get("repeats", 1)
@@ -184,8 +185,8 @@ def parse_study(name: str, entry) -> Study:
             _check_models(models, link_rate, cpus_per_node, ranks_per_node, vwhere)
         variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node, models))
     for k, variant in enumerate(variants):
-        if variant.models and not any(not v.models and v.world_sizes == (1,) and v.cpus_per_node == variant.cpus_per_node
-                                      for v in variants[:k]):
+        if variant.models and not any(not v.models and v.world_sizes == (1,)
+                                      and v.cpus_per_node == variant.cpus_per_node for v in variants[:k]):
             raise StudyError(f"{where}, variant {variant.name!r}: a variant that models a configuration needs a "
                              f"one-node variant (world_sizes [1]) of its cpus_per_node listed before it: its first "
                              f"run measures the compute the wind tunnel sets the links by")

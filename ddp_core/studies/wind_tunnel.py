@@ -88,7 +88,7 @@ def tc_rate(bits_per_s: float) -> str:
 
 
 def bucket_times(out: Path, buckets: list[int]) -> list[float]:
-    """The all-reduce time of each bucket, bucket 1 first, from the benchmark in `out` (it timed exactly their sizes)."""
+    """The all-reduce time of each bucket, bucket 1 first, from the benchmark in `out` (it timed their sizes)."""
     import pandas as pd
 
     times = pd.read_csv(out / "allreduce.csv").set_index("size_bytes")["time_s"]
@@ -259,7 +259,8 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
     except SimilarityError as exc:
         raise StudyError(f"study {study.name!r}: {exc}") from None
     ranks = study.ranks_per_node
-    links = {n: link_model(study, n, buckets, share, home) for n in sorted({n for v in modelled for n in v.world_sizes})}
+    sizes = sorted({n for v in modelled for n in v.world_sizes})
+    links = {n: link_model(study, n, buckets, share, home) for n in sizes}
     for (variant, n), target in targets.items():  # every target within reach, before a variant's nodes are made
         try:
             link_rate_for(target, compute_s / n, links[n]["fixed_s"], links[n]["bits"])
