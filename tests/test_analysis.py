@@ -492,3 +492,17 @@ def test_a_number_is_written_to_the_digit_its_noise_floor_allows(value, floor, s
     from ddp_core.analysis.tables import noise_format
 
     assert noise_format(value, floor).format(value) == shown
+
+
+def test_the_pages_say_where_the_ranks_ran_in_words_that_hold_for_cpu_ranks_and_for_gpus():
+    """The results chapter, the discussion and the first page take where the ranks ran from one place: runs on GPUs
+    are never said to share a machine's CPU cores. The GPU runs here are the reference's CPU runs relabelled."""
+    from dataclasses import replace
+
+    from ddp_core.analysis.results import load_experiment
+    from ddp_core.analysis.speedups import largest_findings
+
+    cpu = load_experiment(REPO / "reference" / "scaling")
+    gpu = replace(cpu, repeats={n: [replace(run, device="cuda:0") for run in runs] for n, runs in cpu.repeats.items()})
+    assert largest_findings(cpu)["placement"] == f"shared one machine's {cpu.baseline.cpu_count} CPU cores"
+    assert largest_findings(gpu)["placement"] == "each had a GPU of its own"

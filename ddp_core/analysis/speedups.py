@@ -59,9 +59,12 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
 def largest_findings(experiment: Experiment) -> dict:
     """What the results chapter, the discussion and the first page each say of a study's runs, from one place: the
     settings they share (model, data, batch, machine, dropout, threads a rank at one rank and at the most) and, at
-    the most ranks, the speedup over one rank and the final accuracy against one rank's, each with its verdict."""
+    the most ranks, the speedup over one rank and the final accuracy against one rank's, each with its verdict; and
+    where the ranks ran, in words that hold for CPU ranks and GPUs alike ("shared one machine's 2 CPU cores")."""
     one, largest = experiment.baseline, experiment.largest
     return {"preset": one.config["preset"], "dataset": in_words(one.config["dataset"]),
+            "placement": ("each had a GPU of its own" if one.on_gpu
+                          else f"shared one machine's {one.cpu_count} CPU cores"),
             "global_batch": one.global_batch_size, "cpu_count": one.cpu_count, "dropout": one.model["dropout"],
             "largest": largest, "threads_1": counted(one.threads_per_rank, "thread"),
             "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),

@@ -112,7 +112,6 @@ def findings(experiment: Experiment) -> dict:
     return largest_findings(experiment) | payoff_findings(experiment) | {
         "parameters": one.parameters, "device": one.device_name, "backend": one.backend,
         "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
-        "placement": "each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores",
         # how often runs this noisy find a true 10 % difference, beside every verdict on them
         "speedup_nmax_power": study_floor_power({"": experiment})["found_10"]}
 
