@@ -506,3 +506,17 @@ def test_the_pages_say_where_the_ranks_ran_in_words_that_hold_for_cpu_ranks_and_
     gpu = replace(cpu, repeats={n: [replace(run, device="cuda:0") for run in runs] for n, runs in cpu.repeats.items()})
     assert largest_findings(cpu)["placement"] == f"shared one machine's {cpu.baseline.cpu_count} CPU cores"
     assert largest_findings(gpu)["placement"] == "each had a GPU of its own"
+
+
+@pytest.mark.parametrize("value, fmt, scale, cell", [
+    (-0.004, "{:+.0%}", 1, "0%"),  # a forecast error that rounds to nothing has no sign
+    (-0.0004, "{:+.2f}", 100, "-0.04"),
+    (0.0004, "{:+.1f}", 1, "0.0"),
+    (-0.03, "{:+.0%}", 1, "-3%"),
+    (float("nan"), "{:.2f}", 1, "–"),
+])
+def test_a_table_cell_gives_no_sign_to_a_number_that_rounds_to_zero(value, fmt, scale, cell):
+    from ddp_core.analysis.tables import quantity_table
+
+    table = quantity_table(pd.DataFrame({"x": [value]}), {"x": ("X", fmt, scale)})
+    assert table.splitlines()[-1].strip(" |").split("|")[-1].strip() == cell

@@ -130,8 +130,12 @@ def markdown_table(cells: pd.DataFrame, index_name: str | None = None) -> str:
                              colalign=["right" if number else "left" for number in numbers])
 
 
+SIGNED_ZERO = re.compile(r"^[+-](0(?:\.0+)?%?)$")  # "-0%", "+0.00": a sign on a number that rounds to nothing
+
+
 def _formatted(value, fmt: str, scale: float = 1) -> str:
-    return fmt.format(value * scale) if pd.notna(value) else "–"
+    """A cell: the value in its format, "–" where there is none, and a zero without a sign ("-0%" reads "0%")."""
+    return SIGNED_ZERO.sub(r"\1", fmt.format(value * scale)) if pd.notna(value) else "–"
 
 
 # A table's quantities, the one spec of every table of numbers: each column of the DataFrame it shows -> (its header
