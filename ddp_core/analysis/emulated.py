@@ -84,8 +84,8 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
             c = compare_speedups(tested, twin, n)
             repeats = [twin_sides[1], twin_sides[n], tested_sides[1], tested_sides[n],  # the floor's configurations
                        *(sides[m] for sides in (twin_sides, tested_sides) for m in sides if m not in (1, n))]
-            rows.append(dict(configuration=f"ratio {record[variant]['by_nodes'][str(n)]['target_ratio']:.2g}", nodes=n,
-                             borrowed=record[variant]["configuration"], share=share,
+            rows.append(dict(configuration=point_label(tested, n), nodes=n, borrowed=record[variant]["configuration"],
+                             share=share,
                              other_share=node_share(tested), speedup=twin_speedups[n].ratio,
                              other_speedup=tested_speedups[n].ratio, ratio=c.ratio, low=c.low, high=c.high,
                              floor=c.floor, verdict=c.says("scales worse", "scales better"),
@@ -168,8 +168,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
         found |= {f"{end}_{key}": value for key, value in {
             "speedup_shown": shown.format(row["speedup"]), "floor": comparison.floor,
             "power": study_floor_power({"": experiment})["found_10"],
-            "link": link_label(experiment), "setting": link_setting(point),
-            "speedup": row["speedup"],
+            "setting": point["setting"],
             "speedup_range": range_text(row["speedup_low"], row["speedup_high"], shown, " to "),
             "efficiency": row["efficiency"],
             "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
@@ -246,12 +245,13 @@ def signs(values: pd.Series) -> str:
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the ratio its links were set for (else their rate), the cluster that ratio is
-    borrowed from and that cluster's own forecast speedup (`Configuration.speedup_range`), the nodes' share,
-    R_N^bench as that configuration has it (its target, from published figures or the measured GPU) and as the wind
-    tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty for links set by
-    a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of the same share,
-    with their ranges and the verdict; and the runs' own R_N beside the theory's break-even f/(N-1)."""
+    """Per variant and number of nodes: the ratio its links were set for (else their rate), over all its numbers of
+    nodes and at this one (`point_label`), the same in words ("links set to ratio 2.6", "unshaped links"), the
+    cluster that ratio is borrowed from and that cluster's own forecast speedup (`Configuration.speedup_range`), the
+    nodes' share, R_N^bench as that configuration has it (its target, from published figures or the measured GPU)
+    and as the wind tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty
+    for links set by a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of
+    the same share, with their ranges and the verdict; and the runs' own R_N beside the theory's break-even f/(N-1)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
@@ -263,9 +263,10 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
             entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             cluster_low, cluster_high = (cluster.speedup_range(one.model, one.global_batch_size, n) if cluster
                                          else (np.nan, np.nan))
+            point, borrowed = point_label(experiment, n), borrowed_from(experiment)
             rows.append(dict(
-                variant=variant, configuration=link_label(experiment), borrowed=borrowed_from(experiment),
-                share=node_share(experiment),
+                variant=variant, configuration=link_label(experiment), point=point, borrowed=borrowed,
+                setting=f"links set to {point}" if borrowed else f"{point} links", share=node_share(experiment),
                 nodes=n, modelled_batch=cluster.batch(one.global_batch_size) if cluster else np.nan,
                 cluster_low=cluster_low, cluster_high=cluster_high,
                 target_ratio=entry.get("target_ratio", np.nan), achieved_ratio=entry.get("achieved_ratio", np.nan),
@@ -275,12 +276,6 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 runs_ratio=row["compute_to_comm_ratio"], exposed_share=row["exposed_share"],
                 break_even=row["exposed_share"] / (n - 1)))
     return pd.DataFrame(rows)
-
-
-def link_setting(point: pd.Series) -> str:
-    """A `similarity_table` row's links in words: "links set to ratio 2.6" where the wind tunnel set them, else
-    "unshaped links" or "100 Mbit/s links"."""
-    return f"links set to ratio {point['target_ratio']:.2g}" if point["borrowed"] else f"{point['configuration']} links"
 
 
 def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddp_core.analysis.comparisons import speedup_glue
-from ddp_core.analysis.emulated import BASELINE, link_setting, link_table, node_share, similarity_table
+from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
 from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_LOOP, load_timelines, measured_forecast,
                                                replay_findings)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
@@ -135,8 +135,9 @@ def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links[links["world_size"] == n].set_index("link")
     share = node_share(nodes[BASELINE])  # the links' nodes, not the similarity test's
-    points = similarity_table(nodes).query(f"nodes == {n} and share == {share}")
-    settings = {point["configuration"]: link_setting(point) for _, point in points.iterrows()}
+    points = similarity_table(nodes)
+    points = points[(points["nodes"] == n) & (points["share"] == share)]
+    settings = dict(zip(points["configuration"], points["setting"]))
     bench = table["predicted_compute_s"] / table["predicted_comm_s"]
     ratio = points.set_index("configuration")["achieved_ratio"].reindex(table.index).fillna(bench)
     return pd.DataFrame({"setting": [settings[link] for link in table.index], "nodes": n, "ratio": ratio,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.emulated import BASELINE, link_experiments, link_setting, similarity_table
+from ddp_core.analysis.emulated import BASELINE, link_experiments, similarity_table
 from ddp_core.analysis.results import Experiment, wind_tunnel_record
 from ddp_core.analysis.similarity import CONFIGURATIONS, PRESET, large_model
 from ddp_core.analysis.tables import median_range, noise_format
@@ -31,10 +31,9 @@ def cluster_fixed_ms(models: str, workload: dict, nodes: int) -> float:
 def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """For the fastest and the slowest links at the most nodes: the emulated nodes as measured and, where the wind
     tunnel set their links, the cluster whose ratio they borrow, a row each named in words. Columns: the model preset
-    and global batch, R_N^bench
-    (reached; the cluster's target), R_N and the exposed share f inside the runs, the all-reduce time no link rate
-    removes, the CPU quota's period, and the speedup over one (measured, with the repeats' range; the cluster's own
-    forecast range). NaN: not known for that side."""
+    and global batch, R_N^bench (reached; the cluster's target), R_N and the exposed share f inside the runs, the
+    all-reduce time no link rate removes, the CPU quota's period, and the speedup over one (measured, with the
+    repeats' range; the cluster's own forecast range). NaN: not known for that side."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     links = list(link_experiments(study))
     points = similarity_table(study).query("variant in @links").set_index(["variant", "nodes"])
@@ -44,7 +43,7 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant in dict.fromkeys([links[0], links[-1]]):
         point = points.loc[(variant, most)]
         modelled = bool(point["borrowed"])
-        rows.append(dict(name=f"{most} emulated nodes, {link_setting(point)}", model=one.config["preset"],
+        rows.append(dict(name=f"{most} emulated nodes, {point['setting']}", model=one.config["preset"],
                          global_batch=one.global_batch_size, bench_ratio=point["achieved_ratio"],
                          runs_ratio=point["runs_ratio"], exposed_share=point["exposed_share"],
                          fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,

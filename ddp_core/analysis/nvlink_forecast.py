@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +59,7 @@ ALLREDUCE_FILE = LITERATURE / "nd_a100_v4_allreduce.csv"
 GEMM_FILE = LITERATURE / "nd_a100_v4_gemm_fp16.csv"
 
 
+@cache  # a published curve: fitted once per world size, however many buckets ask
 def nvlink_fit(world_size: int) -> AlphaBeta:
     """The alpha-beta fit of the published all-reduce curve, carried to `world_size` GPUs."""
     bench = pd.read_csv(ALLREDUCE_FILE, comment="#")

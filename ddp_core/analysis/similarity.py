@@ -23,6 +23,7 @@ forecast (`Configuration.speedup_range`) beside any result that names the cluste
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Callable
 
 import pandas as pd
@@ -56,6 +57,7 @@ def a100_step_s(workload: dict, global_batch: int) -> float:
     return training_flops(large_model(workload), tokens) / (peak_gemm_flops_per_s() * A100_MFU)
 
 
+@cache  # one measurement, read once per batch and loop
 def h200_step_s(batch: int, loop: str) -> float:
     """One H200's step of `batch` sequences as measured in `loop` (timers off), summed over the rounds."""
     if not (H200_MEASUREMENT / "epochs.csv").is_file():
@@ -72,11 +74,16 @@ def nvlink_bucket_s(size_bytes: float, gpus: int) -> float:
     return nvlink_fit(gpus).allreduce_s(size_bytes)
 
 
+@cache
+def ethernet_busbw() -> float:
+    """The published bus bandwidth in bytes per second: the median of its runs."""
+    return float(pd.read_csv(ETHERNET_FILE, comment="#")["busbw_gbit_s"].median() * 1e9 / 8)
+
+
 def ethernet_bucket_s(size_bytes: float, gpus: int) -> float:
-    """A bucket all-reduced by a ring at the published bus bandwidth (the median of its runs): the bandwidth term
-    only, a lower bound on the time (no latency), so R_N is the configuration's best case."""
-    busbw = float(pd.read_csv(ETHERNET_FILE, comment="#")["busbw_gbit_s"].median() * 1e9 / 8)  # bytes per second
-    return 2 * (gpus - 1) / gpus * size_bytes / busbw
+    """A bucket all-reduced by a ring at the published bus bandwidth: the bandwidth term only, a lower bound on the
+    time (no latency), so R_N is the configuration's best case."""
+    return 2 * (gpus - 1) / gpus * size_bytes / ethernet_busbw()
 
 
 def nvlink_latency_s(gpus: int) -> float:

@@ -10,7 +10,7 @@ import pandas as pd
 from ddp_core.analysis import gpu_measurements, zero
 from ddp_core.analysis.comparisons import study_floor_power
 from ddp_core.analysis.critical_batch import critical_batch_findings
-from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, link_setting, node_share,
+from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share,
                                         nodes_figure, similarity_table, similarity_test_table)
 from ddp_core.analysis.likeness import likeness_table
 from ddp_core.analysis.payoff import payoff_findings
@@ -76,7 +76,7 @@ def summary_table(results: Path) -> pd.DataFrame:
     rows = []
     for row in similarity_table(nodes).itertuples():
         share = "" if row.share == node_share(nodes[BASELINE]) else f" of {row.share:g} core"
-        rows.append(dict(setting=f"{counted(row.nodes, 'node')}{share}, {link_setting(pd.Series(row._asdict()))}",
+        rows.append(dict(setting=f"{counted(row.nodes, 'node')}{share}, {row.setting}",
                          ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
                          value=median_range(row.speedup, row.speedup_low, row.speedup_high,
                                             noise_format(row.speedup, row.floor)),
