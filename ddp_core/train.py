@@ -58,7 +58,7 @@ from ddp_core.engine.sharding import adamw, is_fsdp, load_whole_state, shard_mod
 from ddp_core.engine.stopping import StopRequest, Stopped
 from ddp_core.engine.timers import EpochTimer
 from ddp_core.engine.tracking import NoTracker, tracker
-from ddp_core.launch.plan import RUN_FINISHED_LINE
+from ddp_core.launch.plan import LAUNCHER_VARIABLE, RUN_FINISHED_LINE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +84,7 @@ def continue_command(argv: list[str] | None, cfg: TrainConfig, run_dir: Path) ->
     args = [*(sys.argv[1:] if argv is None else argv), *([] if cfg.out else ["--out", str(run_dir)])]
     world, local = (int(os.environ.get(name, "1")) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))
     rendezvous = ["--standalone"] if world == local else [f"--nnodes={world // local}", "..."]  # ...: no rank knows it
-    torchrun = os.environ.get("DDP_CORE_LAUNCHER", "torchrun")  # ddp-torchrun sets it (ddp_core.launch.torchrun)
+    torchrun = os.environ.get(LAUNCHER_VARIABLE, "torchrun")  # ddp-torchrun sets it (ddp_core.launch.torchrun)
     launch = [torchrun, *rendezvous, f"--nproc-per-node={local}"] if world > 1 else ["python"]
     return shlex.join([*launch, "-m", "ddp_core.train", *args])
 

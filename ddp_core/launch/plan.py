@@ -223,6 +223,7 @@ RUN_DIRECTORY_LINE = "ddp_core: run directory"  # the trainer's rank 0 has loade
 
 
 RUN_FINISHED_LINE = "ddp_core: run finished"
+LAUNCHER_VARIABLE = "DDP_CORE_LAUNCHER"  # set by ddp-torchrun: the trainer names it in the command that continues a run
 
 
 ALLREDUCE_READY_LINE = "bench_allreduce: every rank is ready"

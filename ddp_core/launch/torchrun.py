@@ -16,8 +16,9 @@ import sys
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import main as torchrun
 
+from ddp_core.launch.plan import LAUNCHER_VARIABLE
+
 NAME = "ddp-torchrun"
-LAUNCHER_VARIABLE = "DDP_CORE_LAUNCHER"  # read by the trainer's ranks: the command that continues a stopped run
 AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 STOP_WORDS = ("death signal", "closing signal", "termination signal")
 
