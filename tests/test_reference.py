@@ -344,3 +344,38 @@ def test_no_word_of_a_pdf_table_runs_into_the_next_column(clone):
     overfull = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in paragraph at lines \d+--(\d+)\n(.*)",
                           (latex / "book.log").read_text())
     assert [(words, f"{wide} pt") for wide, line, words in overfull if int(line) in in_table] == []
+
+
+def test_the_headline_is_the_emulated_nodes_fastest_link_and_names_what_cost_it_most():
+    from ddp_core.analysis.emulated import link_experiments, nodes_findings
+    from ddp_core.analysis.headline import EXPOSED, headline_findings
+    from ddp_core.analysis.speedups import scaling_table
+
+    nodes = load_study(REPO / "reference" / "nodes")
+    found = headline_findings(load_experiment(REFERENCE), nodes)
+    fastest = next(iter(link_experiments(nodes).values()))
+    n, one = fastest.largest, fastest.baseline
+    assert (found["units"], found["most"]) == ("emulated nodes", n)
+    assert found["speedup_shown"] == nodes_findings(nodes)["fastest_speedup_shown"]
+    table = scaling_table(fastest)
+    exposed = table.loc[n, "comm_exposed_per_step_s"]  # below the all-reduce in flight: backward hid some of it
+    undivided = table.loc[n, "compute_per_step_s"] - table.loc[1, "compute_per_step_s"] * (
+        fastest.runs[n].per_rank_batch_size / one.per_rank_batch_size)
+    assert found["limit_ms"] == pytest.approx(max(exposed, undivided) * 1e3)
+    assert (found["limit"] == EXPOSED) == (exposed >= undivided)
+    assert found["step_ms"] == pytest.approx(table.loc[n, "mean_step_s"] * 1e3)
+
+
+def test_gpu_runs_of_the_results_chapter_are_the_headline_named_by_their_gpu_and_backend(tmp_path):
+    from gpu_runs import GPU_NAME, as_gpu_runs
+    from ddp_core.analysis.comparisons import speedup_comparisons
+    from ddp_core.analysis.headline import headline_findings, headline_runs
+
+    gpus = load_experiment(as_gpu_runs(REFERENCE, tmp_path / "scaling"))
+    nodes = load_study(REPO / "reference" / "nodes")
+    assert headline_runs(gpus, nodes).experiment is gpus
+    found = headline_findings(gpus, nodes)
+    largest = speedup_comparisons(gpus)[4]
+    assert (found["units"], found["setting"], found["most"]) == (f"{GPU_NAME} GPUs", "with NCCL", 4)
+    assert float(found["speedup_shown"]) == pytest.approx(largest.ratio, abs=0.05)
+    assert (found["whose"], found["made_on"]) == ("yours", f"4 {GPU_NAME} GPUs")

@@ -17,7 +17,7 @@ import pandas as pd
 import papermill
 import pytest
 
-from conftest import (LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZES, ddp_variants,
+from conftest import (LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZES, copy_project, ddp_variants,
                       runnable_tiny_studies)
 from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.launch.local import run_local
@@ -434,3 +434,45 @@ def test_a_run_the_machine_disturbed_is_named_in_the_methods_chapter(project, tm
     nodes = f"{STUDIES['nodes'].title} (emulated nodes)"
     assert table.loc[nodes, "disturbed"] == "`one_node/n1`, `unshaped/n2`"
     assert table.loc[nodes, "stolen_most"] == pytest.approx(STOLEN * 2)
+
+
+def runs_shown(site: Path, page: str) -> str:
+    """What a page's first line says of its runs: "yours" or "the shipped reference"."""
+    found = re.search(r"Runs shown: (yours|the shipped reference)", page_text(site, page))
+    assert found, f"{page} does not say whose runs it shows"
+    return found[1]
+
+
+def test_every_study_page_says_first_whether_it_shows_your_runs_or_the_shipped_reference(project):
+    site = project / "_build" / "html"
+    for name in STUDIES:
+        page = "notebooks/scaling_analysis" if name == "scaling" else f"studies/{name}"
+        assert runs_shown(site, page) == ("yours" if name in runnable_tiny_studies() else "the shipped reference")
+    intro = re.sub(r"\s+([:.,])", r"\1", page_text(site, "intro"))
+    whose = "yours" if "nodes" in runnable_tiny_studies() else "the shipped reference"
+    assert re.search(rf"The headline’s runs are {whose}: made \d{{4}}-\d\d-\d\d( to \d{{4}}-\d\d-\d\d)? on", intro)
+
+
+def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, tmp_path_factory, isolated_env):
+    """A book built from a scaling study on one node of four GPUs (tests/gpu_runs.py: the tiny report's runs,
+    relabelled) and the shipped reference for the rest."""
+    from gpu_runs import GPU_NAME, as_gpu_runs
+
+    results = tmp_path_factory.mktemp("gpu-results")
+    as_gpu_runs(project / "results" / "scaling", results / "scaling")
+    book = copy_project(tmp_path_factory.mktemp("gpu-book"))
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "book", f"RESULTS_DIR={results}"], cwd=book,
+                          env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    site = book / "_build" / "html"
+    intro = re.sub(r"\s+([:.,])", r"\1", page_text(site, "intro"))
+    assert "The headline’s runs are yours: made" in intro and f"on 4 {GPU_NAME} GPUs." in intro
+    assert f"On 4 {GPU_NAME} GPUs with NCCL, a step ran" in intro
+    assert "Emulated nodes, the shipped reference:" in intro
+    assert runs_shown(site, "notebooks/scaling_analysis") == "yours"
+    assert runs_shown(site, "studies/nodes") == "the shipped reference"
+    for page in ("intro", "notebooks/scaling_analysis", "discussion"):
+        text = page_text(site, page)
+        assert "each had a GPU of its own" in text
+        for cpu_words in ("shared one machine", "CPU cores in all", "Ranks on one machine", "these shared cores"):
+            assert cpu_words not in text, (page, cpu_words)

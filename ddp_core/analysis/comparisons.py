@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError, last_epochs
-from ddp_core.analysis.tables import quantity_table
+from ddp_core.analysis.tables import noise_format, quantity_table
 from ddp_core.analysis.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
                                        noise_floor)
 
@@ -225,6 +225,12 @@ def speedup_glue(key: str, c: Comparison) -> dict:
     """A speedup (T1/TN, `speedup_comparisons`) for a page's glue: `<key>_value` and `<key>_verdict` ('faster (beyond
     the noise floor of 10.3%)', or why there is none)."""
     return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("slower", "faster")}
+
+
+def shown_glue(key: str, c: Comparison, lower: str, higher: str) -> dict:
+    """A ratio for a one-line finding: `<key>_shown`, written to the digit its noise floor allows, and `<key>_word`,
+    the bare verdict in the sentence's words."""
+    return {f"{key}_shown": noise_format(c.ratio, c.floor).format(c.ratio), f"{key}_word": c.says(lower, higher)}
 
 
 def time_glue(key: str, c: Comparison) -> dict:

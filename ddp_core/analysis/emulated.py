@@ -16,6 +16,7 @@ from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glu
                                            run_times, slower_speedup, speedup_comparisons, steady_phases,
                                            study_floor_power)
 from ddp_core.analysis.cost_model import predict
+from ddp_core.analysis.provenance import origin
 from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, borrowed_from, forecast,
                                        joined, link_label, measured_gbit_s, only, point_label, read_wind_tunnel,
                                        wind_tunnel_record)
@@ -159,6 +160,7 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
              "runs_each": counted(len(study[BASELINE].all_runs), "run"), "ideal_cores": network["cpus_per_node"] * most,
              "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
              "cores": one.cpu_count, "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
+             "whose": origin(study[BASELINE].folder),
              **chance_glue("one_node", study[BASELINE], 1), "prediction_errors": signs(table["prediction_error"])}
     for end, variant in (("fastest", list(links)[0]), ("slowest", list(links)[-1])):
         experiment, point = links[variant], points.loc[(variant, most)]

@@ -41,6 +41,24 @@ def shown_folder(experiment: Experiment) -> tuple[str, str]:
                          else "runs made in this project, by make report or by hand")
 
 
+def origin(folder: Path) -> str:
+    """Whose results a folder of book/results links to: "the shipped reference" (reference/) or "yours"."""
+    return "the shipped reference" if "reference" in folder.resolve().parts else "yours"
+
+
+def whose_findings(*experiments: Experiment) -> dict:
+    """Whose runs a page shows, for its first line: "yours" (made in this project or outside it) or "the shipped
+    reference", the days they were made and on what ("4 NVIDIA A100 GPUs", or a CPU with its cores)."""
+    runs = [run for experiment in experiments for run in experiment.all_runs]
+    origins = sorted({origin(experiment.folder) for experiment in experiments})
+    days = sorted({day(run.raw["start_time"]) for run in runs})
+    largest = max(run.world_size for run in runs)
+    machines = sorted({f"{counted(largest, run.device_name + ' GPU')}" if run.on_gpu
+                       else f"{machine_text(run.raw)}, {counted(run.cpu_count, 'core')}" for run in runs})
+    return {"whose": " and ".join(origins), "made_when": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
+            "made_on": "; ".join(machines)}
+
+
 def setup_findings(experiment: Experiment) -> dict:
     """`study_setup_findings` of the results chapter's runs, and the folder, host, dataset and day they come from."""
     first = experiment.baseline.raw
@@ -159,7 +177,8 @@ def study_setup_findings(*experiments: Experiment) -> dict:
             "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"),
             "setup_device": first["device_name"], "setup_cores": first["cpu_count"], "setup_backend": first["backend"],
             "setup_torch": first["torch"],
-            "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments}))}
+            "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments}))} | {
+            f"setup_{key}": value for key, value in whose_findings(*experiments).items()}
 
 
 def _span(values) -> str:

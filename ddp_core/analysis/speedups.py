@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, run_times, speedup_comparisons,
-                                           speedup_glue, steady_phases)
+from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, run_times, shown_glue,
+                                           speedup_comparisons, speedup_glue, steady_phases)
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import counted, in_words
@@ -69,4 +69,5 @@ def largest_findings(experiment: Experiment) -> dict:
             "largest": largest, "threads_1": counted(one.threads_per_rank, "thread"),
             "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
             **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
+            **shown_glue("speedup_nmax", speedup_comparisons(experiment)[largest], "slower", "faster"),
             **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, time_floor, time_glue
+from ddp_core.analysis.comparisons import compare_times, shown_glue, time_floor, time_glue
 from ddp_core.analysis.emulated import ddp_on_nodes, node_share
 from ddp_core.analysis.results import (Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only,
                                       point_label, wind_tunnel_record)
@@ -213,4 +213,5 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
             "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],
             "sharding_zero3_speedup_verdict": speedups.loc[zero3_name, f"verdict_n{n}"],
             "sharding_zero3_held_share": zero3["measured"], "sharding_zero3_formula_share": zero3["formula"],
-            **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"])}
+            **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"]),
+            **shown_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"], "faster", "slower")}

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
-from ddp_core.analysis import gpu_measurements, zero
+from ddp_core.analysis import gpu_measurements, headline, zero
 from ddp_core.analysis.comparisons import study_floor_power
 from ddp_core.analysis.critical_batch import critical_batch_findings
-from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, node_share,
+from ddp_core.analysis.emulated import (BASELINE, SIMILARITY_EFFECT, headline_findings, link_experiments, node_share,
                                         nodes_figure, similarity_table, similarity_test_table)
 from ddp_core.analysis.likeness import likeness_table
 from ddp_core.analysis.payoff import payoff_findings
-from ddp_core.analysis.provenance import shown_folder
-from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study
+from ddp_core.analysis.provenance import origin, shown_folder, whose_findings
+from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study, point_label
 from ddp_core.analysis.speedups import largest_findings, scaling_table
 from ddp_core.analysis.tables import counted, cpu_relation, machine_text, median_range, noise_format, quantity_table
 from ddp_core.analysis.throughput import ratio_findings
@@ -36,6 +37,7 @@ def key_findings(results: Path) -> dict:
     same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
     measured = (same or measurements)[0]
     return (findings(scaling) | headline_findings(nodes) | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
+            | {f"headline_{key}": value for key, value in headline.headline_findings(scaling, nodes).items()}
             | gpu_measurements.headline_findings(results, nodes)
             | {"study_count": len(titles), "study_titles": "; ".join(titles)}
             | critical_batch_findings(load_study(results / "time_to_accuracy"))
@@ -45,13 +47,43 @@ def key_findings(results: Path) -> dict:
 
 
 def headline_figure(results: Path):
-    """The emulated nodes' figure, also saved as a file of its own for the README: each build of the book writes
-    it into the project's `_build/`, and `make reference` keeps it beside the reference results."""
-    figure = nodes_figure(load_study(results / "nodes"))
+    """The headline's runs (`headline_runs`): the emulated nodes' figure, or the GPUs' beside the emulated nodes. Each
+    build also saves it as `_build/headline.png` for the README; `make reference` keeps it beside the reference."""
+    scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
+    on_gpus = headline.headline_runs(scaling, nodes).experiment is scaling
+    figure = gpus_figure(scaling, nodes) if on_gpus else nodes_figure(nodes)
     path = results.parents[1] / "_build" / "headline.png"
     path.parent.mkdir(exist_ok=True)
     figure.savefig(path, dpi=100)
     return figure
+
+
+def gpus_figure(scaling: Experiment, nodes: dict[str, Experiment]):
+    """The GPUs' speedup over one against their number, beside the ideal N and, in grey, the emulated nodes' links;
+    and their step's compute and exposed all-reduce beside one GPU's compute / N."""
+    table = scaling_table(scaling)
+    sizes = list(table.index)
+    fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 4.4))
+    speed.plot(sizes, sizes, ":", color="gray", label="ideal: N")
+    error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
+    speed.errorbar(sizes, table["speedup"], yerr=error, fmt="o-", capsize=3, color="C0",
+                   label=f"{scaling.baseline.device_name} GPUs ({whose_findings(scaling)['whose']})")
+    whose = origin(nodes[BASELINE].folder)
+    for i, (variant, experiment) in enumerate(link_experiments(nodes).items()):
+        curve = scaling_table(experiment)
+        speed.plot(curve.index, curve["speedup"], "s--", color="gray", alpha=0.4 + 0.3 * (i == 0),
+                   label=f"emulated nodes, links set to {point_label(experiment, experiment.largest)} ({whose})")
+    speed.set(xlabel="processes", ylabel="speedup over one", title="Speedup against processes")
+    parts.plot(sizes, table.loc[1, "compute_per_step_s"] * 1e3 / table.index, ":", color="gray",
+               label="one GPU's compute / N")
+    parts.plot(sizes, table["compute_per_step_s"] * 1e3, "^-", color="C0", label="compute per step")
+    parts.plot(sizes, table["comm_exposed_per_step_s"] * 1e3, "x--", color="C1", label="exposed all-reduce per step")
+    parts.set(xlabel="GPUs", ylabel="ms per step (mean, steady epochs)", title="Compute and exposed all-reduce")
+    for ax in (speed, parts):
+        ax.set_xticks(sizes)
+        ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
 
 
 def likeness_markdown(results: Path) -> str:
@@ -109,9 +141,10 @@ def summary_markdown(results: Path) -> str:
 def findings(experiment: Experiment) -> dict:
     table = scaling_table(experiment)
     one = experiment.baseline
-    return largest_findings(experiment) | payoff_findings(experiment) | {
-        "parameters": one.parameters, "device": one.device_name, "backend": one.backend,
-        "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1),
-        # how often runs this noisy find a true 10 % difference, beside every verdict on them
-        "speedup_nmax_power": study_floor_power({"": experiment})["found_10"]}
+    return (largest_findings(experiment) | payoff_findings(experiment) | whose_findings(experiment) | {
+                "parameters": one.parameters, "device": one.device_name, "backend": one.backend,
+                "efficiencies": " and ".join(f"{table.loc[n, 'efficiency']:.0%} at {n} ranks"
+                                             for n in table.index if n > 1),
+                # how often runs this noisy find a true 10 % difference, beside every verdict on them
+                "speedup_nmax_power": study_floor_power({"": experiment})["found_10"]})
 
