@@ -4,7 +4,8 @@ glued value counts as one word; code, tables, captions and equations left out).
     python benchmarks/readability.py                      # every page of _build/html (make book first)
     python benchmarks/readability.py intro studies/nodes  # some pages
 
-Prints, per page, its sentences, their mean length in words, and how many run over 40 words.
+Prints, per page, its sentences, their mean length in words, how many run over 40 words, and the mean length in the
+page's opening answer (its "In short." paragraph; "-" where it has none).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ PARAGRAPH = re.compile(r"<(p|li)\b([^>]*)>(.*?)</\1>", re.S)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(*])")
 
 
-def sentences(page: Path) -> list[str]:
-    """The prose sentences of one built page, each glued value as the word "VALUE"."""
+def paragraphs(page: Path) -> list[list[str]]:
+    """The prose of one built page, paragraph by paragraph and sentence by sentence, each glued value as "VALUE"."""
     article = ARTICLE.search(page.read_text())
     text = LEFT_OUT.sub(" ", article.group(0) if article else "")
     text = GLUED.sub(" VALUE ", text)
@@ -35,12 +36,22 @@ def sentences(page: Path) -> list[str]:
         if "toctree" in attributes:  # the list of chapters, not prose
             continue
         prose = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", paragraph)).split())
-        found += [sentence for sentence in SENTENCE_END.split(prose) if len(sentence.split()) > 2]
+        found.append(SENTENCE_END.split(prose))
     return found
 
 
+def words(paragraph: list[str]) -> list[int]:
+    """Each sentence's words; a label such as "In short." is not a sentence."""
+    return [len(sentence.split()) for sentence in paragraph if len(sentence.split()) > 2]
+
+
 def lengths(page: Path) -> list[int]:
-    return [len(sentence.split()) for sentence in sentences(page)]
+    return [n for paragraph in paragraphs(page) for n in words(paragraph)]
+
+
+def opening_lengths(page: Path) -> list[int]:
+    """The words of each sentence of the page's answer, the paragraph that opens with "In short."."""
+    return next((words(p) for p in paragraphs(page) if p and p[0].startswith("In short.")), [])
 
 
 def main(argv: list[str]) -> int:
@@ -49,12 +60,13 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"readability.py: no built page {missing[0]} (make book first)", file=sys.stderr)
         return 2
-    print(f"{'page':40} sentences  words/sentence  over {LONG}")
+    print(f"{'page':40} sentences  words/sentence  over {LONG}  opening")
     for page in pages:
-        counts = lengths(page)
+        counts, opening = lengths(page), opening_lengths(page)
         if counts:
+            answer = f"{sum(opening) / len(opening):7.1f}" if opening else f"{'-':>7}"
             print(f"{str(page.relative_to(SITE)):40} {len(counts):9}  {sum(counts) / len(counts):14.1f}  "
-                  f"{sum(n > LONG for n in counts):7}")
+                  f"{sum(n > LONG for n in counts):7}  {answer}")
     return 0
 
 

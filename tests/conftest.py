@@ -278,6 +278,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.fixture(scope="session")
+def offline():
+    """A command prefix that runs a command in a network namespace with no route out (its loopback only), as on a
+    compute node without internet; empty where making one needs root that the tests do not have."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        yield []
+        return
+    name = f"ddp-offline-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield ["ip", "netns", "exec", name]
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
 def copy_project(dest: Path) -> Path:
     """The project's files as a fresh clone has them (plus untracked, unignored ones), sharing .venv and MathJax."""
     tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
@@ -354,11 +370,12 @@ def runnable_tiny_studies() -> dict:
 
 
 @pytest.fixture(scope="session")
-def project(tmp_path_factory, isolated_env):
+def project(tmp_path_factory, isolated_env, offline):
     """A copy of the project in which `make report` ran every study at the tests' scale (tests/studies-tiny.yml:
-    the tiny profile), as CI and a user run it; what it printed is in make-report.log beside."""
+    the tiny profile), as CI and a user run it, with no route out of the machine (`offline`) as on a compute node;
+    what it printed is in make-report.log beside."""
     project = copy_project(tmp_path_factory.mktemp("project"))
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "report", f"STUDY_LIST={TINY_STUDIES}",
+    proc = subprocess.run([*offline, "make", "-o", ".venv/.installed", "report", f"STUDY_LIST={TINY_STUDIES}",
                            f"STUDIES={' '.join(runnable_tiny_studies())}",
                            "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
                           cwd=project, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

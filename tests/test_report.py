@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jupytext
@@ -453,26 +454,42 @@ def test_every_study_page_says_first_whether_it_shows_your_runs_or_the_shipped_r
     assert re.search(rf"The headline’s runs are {whose}: made \d{{4}}-\d\d-\d\d( to \d{{4}}-\d\d-\d\d)? on", intro)
 
 
-def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, tmp_path_factory, isolated_env):
+def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, isolated_env, offline):
     """A book built from a scaling study on one node of four GPUs (tests/gpu_runs.py: the tiny report's runs,
-    relabelled) and the shipped reference for the rest."""
+    relabelled) and the shipped reference for the rest: site and PDF, as a user without root on a compute node with
+    no route out (`offline`), from a prepared project (its venv, MathJax and TeX already there)."""
     from gpu_runs import GPU_NAME, as_gpu_runs
 
-    results = tmp_path_factory.mktemp("gpu-results")
-    as_gpu_runs(project / "results" / "scaling", results / "scaling")
-    book = copy_project(tmp_path_factory.mktemp("gpu-book"))
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "book", f"RESULTS_DIR={results}"], cwd=book,
-                          env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    site = book / "_build" / "html"
-    intro = re.sub(r"\s+([:.,])", r"\1", page_text(site, "intro"))
-    assert "The headline’s runs are yours: made" in intro and f"on 4 {GPU_NAME} GPUs." in intro
-    assert f"On 4 {GPU_NAME} GPUs with NCCL, a step ran" in intro
-    assert "Emulated nodes, the shipped reference:" in intro
-    assert runs_shown(site, "notebooks/scaling_analysis") == "yours"
-    assert runs_shown(site, "studies/nodes") == "the shipped reference"
-    for page in ("intro", "notebooks/scaling_analysis", "discussion"):
-        text = page_text(site, page)
-        assert "each had a GPU of its own" in text
-        for cpu_words in ("shared one machine", "CPU cores in all", "Ranks on one machine", "these shared cores"):
-            assert cpu_words not in text, (page, cpu_words)
+    as_user = os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("latexmk")
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-book-"))  # under /tmp: the other user can reach it
+    try:
+        results = as_gpu_runs(project / "results" / "scaling", scratch / "results" / "scaling").parent
+        book = copy_project(scratch / "project")
+        env = dict(isolated_env, HOME=str(scratch), TMPDIR=str(scratch), HF_HOME=str(scratch / "hf"),
+                   DDP_CORE_CACHE_DIR=str(scratch / "tokens"))
+        user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_user else []
+        if as_user:
+            subprocess.run(["chown", "-R", "65534:65534", scratch], check=True)
+            os.chmod(scratch, 0o755)
+        for target in ("book", "pdf") if as_user else ("book",):
+            proc = subprocess.run([*offline, *user, "make", "-o", ".venv/.installed", target,
+                                   f"RESULTS_DIR={results}"], cwd=book, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=900)
+            assert proc.returncode == 0, proc.stdout[-3000:]
+        site = book / "_build" / "html"
+        intro = re.sub(r"\s+([:.,])", r"\1", page_text(site, "intro"))
+        assert "The headline’s runs are yours: made" in intro and f"on 4 {GPU_NAME} GPUs." in intro
+        assert f"On 4 {GPU_NAME} GPUs with NCCL, a step ran" in intro
+        assert "Emulated nodes, the shipped reference:" in intro
+        assert runs_shown(site, "notebooks/scaling_analysis") == "yours"
+        assert runs_shown(site, "studies/nodes") == "the shipped reference"
+        for page in ("intro", "notebooks/scaling_analysis", "discussion"):
+            text = page_text(site, page)
+            assert "each had a GPU of its own" in text
+            for cpu_words in ("shared one machine", "CPU cores in all", "Ranks on one machine", "these shared cores"):
+                assert cpu_words not in text, (page, cpu_words)
+        if as_user:
+            assert f"4 {GPU_NAME} GPUs" in (book / "_build" / "latex" / "book.tex").read_text()
+            assert (book / "_build" / "latex" / "book.pdf").stat().st_size > 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -216,13 +216,23 @@ def _stat(folder: Path) -> dict:
     return dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines() if line.strip())
 
 
+def _subgroups(top: Path) -> list[Path]:
+    """The groups under `top`, deepest first. Another sweep (a test worker's, a cluster's own teardown) may remove
+    one while this walks the tree: then the walk starts again on what is left."""
+    for _ in range(10):
+        try:
+            found = [p for p in top.rglob("*") if p.is_dir()] if top.exists() else []
+            return sorted(found, key=lambda p: -len(p.parts))
+        except FileNotFoundError:
+            continue
+    return []
+
+
 def remove_group(controller: CpuController, name: str) -> None:
     """Kill what still runs in the group, then remove it, its children first (the kernel refuses while a process is
     in one)."""
     for top in controller.folders(name):
-        children = (sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if top.exists()
-                    else [])
-        for folder in [*children, top]:
+        for folder in [*_subgroups(top), top]:
             for _ in range(50):
                 if not folder.exists():
                     break
