@@ -42,7 +42,7 @@ TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-reco
 # failing at once on dpkg's lock.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: test test-fast report reference single-device peers step-profile book pdf install
+.PHONY: test test-fast report reference single-device peers step-profile book pdf install tex prepare
 
 # pip compiles each installed module to bytecode one file after another; compileall does it on every core, and
 # leaves out the packages' own test suites, which nothing imports (exit code 1: torch ships a file for Python 3.12
@@ -124,14 +124,20 @@ book: $(VENV)/.installed $(MATHJAX)
 
 # TeX: installed with apt-get where it is missing and make runs as root; without root, a TeX of the user's own (see
 # docs/using.md, "On a GPU cluster") on the PATH.
-pdf: $(VENV)/.installed
+pdf: $(VENV)/.installed tex
+	$(BIN)/jupyter-book build book --builder pdflatex
+	@echo "PDF: _build/latex/book.pdf"
+
+tex:
 	@command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || [ "$$(id -u)" = 0 ] || \
 		{ echo "make pdf: needs latexmk and TeX Gyre (tgtermes.sty) on the PATH, which only root can install with" \
 		       "apt-get; see docs/using.md, \"On a GPU cluster\"" >&2; exit 2; }
-	command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
+	@command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
 		($(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends $(TEX_PACKAGES))
-	$(BIN)/jupyter-book build book --builder pdflatex
-	@echo "PDF: _build/latex/book.pdf"
+
+# What needs the internet, once, on a machine that has it (a cluster's login node): the venv, MathJax and, as root,
+# TeX. Afterwards `make report` and `make pdf` need no network (the datasets as files: docs/using.md).
+prepare: $(VENV)/.installed $(MATHJAX) tex
 
 # MathJax served from the site itself, so that equations render without internet.
 $(MATHJAX):

@@ -282,14 +282,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def offline():
     """A command prefix that runs a command in a network namespace with no route out (its loopback only), as on a
     compute node without internet; empty where making one needs root that the tests do not have."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
         yield []
         return
     name = f"ddp-offline-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield ["ip", "netns", "exec", name]
+        yield ["nsenter", f"--net=/run/netns/{name}"]  # not `ip netns exec`, which hides the cgroup mounts of /sys
     finally:
         subprocess.run(["ip", "netns", "delete", name], check=False)
 

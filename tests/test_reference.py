@@ -285,14 +285,17 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory, isolated_env) -> Path:
+def clone(tmp_path_factory, isolated_env, offline) -> Path:
     """A copy of the project as a fresh clone has it, its book built as the PDF (`make pdf`) from the reference
-    results alone. The HTML site is built from other runs by the tiny report of test_report.py."""
+    results alone, with no route out of the machine (`offline`). The HTML site is built from other runs by the tiny
+    report of test_report.py."""
     if shutil.which("latexmk") is None and os.geteuid() != 0:
         pytest.skip("TeX is absent and installing it (make pdf runs apt-get) needs root")
     clone = copy_project(tmp_path_factory.mktemp("clone"))
     assert not (clone / "book" / "results").exists()
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "pdf"], cwd=clone, env=isolated_env,
+    subprocess.run(["make", "-o", ".venv/.installed", "prepare"], cwd=clone, env=isolated_env, check=True,
+                   capture_output=True)  # TeX, where it is missing, needs the network
+    proc = subprocess.run([*offline, "make", "-o", ".venv/.installed", "pdf"], cwd=clone, env=isolated_env,
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return clone

@@ -456,11 +456,14 @@ def test_every_study_page_says_first_whether_it_shows_your_runs_or_the_shipped_r
 
 def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, isolated_env, offline):
     """A book built from a scaling study on one node of four GPUs (tests/gpu_runs.py: the tiny report's runs,
-    relabelled) and the shipped reference for the rest: site and PDF, as a user without root on a compute node with
-    no route out (`offline`), from a prepared project (its venv, MathJax and TeX already there)."""
+    relabelled) and the shipped reference for the rest, on a compute node with no route out (`offline`), from a
+    prepared project (its venv, MathJax and TeX already there): the site, and as a user without root where that user
+    can run the venv's interpreter, the PDF too."""
     from gpu_runs import GPU_NAME, as_gpu_runs
 
-    as_user = os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("latexmk")
+    as_user = os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("latexmk") and subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", f"{REPO}/.venv/bin/python -c ''"],
+        capture_output=True).returncode == 0  # the venv's interpreter may lie where only root reaches (/root)
     scratch = Path(tempfile.mkdtemp(prefix="gpu-book-"))  # under /tmp: the other user can reach it
     try:
         results = as_gpu_runs(project / "results" / "scaling", scratch / "results" / "scaling").parent
