@@ -12,6 +12,7 @@ set -euo pipefail
 
 dir=${DDP_SLURM_DIR:-/tmp/ddp-slurm}
 node=$(hostname -s)
+gpus=${DDP_SLURM_GPUS:-4}  # GPUs the node declares to Slurm as generic resources (no device behind them)
 packages=(slurmctld slurmd slurm-client munge)
 
 print_env() {
@@ -60,9 +61,13 @@ EnforcePartLimits=ALL
 MinJobAge=10
 ReturnToService=2
 MpiDefault=none
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo) State=UNKNOWN
+GresTypes=gpu
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo) Gres=gpu:$gpus State=UNKNOWN
 PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    # GPUs as a GPU node declares them: jobs that ask for them are placed and told which they got (SLURM_GPUS_ON_NODE,
+    # CUDA_VISIBLE_DEVICES), and train on the CPU. gres/gpu counts a GPU by its device file; a terminal's stands in.
+    echo "NodeName=$node Name=gpu File=/dev/tty[0-$((gpus - 1))]" >"$dir/gres.conf"
 }
 
 wait_until() {  # wait_until SECONDS COMMAND...: retry COMMAND until it succeeds
@@ -85,6 +90,7 @@ start() {
     if ! wait_until 30 bash -c "sinfo -h -o %T | grep -qx idle"; then
         echo "local-cluster: the node did not come up; logs in $dir/log" >&2
         tail -n 5 "$dir"/log/slurm*.log >&2 || true
+        stop quietly  # a start that failed leaves no daemon holding the ports
         exit 1
     fi
     echo "local-cluster: up ($node, $(nproc) CPUs); $(print_env)"

@@ -55,14 +55,31 @@ def learning_curve(run_dir):
     return [(row["epoch"], row["train_loss"], row["val_loss"], row["val_accuracy"]) for row in read_metrics(run_dir)]
 
 
-def test_notebook_trains_through_slurm_exactly_as_locally(slurm_cluster, tmp_path, two_local_ranks):
-    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="slurm", overrides=TWO_RANKS_SETTINGS)
+def test_notebook_trains_through_slurm_on_a_gpu_node_exactly_as_locally(slurm_cluster, tmp_path, two_local_ranks):
+    """The local node declares 4 GPUs to Slurm as generic resources (slurm/local-cluster.sh), with no device behind
+    them: a job asking a GPU per rank is placed on them, and its ranks train on the CPU."""
+    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="slurm", overrides=TWO_RANKS_SETTINGS,
+                           slurm_gpus_per_rank=1)
 
     slurm_run = tmp_path / "results" / "slurm" / "n2"
     assert "COMPLETED" in printed
-    assert [p.name for p in slurm_run.glob("slurm-*.out")], "the job's log belongs in the run directory"
+    logs = [p for p in slurm_run.glob("slurm-*.out")]
+    assert logs, "the job's log belongs in the run directory"
+    assert "1 node(s) x 2 rank(s), GPUs a node: 2," in logs[0].read_text()
     assert [int(row["world_size"]) for row in read_metrics(slurm_run)] == [2, 2]
     assert learning_curve(slurm_run) == learning_curve(two_local_ranks)
+
+
+def test_a_run_asking_more_gpus_than_a_node_has_is_refused_in_one_line_before_it_queues(slurm_cluster, tmp_path):
+    from ddp_core.launch.plan import ExperimentError, SlurmOptions, prepare
+    from ddp_core.launch.slurm import run_slurm
+
+    plan = prepare(profile="tiny", world_size=2, experiment="greedy", results_dir=str(tmp_path), launcher="slurm",
+                   slurm=SlurmOptions(gpus_per_rank=3))  # 6 GPUs on a node that declares 4
+    with pytest.raises(ExperimentError) as refused:
+        run_slurm(plan)
+    assert str(refused.value).startswith("sbatch refused the job: ")
+    assert "\n" not in str(refused.value) and not (plan.run_dir / "slurm_job_id").exists()
 
 
 @contextmanager

@@ -21,11 +21,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 
 
 def slurm_conf(folder, cluster: EmulatedCluster) -> str:
-    """Two nodes with a core each and a third of this machine's memory (the batch script asks for 4 GB a core);
-    slurmctld on node0. Each slurmd keeps its own spool, PID file and log (%n)."""
+    """Two nodes with a core, a GPU declared as a generic resource (the ranks train on the CPU) and a third of this
+    machine's memory each (the batch script asks for 4 GB a core); slurmctld on node0. Each slurmd keeps its own
+    spool, PID file and log (%n)."""
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 3
-    nodes = "\n".join(f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 RealMemory={memory_mb} State=UNKNOWN"
-                      for k in range(2))
+    nodes = "\n".join(f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 RealMemory={memory_mb} Gres=gpu:1 "
+                      "State=UNKNOWN" for k in range(2))
+    (folder / "gres.conf").write_text("NodeName=node[0-1] Name=gpu File=/dev/tty0\n")  # a GPU each: no device
     return f"""ClusterName=ddp-emulated
 SlurmctldHost=node0({cluster.address(0)})
 SlurmUser=root
@@ -47,6 +49,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 MpiDefault=none
+GresTypes=gpu
 {nodes}
 PartitionName=emulated Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -104,7 +107,7 @@ def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path
             for k in range(2):
                 subprocess.run(on_node(cluster, k, f"slurmd -N node{k}"), check=True, env=env)
             wait_for(cluster, env, "sinfo -h -o %T", "idle", folder)
-            submit = (f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} DDP_NPROC_PER_NODE=1 sbatch --wait "
+            submit = (f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} sbatch --wait --gpus-per-node=1 "
                       f"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --output={tmp_path}/slurm-%j.out "
                       f"--export=ALL {REPO}/slurm/ddp_train.sbatch {tmp_path}/two-nodes "
                       + " ".join(TWO_RANKS_ARGS))
@@ -114,7 +117,7 @@ def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path
         finally:
             os.kill(int((folder / "munged.pid").read_text()), signal.SIGTERM)
 
-    assert "2 node(s) x 1 rank(s)" in log
+    assert "2 node(s) x 1 rank(s), GPUs a node: 1," in log  # a rank per GPU, as a GPU cluster's job has
     learning = ("train_loss", "val_loss", "val_accuracy")
     for nodes, local in zip(read_metrics(tmp_path / "two-nodes"), read_metrics(two_local_ranks), strict=True):
         for key in learning:
