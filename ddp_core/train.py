@@ -142,9 +142,8 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         stop_if_diverged(epoch, done.first_bad_step, batch, rt)
         if done.steps == batch.steps:  # else the epoch ended at the target, just evaluated
             evaluations.run(epoch)
-        val_loss, val_accuracy, eval_time = evaluations.last
-        row = metrics_row(epoch, done, eval_time, val_loss, val_accuracy, census.largest, sent, state, batch, cfg,
-                          rt)
+        val_loss, val_accuracy, _ = evaluations.last
+        row = metrics_row(training, epoch, done, sent)
         step_rows = steps_rows(epoch, done.step_times, rt)
         snapshot = state.checkpoint(epoch, cfg, rt)
         if rt.leader:
@@ -160,7 +159,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
                       f"after {state.scheduler.last_epoch} steps: the run ends", flush=True)
             break
     ended = MachineClock.now()
-    run_cpu_s, = all_reduce([ended.process_s - started.process_s], dist.ReduceOp.SUM, rt)
+    run_cpu_s = all_reduce({"cpu_s": ended.process_s - started.process_s}, dist.ReduceOp.SUM, rt)["cpu_s"]
     if rt.leader:
         if timer.median_step_timeline:
             (out / "timeline.csv").unlink(missing_ok=True)
@@ -533,7 +532,7 @@ def checkpoint_due(state: TrainingState, cfg: TrainConfig) -> bool:
 
 def stop_if_diverged(epoch: int, first_bad_step: int, batch: BatchPlan, rt: Runtime) -> None:
     """A non-finite loss ends the run before its epoch is written: NaN rows are not results."""
-    first_bad_step = int(all_reduce([first_bad_step], dist.ReduceOp.MIN, rt)[0])
+    first_bad_step = int(all_reduce({"step": first_bad_step}, dist.ReduceOp.MIN, rt)["step"])
     if first_bad_step < batch.steps:
         raise UsageError(f"training diverged: the loss was not finite at epoch {epoch}, step {first_bad_step + 1} "
                          f"of {batch.steps}; lower --lr or raise --warmup-steps and start again with another --out "
@@ -603,37 +602,38 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
             logits = model(ids).float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum")
         correct += (logits.argmax(-1) == labels).sum()
-    total_loss, total_correct = all_reduce([loss_sum.item(), correct.item()], dist.ReduceOp.SUM, rt)
+    total = all_reduce({"loss": loss_sum.item(), "correct": correct.item()}, dist.ReduceOp.SUM, rt)
     model.train()
-    return total_loss / len(data.eval_labels), total_correct / len(data.eval_labels)
+    return total["loss"] / len(data.eval_labels), total["correct"] / len(data.eval_labels)
 
 
-def metrics_row(epoch: int, done: EpochProgress, eval_time: float, val_loss: float, val_accuracy: float,
-                state_bytes: dict[str, int], sent_bytes: float, state: TrainingState, batch: BatchPlan,
-                cfg: TrainConfig, rt: Runtime) -> dict:
-    """The epoch's row of metrics.csv: phases and loss averaged over the ranks, times and training state (by kind,
-    `state_bytes`) of the largest rank, the bytes its link sent in the epoch's steps (`sent_bytes`) as the mean, and
-    the
-    gradient noise scale from the squared norms averaged over ranks and steps (empty where it was not measured). An
-    epoch that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps, not of the
-    pause."""
-    names = list(done.phases)
-    summed = all_reduce([done.phases[n] for n in names] + list(done.grad_sq) + [done.loss_sum, sent_bytes],
+def metrics_row(training: Training, epoch: int, done: EpochProgress, sent_bytes: float) -> dict:
+    """The epoch's row of metrics.csv: phases and loss averaged over the ranks; times, peak memory and training state
+    (by kind) of the largest rank; the bytes its link sent in the epoch's steps (`sent_bytes`) as the mean; the last
+    evaluation; and the gradient noise scale from the squared norms over ranks and steps (empty where not measured).
+    An epoch that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps."""
+    cfg, rt, batch = training.cfg, training.rt, training.batch
+    val_loss, val_accuracy, eval_time = training.evaluations.last
+    local_sq, averaged_sq = done.grad_sq
+    summed = all_reduce({"phases": [done.phases[name] for name in done.phases], "local_sq": local_sq,
+                         "averaged_sq": averaged_sq, "loss": done.loss_sum, "sent_bytes": sent_bytes},
                         dist.ReduceOp.SUM, rt)
-    kinds = list(state_bytes)
-    slowest = all_reduce([done.seconds, eval_time, peak_memory_mb(rt.device), *state_bytes.values()],
+    state_bytes = training.census.largest
+    largest = all_reduce({"epoch_time_s": done.seconds, "eval_time_s": eval_time,
+                          "peak_memory_mb": peak_memory_mb(rt.device), "state": list(state_bytes.values())},
                          dist.ReduceOp.MAX, rt)
     samples = done.steps * batch.global_batch
-    row = {name: value / rt.world_size for name, value in zip(names, summed)}
+    row = {name: value / rt.world_size for name, value in zip(done.phases, summed["phases"])}
     row.update(
         epoch=epoch, world_size=rt.world_size, global_batch_size=batch.global_batch, per_rank_batch_size=batch.micro,
-        grad_accum=cfg.grad_accum, train_samples=samples, steps=done.steps, epoch_time_s=slowest[0],
-        eval_time_s=slowest[1], train_loss=summed[-2] / samples, val_loss=val_loss, val_accuracy=val_accuracy,
-        lr=state.scheduler.get_last_lr()[0], samples_per_s=samples / slowest[0], peak_memory_mb=slowest[2],
-        resumes=done.resumes, **{kind: int(size) for kind, size in zip(kinds, slowest[3:])},
-        link_sent_bytes=summed[-1] / rt.world_size)
-    local_sq, averaged_sq = summed[len(names):len(names) + 2]
-    row.update(noise_scale(local_sq, averaged_sq, done.steps, rt.world_size, batch.micro * cfg.grad_accum)
+        grad_accum=cfg.grad_accum, train_samples=samples, steps=done.steps, epoch_time_s=largest["epoch_time_s"],
+        eval_time_s=largest["eval_time_s"], train_loss=summed["loss"] / samples, val_loss=val_loss,
+        val_accuracy=val_accuracy, lr=training.state.scheduler.get_last_lr()[0],
+        samples_per_s=samples / largest["epoch_time_s"], peak_memory_mb=largest["peak_memory_mb"],
+        resumes=done.resumes, **{kind: int(size) for kind, size in zip(state_bytes, largest["state"])},
+        link_sent_bytes=summed["sent_bytes"] / rt.world_size)
+    row.update(noise_scale(summed["local_sq"], summed["averaged_sq"], done.steps, rt.world_size,
+                           batch.micro * cfg.grad_accum)
                if measures_noise(cfg, rt)
                else dict.fromkeys(NOISE_COLUMNS, math.nan))
     return row
@@ -643,18 +643,28 @@ def steps_rows(epoch: int, steps: dict[str, list[float]], rt: Runtime) -> list[d
     """The epoch's rows of steps.csv, each step's times averaged over the ranks (one all-reduce per epoch). The ranks
     meet at every step's all-reduce, so they take the same steps in time; where each rank's step begins and ends
     varies, and a maximum over ranks per step would add that jitter up to more than the epoch took."""
-    n = len(steps["step_time_s"])  # 0 when the timers are off
-    summed = all_reduce(steps["step_time_s"] + steps["comm_exposed_s"], dist.ReduceOp.SUM, rt) if n else []
-    times = [value / rt.world_size for value in summed]
-    return [{"epoch": epoch, "step": k + 1, "step_time_s": times[k], "comm_exposed_s": times[n + k]} for k in range(n)]
+    if not steps["step_time_s"]:  # the timers were off
+        return []
+    mean = {name: [value / rt.world_size for value in values]
+            for name, values in all_reduce(steps, dist.ReduceOp.SUM, rt).items()}
+    return [{"epoch": epoch, "step": k + 1, "step_time_s": step, "comm_exposed_s": exposed}
+            for k, (step, exposed) in enumerate(zip(mean["step_time_s"], mean["comm_exposed_s"]))]
 
 
-def all_reduce(values: list[float], op, rt: Runtime) -> list[float]:
+def all_reduce(values: dict[str, float | list[float]], op, rt: Runtime) -> dict[str, float | list[float]]:
+    """Named values, each a number or a list of them, reduced over the ranks in one collective and given back by
+    name: a new value needs no index shifted."""
     if not rt.distributed:
         return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    flat = [x for value in values.values() for x in (value if isinstance(value, list) else [value])]
+    tensor = torch.tensor(flat, dtype=torch.float64, device=rt.device)
     dist.all_reduce(tensor, op=op)
-    return tensor.tolist()
+    reduced, start = {}, 0
+    for name, value in values.items():
+        size = len(value) if isinstance(value, list) else 1
+        part = tensor[start:start + size].tolist()
+        reduced[name], start = (part if isinstance(value, list) else part[0]), start + size
+    return reduced
 
 
 def peak_memory_mb(device: torch.device) -> float:
