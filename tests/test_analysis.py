@@ -462,11 +462,11 @@ def test_an_experiment_compared_with_itself_counts_its_configurations_once_in_th
 
 
 def test_the_discussion_says_how_far_apart_the_presets_need_tokens_as_its_table_shows(experiment):
-    """The model-size bullet quotes the spread of the table beside it: the preset that needs the most tokens on this
-    CPU, the one that needs the fewest, and how many times as many."""
+    """The model-size bullet quotes the spread of the table beside it: the preset that needs the most tokens on ranks
+    like the results chapter's, the one that needs the fewest, and how many times as many."""
     lines = [line for line in discussion.tokens_needed_markdown(experiment).splitlines() if line.startswith("|")]
     presets = [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
-    row = next(line for line in lines if "this CPU: break even" in line)
+    row = next(line for line in lines if "ranks like these: break even" in line)
     needed = dict(zip(presets, (float(cell.replace(",", "")) for cell in row.strip("|").split("|")[1:])))
     found = payoff.payoff_findings(experiment)
     assert found["most_cpu"] == max(needed, key=needed.get) and found["fewest_cpu"] == min(needed, key=needed.get)

@@ -13,7 +13,7 @@ from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.model_cost import parameter_counts, preset_configs, training_flops
 
-CPU, GPU = "this CPU", "A100 + NVLink"
+CPU, GPU = "ranks like these", "A100 + NVLink"  # CPU: the runs' own ranks, on a CPU or GPUs
 
 
 def benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
@@ -71,7 +71,9 @@ def payoff_findings(experiment: Experiment) -> dict:
         "cost_model_speedup": float(predicted["predicted_speedup"]),
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
         "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_kflop": link_per_kflop[CPU],
-        "gpu_bytes_per_kflop": link_per_kflop[GPU], "link_per_flop_ratio": link_per_kflop[CPU] / link_per_kflop[GPU],
+        "gpu_bytes_per_kflop": link_per_kflop[GPU],
+        "link_per_flop_ratio": max(link_per_kflop.values()) / min(link_per_kflop.values()),
+        "link_per_flop_word": "fewer" if link_per_kflop[CPU] >= link_per_kflop[GPU] else "more",
         "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU], "most_cpu": most,
         "tokens_spread_cpu": ratios[CPU, fewest[CPU]] / ratios[CPU, most],
         "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],

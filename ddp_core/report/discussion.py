@@ -68,14 +68,14 @@ def nodes_findings(results: Path) -> dict:
 
 
 def ratio_figure(experiment: Experiment):
-    """R_N against tokens per rank, per preset, on CPU ranks like these and on A100s, with the two targets; one legend
-    below both panels, off the curves."""
+    """R_N against tokens per rank, per preset, on ranks like the results chapter's and on A100s, with the two
+    targets; one legend below both panels, off the curves."""
     n, _ = benchmarked(experiment)
     ratios = ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
     tokens = np.logspace(np.log10(64), np.log10(2**20), 40)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True)
-    for ax, (name, title) in zip(axes, [(CPU, f"CPU ranks like this machine, N={n}"),
+    for ax, (name, title) in zip(axes, [(CPU, f"Ranks like the results chapter's, N={n}"),
                                        (GPU, f"A100 + NVLink, N={n} (prediction)")]):
         for preset in presets:
             ax.loglog(tokens, ratios[name, preset] * tokens, label=preset)
