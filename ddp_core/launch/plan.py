@@ -21,8 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, UsageError, differing_settings, load_profile,
-                                    parse_args, to_args)
+from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, differing_settings,
+                                    load_profile, parse_args, to_args)
 from ddp_core.launch.cpu_share import CpuShareError, check_shares, find_controller
 
 LAUNCHERS = ("local", "slurm", "emulated")
@@ -78,6 +78,21 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
     accuracy move from run to run, the yardstick the report holds every difference against.
     With max_restarts, torchrun starts the ranks again when one fails, and they continue from the run's last
     checkpoint: a run that must finish, not one that is measured (the restart's time is not in its epochs)."""
+    slurm = slurm or SlurmOptions()
+    check_placement(world_size=world_size, launcher=launcher, nodes=nodes, repeat=repeat, link_rate=link_rate,
+                    cpus_per_node=cpus_per_node, max_restarts=max_restarts, slurm=slurm)
+    args, cfg = run_settings(profile, overrides, repeat, world_size)
+    run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
+    action = run_dir_action(run_dir, cfg, world_size, (nodes, link_rate, cpus_per_node))
+    if action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
+        check_gpu_launch(launcher, cfg, world_size)
+    return Plan(world_size, nodes, run_dir, args, action, launcher, link_rate, cpus_per_node, max_restarts, slurm)
+
+
+def check_placement(*, world_size, launcher: str, nodes, repeat, link_rate, cpus_per_node, max_restarts,
+                    slurm: SlurmOptions) -> None:
+    """Where and how often the run goes, each checked before anything is read: one line for the first that is
+    wrong."""
     if not _int_at_least(world_size, 1):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
     if not _int_at_least(repeat, 1):
@@ -86,7 +101,6 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
         raise ExperimentError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
-    slurm = slurm or SlurmOptions()
     if not _int_at_least(slurm.gpus_per_rank, 0) or not _int_at_least(slurm.cpus_per_rank, 1):
         raise ExperimentError(f"slurm_gpus_per_rank must be an integer >= 0 and slurm_cpus_per_rank one >= 1, got "
                               f"{slurm.gpus_per_rank!r} and {slurm.cpus_per_rank!r}")
@@ -102,48 +116,56 @@ def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, pro
                               f"has none")
     if launcher == "emulated":
         check_can_emulate(nodes, link_rate, cpus_per_node)
-    run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
+
+
+def run_settings(profile: str, overrides: dict | None, repeat: int,
+                 world_size: int) -> tuple[list[str], TrainConfig]:
+    """The trainer's arguments (profile, overrides, repeat k's seed) and the config its parser makes of them."""
     try:
         settings = load_profile(profile) | (overrides or {})
         args = to_args(settings | {"seed": settings.get("seed", 0) + repeat - 1})
-        cfg = parse_args(args, world_size=world_size)
+        return args, parse_args(args, world_size=world_size)
     except UsageError as exc:
         raise ExperimentError(str(exc)) from None
-    action = "train"
-    if (run_dir / "run.json").exists():
-        try:
-            info = json.loads((run_dir / "run.json").read_text())
-            changed = differing_settings(info["config"], cfg) + ([] if info["world_size"] == world_size
-                                                                 else ["world size"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ExperimentError(f"{run_dir / 'run.json'} is not a run's record ({type(exc).__name__}: {exc}); "
-                                  f"move the folder away or choose another experiment name") from None
-        if changed:
-            raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
-                                  f"choose another experiment name")
-        network = network_of(run_dir)
-        if network and ((network["nodes"], network["link_rate"], network.get("cpus_per_node"))
-                        != (nodes, link_rate, cpus_per_node)):
-            raise ExperimentError(f"{run_dir} holds a run on {network['nodes']} emulated node(s) at link rate "
-                                  f"{network['link_rate']} with {network.get('cpus_per_node') or 'shared'} cores "
-                                  f"each; choose another experiment name")
-        finished = info.get("end_time") and info["config"]["epochs"] >= cfg.epochs
-        if finished:
-            action = "reuse"
-        elif (run_dir / CHECKPOINT_NAME).exists():
-            action = "resume"
-        else:
-            action = "interrupted"
-    if launcher == "slurm" and action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
+
+
+def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, network: tuple) -> str:
+    """What a run directory asks for: "train" (empty), "reuse" (this run, finished), "resume" (this run, with a
+    checkpoint) or "interrupted" (this run, none); refused when it holds another run. `network` is the emulated
+    cluster asked for: (nodes, link rate, cores a node)."""
+    if not (run_dir / "run.json").exists():
+        return "train"
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+        changed = differing_settings(info["config"], cfg) + ([] if info["world_size"] == world_size
+                                                             else ["world size"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExperimentError(f"{run_dir / 'run.json'} is not a run's record ({type(exc).__name__}: {exc}); "
+                              f"move the folder away or choose another experiment name") from None
+    if changed:
+        raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
+                              f"choose another experiment name")
+    held = network_of(run_dir)
+    if held and (held["nodes"], held["link_rate"], held.get("cpus_per_node")) != network:
+        raise ExperimentError(f"{run_dir} holds a run on {held['nodes']} emulated node(s) at link rate "
+                              f"{held['link_rate']} with {held.get('cpus_per_node') or 'shared'} cores "
+                              f"each; choose another experiment name")
+    if info.get("end_time") and info["config"]["epochs"] >= cfg.epochs:
+        return "reuse"
+    return "resume" if (run_dir / CHECKPOINT_NAME).exists() else "interrupted"
+
+
+def check_gpu_launch(launcher: str, cfg: TrainConfig, world_size: int) -> None:
+    """A run for GPUs: on Slurm, a torch with CUDA on this login node; locally, enough GPUs visible here."""
+    if launcher == "slurm":
         check_cuda_build()
-    if launcher == "local" and action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
+    if launcher == "local":
         from ddp_core.engine.runtime import check_gpus, visible_gpus  # torch: imported only when GPUs are asked for
 
         try:
             check_gpus(cfg, world_size, visible_gpus())
         except UsageError as exc:
             raise ExperimentError(str(exc)) from None
-    return Plan(world_size, nodes, run_dir, args, action, launcher, link_rate, cpus_per_node, max_restarts, slurm)
 
 
 def check_cuda_build() -> None:
