@@ -372,7 +372,6 @@ def test_the_key_findings_table_says_why_from_the_runs_ratio_against_the_break_e
     ratio, break_even = one_node_compute / 2 / in_flight, exposed / in_flight
     row = summary_table(project / "results").set_index("setting").loc["2 nodes, 100 Mbit/s links"]
     assert row["why"] == f"$R_N$ {ratio:.2f} {'>' if ratio > break_even else '<'} {break_even:.2f}"
-    assert row["ratio"] == ""  # a link set by its rate models no configuration
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")

@@ -101,7 +101,7 @@ def likeness_markdown(results: Path) -> str:
 
 def summary_table(results: Path) -> pd.DataFrame:
     """One row per finding the key findings page leads with: each configuration the emulated nodes modelled at each
-    number of nodes (the ratio R_N^bench targeted and reached, the speedup with its range, the efficiency, the
+    number of nodes (the speedup with its range, the efficiency, the
     verdict against one node, and the runs' own R_N against the break-even f/(N-1)); the similarity test (the
     speedups' ratio on nodes of half the share); and the results chapter's ranks that share one machine's cores."""
     nodes = load_study(results / "nodes")
@@ -109,7 +109,6 @@ def summary_table(results: Path) -> pd.DataFrame:
     for row in similarity_table(nodes).itertuples():
         share = "" if row.share == node_share(nodes[BASELINE]) else f" of {row.share:g} core"
         rows.append(dict(setting=f"{counted(row.nodes, 'node')}{share}, {row.setting}",
-                         ratio=f"{row.target_ratio:.2f} / {row.achieved_ratio:.2f}" if row.target_ratio > 0 else "",
                          value=median_range(row.speedup, row.speedup_low, row.speedup_high,
                                             noise_format(row.speedup, row.floor)),
                          efficiency=f"{row.efficiency:.0%}", verdict=row.verdict, floor=f"{row.floor:.0%}",
@@ -118,13 +117,13 @@ def summary_table(results: Path) -> pd.DataFrame:
     for row in similarity_test_table(nodes).itertuples():
         rows.append(dict(setting=f"{counted(row.nodes, 'node')}, links set to {row.configuration}: speedup at "
                                  f"{row.other_share:g} core over at {row.share:g}",
-                         ratio="", value=median_range(row.ratio, row.low, row.high), efficiency="", verdict=row.verdict,
+                         value=median_range(row.ratio, row.low, row.high), efficiency="", verdict=row.verdict,
                          floor=f"{row.floor:.0%}",
                          why=f"finds a {SIMILARITY_EFFECT:.0%} difference {row.finds_effect:.0%} of the time"))
     scaling = load_experiment(results / "scaling")
     shared, one = scaling_table(scaling).loc[scaling.largest], scaling.baseline
     setting = "Ranks on a GPU each" if one.on_gpu else f"Ranks sharing one machine's {one.cpu_count} cores"
-    rows.append(dict(setting=f"{setting}, {counted(scaling.largest, 'rank')}", ratio="",
+    rows.append(dict(setting=f"{setting}, {counted(scaling.largest, 'rank')}",
                      value=median_range(shared["speedup"], shared["speedup_low"], shared["speedup_high"]),
                      efficiency=f"{shared['efficiency']:.0%}" if one.on_gpu else "", verdict=shared["verdict"],
                      floor=f"{shared['noise_floor']:.0%}", why="" if one.on_gpu else "no compute added"))
@@ -133,7 +132,7 @@ def summary_table(results: Path) -> pd.DataFrame:
 
 def summary_markdown(results: Path) -> str:
     return quantity_table(summary_table(results), {
-        "setting": ("Setting", "{}"), "ratio": ("Compute over all-reduce as benchmarked, target / reached", "{}"),
+        "setting": ("Setting", "{}"),
         "value": ("Speedup or ratio, median (range)", "{}"), "efficiency": ("Efficiency", "{}"),
         "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{}"), "why": ("Why", "{}")})
 
