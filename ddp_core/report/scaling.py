@@ -60,7 +60,7 @@ RESULTS_ROWS = {
     "speedup": ("Speedup, median of the repeats' paired ratios", "{:.2f}"),
     **range_rows("speedup", "{:.2f}"),
     "efficiency": ("Parallel efficiency (%)", "{:.0f}", 100),
-    "cores_ideal": ("Ideal speedup for the cores the ranks had", "{:.2f}"),
+    "cores_ideal": ("Ideal speedup for the compute the ranks had (cores, or a GPU each)", "{:.2f}"),
     "step_time_s": (STEP_MEDIAN_MS, "{:.1f}", 1e3),
     **step_part_rows("{:.1f}"),
     "optimizer_per_step_s": ("Optimizer step, part of compute, mean (ms)", "{:.1f}", 1e3),
@@ -108,7 +108,7 @@ def speedup_figure(experiment: Experiment):
     x = np.arange(len(sizes))
     error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
     speed.bar(x - 0.27, table["speedup"], 0.27, yerr=error, capsize=4, label="measured (bar: range)")
-    speed.bar(x, table["cores_ideal"], 0.27, color="darkgray", label="ideal for the cores the ranks had")
+    speed.bar(x, table["cores_ideal"], 0.27, color="darkgray", label="ideal for the compute the ranks had")
     speed.bar(x + 0.27, sizes, 0.27, color="lightgray", label="ideal with a device per rank (N)")
     speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="speedup over one rank (T1 / TN)",
               title="Speedup")
