@@ -615,7 +615,7 @@ def metrics_row(training: Training, epoch: int, done: EpochProgress, sent_bytes:
     cfg, rt, batch = training.cfg, training.rt, training.batch
     val_loss, val_accuracy, eval_time = training.evaluations.last
     local_sq, averaged_sq = done.grad_sq
-    summed = all_reduce({"phases": [done.phases[name] for name in done.phases], "local_sq": local_sq,
+    summed = all_reduce({"phases": list(done.phases.values()), "local_sq": local_sq,
                          "averaged_sq": averaged_sq, "loss": done.loss_sum, "sent_bytes": sent_bytes},
                         dist.ReduceOp.SUM, rt)
     state_bytes = training.census.largest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddp_core.analysis.comparisons import speedup_comparisons
+from ddp_core.analysis.comparisons import shown_glue, speedup_comparisons
 from ddp_core.analysis.compute_ratio import rank_share_s
 from ddp_core.analysis.emulated import link_experiments
 from ddp_core.analysis.provenance import whose_findings
@@ -49,8 +49,8 @@ def headline_findings(scaling: Experiment, nodes: dict[str, Experiment]) -> dict
     costs = {EXPOSED: row["comm_exposed_per_step_s"], UNDIVIDED: max(row["compute_per_step_s"] - share, 0.0)}
     limit = max(costs, key=costs.get)
     return {"units": runs.units, "setting": runs.setting, "most": largest,
-            "speedup_shown": shown.format(comparison.ratio),
+            **shown_glue("speedup", comparison, "slower", "faster"),
             "speedup_range": range_text(comparison.low, comparison.high, shown, " to "),
-            "verdict": comparison.says("slower", "faster"), "efficiency": comparison.ratio / largest,
+            "efficiency": comparison.ratio / largest,
             "limit": limit, "limit_ms": costs[limit] * 1e3, "step_ms": row["mean_step_s"] * 1e3,
             **whose_findings(experiment)}

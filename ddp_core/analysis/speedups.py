@@ -62,12 +62,12 @@ def largest_findings(experiment: Experiment) -> dict:
     the most ranks, the speedup over one rank and the final accuracy against one rank's, each with its verdict; and
     where the ranks ran, in words that hold for CPU ranks and GPUs alike ("shared one machine's 2 CPU cores")."""
     one, largest = experiment.baseline, experiment.largest
+    speedup = speedup_comparisons(experiment)[largest]
     return {"preset": one.config["preset"], "dataset": in_words(one.config["dataset"]),
             "placement": ("each had a GPU of its own" if one.on_gpu
                           else f"shared one machine's {one.cpu_count} CPU cores"),
             "global_batch": one.global_batch_size, "cpu_count": one.cpu_count, "dropout": one.model["dropout"],
             "largest": largest, "threads_1": counted(one.threads_per_rank, "thread"),
             "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
-            **speedup_glue("speedup_nmax", speedup_comparisons(experiment)[largest]),
-            **shown_glue("speedup_nmax", speedup_comparisons(experiment)[largest], "slower", "faster"),
+            **speedup_glue("speedup_nmax", speedup), **shown_glue("speedup_nmax", speedup, "slower", "faster"),
             **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))}

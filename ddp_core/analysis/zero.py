@@ -206,6 +206,7 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))
     speedups, ddp, zero3_name = speedup_table(study), MODE_NAMES["none"], MODE_NAMES["zero3"]
+    zero3_time = time_comparisons(study)[n]["zero3"]
     return {"sharding_nodes": n, "sharding_link": link_label(modes(study)["none"]),
             "sharding_setting": point_label(modes(study)["none"], n),
             "sharding_ddp_speedup": speedups.loc[ddp, f"speedup_n{n}"],
@@ -213,5 +214,5 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
             "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],
             "sharding_zero3_speedup_verdict": speedups.loc[zero3_name, f"verdict_n{n}"],
             "sharding_zero3_held_share": zero3["measured"], "sharding_zero3_formula_share": zero3["formula"],
-            **time_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"]),
-            **shown_glue("sharding_zero3_time", time_comparisons(study)[n]["zero3"], "faster", "slower")}
+            **time_glue("sharding_zero3_time", zero3_time),
+            **shown_glue("sharding_zero3_time", zero3_time, "faster", "slower")}

@@ -67,7 +67,7 @@ def gpus_figure(scaling: Experiment, nodes: dict[str, Experiment]):
     speed.plot(sizes, sizes, ":", color="gray", label="ideal: N")
     error = [table["speedup"] - table["speedup_low"], table["speedup_high"] - table["speedup"]]
     speed.errorbar(sizes, table["speedup"], yerr=error, fmt="o-", capsize=3, color="C0",
-                   label=f"{scaling.baseline.device_name} GPUs ({whose_findings(scaling)['whose']})")
+                   label=f"{scaling.baseline.device_name} GPUs ({origin(scaling.folder)})")
     whose = origin(nodes[BASELINE].folder)
     for i, (variant, experiment) in enumerate(link_experiments(nodes).items()):
         curve = scaling_table(experiment)
