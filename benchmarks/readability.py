@@ -5,7 +5,8 @@ glued value counts as one word; code, tables, captions and equations left out).
     python benchmarks/readability.py intro studies/nodes  # some pages
 
 Prints, per page, its sentences, their mean length in words, how many run over 40 words, and the mean length in the
-page's opening answer (its "In short." paragraph; "-" where it has none).
+page's opening answer (its "In short." paragraph; "-" where it has none); then the PDF's pages, where `make pdf`
+made it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from ddp_core.paths import REPO_ROOT
 
 SITE = REPO_ROOT / "_build" / "html"
+PDF_LOG = REPO_ROOT / "_build" / "latex" / "book.log"
 LONG = 40  # words: a sentence a reader has to read twice
 ARTICLE = re.compile(r'<article class="bd-article".*?</article>', re.S)
 LEFT_OUT = re.compile(r"<(table|pre|figcaption|script|style|math|nav)\b.*?</\1>|\\\(.*?\\\)|\$\$.*?\$\$", re.S)
@@ -67,6 +69,10 @@ def main(argv: list[str]) -> int:
             answer = f"{sum(opening) / len(opening):7.1f}" if opening else f"{'-':>7}"
             print(f"{str(page.relative_to(SITE)):40} {len(counts):9}  {sum(counts) / len(counts):14.1f}  "
                   f"{sum(n > LONG for n in counts):7}  {answer}")
+    log = PDF_LOG.read_text(errors="replace") if PDF_LOG.is_file() else ""
+    printed = re.search(r"Output written on book\.pdf \((\d+) pages", log)
+    if printed:
+        print(f"PDF: {printed[1]} pages")
     return 0
 
 

@@ -23,7 +23,7 @@ from conftest import (LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZ
 from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.launch.local import run_local
 from ddp_core.launch.plan import ExperimentError, prepare
-from ddp_core.report import grad_accum
+from ddp_core.report import grad_accum, runs
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.results import load_study
 from ddp_core.studies.study_list import interleaved, load_study_list
@@ -223,6 +223,21 @@ def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project
     found = grad_accum.accumulation_findings(load_study(folder))
     assert found["accum_loss_gap"] == pytest.approx(worst)
     assert found["accum_same_model"] == "the same model"
+
+
+def test_the_runs_page_lists_each_run_with_its_seed_and_its_last_epoch_as_its_csv_wrote_it():
+    folder = REPO / "reference" / "scaling"
+    header, _, *rows = runs.runs_markdown(folder).splitlines()
+    assert [cell.strip() for cell in header.strip("|").split("|")] == [
+        "Run", "Ranks", "Seed", "Started (UTC)", "Epochs", "Last epoch (s)", "Validation accuracy"]
+    shown = {cells[0]: cells[1:] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
+    assert set(shown) == {run.name for run in folder.glob("*/run.json") for run in [run.parent]}
+    for name, (ranks, seed, started, epochs, epoch_s, accuracy) in shown.items():
+        info = json.loads((folder / name / "run.json").read_text())
+        last = pd.read_csv(folder / name / "metrics.csv").iloc[-1]
+        assert (ranks, seed) == (str(info["world_size"]), str(info["config"]["seed"]))
+        assert started == info["start_time"][:16].replace("T", " ") and epochs == str(int(last["epoch"]))
+        assert (epoch_s, accuracy) == (f"{last['epoch_time_s']:.2f}", f"{last['val_accuracy']:.3f}")
 
 
 def test_the_accumulation_page_gives_loss_gaps_at_float_rounding_as_the_power_of_ten_they_lie_below():
