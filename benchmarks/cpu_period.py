@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddp_core.engine.config import OneLineParser, UsageError, positive_int
 from ddp_core.launch.emulated import EmulatedCluster
-from ddp_core.launch.plan import follow_trainer, prepare, trainer_args
+from ddp_core.launch.plan import Placement, follow_trainer, prepare, trainer_args
 from ddp_core.analysis.cpu_period import load_periods, period_table
 from ddp_core.studies.study_list import load_study_list
 
@@ -29,7 +29,7 @@ NODES, CPUS_PER_NODE = 4, 0.25
 def train(results_dir: Path, period_ms: int, repeat: int) -> None:
     """One run of the nodes study's settings at this period."""
     study = load_study_list()["nodes"]
-    plan = prepare(world_size=NODES, launcher="emulated", nodes=NODES, cpus_per_node=CPUS_PER_NODE,
+    plan = prepare(world_size=NODES, placement=Placement("emulated", NODES, cpus_per_node=CPUS_PER_NODE),
                    results_dir=str(results_dir), experiment=f"period-{period_ms}ms", profile=study.profile,
                    overrides=study.variants[0].settings, repeat=repeat)
     if plan.action != "reuse":

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from ddp_core.engine.config import OneLineParser, UsageError, positive_int  # noqa: E402
 from ddp_core.launch.launchers import start  # noqa: E402
-from ddp_core.launch.plan import prepare  # noqa: E402
+from ddp_core.launch.plan import Placement, prepare  # noqa: E402
 
 GOAL_S = {"1 rank": 5.0, "nodes": 15.0}  # seconds outside training (#50)
 SETTINGS = {"threads_per_rank": 1, "train_samples": 192, "eval_samples": 64, "epochs": 2, "warmup_steps": 4}
@@ -47,8 +47,8 @@ def trained_s(run_dir: Path) -> float:
 
 def outside_training(results: str, experiment: str, repeat: int, **where) -> tuple[float, float]:
     """One run's wall time and the part of it outside training."""
-    plan = prepare(world_size=where.get("nodes", 1), launcher=where.pop("launcher"), results_dir=results,
-                   experiment=experiment, overrides=SETTINGS, repeat=repeat, **where)
+    plan = prepare(world_size=where.get("nodes", 1), placement=Placement(**where), results_dir=results,
+                   experiment=experiment, overrides=SETTINGS, repeat=repeat)
     began = time.perf_counter()
     start(plan)
     wall = time.perf_counter() - began

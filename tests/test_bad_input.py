@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO, TINY_SYNTHETIC, one_line_error
 from ddp_core.launch.local import run_local
-from ddp_core.launch.plan import ExperimentError, prepare
+from ddp_core.launch.plan import ExperimentError, Placement, prepare
 
 BATCH = ["--global-batch-size", "8"]
 
@@ -196,7 +196,7 @@ def test_a_run_the_trainer_refuses_fails_the_notebook_in_the_trainers_one_line(t
     write_csv(folder, "test.csv.gz", TWO_ROWS)
     for name, value in isolated_env.items():
         monkeypatch.setenv(name, value)
-    plan = prepare(world_size=2, launcher="local", results_dir=str(tmp_path / "results"), experiment="bad",
+    plan = prepare(world_size=2, placement=Placement(), results_dir=str(tmp_path / "results"), experiment="bad",
                    profile="tiny", overrides={"dataset": "imdb", "data_dir": str(tmp_path / "data")})
     with pytest.raises(ExperimentError) as refused:
         run_local(plan)

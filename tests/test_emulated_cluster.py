@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, TWO_RANKS_SETTINGS, read_metrics
 from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, find_controller
 from ddp_core.launch.emulated import EmulatedCluster, leftovers
-from ddp_core.launch.plan import ExperimentError, prepare
+from ddp_core.launch.plan import ExperimentError, Placement, prepare
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
                                 reason="an emulated cluster needs root on Linux (network namespaces)")
@@ -39,9 +39,9 @@ def in_env(isolated_env, monkeypatch):
         monkeypatch.setenv(name, value)
 
 
-def plan(tmp_path, experiment, launcher, **kw):
-    return prepare(world_size=2, launcher=launcher, results_dir=str(tmp_path), experiment=experiment, profile="tiny",
-                   overrides=TWO_RANKS_SETTINGS | kw.pop("overrides", {}), **kw)
+def plan(tmp_path, experiment, launcher, overrides=None, **where):
+    return prepare(world_size=2, placement=Placement(launcher, **where), results_dir=str(tmp_path),
+                   experiment=experiment, profile="tiny", overrides=TWO_RANKS_SETTINGS | (overrides or {}))
 
 
 @pytest.mark.slow
@@ -167,8 +167,9 @@ def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, i
 
 
 def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
-    code = ("from ddp_core.launch.plan import prepare\n"
-            "prepare(world_size=2, nodes=2, launcher='emulated', results_dir='/tmp', experiment='x', profile='tiny')")
+    code = ("from ddp_core.launch.plan import Placement, prepare\n"
+            "prepare(world_size=2, placement=Placement('emulated', nodes=2), results_dir='/tmp', experiment='x', "
+            "profile='tiny')")
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                           cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode != 0

@@ -193,8 +193,8 @@ def test_ctrl_c_stops_every_rank_under_torchrun_and_the_command_it_prints_contin
 LAUNCHER = """import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from ddp_core.launch.launchers import start
-from ddp_core.launch.plan import prepare
-start(prepare(world_size=2, launcher=sys.argv[2], nodes=int(sys.argv[3]), results_dir=sys.argv[1],
+from ddp_core.launch.plan import Placement, prepare
+start(prepare(world_size=2, placement=Placement(sys.argv[2], nodes=int(sys.argv[3])), results_dir=sys.argv[1],
               experiment="ctrl-c", profile="tiny", overrides={"train_samples": 2400, "global_batch_size": 8}))
 """
 

@@ -22,7 +22,7 @@ from conftest import (LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZ
                       runnable_tiny_studies)
 from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.launch.local import run_local
-from ddp_core.launch.plan import ExperimentError, prepare
+from ddp_core.launch.plan import ExperimentError, Placement, prepare
 from ddp_core.report import grad_accum, runs
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.results import load_study
@@ -109,7 +109,7 @@ def test_the_allreduce_benchmark_reports_time_and_the_nccl_tests_bandwidths(proj
 
 
 def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
-    common = dict(world_size=1, launcher="local", results_dir=str(project / "results"), experiment="scaling",
+    common = dict(world_size=1, placement=Placement(), results_dir=str(project / "results"), experiment="scaling",
                   profile="tiny")
     assert prepare(**common).action == "reuse"
     with pytest.raises(ExperimentError, match="holds a run with other settings \\(--lr\\)"):
@@ -121,7 +121,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_pa
     run_dir.mkdir(parents=True)
     info = json.loads((project / "results" / "scaling" / "n1" / "run.json").read_text()) | {"end_time": None}
     (run_dir / "run.json").write_text(json.dumps(info))
-    plan = prepare(world_size=1, launcher="local", results_dir=str(tmp_path / "results"), experiment="scaling",
+    plan = prepare(world_size=1, placement=Placement(), results_dir=str(tmp_path / "results"), experiment="scaling",
                    profile="tiny")
     assert plan.action == "interrupted"
     with pytest.raises(ExperimentError, match="stopped before its first checkpoint"):

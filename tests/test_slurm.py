@@ -71,11 +71,11 @@ def test_notebook_trains_through_slurm_on_a_gpu_node_exactly_as_locally(slurm_cl
 
 
 def test_a_run_asking_more_gpus_than_a_node_has_is_refused_in_one_line_before_it_queues(slurm_cluster, tmp_path):
-    from ddp_core.launch.plan import ExperimentError, SlurmOptions, prepare
+    from ddp_core.launch.plan import ExperimentError, Placement, SlurmOptions, prepare
     from ddp_core.launch.slurm import run_slurm
 
-    plan = prepare(profile="tiny", world_size=2, experiment="greedy", results_dir=str(tmp_path), launcher="slurm",
-                   slurm=SlurmOptions(gpus_per_rank=3))  # 6 GPUs on a node that declares 4
+    greedy = Placement("slurm", slurm=SlurmOptions(gpus_per_rank=3))  # 6 GPUs on a node that declares 4
+    plan = prepare(profile="tiny", world_size=2, experiment="greedy", results_dir=str(tmp_path), placement=greedy)
     with pytest.raises(ExperimentError) as refused:
         run_slurm(plan)
     assert str(refused.value).startswith("sbatch refused the job: ")

@@ -36,19 +36,21 @@ def run_studies(args, *, cwd, env) -> subprocess.CompletedProcess:
 
 def test_the_runner_hands_the_run_notebook_exactly_the_parameters_it_declares_and_checks(tmp_path):
     """What a study's run is, said once (`Run.parameters`): the same names the notebook's parameters cell declares
-    and `prepare` checks, so a field added on one side and not the other fails here, not in a run."""
+    and `prepare_run` checks (`prepare`'s, and the placement's in the notebook's words), so a field added on one side
+    and not the other fails here, not in a run."""
     import inspect
 
     import jupytext
     import papermill
 
-    from ddp_core.launch.plan import SlurmOptions, prepare
+    from ddp_core.launch.plan import PLACEMENT_PARAMETERS, Placement, SlurmOptions, prepare
     from ddp_core.studies.study_list import SlurmPlacement, on_slurm
 
     notebook = tmp_path / "run_experiment.ipynb"
     jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
     declared = set(papermill.inspect_notebook(str(notebook)))
-    accepted = set(inspect.signature(prepare).parameters)
+    assert set(PLACEMENT_PARAMETERS) <= set(inspect.signature(Placement).parameters) & declared
+    accepted = set(inspect.signature(prepare).parameters) - {"placement"} | set(PLACEMENT_PARAMETERS)
     for run, _ in plan_runs(list(STUDIES.values()), str(tmp_path / "results")):
         handed = set(run.parameters(str(tmp_path / "results")))
         assert handed <= declared and handed <= accepted, handed - (declared & accepted)

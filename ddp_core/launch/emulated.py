@@ -330,7 +330,7 @@ class EmulatedCluster:
         return float(out.split()[0])
 
 def run_emulated(plan: Plan) -> bool:
-    """Train across an emulated cluster of `plan.nodes` nodes at `plan.link_rate`, the world size split evenly
+    """Train across an emulated cluster of `placement.nodes` nodes at its `link_rate`, the world size split evenly
     among them: node 0's epoch lines are echoed, each other node's output goes to node<k>.log in the run directory,
     and network.json records the nodes, the rate the link was set to and measured at before training, each node's
     CPU share and, after training, the bytes each node's link sent while the run trained (start-up and evaluations
@@ -339,26 +339,26 @@ def run_emulated(plan: Plan) -> bool:
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
     refuse_interrupted(plan)
-    ranks_per_node = plan.world_size // plan.nodes
+    where, ranks_per_node = plan.placement, plan.ranks_per_node
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    with EmulatedCluster(plan.nodes, plan.link_rate, plan.cpus_per_node) as cluster:
-        measured = cluster.measure_link_gbit_s() if plan.nodes > 1 else None
-        rate = rate_bits_per_s(plan.link_rate)
-        network = {"nodes": plan.nodes, "ranks_per_node": ranks_per_node, "link_rate": plan.link_rate,
+    with EmulatedCluster(where.nodes, where.link_rate, where.cpus_per_node) as cluster:
+        measured = cluster.measure_link_gbit_s() if where.nodes > 1 else None
+        rate = rate_bits_per_s(where.link_rate)
+        network = {"nodes": where.nodes, "ranks_per_node": ranks_per_node, "link_rate": where.link_rate,
                    "link_rate_gbit_s": rate / 1e9 if rate else None, "measured_gbit_s": measured,
-                   "addresses": [cluster.address(k) for k in range(plan.nodes)],
-                   "cpus_per_node": plan.cpus_per_node, "cpu_period_ms": PERIOD_US / 1000}
+                   "addresses": [cluster.address(k) for k in range(where.nodes)],
+                   "cpus_per_node": where.cpus_per_node, "cpu_period_ms": PERIOD_US / 1000}
         save_atomic(network, plan.run_dir / NETWORK_FILE)
-        share = f", {plan.cpus_per_node:g} core(s) each" if plan.cpus_per_node else ""
-        print(f"emulated cluster: {plan.nodes} node(s) x {ranks_per_node} rank(s){share}, link "
-              f"{plan.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else ""), flush=True)
+        share = f", {where.cpus_per_node:g} core(s) each" if where.cpus_per_node else ""
+        link = f"{where.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else "")
+        print(f"emulated cluster: {where.nodes} node(s) x {ranks_per_node} rank(s){share}, link {link}", flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
-        command = cluster.node_command(0, ranks_per_node, program, plan.max_restarts)
+        command = cluster.node_command(0, ranks_per_node, program, where.max_restarts)
         shown = ["torchrun", *command[3:]] if command[1:3] == ["-m", "torch.distributed.run"] else \
             [word for word in command if word != "env"]
         print(shell_command([word.replace(sys.executable, "python") for word in shown]), flush=True)
         sent_before = cluster.sent_bytes()
-        leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, plan.max_restarts)
+        leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, where.max_restarts)
         try:
             follow_trainer(leader, on_start=cluster.limit_cpu, on_finish=cluster.release_cpu)
         except KeyboardInterrupt:  # every node stops at the same step with a checkpoint before the cluster goes

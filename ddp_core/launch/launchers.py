@@ -12,4 +12,4 @@ START = {"local": run_local, "emulated": run_emulated, "slurm": run_slurm}
 
 
 def start(plan: Plan) -> bool:
-    return START[plan.launcher](plan)
+    return START[plan.placement.launcher](plan)

@@ -22,7 +22,7 @@ def run_local(plan: Plan) -> bool:
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
     refuse_interrupted(plan)
-    command = [*launch_command(plan.world_size, max_restarts=plan.max_restarts), *trainer_args(plan)]
+    command = [*launch_command(plan.world_size, max_restarts=plan.placement.max_restarts), *trainer_args(plan)]
     print(shell_command(["python", *command[1:]]), flush=True)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                           preexec_fn=stop_with_parent if sys.platform == "linux" else None) as proc:

@@ -29,6 +29,8 @@ LAUNCHERS = ("local", "slurm", "emulated")
 NETWORK_FILE = "network.json"  # an emulated cluster's nodes and link, beside run.json
 WIND_TUNNEL_FILE = "wind_tunnel.json"  # a study's links set by similarity: what they model, target and achieved
 WIND_TUNNEL_FOLDER = "wind_tunnel"  # beside it, the wind tunnel's own measurements: its one-node runs, its benchmarks
+# The run notebook's parameters that say where its ranks go (`Placement`), besides its slurm_* ones.
+PLACEMENT_PARAMETERS = ("launcher", "nodes", "link_rate", "cpus_per_node", "max_restarts")
 
 
 class ExperimentError(Exception):
@@ -45,18 +47,34 @@ class SlurmOptions:
     poll_s: float = 5.0  # seconds between looks at the job's state
 
 
-@dataclass
-class Plan:
-    world_size: int
-    nodes: int
-    run_dir: Path
-    train_args: list[str]
-    action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's ranks go and how they start: the launcher and what it is told."""
     launcher: str = "local"  # one of LAUNCHERS: `ddp_core.launch.launchers.start` starts it
+    nodes: int = 1  # launchers "slurm" and "emulated": the nodes the ranks are spread over, evenly
     link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
     cpus_per_node: float | None = None  # launcher "emulated": each node's CPU share in cores, None the shared cores
     max_restarts: int = 0  # times torchrun starts the ranks again after one failed
     slurm: SlurmOptions = field(default_factory=SlurmOptions)  # launcher "slurm"
+
+    @classmethod
+    def of(cls, parameters: dict) -> Placement:
+        """The placement a run notebook's parameters (`Run.parameters`) give, as the notebook builds it."""
+        slurm = SlurmOptions(parameters.get("slurm_gpus_per_rank", 0), parameters.get("slurm_cpus_per_rank", 1))
+        return cls(**{name: parameters[name] for name in PLACEMENT_PARAMETERS if name in parameters}, slurm=slurm)
+
+
+@dataclass
+class Plan:
+    world_size: int
+    run_dir: Path
+    train_args: list[str]
+    action: str  # "train", "resume", "reuse", or "interrupted" (a run that stopped before its first checkpoint)
+    placement: Placement = field(default_factory=Placement)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.placement.nodes
 
 
 def _int_at_least(value, minimum: int) -> bool:
@@ -69,36 +87,40 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
     return f"n{world_size}" + (f"-r{repeat}" if repeat > 1 else "")
 
 
-def prepare(*, world_size, launcher: str, results_dir: str, experiment: str, profile: str = "default",
-            overrides: dict | None = None, nodes=1, repeat=1, link_rate: str | None = None, cpus_per_node=None,
-            max_restarts=0, slurm: SlurmOptions | None = None) -> Plan:
+def prepare_run(parameters: dict) -> Plan:
+    """`prepare` from a run notebook's parameters (`Run.parameters`), its placement's among them."""
+    rest = {name: value for name, value in parameters.items()
+            if name not in PLACEMENT_PARAMETERS and not name.startswith("slurm_")}
+    return prepare(**rest, placement=Placement.of(parameters))
+
+
+def prepare(*, world_size, placement: Placement, results_dir: str, experiment: str, profile: str = "default",
+            overrides: dict | None = None, repeat=1) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing.
 
     Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
     accuracy move from run to run, the yardstick the report holds every difference against.
     With max_restarts, torchrun starts the ranks again when one fails, and they continue from the run's last
     checkpoint: a run that must finish, not one that is measured (the restart's time is not in its epochs)."""
-    slurm = slurm or SlurmOptions()
-    check_placement(world_size=world_size, launcher=launcher, nodes=nodes, repeat=repeat, link_rate=link_rate,
-                    cpus_per_node=cpus_per_node, max_restarts=max_restarts, slurm=slurm)
+    check_placement(world_size, repeat, placement)
     args, cfg = run_settings(profile, overrides, repeat, world_size)
     run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
-    action = run_dir_action(run_dir, cfg, world_size, (nodes, link_rate, cpus_per_node))
+    action = run_dir_action(run_dir, cfg, world_size, placement)
     if action != "reuse" and (cfg.device == "cuda" or cfg.backend == "nccl"):
-        check_gpu_launch(launcher, cfg, world_size)
-    return Plan(world_size, nodes, run_dir, args, action, launcher, link_rate, cpus_per_node, max_restarts, slurm)
+        check_gpu_launch(placement.launcher, cfg, world_size)
+    return Plan(world_size, run_dir, args, action, placement)
 
 
-def check_placement(*, world_size, launcher: str, nodes, repeat, link_rate, cpus_per_node, max_restarts,
-                    slurm: SlurmOptions) -> None:
+def check_placement(world_size, repeat, placement: Placement) -> None:
     """Where and how often the run goes, each checked before anything is read: one line for the first that is
     wrong."""
+    launcher, nodes, slurm = placement.launcher, placement.nodes, placement.slurm
     if not _int_at_least(world_size, 1):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
     if not _int_at_least(repeat, 1):
         raise ExperimentError(f"repeat must be a positive integer, got {repeat!r}")
-    if not _int_at_least(max_restarts, 0):
-        raise ExperimentError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if not _int_at_least(placement.max_restarts, 0):
+        raise ExperimentError(f"max_restarts must be an integer >= 0, got {placement.max_restarts!r}")
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
     if not _int_at_least(slurm.gpus_per_rank, 0) or not _int_at_least(slurm.cpus_per_rank, 1):
@@ -109,13 +131,13 @@ def check_placement(*, world_size, launcher: str, nodes, repeat, link_rate, cpus
     if launcher == "local" and nodes != 1:
         raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm' "
                               f"(a cluster) or 'emulated' (nodes emulated on this machine)")
-    if launcher != "emulated" and link_rate is not None:
+    if launcher != "emulated" and placement.link_rate is not None:
         raise ExperimentError(f"link_rate sets the links of an emulated cluster; launcher {launcher!r} has none")
-    if launcher != "emulated" and cpus_per_node is not None:
+    if launcher != "emulated" and placement.cpus_per_node is not None:
         raise ExperimentError(f"cpus_per_node sets the compute of an emulated cluster's nodes; launcher {launcher!r} "
                               f"has none")
     if launcher == "emulated":
-        check_can_emulate(nodes, link_rate, cpus_per_node)
+        check_can_emulate(nodes, placement.link_rate, placement.cpus_per_node)
 
 
 def run_settings(profile: str, overrides: dict | None, repeat: int,
@@ -129,10 +151,10 @@ def run_settings(profile: str, overrides: dict | None, repeat: int,
         raise ExperimentError(str(exc)) from None
 
 
-def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, network: tuple) -> str:
+def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, placement: Placement) -> str:
     """What a run directory asks for: "train" (empty), "reuse" (this run, finished), "resume" (this run, with a
-    checkpoint) or "interrupted" (this run, none); refused when it holds another run. `network` is the emulated
-    cluster asked for: (nodes, link rate, cores a node)."""
+    checkpoint) or "interrupted" (this run, none); refused when it holds another run, or one on another emulated
+    cluster than `placement` asks for."""
     if not (run_dir / "run.json").exists():
         return "train"
     try:
@@ -146,7 +168,8 @@ def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, network: tu
         raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
                               f"choose another experiment name")
     held = network_of(run_dir)
-    if held and (held["nodes"], held["link_rate"], held.get("cpus_per_node")) != network:
+    if held and (held["nodes"], held["link_rate"], held.get("cpus_per_node")) != (
+            placement.nodes, placement.link_rate, placement.cpus_per_node):
         raise ExperimentError(f"{run_dir} holds a run on {held['nodes']} emulated node(s) at link rate "
                               f"{held['link_rate']} with {held.get('cpus_per_node') or 'shared'} cores "
                               f"each; choose another experiment name")

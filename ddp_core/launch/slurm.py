@@ -36,16 +36,16 @@ def _slurm(*command: str) -> subprocess.CompletedProcess:
 
 
 def sbatch_command(plan: Plan) -> list[str]:
-    """The job's submission, with the resources `plan.slurm` asks for."""
-    ranks_per_node = plan.world_size // plan.nodes
+    """The job's submission, with the resources the placement's `slurm` asks for."""
+    ranks_per_node, slurm = plan.ranks_per_node, plan.placement.slurm
     command = ["sbatch", "--parsable", f"--job-name=ddp-{plan.run_dir.parent.name}-n{plan.world_size}",
-               f"--nodes={plan.nodes}", "--ntasks-per-node=1",
-               f"--cpus-per-task={ranks_per_node * plan.slurm.cpus_per_rank}",
+               f"--nodes={plan.placement.nodes}", "--ntasks-per-node=1",
+               f"--cpus-per-task={ranks_per_node * slurm.cpus_per_rank}",
                f"--output={plan.run_dir.resolve()}/slurm-%j.out", "--export=ALL"]
-    if plan.slurm.gpus_per_rank:
-        command.append(f"--gpus-per-node={ranks_per_node * plan.slurm.gpus_per_rank}")
+    if slurm.gpus_per_rank:
+        command.append(f"--gpus-per-node={ranks_per_node * slurm.gpus_per_rank}")
     train_args = [*plan.train_args, "--resume"] if plan.action == "resume" else plan.train_args
-    return [*command, *plan.slurm.sbatch_args.split(), str(SBATCH_SCRIPT), str(plan.run_dir.resolve()), *train_args]
+    return [*command, *slurm.sbatch_args.split(), str(SBATCH_SCRIPT), str(plan.run_dir.resolve()), *train_args]
 
 
 def job_state(job_id: str) -> tuple[str, str]:
@@ -107,8 +107,9 @@ def failure_report(run_dir: Path, job_id: str, lines: int = 15) -> str:
 
 
 def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
-    """Submit (or attach to) the run's job as `plan.slurm` asks for it; with its `wait`, block until it ends. True
-    when the run is finished. `module` is what the job's ranks run: the trainer, or the all-reduce benchmark."""
+    """Submit (or attach to) the run's job as the placement's `slurm` asks for it; with its `wait`, block until it
+    ends. True when the run is finished. `module` is what the job's ranks run: the trainer, or the all-reduce
+    benchmark."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not resubmitting")
         return True
@@ -120,18 +121,18 @@ def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
     else:
         refuse_interrupted(plan)
         command = sbatch_command(plan)
-        env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.world_size // plan.nodes),
-                   DDP_MAX_RESTARTS=str(plan.max_restarts), DDP_MODULE=module)
+        env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.ranks_per_node),
+                   DDP_MAX_RESTARTS=str(plan.placement.max_restarts), DDP_MODULE=module)
         submitted = subprocess.run(command, capture_output=True, text=True, env=env)
         if submitted.returncode != 0:
             raise ExperimentError("sbatch refused the job: " + " ".join(submitted.stderr.split()))
         job_id = submitted.stdout.strip().split(";")[0]
         id_file.write_text(job_id + "\n")
         print(f"submitted job {job_id}; log: {plan.run_dir / f'slurm-{job_id}.out'}")
-    if not plan.slurm.wait:
+    if not plan.placement.slurm.wait:
         print("not waiting (wait=False): run this notebook again with the same parameters to collect the results")
         return False
-    state, exit_code = wait_for(job_id, plan.slurm.poll_s, plan.run_dir / f"slurm-{job_id}.out")
+    state, exit_code = wait_for(job_id, plan.placement.slurm.poll_s, plan.run_dir / f"slurm-{job_id}.out")
     if state != "COMPLETED":
         raise ExperimentError(f"job {job_id} ended {state} (exit code {exit_code or '?'})\n"
                               + failure_report(plan.run_dir, job_id))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ddp_core.engine.config import OneLineParser, UsageError, check_writable_folder, positive_int
-from ddp_core.launch.plan import ExperimentError, Plan, SlurmOptions, check_can_emulate, launch_command, prepare
+from ddp_core.launch.plan import ExperimentError, Placement, Plan, check_can_emulate, launch_command, prepare_run
 from ddp_core.launch.slurm import run_slurm
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
@@ -42,11 +42,6 @@ QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
 EMULATED_ALLREDUCE_ARGS = ["--max-bytes", str(16 * 2**20), "--seconds-per-size", "0.5"]
 
 
-def slurm_options(parameters: dict) -> SlurmOptions:
-    """A run's Slurm resources, taken out of its notebook parameters (`Run.parameters`), as the notebook builds them."""
-    return SlurmOptions(parameters.pop("slurm_gpus_per_rank", 0), parameters.pop("slurm_cpus_per_rank", 1))
-
-
 def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     """Every run checked and planned; a modelled run with the rate the wind tunnel chose, once it has chosen."""
     records = {study.name: wind_tunnel.recorded(study, results_dir) for study in studies if study.modelled}
@@ -54,10 +49,8 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
     for run in interleaved(studies):
         if run.models:
             run = wind_tunnel.dimensioned(run, records[run.study])
-        parameters = run.parameters(results_dir)
-        slurm = slurm_options(parameters)  # before the rest are handed on: it takes its own out
         try:
-            plan = prepare(**parameters, slurm=slurm)
+            plan = prepare_run(run.parameters(results_dir))
         except ExperimentError as exc:
             raise StudyError(f"study {run.study!r}, run {run.folder}: {exc}") from None
         planned.append((run, plan))
@@ -149,8 +142,8 @@ def benchmark_on_slurm(study: Study, n: int, out: Path, extra_args: str) -> None
     """The all-reduce benchmark on `n` ranks as a Slurm job placed as the study's runs are, waited for."""
     run = next(run for run in study.runs() if run.world_size == n)
     parameters = run.parameters(str(out.parent))
-    plan = Plan(world_size=n, nodes=parameters["nodes"], run_dir=out, train_args=shlex.split(extra_args),
-                action="train", launcher="slurm", slurm=slurm_options(parameters))
+    plan = Plan(world_size=n, run_dir=out, train_args=shlex.split(extra_args), action="train",
+                placement=Placement.of(parameters))
     start = time.perf_counter()
     run_slurm(plan, module="ddp_core.bench.allreduce")
     print(f"{study.name}: all-reduce benchmark on {n} ranks as a Slurm job: done in "

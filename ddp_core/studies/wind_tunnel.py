@@ -47,7 +47,8 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.launchers import start
-from ddp_core.launch.plan import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, prepare, rate_bits_per_s
+from ddp_core.launch.plan import (ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, prepare_run,
+                                  rate_bits_per_s)
 from ddp_core.launch.plan import WIND_TUNNEL_FOLDER as FOLDER
 from ddp_core.studies.study_list import Run, Study, StudyError
 
@@ -148,7 +149,7 @@ def train_quietly(run: Run, results_dir: str) -> Path:
     """The run trained (or reused, when finished), its output shown only when it fails."""
     output = io.StringIO()
     try:
-        plan = prepare(**run.parameters(results_dir))
+        plan = prepare_run(run.parameters(results_dir))
         if plan.action != "reuse":
             began = time.perf_counter()
             with contextlib.redirect_stdout(output):
