@@ -93,7 +93,7 @@ def test_numbers_in_the_prose_are_those_of_the_csvs(project):
     step = {n: per_sample[n] * runs[n]["global_batch_size"].iloc[0] for n in WORLD_SIZES}
     assert f"a step of the global batch takes {step[largest]:.3f} s, against {step[1]:.3f} s on one rank" in text
     assert f"the speedup is {speedup:.2f} (one run each)" in text
-    assert f"parallel efficiency {speedup / largest:.1%}" in text
+    assert f"The parallel efficiency is {speedup / largest:.1%}" in text
     assert f"it is {runs[1]['val_accuracy'].iloc[-1]:.3f} on one rank" in text
     discussion = page_text(project / "_build" / "html", "discussion")
     assert f"the speedup at {largest} ranks is {speedup:.2f} (one run each)" in discussion

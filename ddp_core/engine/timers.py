@@ -3,51 +3,56 @@
 How each number is measured (the report's methods chapter cites this):
 
 Clock. Every timestamp is taken on the timeline that limits throughput. On a GPU that is the
-device stream: a `torch.cuda.Event` is recorded at each boundary and all of them are converted to
-seconds once, at the end of the epoch, after one `torch.cuda.synchronize()`; no step is ever
+device stream. A `torch.cuda.Event` is recorded at each boundary. All of them are converted to
+seconds once, at the end of the epoch, after one `torch.cuda.synchronize()`. No step is ever
 synchronised for the sake of measuring it. On a CPU the timestamps are `time.perf_counter()`.
 Host work that overlaps with GPU work already queued therefore costs nothing on a GPU, which is
 the truth about its cost.
 
-Phases. `data` (taking the next batch and moving it to the device), `forward` (model and loss),
-`backward` (`loss.backward()`, which in DDP returns only once every gradient bucket has been
-all-reduced) and `optimizer` (the AdamW step, learning-rate schedule and zeroing gradients) are
-the spans between consecutive boundaries, summed over the epoch's micro-steps.
+Phases. A phase is the span between two consecutive boundaries, summed over the epoch's
+micro-steps. The `data` phase takes the next batch and moves it to the device. The `forward` phase
+runs the model and the loss. The `backward` phase is `loss.backward()`. In DDP it returns only once
+every gradient bucket has been all-reduced. The `optimizer` phase is the AdamW step, the
+learning-rate schedule and the zeroing of the gradients.
 
 Communication. DDP hands each gradient bucket to a communication hook as soon as all of its
-gradients are ready, while the backward pass carries on with earlier layers. The hook here is the
-run's (PyTorch's averaging all-reduce, or a compressing one: `--comm-hook`) with two timestamps
-added: when the bucket was handed over and when its reduced result was ready (recorded in the
-future's callback, which on a GPU runs on a stream that waits for the NCCL kernel).
+gradients are ready. Meanwhile the backward pass carries on with earlier layers. The hook here is
+the run's own: PyTorch's averaging all-reduce, or a compressing one (`--comm-hook`). Two timestamps
+are added to it: when the bucket was handed over, and when its reduced result was ready. The second
+is recorded in the future's callback. On a GPU that callback runs on a stream that waits for the
+NCCL kernel.
 
-- `comm_total_s` is the time during which at least one all-reduce was in flight: the length of
-  the union of the per-bucket [handed over, reduced] intervals. Buckets queue behind each other on
-  one communication stream, so the union counts each moment once.
-- `comm_exposed_s` is the communication that backward could not hide: per optimizer step, from the
-  moment the last bucket was handed over (the backward computation is finished then) to the moment
-  the last all-reduce completed, which is the time the step waits for the network before the
-  optimizer may run. It is part of `backward_time_s` and never exceeds `comm_total_s`.
+- `comm_total_s` is the time during which at least one all-reduce was in flight. It is the length
+  of the union of the per-bucket [handed over, reduced] intervals. Buckets queue behind each other
+  on one communication stream, so the union counts each moment once.
+- `comm_exposed_s` is the communication that backward could not hide. Per optimizer step, it runs
+  from the moment the last bucket was handed over to the moment the last all-reduce completed. The
+  backward computation is finished at the first of these moments. So this is the time the step
+  waits for the network before the optimizer may run. It is part of `backward_time_s` and never
+  exceeds `comm_total_s`.
 
-Timeline. The median step of each epoch (by wall time) is also kept whole: its phases and each bucket's
-all-reduce on one time axis (`median_step_timeline`); on one rank, where DDP forms no buckets, the moment each of
-DDP's buckets would be complete instead (`gradient_ready`, from a hook on every parameter's gradient), which the
-trainer writes to timeline.csv for the run's last epoch. The median, not the last, so that the step drawn is a
-typical one and not one a burst of other load happened to stretch.
+Timeline. The median step of each epoch, by wall time, is also kept whole (`median_step_timeline`).
+It holds the step's phases and each bucket's all-reduce on one time axis. On one rank DDP forms no
+buckets. There the timeline holds instead the moment each of DDP's buckets would be complete
+(`gradient_ready`), from a hook on every parameter's gradient. The trainer writes the timeline to
+timeline.csv for the run's last epoch. It keeps the median step, not the last, so that the step
+drawn is a typical one. The last step might be one that a burst of other load happened to stretch.
 
-Steps. Each optimizer step's wall time and its exposed communication are also kept one by one
-(`summary`'s second value): the report takes a median over steps, which a burst of other load on
-the machine moves far less than a mean. A step's time runs from the end of the step before it (the
-epoch's start, for its first) to the end of its optimizer phase, so it holds whatever the loop does
-between steps too, and the steps of an epoch add up to its time: a loop timed from outside, step end
-to step end (`benchmarks/peers/step_clock.py` times other loops so), is measured the same way. An
-evaluation inside the epoch (--eval-every-steps), timed as the phase `eval`, is left out of the step
-after it.
+Steps. Each optimizer step's wall time and its exposed communication are also kept one by one,
+as `summary`'s second value. The report takes a median over steps. A burst of other load on the
+machine moves a median far less than a mean. A step's time runs from the end of the step before it
+to the end of its optimizer phase. For an epoch's first step, it runs from the epoch's start. So a
+step holds whatever the loop does between steps too, and the steps of an epoch add up to its time.
+A loop timed from outside, step end to step end, is measured the same way. The script
+`benchmarks/peers/step_clock.py` times other loops so. An evaluation inside the epoch
+(--eval-every-steps) is timed as the phase `eval`. It is left out of the step after it.
 
-What this leaves out: when compute and communication share a resource (on a CPU the same cores;
-on a GPU the SMs and memory bandwidth that NCCL kernels use), communication also slows the
-backward computation it overlaps with. That cost shows up as a longer `backward_time_s` than
-in a 1-rank run with the same per-rank batch, not in `comm_exposed_s`. A 1-rank run has no
-process group and no DDP wrapper, so its communication is exactly zero.
+What this leaves out. When compute and communication share a resource, communication also slows
+the backward computation it overlaps with. On a CPU that resource is the same cores. On a GPU it is
+the SMs and memory bandwidth that NCCL kernels use. That cost shows up as a longer
+`backward_time_s` than in a 1-rank run with the same per-rank batch. It does not show up in
+`comm_exposed_s`. A 1-rank run has no process group and no DDP wrapper, so its communication is
+exactly zero.
 """
 
 from __future__ import annotations
