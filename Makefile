@@ -42,7 +42,7 @@ TEX_PACKAGES := texlive-latex-recommended texlive-latex-extra texlive-fonts-reco
 # failing at once on dpkg's lock.
 APT_GET := apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: test test-fast report reference single-device peers step-profile book pdf install tex prepare
+.PHONY: test test-fast report reference single-device peers step-profile book pdf install tex prepare browser
 
 # pip compiles each installed module to bytecode one file after another; compileall does it on every core, and
 # leaves out the packages' own test suites, which nothing imports (exit code 1: torch ships a file for Python 3.12
@@ -58,7 +58,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # ruff first (pyproject.toml says which rules): a line over 120 characters or an unused name fails in seconds.
-test: $(VENV)/.installed $(MATHJAX)
+test: $(VENV)/.installed $(MATHJAX) browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -134,6 +134,12 @@ tex:
 		       "apt-get; see docs/using.md, \"On a GPU cluster\"" >&2; exit 2; }
 	@command -v latexmk >/dev/null && kpsewhich tgtermes.sty >/dev/null || \
 		($(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends $(TEX_PACKAGES))
+
+# Headless Chromium, in which the tests open the forecast page: installed with apt-get where it is missing and make
+# runs as root; elsewhere that test is skipped, and says why.
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		($(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends chromium)
 
 # What needs the internet, once, on a machine that has it (a cluster's login node): the venv, MathJax and, as root,
 # TeX. Afterwards `make report` and `make pdf` need no network (the datasets as files: docs/using.md).

@@ -23,7 +23,8 @@ from conftest import (LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZ
 from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.launch.local import run_local
 from ddp_core.launch.plan import ExperimentError, Placement, prepare
-from ddp_core.report import grad_accum, runs
+from ddp_core.analysis.cluster_forecast import Cluster, cluster_forecast
+from ddp_core.report import forecast, grad_accum, runs
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.results import load_study
 from ddp_core.studies.study_list import interleaved, load_study_list
@@ -510,3 +511,26 @@ def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, is
             assert (book / "_build" / "latex" / "book.pdf").stat().st_size > 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def shown_speedup(page: str, query: str, offline: list[str]) -> float:
+    """The speedup the built page shows for the choices in `query`, read from its DOM after its script ran in
+    headless Chromium, with no network."""
+    proc = subprocess.run([*offline, "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                           "--virtual-time-budget=10000", "--dump-dom", f"file://{page}?{query}"],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r'id="forecast-answer"[^>]*data-speedup="([^"]+)"', proc.stdout)
+    assert found, proc.stderr[-2000:]
+    return float(found[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium (make test installs it as root)")
+def test_the_built_page_answers_offline_in_a_browser_and_follows_what_the_reader_picks(project, offline):
+    page = project / "_build" / "html" / "forecast.html"
+    shape = forecast.workload(project / "book" / "results")
+    for choice in ({}, {"gpus": 16, "interconnect": "ethernet"}, {"preset": "small", "batch_per_gpu": 8}):
+        picked = forecast.DEFAULT | choice
+        query = "&".join(f"{key}={value}" for key, value in choice.items())
+        expected = cluster_forecast(Cluster(**picked), shape)["speedup"]
+        assert shown_speedup(page, query, offline) == float(f"{expected:.4g}"), picked

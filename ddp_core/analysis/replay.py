@@ -24,18 +24,20 @@ from ddp_core.engine.run_files import READY
 
 def replay_step(timeline: pd.DataFrame, nodes: int, allreduce_s: list[float]) -> dict:
     """The step of one node's `timeline` replayed on `nodes` nodes whose buckets' all-reduces take `allreduce_s`
-    (bucket 1 first): its length, its compute, and the all-reduce left exposed after backward."""
+    (bucket 1 first): its length, its compute, the all-reduce left exposed after backward, and when each bucket's
+    all-reduce ran (start and end, from the step's start)."""
     span = timeline.set_index("what")
     start, end = span.loc["forward", "start_s"], span.loc["backward", "start_s"]
     forward, backward = (end - start) / nodes, (span.loc["backward", "end_s"] - end) / nodes
     after = one_node_step_s(timeline) - span.loc["backward", "end_s"]  # the optimizer, and any gap before it
     ready = [(span.loc[f"{READY}{k}", "start_s"] - end) / nodes for k in range(1, len(allreduce_s) + 1)]
-    done = 0.0  # within backward, from its start: when the last all-reduce so far ends
+    done, spans = 0.0, []  # within backward, from its start: when the last all-reduce so far ends
     for at, seconds in zip(ready, allreduce_s):
-        done = max(at, done) + seconds
+        begins, done = max(at, done), max(at, done) + seconds
+        spans.append((start + forward + begins, start + forward + done))
     exposed = max(0.0, done - backward)
     return {"step_s": start + forward + backward + exposed + after, "compute_s": forward + backward + after,
-            "exposed_s": exposed}
+            "exposed_s": exposed, "allreduces_s": spans}
 
 
 def stretched(timeline: pd.DataFrame, step_s: float) -> pd.DataFrame:

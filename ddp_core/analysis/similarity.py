@@ -51,10 +51,14 @@ def large_model(workload: dict) -> dict:
     return preset_configs(workload)[PRESET]
 
 
+def gpu_step_s(model: dict, samples: int, mfu: float) -> float:
+    """One A100's step of `samples` sequences of `model`: its training FLOPs at `mfu` of the published peak."""
+    return training_flops(model, samples * model["max_len"]) / (peak_gemm_flops_per_s() * mfu)
+
+
 def a100_step_s(workload: dict, global_batch: int) -> float:
-    """One A100's step of the whole batch: its training FLOPs at A100_MFU of the published peak."""
-    tokens = global_batch * workload["max_len"]
-    return training_flops(large_model(workload), tokens) / (peak_gemm_flops_per_s() * A100_MFU)
+    """One A100's step of the whole batch of the large model at A100_MFU."""
+    return gpu_step_s(large_model(workload), global_batch, A100_MFU)
 
 
 @cache  # one measurement, read once per batch and loop
@@ -104,13 +108,14 @@ class Configuration:
     bucket_allreduce_s: Callable[[float, int], float]  # (bucket bytes, GPUs) -> its all-reduce
     latency_s: Callable[[int], float]  # GPUs -> the all-reduce's latency term alpha; NaN where not published
     source: str
+    preset: str = PRESET  # the model it trains, at the workload's vocabulary, length and classes
 
     def batch(self, study_batch: int) -> int:
         return self.global_batch or study_batch
 
     def allreduces_s(self, workload: dict, gpus: int) -> list[float]:
-        """Each of the large model's gradient buckets all-reduced on `gpus` GPUs, the last one to be ready last."""
-        return [self.bucket_allreduce_s(size, gpus) for size in bucket_sizes(large_model(workload))]
+        """Each of the model's gradient buckets all-reduced on `gpus` GPUs, the last one to be ready last."""
+        return [self.bucket_allreduce_s(size, gpus) for size in bucket_sizes(preset_configs(workload)[self.preset])]
 
     def ratio(self, workload: dict, study_batch: int, nodes: int) -> float:
         """R_N^bench of this configuration on `nodes` GPUs, for a run's workload (its `model`) and global batch."""

@@ -1,0 +1,95 @@
+"""A forecast for a cluster nobody here ran, from what the book validates: one GPU's step from the model's FLOPs at a
+stated share of a published peak, backward's buckets ready where its FLOPs place them, and each bucket's all-reduce
+over a published interconnect replayed into backward as DDP issues them (`replay.replay_step`).
+
+The forecast page evaluates it over a grid of choices when the book is built (`forecast_grid`); the page only looks a
+choice up. Its bounds are the clusters' own forecasts that the other chapters quote (`Configuration.speedup_range`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from ddp_core.analysis.replay import replay_step
+from ddp_core.analysis.similarity import CONFIGURATIONS, Configuration, gpu_step_s
+from ddp_core.engine.model_cost import bucket_ready_shares, preset_configs
+from ddp_core.engine.run_files import READY
+
+FORWARD_SHARE = 1 / 3  # of a step's FLOPs: backward computes two for every one of forward (`training_flops`)
+# The interconnects a reader picks, each the configuration of the wind tunnel whose published all-reduce it takes,
+# and the most GPUs that configuration's publication measured: beyond, the forecast is flagged as unvalidated.
+INTERCONNECTS = {"nvlink": ("a100_nvlink", 8), "ethernet": ("a100_ethernet", 4)}
+# The grid the page offers: the book's own choices among them (the large preset, 128 tokens, 8 and 64 a GPU, 40 %).
+CHOICES = {"preset": ("small", "medium", "large"), "seq_len": (128, 256, 512), "batch_per_gpu": (8, 16, 32, 64),
+           "mfu": (0.2, 0.4, 0.6), "interconnect": tuple(INTERCONNECTS), "gpus": (2, 4, 8, 16)}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One choice of the page: the model and its work per GPU, the GPU's utilisation, and how the GPUs are joined."""
+    preset: str  # the project's model presets; "large" is BERT-base's shape
+    seq_len: int  # tokens a sequence
+    batch_per_gpu: int  # sequences each GPU computes a step
+    mfu: float  # the share of the A100's published FP16 matrix-product peak a step reaches
+    interconnect: str  # a key of INTERCONNECTS
+    gpus: int
+
+
+def model_of(cluster: Cluster, workload: dict) -> dict:
+    """The cluster's model: its preset at the book's vocabulary and classes (a run's `model`) and its length."""
+    return preset_configs(workload | {"max_len": cluster.seq_len})[cluster.preset]
+
+
+def configuration(cluster: Cluster, workload: dict) -> Configuration:
+    """The cluster as the wind tunnel's configurations describe one: the step at the chosen utilisation, the
+    all-reduce of the chosen interconnect."""
+    model, published = model_of(cluster, workload), CONFIGURATIONS[INTERCONNECTS[cluster.interconnect][0]]
+
+    def step_s(_, batch: int) -> float:
+        return gpu_step_s(model, batch, cluster.mfu)
+
+    return Configuration(f"{cluster.gpus} A100s", None, step_s, step_s, published.bucket_allreduce_s,
+                         published.latency_s, published.source, preset=cluster.preset)
+
+
+def flops_timeline(model: dict, step_s: float) -> pd.DataFrame:
+    """A step of `step_s` drawn as a trainer's timeline.csv: forward, backward and each bucket's ready moment where
+    backward's FLOPs place it (`bucket_ready_shares`), no optimizer time."""
+    forward_end = FORWARD_SHARE * step_s
+    backward_s = step_s - forward_end
+    rows = [("forward", 0.0, forward_end), ("backward", forward_end, step_s), ("optimizer", step_s, step_s)]
+    rows += [(f"{READY}{k}", forward_end + share * backward_s, forward_end + share * backward_s)
+             for k, share in enumerate(bucket_ready_shares(model), start=1)]
+    return pd.DataFrame(rows, columns=["what", "start_s", "end_s"])
+
+
+def cluster_forecast(cluster: Cluster, workload: dict) -> dict:
+    """The cluster's step, compute, exposed and total all-reduce (ms); its speedup over one GPU stepping the whole
+    batch ("faster" or "slower" than it) and its efficiency; the bounds of no overlap and of the last bucket only;
+    the whole batch's compute that breaks even; each bucket's all-reduce (start and end, ms) against backward's; and
+    whether the publication measured that many GPUs."""
+    model, config = model_of(cluster, workload), configuration(cluster, workload)
+    share_s = gpu_step_s(model, cluster.batch_per_gpu, cluster.mfu)
+    whole_s = gpu_step_s(model, cluster.batch_per_gpu * cluster.gpus, cluster.mfu)
+    allreduces = config.allreduces_s(workload | {"max_len": cluster.seq_len}, cluster.gpus)
+    step = replay_step(flops_timeline(model, share_s), 1, allreduces)
+    low, high = config.speedup_range(workload | {"max_len": cluster.seq_len}, cluster.batch_per_gpu * cluster.gpus,
+                                     cluster.gpus)
+    n = cluster.gpus
+    return {"step_ms": step["step_s"] * 1e3, "compute_ms": share_s * 1e3, "exposed_ms": step["exposed_s"] * 1e3,
+            "comm_ms": sum(allreduces) * 1e3, "speedup": whole_s / step["step_s"],
+            "outcome": "faster" if whole_s > step["step_s"] else "slower",
+            "efficiency": whole_s / step["step_s"] / n, "speedup_no_overlap": low, "speedup_last_bucket": high,
+            "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3, "whole_ms": whole_s * 1e3,
+            "backward_ms": [FORWARD_SHARE * share_s * 1e3, share_s * 1e3],
+            "buckets_ms": [[start * 1e3, end * 1e3] for start, end in step["allreduces_s"]],
+            "validated": n <= INTERCONNECTS[cluster.interconnect][1]}
+
+
+def forecast_grid(workload: dict) -> list[dict]:
+    """`cluster_forecast` for every combination of CHOICES, each with its choice."""
+    return [asdict(cluster) | cluster_forecast(cluster, workload)
+            for cluster in itertools.starmap(Cluster, itertools.product(*CHOICES.values()))]
