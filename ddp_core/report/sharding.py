@@ -203,7 +203,7 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     loss_gap = max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES)
     tensors = parameter_counts(ddp.baseline.model)
     block_share = sum(block_parameters(tensors).values()) / parameters
-    found |= {"traffic_over_gloo_low": traffic["over_gloo"].min(), "traffic_over_gloo_high": traffic["over_gloo"].max(),
+    found |= {"traffic_over_gloo": range_text(traffic["over_gloo"].min(), traffic["over_gloo"].max(), "{:.3f}", " to "),
               "largest_tensor_share": max(tensors.values()) / parameters,
               "root_share": 1 - block_share,
               "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
