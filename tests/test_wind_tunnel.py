@@ -315,7 +315,7 @@ def test_the_rate_search_reaches_the_target_within_a_few_tries_where_the_calibra
     monkeypatch.setattr(wind_tunnel, "accept_benchmark", lambda benchmark, accepted: None)
     rank_compute_s, target = 0.0063, 0.23  # the all-reduce must take 27 ms
     study = SimpleNamespace(name="nodes", ratio_tolerance=0.05)
-    found = wind_tunnel.dimension(study, "a100_ethernet", 2, target, rank_compute_s,
-                                  {"fixed_s": 0.0018, "bits": 8e5}, [54792], 0.25, tmp_path)
+    links = wind_tunnel.NodeLinks({"fixed_s": 0.0018, "bits": 8e5}, [54792], 0.25)
+    found = wind_tunnel.dimension(study, "a100_ethernet", 2, target, rank_compute_s, links, tmp_path)
     assert found["achieved_ratio"] == pytest.approx(target, rel=study.ratio_tolerance)
     assert len(found["tries"]) <= 3

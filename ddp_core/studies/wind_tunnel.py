@@ -38,7 +38,7 @@ import contextlib
 import io
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +284,7 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
                 continue
             start = time.perf_counter()
             entries[str(n)] = entry = dimension(study, variant.name, n, targets[(variant.name, n)], compute_s / n,
-                                                links[n], buckets, share, home)
+                                                NodeLinks(links[n], buckets, share), home)
             print(f"{study.name}/{variant.name}: {n // ranks} nodes of {share:g} core model {modelling.name} at R = "
                   f"{entry['target_ratio']:.2f}: links at {entry['link_rate']}, R achieved "
                   f"{entry['achieved_ratio']:.2f} ({len(entry['tries'])} tries, {time.perf_counter() - start:.0f} s)",
@@ -338,11 +338,19 @@ def forecast_round(study: Study, results_dir: str, share: float, repeat: int) ->
     save_atomic(record, home / WIND_TUNNEL_FILE)
 
 
-def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s: float, link: dict,
-              buckets: list[int], cpus: float, home: Path) -> dict:
+@dataclass(frozen=True)
+class NodeLinks:
+    """What the calibration found for the links of n nodes of one CPU share: where a variant's tries start."""
+    model: dict  # the all-reduce against the rate: fixed_s (A, what no rate removes) and bits (B, what the ring sends)
+    buckets: list[int]  # the model's gradient buckets, in bytes, which each try benchmarks
+    cpus: float  # each node's CPU share, in cores
+
+
+def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s: float, links: NodeLinks,
+              home: Path) -> dict:
     """One variant at n ranks: its link rate, by the tries of the module's step 3, and the accepted benchmark moved to
     the variant's allreduce-n<n>."""
-    bits, fixed_s = link["bits"], link["fixed_s"]
+    bits, fixed_s, buckets, cpus = links.model["bits"], links.model["fixed_s"], links.buckets, links.cpus
     tries = []
     for attempt in range(1, MAX_TRIES + 1):
         rate = tc_rate(link_rate_for(target, rank_compute_s, fixed_s, bits))
@@ -381,7 +389,5 @@ def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dic
 
 def dimensioned(run: Run, record: dict | None) -> Run:
     """`run` with the link rate the wind tunnel chose for its variant and world size; unchanged before it chose."""
-    from dataclasses import replace
-
     modelled = (record or {}).get("variants", {}).get(run.experiment.split("/", 1)[1])
     return replace(run, link_rate=modelled["by_nodes"][str(run.world_size)]["link_rate"]) if modelled else run
