@@ -65,3 +65,16 @@ def test_the_modules_import_each_other_without_a_circle():
 
     for name in sorted(graph):
         visit(name)
+
+
+def test_no_function_of_ddp_core_takes_more_than_eight_parameters():
+    """Values go by name in a dataclass past eight (`Placement`, `NodeLinks`): a call a reader can follow."""
+    def parameters(function) -> int:
+        args = function.args
+        named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+        return len([a for a in named if a.arg not in ("self", "cls")]) + bool(args.vararg) + bool(args.kwarg)
+
+    over = [f"{path.relative_to(REPO)}:{node.name}" for path in (REPO / "ddp_core").rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parameters(node) > 8]
+    assert over == []
