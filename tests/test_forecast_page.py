@@ -8,7 +8,10 @@ import itertools
 import pytest
 
 from conftest import REPO
-from ddp_core.analysis.cluster_forecast import CHOICES, INTERCONNECTS, Cluster, cluster_forecast, forecast_grid
+from ddp_core.analysis.cluster_forecast import (CHOICES, INTERCONNECTS, Cluster, cluster_forecast, forecast_grid,
+                                                proportional_check)
+from ddp_core.analysis.gpu_measurements import forecast_word
+from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_forecast
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.report import forecast
 
@@ -34,7 +37,7 @@ def test_every_choice_is_forecast_between_no_overlap_and_the_last_bucket_only_an
     for row in grid:
         assert row["speedup_no_overlap"] * (1 - 1e-9) <= row["speedup"] <= row["speedup_last_bucket"] * (1 + 1e-9)
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["gpus"])
-        assert row["outcome"] == ("faster" if row["speedup"] > 1 else "slower")
+        assert row["outcome"] == forecast_word(row["speedup_no_overlap"], row["speedup_last_bucket"])
         assert row["validated"] == (row["gpus"] <= INTERCONNECTS[row["interconnect"]][1])
         assert row["buckets_ms"][-1][1] == pytest.approx(row["backward_ms"][1] + row["exposed_ms"])
 
@@ -47,3 +50,18 @@ def test_a_faster_interconnect_or_more_work_per_gpu_never_forecasts_a_lower_spee
         assert speedup(gpus=gpus, interconnect="nvlink") > speedup(gpus=gpus, interconnect="ethernet")
         batches = [speedup(gpus=gpus, batch_per_gpu=batch) for batch in CHOICES["batch_per_gpu"]]
         assert batches == sorted(batches)
+
+
+def test_the_check_on_a_measured_gpu_pairs_each_share_with_its_own_whole_batch():
+    """The page's caveat: for each batch per GPU whose four-times batch one GPU also stepped, the speedup forecast from
+    the measured share (the GPU chapter's) beside the one from the whole batch divided (this page's assumption), which
+    can at most reach the ideal."""
+    timelines = load_timelines(REPO / "reference" / "gpu_timeline")
+    measured = {t.key for t in timelines}
+    check = proportional_check(timelines)
+    assert {(row.amp, row.batch_per_gpu) for row in check.itertuples()} == {
+        (amp, batch) for amp, batch in measured if (amp, batch * FORECAST_GPUS) in measured}
+    forecast_by_key = replay_forecast(timelines).set_index(["amp", "batch_per_gpu"])["speedup"]
+    for row in check.itertuples():
+        assert row.measured_share == forecast_by_key[(row.amp, row.batch_per_gpu)]
+        assert 1 < row.divided_share <= FORECAST_GPUS

@@ -1,7 +1,10 @@
 // The forecast page's controls: each choice is looked up in the grid the book's build computed
 // (ddp_core/analysis/cluster_forecast.py); this script only finds the row and shows it. No forecast is computed here.
-(function () {
-  const data = JSON.parse(document.getElementById("forecast-grid").textContent);
+// The site loads it on every page; it acts only on the page that holds the grid.
+document.addEventListener("DOMContentLoaded", function () {
+  const grid = document.getElementById("forecast-grid");
+  if (!grid) return;
+  const data = JSON.parse(grid.textContent);
   const keys = Object.keys(data.choices);
   const rows = new Map(data.rows.map((row) => [keys.map((k) => String(row[k])).join("|"), row]));
   const control = (key) => document.getElementById("choose-" + key);
@@ -12,7 +15,9 @@
     const select = control(key);
     for (const value of data.choices[key]) select.add(new Option(String(value), String(value)));
     const asked = new URLSearchParams(window.location.search).get(key);
-    select.value = data.choices[key].map(String).includes(asked) ? asked : String(data.default[key]);
+    const offered = data.choices[key].map(String).includes(asked);
+    select.value = offered ? asked : String(data.default[key]);
+    if (asked !== null && !offered) document.getElementById("f-refused").hidden = false;
     select.addEventListener("change", update);
   }
 
@@ -37,18 +42,21 @@
     show("f-gpus", row.gpus);
     show("f-speedup", digits(row.speedup, 3));
     show("f-outcome", row.outcome);
-    show("f-efficiency", (100 * row.efficiency).toFixed(0) + " %");
+    show("f-efficiency", (100 * row.efficiency).toFixed(0) + "%");
     show("f-step", digits(row.step_ms, 3));
     show("f-whole", digits(row.whole_ms, 3));
     show("f-compute", digits(row.compute_ms, 3));
-    show("f-exposed", digits(row.exposed_ms, 2));
+    show("f-exposed", digits(row.exposed_ms, 3));
     show("f-comm", digits(row.comm_ms, 3));
     show("f-low", digits(row.speedup_no_overlap, 3));
     show("f-high", digits(row.speedup_last_bucket, 3));
     show("f-break-even", digits(row.break_even_ms, 3));
     show("f-validated", row.validated ? "within" : "beyond");
+    document.getElementById("f-high-reached").hidden = !row.last_bucket_reachable;
+    document.getElementById("f-high-unreached").hidden = row.last_bucket_reachable;
+    document.getElementById("forecast-answer").classList.toggle("extrapolated", !row.validated);
     document.getElementById("forecast-answer").dataset.speedup = row.speedup;
     draw(row);
   }
   update();
-})();
+});

@@ -13,9 +13,11 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
+from ddp_core.analysis.gpu_measurements import forecast_word
+from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, StepTimeline, nvlink_fit, replay_forecast
 from ddp_core.analysis.replay import replay_step
 from ddp_core.analysis.similarity import CONFIGURATIONS, Configuration, gpu_step_s
-from ddp_core.engine.model_cost import bucket_ready_shares, preset_configs
+from ddp_core.engine.model_cost import bucket_ready_shares, bucket_sizes, preset_configs
 from ddp_core.engine.run_files import READY
 
 FORWARD_SHARE = 1 / 3  # of a step's FLOPs: backward computes two for every one of forward (`training_flops`)
@@ -67,10 +69,11 @@ def flops_timeline(model: dict, step_s: float) -> pd.DataFrame:
 
 
 def cluster_forecast(cluster: Cluster, workload: dict) -> dict:
-    """The cluster's step, compute, exposed and total all-reduce (ms); its speedup over one GPU stepping the whole
-    batch ("faster" or "slower" than it) and its efficiency; the bounds of no overlap and of the last bucket only;
-    the whole batch's compute that breaks even; each bucket's all-reduce (start and end, ms) against backward's; and
-    whether the publication measured that many GPUs."""
+    """The cluster's forecast for the page: its step, compute, exposed and total all-reduce (ms); its speedup over
+    one GPU stepping the whole batch, its efficiency, and the bounds of no overlap and of the last bucket only, in
+    the GPU chapter's words (`forecast_word`); the whole batch's compute that breaks even; each bucket's all-reduce
+    (start and end, ms) against backward's; whether the publication measured that many GPUs; and whether backward
+    is long enough to hide all but the last bucket, the only way the last-bucket bound is reached."""
     model, config = model_of(cluster, workload), configuration(cluster, workload)
     share_s = gpu_step_s(model, cluster.batch_per_gpu, cluster.mfu)
     whole_s = gpu_step_s(model, cluster.batch_per_gpu * cluster.gpus, cluster.mfu)
@@ -81,15 +84,32 @@ def cluster_forecast(cluster: Cluster, workload: dict) -> dict:
     n = cluster.gpus
     return {"step_ms": step["step_s"] * 1e3, "compute_ms": share_s * 1e3, "exposed_ms": step["exposed_s"] * 1e3,
             "comm_ms": sum(allreduces) * 1e3, "speedup": whole_s / step["step_s"],
-            "outcome": "faster" if whole_s > step["step_s"] else "slower",
+            "outcome": forecast_word(low, high),
             "efficiency": whole_s / step["step_s"] / n, "speedup_no_overlap": low, "speedup_last_bucket": high,
             "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3, "whole_ms": whole_s * 1e3,
             "backward_ms": [FORWARD_SHARE * share_s * 1e3, share_s * 1e3],
             "buckets_ms": [[start * 1e3, end * 1e3] for start, end in step["allreduces_s"]],
-            "validated": n <= INTERCONNECTS[cluster.interconnect][1]}
+            "validated": n <= INTERCONNECTS[cluster.interconnect][1],
+            "last_bucket_reachable": sum(allreduces[:-1]) <= (1 - FORWARD_SHARE) * share_s}
 
 
 def forecast_grid(workload: dict) -> list[dict]:
     """`cluster_forecast` for every combination of CHOICES, each with its choice."""
     return [asdict(cluster) | cluster_forecast(cluster, workload)
             for cluster in itertools.starmap(Cluster, itertools.product(*CHOICES.values()))]
+
+
+def proportional_check(timelines: list[StepTimeline]) -> pd.DataFrame:
+    """What this page's assumption, a step that shrinks in proportion to its batch, does to a GPU that was measured:
+    per precision and batch per GPU whose whole batch one GPU also stepped, the speedup on FORECAST_GPUS GPUs
+    forecast from the measured step of each GPU's share (`replay_forecast`, the GPU chapter's) and from the whole
+    batch's step divided among them (`replay_step` with the GPUs as nodes, as this page's forecasts do)."""
+    fit, whole = nvlink_fit(FORECAST_GPUS), {t.key: t for t in timelines}
+    rows = []
+    for row in replay_forecast(timelines).dropna(subset=["speedup"]).itertuples():
+        timeline = whole[(row.amp, row.global_batch)]
+        allreduces = [fit.allreduce_s(size) for size in bucket_sizes(timeline.info["model"])]
+        divided = replay_step(timeline.timeline, FORECAST_GPUS, allreduces)
+        rows.append({"amp": row.amp, "batch_per_gpu": row.batch_per_gpu, "seq_len": timeline.info["model"]["max_len"],
+                     "measured_share": row.speedup, "divided_share": row.one_gpu_ms / 1e3 / divided["step_s"]})
+    return pd.DataFrame(rows)

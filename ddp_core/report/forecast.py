@@ -9,14 +9,17 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, NullLocator
 
-from ddp_core.analysis.cluster_forecast import CHOICES, INTERCONNECTS, Cluster, cluster_forecast, forecast_grid
+from ddp_core.analysis.cluster_forecast import (CHOICES, INTERCONNECTS, Cluster, cluster_forecast, forecast_grid,
+                                                proportional_check)
 from ddp_core.analysis.emulated import BASELINE, forecast_findings
 from ddp_core.analysis.gpu_measurements import load_gpu_results, mfu_findings
-from ddp_core.analysis.nvlink_forecast import load_timelines, peak_gemm_flops_per_s, replay_findings
+from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, peak_gemm_flops_per_s
 from ddp_core.analysis.results import load_study
+from ddp_core.analysis.tables import quantity_table
+from ddp_core.analysis.throughput import precision_name
 
 # The choice the page opens with and the figure draws around: the large model at the nodes study's length.
-DEFAULT = {"preset": "large", "seq_len": 128, "batch_per_gpu": 32, "mfu": 0.4, "interconnect": "nvlink", "gpus": 4}
+DEFAULT = {"preset": "large", "seq_len": 128, "batch_per_gpu": 32, "mfu": 0.2, "interconnect": "nvlink", "gpus": 4}
 
 
 def workload(results: Path) -> dict:
@@ -37,16 +40,17 @@ def grid_json(results: Path) -> str:
 
 def trust_findings(results: Path) -> dict:
     """What the page quotes beside its answer: the emulated nodes' forecasts against their runs (`forecast_findings`),
-    how much more than its share of the batch one measured GPU's step took (`replay_findings`), that GPU's best MFU,
+    how far dividing the whole batch's step overstated a measured GPU's speedup (`proportional_check`), its best MFU,
     the published peak, and the most GPUs each published all-reduce measured."""
     nodes = load_study(results / "nodes")
-    replay = replay_findings(load_timelines(results / "gpu_timeline"))
+    check = proportional_check(load_timelines(results / "gpu_timeline"))
+    over = (check["divided_share"] / check["measured_share"])
+    most = check.loc[over.idxmax()]
     gpu = load_gpu_results(results)
     return ({f"nodes_{key}": value for key, value in forecast_findings(nodes).items()}
             | {"gpu_device": gpu.eager.info["device_name"], "gpu_best_mfu": mfu_findings(gpu)["best_mfu"],
-               "gpu_over_ideal": replay["replay_small_over_ideal"],
-               "gpu_over_ideal_batch": replay["replay_small_batch"],
-               "gpu_over_ideal_global": replay["replay_small_global"],
+               "check_most_over": over.max(), "check_batch": int(most["batch_per_gpu"]),
+               "check_seq_len": int(most["seq_len"]), "check_precision": precision_name(most["amp"]),
                "peak_tflops": peak_gemm_flops_per_s() / 1e12}
             | {f"{name}_max_gpus": most for name, (_, most) in INTERCONNECTS.items()})
 
@@ -72,3 +76,14 @@ def speedup_figure(results: Path):
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def check_markdown(results: Path) -> str:
+    """`proportional_check` as a table, a row per precision and batch per GPU."""
+    table = proportional_check(load_timelines(results / "gpu_timeline"))
+    table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu} of {row.seq_len} tokens" for row in
+                   table.itertuples()]
+    return quantity_table(table, {
+        "measured_share": (f"Speedup on {FORECAST_GPUS} GPUs, from each GPU's measured step", "{:.2f}"),
+        "divided_share": (f"Speedup on {FORECAST_GPUS} GPUs, from the whole batch's step divided", "{:.2f}")},
+        "Precision, sequences a GPU")
