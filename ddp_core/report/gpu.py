@@ -21,7 +21,7 @@ from ddp_core.analysis.gpu_measurements import (MFU_GOAL, PRESET_ORDER, GpuResul
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_markdown
 from ddp_core.analysis.results import Experiment, load_study, read_run, run_on_folder
 from ddp_core.analysis.step_profile import categorised
-from ddp_core.analysis.tables import measured_by, quantity_table
+from ddp_core.analysis.tables import measured_by, quantity_table, range_text
 from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name
 
 
@@ -146,7 +146,7 @@ def forecast_markdown(gpu: GpuResults) -> str:
 
 def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     table = emulated_table(nodes)
-    table["range"] = [f"{low:.0%} to {high:.0%}"
+    table["range"] = [range_text(low, high, "{:.0%}", " to ")
                       for low, high in zip(table["efficiency_low"], table["efficiency_high"])]
     n = table["nodes"].iloc[0]
     return quantity_table(table, {"ratio": (f"$R_{n}^\\text{{bench}}$", "{:.2f}"),
