@@ -57,15 +57,18 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# ruff first (pyproject.toml says which rules): a line over 120 characters or an unused name fails in seconds.
+# ruff first (pyproject.toml says which rules): a line over 120 characters, an unused name or code `ruff format`
+# would change fails in seconds.
 test: $(VENV)/.installed $(MATHJAX) browser
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
 # The inner loop: every test but those that train more than a few steps, start a multi-process job or a notebook, or
 # build a book (31 s on the project's 2-core machine).
 test-fast: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -m "not slow"
 
 build_book = $(BIN)/jupyter-book build book -W --keep-going

@@ -33,8 +33,25 @@ EPOCHS = 3
 
 
 def workload(dataset: str, preset: str) -> list[str]:
-    return ["--dataset", dataset, "--preset", preset, "--train-samples", "1024", "--eval-samples", "64",
-            "--seq-len", "128", "--global-batch-size", "32", "--epochs", str(EPOCHS), "--seed", "0", "--no-progress"]
+    return [
+        "--dataset",
+        dataset,
+        "--preset",
+        preset,
+        "--train-samples",
+        "1024",
+        "--eval-samples",
+        "64",
+        "--seq-len",
+        "128",
+        "--global-batch-size",
+        "32",
+        "--epochs",
+        str(EPOCHS),
+        "--seed",
+        "0",
+        "--no-progress",
+    ]
 
 
 def steady_samples_per_s(epoch_rates: list[float]) -> float:
@@ -70,8 +87,11 @@ def main() -> int:
     except UsageError as exc:
         print(f"bench_ddp_core: error: {exc}", file=sys.stderr)
         return 2
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dataset {opts.dataset}, "
-          f"{opts.repeats} ABBA pairs, steady epochs 2..{EPOCHS}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, dataset {opts.dataset}, "
+        f"{opts.repeats} ABBA pairs, steady epochs 2..{EPOCHS}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         overhead = Path(__file__).with_name("measurement_overhead.py")
@@ -81,8 +101,12 @@ def main() -> int:
                 print("1. " + line, flush=True)
         for preset in ("small", "medium"):
             args = workload(opts.dataset, preset)
-            alternate(f"2. {preset}: 2 ranks / 1 rank", lambda: ddp_core_rate(args, 2, scratch),
-                      lambda: ddp_core_rate(args, 1, scratch), opts.repeats)
+            alternate(
+                f"2. {preset}: 2 ranks / 1 rank",
+                lambda: ddp_core_rate(args, 2, scratch),
+                lambda: ddp_core_rate(args, 1, scratch),
+                opts.repeats,
+            )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,15 @@ NODES, CPUS_PER_NODE = 4, 0.25
 def train(results_dir: Path, period_ms: int, repeat: int) -> None:
     """One run of the nodes study's settings at this period."""
     study = load_study_list()["nodes"]
-    plan = prepare(world_size=NODES, placement=Placement("emulated", NODES, cpus_per_node=CPUS_PER_NODE),
-                   results_dir=str(results_dir), experiment=f"period-{period_ms}ms", profile=study.profile,
-                   overrides=study.variants[0].settings, repeat=repeat)
+    plan = prepare(
+        world_size=NODES,
+        placement=Placement("emulated", NODES, cpus_per_node=CPUS_PER_NODE),
+        results_dir=str(results_dir),
+        experiment=f"period-{period_ms}ms",
+        profile=study.profile,
+        overrides=study.variants[0].settings,
+        repeat=repeat,
+    )
     if plan.action != "reuse":
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         with EmulatedCluster(NODES, None, CPUS_PER_NODE, cpu_period_us=period_ms * 1000) as cluster:

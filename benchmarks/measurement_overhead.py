@@ -62,7 +62,7 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     seconds = dict.fromkeys(names, 0.0)
     for block in range(-1, BLOCKS):  # block -1 warms every side up and is not counted
-        for name in names[block % len(names):] + names[:block % len(names)]:
+        for name in names[block % len(names) :] + names[: block % len(names)]:
             model, timer, noise, optimizer, scheduler = sides[name]
             timer.begin_epoch()
             noise.begin_epoch()
@@ -80,8 +80,10 @@ def main() -> None:
         where = f"{world_size} rank{'s' if world_size > 1 else ''}, in one process"
         print(f"timers on / off ({where}): {seconds['neither'] / seconds['timers']:.3f}", flush=True)
         if world_size > 1:
-            print(f"noise scale on / off, timers on ({where}): "
-                  f"{seconds['timers'] / seconds['timers + noise scale']:.3f}", flush=True)
+            print(
+                f"noise scale on / off, timers on ({where}): {seconds['timers'] / seconds['timers + noise scale']:.3f}",
+                flush=True,
+            )
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -67,8 +67,10 @@ def main(argv: list[str]) -> int:
         counts, opening = lengths(page), opening_lengths(page)
         if counts:
             answer = f"{sum(opening) / len(opening):7.1f}" if opening else f"{'-':>7}"
-            print(f"{str(page.relative_to(SITE)):40} {len(counts):9}  {sum(counts) / len(counts):14.1f}  "
-                  f"{sum(n > LONG for n in counts):7}  {answer}")
+            print(
+                f"{str(page.relative_to(SITE)):40} {len(counts):9}  {sum(counts) / len(counts):14.1f}  "
+                f"{sum(n > LONG for n in counts):7}  {answer}"
+            )
     log = PDF_LOG.read_text(errors="replace") if PDF_LOG.is_file() else ""
     printed = re.search(r"Output written on book\.pdf \((\d+) pages", log)
     if printed:

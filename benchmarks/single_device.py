@@ -38,8 +38,14 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_core.engine.config import (OneLineParser, UsageError, check_writable_folder, micro_batch_size, parse_args,
-                                   positive_int)
+from ddp_core.engine.config import (
+    OneLineParser,
+    UsageError,
+    check_writable_folder,
+    micro_batch_size,
+    parse_args,
+    positive_int,
+)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier
 from ddp_core.engine.collectives import CollectiveCensus
@@ -68,25 +74,54 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset", choices=["synthetic", "imdb"], default="synthetic")
     parser.add_argument("--steps", type=positive_int, default=8, help="optimizer steps per timed epoch")
     parser.add_argument("--rounds", type=positive_int, default=6, help="timed epochs per loop")
-    parser.add_argument("--compile", action="store_true",
-                        help="the trainer's loops with --compile (torch.compile); the plain loop stays eager")
-    parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
-                        help="the measurement goes to RESULTS_DIR/single_device/<device>[-compiled]")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="the trainer's loops with --compile (torch.compile); the plain loop stays eager",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=Path(RESULTS_DIR),
+        help="the measurement goes to RESULTS_DIR/single_device/<device>[-compiled]",
+    )
     return parser.parse_args(argv)
 
 
 def train_config(opts: argparse.Namespace, preset: str, amp: str, batch: int):
     """The trainer's settings for one configuration: its parser checks them as it checks a run's."""
-    return parse_args(["--dataset", opts.dataset, "--preset", preset, "--amp", amp, "--device", opts.device,
-                       "--per-rank-batch-size", str(batch), "--seq-len", str(opts.seq_len),
-                       "--train-samples", str(batch * opts.steps), "--eval-samples", str(batch),
-                       "--no-progress", *(["--compile"] if opts.compile else [])], world_size=1)
+    return parse_args(
+        [
+            "--dataset",
+            opts.dataset,
+            "--preset",
+            preset,
+            "--amp",
+            amp,
+            "--device",
+            opts.device,
+            "--per-rank-batch-size",
+            str(batch),
+            "--seq-len",
+            str(opts.seq_len),
+            "--train-samples",
+            str(batch * opts.steps),
+            "--eval-samples",
+            str(batch),
+            "--no-progress",
+            *(["--compile"] if opts.compile else []),
+        ],
+        world_size=1,
+    )
 
 
 def measurement_name(rt: Runtime, info: dict, compiled: bool) -> str:
     """`cpu`, or `cuda-` and the GPU's name; `-compiled` when the trainer's loops ran under torch.compile."""
-    device = "cpu" if rt.device.type == "cpu" else (
-        "cuda-" + "".join(c if c.isalnum() else "-" for c in info["device_name"].lower()).strip("-"))
+    device = (
+        "cpu"
+        if rt.device.type == "cpu"
+        else ("cuda-" + "".join(c if c.isalnum() else "-" for c in info["device_name"].lower()).strip("-"))
+    )
     return device + ("-compiled" if compiled else "")
 
 
@@ -96,8 +131,10 @@ def new_measurement_folder(results_dir: Path, kind: str, name: str) -> Path:
     out = results_dir / kind / name
     check_writable_folder(out, "--results-dir")
     if out.exists() and any(out.iterdir()):
-        raise UsageError(f"{out} already holds a measurement of this device; remove it to measure again, or choose "
-                         f"another --results-dir")
+        raise UsageError(
+            f"{out} already holds a measurement of this device; remove it to measure again, or choose "
+            f"another --results-dir"
+        )
     return out
 
 
@@ -133,13 +170,14 @@ def plain_epoch(cfg, rt: Runtime, data: EncodedData):
     def epoch():
         order = torch.randperm(len(data.train_labels))
         for step in range(len(order) // batch):
-            idx = order[step * batch:(step + 1) * batch]
+            idx = order[step * batch : (step + 1) * batch]
             ids, labels = data.train_ids[idx].to(rt.device).long(), data.train_labels[idx].to(rt.device)
             with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
                 loss = F.cross_entropy(model(ids).float(), labels)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
     return epoch
 
 
@@ -150,22 +188,38 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
     model = state.model
     if in_ddp:
         model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
-    sampler = DistributedSampler(data.train_labels, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed,
-                                 drop_last=True)
+    sampler = DistributedSampler(data.train_labels, num_replicas=1, rank=0, shuffle=True, seed=cfg.seed, drop_last=True)
     plan = batch_plan(cfg, rt, data)
     epochs = iter(range(1, sys.maxsize))
     evaluations = Evaluations(state, data, plan, cfg, rt, None)  # none inside the epoch: cfg evaluates at its end
-    training = Training(cfg, rt, state, model, data, sampler, plan, timer, GradientNoise(),
-                        StateCensus(model, state.optimizer), CollectiveCensus(False), evaluations, StopRequest(), None)
+    training = Training(
+        cfg,
+        rt,
+        state,
+        model,
+        data,
+        sampler,
+        plan,
+        timer,
+        GradientNoise(),
+        StateCensus(model, state.optimizer),
+        CollectiveCensus(False),
+        evaluations,
+        StopRequest(),
+        None,
+    )
     return lambda: train_epoch(training, next(epochs), None)
 
 
 def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
     data = load_data(cfg)
     flops_per_sample = training_flops(vars(model_config(cfg, data.num_classes)), cfg.seq_len)
-    loops = {"plain": plain_epoch(cfg, rt, data), "ddp_core": trainer_epoch(cfg, rt, data, False, False),
-             "timed": trainer_epoch(cfg, rt, data, True, False),
-             "ddp_of_one": trainer_epoch(cfg, rt, data, False, True)}
+    loops = {
+        "plain": plain_epoch(cfg, rt, data),
+        "ddp_core": trainer_epoch(cfg, rt, data, False, False),
+        "timed": trainer_epoch(cfg, rt, data, True, False),
+        "ddp_of_one": trainer_epoch(cfg, rt, data, False, True),
+    }
     rows = []
     for round_ in range(-1, rounds):  # round -1 warms every loop up and is not kept
         for loop in LOOPS if round_ % 2 else LOOPS[::-1]:
@@ -175,18 +229,33 @@ def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
             synchronize(rt.device)
             seconds = time.perf_counter() - start
             if round_ >= 0:
-                rows.append(dict(preset=cfg.preset, amp=cfg.amp, batch_size=cfg.per_rank_batch_size,
-                                 seq_len=cfg.seq_len, vocab_size=cfg.vocab_size, num_classes=data.num_classes,
-                                 flops_per_sample=flops_per_sample, loop=loop, round=round_,
-                                 samples=len(data.train_labels), seconds=seconds))
+                rows.append(
+                    dict(
+                        preset=cfg.preset,
+                        amp=cfg.amp,
+                        batch_size=cfg.per_rank_batch_size,
+                        seq_len=cfg.seq_len,
+                        vocab_size=cfg.vocab_size,
+                        num_classes=data.num_classes,
+                        flops_per_sample=flops_per_sample,
+                        loop=loop,
+                        round=round_,
+                        samples=len(data.train_labels),
+                        seconds=seconds,
+                    )
+                )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         opts = options(argv)
-        configs = [train_config(opts, preset, amp, batch)
-                   for preset in opts.presets for amp in opts.amp for batch in opts.batch_sizes]
+        configs = [
+            train_config(opts, preset, amp, batch)
+            for preset in opts.presets
+            for amp in opts.amp
+            for batch in opts.batch_sizes
+        ]
         rt = resolve_runtime(configs[0])
         info = environment(rt.device)
         out = new_measurement_folder(opts.results_dir, "single_device", measurement_name(rt, info, opts.compile))
@@ -195,10 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     place_process(rt)
     out.mkdir(parents=True, exist_ok=True)
-    info |= dict(device=str(rt.device), backend=rt.backend, threads=torch.get_num_threads(), compile=opts.compile,
-                 command=sys.argv,
-                 start_time=now_iso(), end_time=None,
-                 matmul_tflops={amp: matmul_tflops(rt.device, amp) for amp in opts.amp})
+    info |= dict(
+        device=str(rt.device),
+        backend=rt.backend,
+        threads=torch.get_num_threads(),
+        compile=opts.compile,
+        command=sys.argv,
+        start_time=now_iso(),
+        end_time=None,
+        matmul_tflops={amp: matmul_tflops(rt.device, amp) for amp in opts.amp},
+    )
     save_atomic(info, out / "device.json")
     with tempfile.TemporaryDirectory() as store:
         dist.init_process_group(rt.backend, init_method=f"file://{store}/group", rank=0, world_size=1)

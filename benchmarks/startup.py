@@ -47,8 +47,14 @@ def trained_s(run_dir: Path) -> float:
 
 def outside_training(results: str, experiment: str, repeat: int, **where) -> tuple[float, float]:
     """One run's wall time and the part of it outside training."""
-    plan = prepare(world_size=where.get("nodes", 1), placement=Placement(**where), results_dir=results,
-                   experiment=experiment, overrides=SETTINGS, repeat=repeat)
+    plan = prepare(
+        world_size=where.get("nodes", 1),
+        placement=Placement(**where),
+        results_dir=results,
+        experiment=experiment,
+        overrides=SETTINGS,
+        repeat=repeat,
+    )
     began = time.perf_counter()
     start(plan)
     wall = time.perf_counter() - began
@@ -76,8 +82,9 @@ def main() -> int:
         return 2
     configurations = {"1 rank": dict(launcher="local")}
     if opts.nodes and os.geteuid() == 0:
-        configurations[f"{opts.nodes} nodes"] = dict(launcher="emulated", nodes=opts.nodes, link_rate="1gbit",
-                                                     cpus_per_node=opts.cpus_per_node)
+        configurations[f"{opts.nodes} nodes"] = dict(
+            launcher="emulated", nodes=opts.nodes, link_rate="1gbit", cpus_per_node=opts.cpus_per_node
+        )
     rows = {name: [] for name in configurations}
     imports = []
     with tempfile.TemporaryDirectory() as results:
@@ -89,9 +96,11 @@ def main() -> int:
     for name, runs in rows.items():
         wall, outside = (statistics.median(values) for values in zip(*runs))
         goal = GOAL_S["1 rank" if name == "1 rank" else "nodes"]
-        print(f"{name}: {wall:.1f} s in all, {outside:.1f} s outside training "
-              f"({min(o for _, o in runs):.1f} to {max(o for _, o in runs):.1f} over {len(runs)} rounds; "
-              f"goal under {goal:g} s: {'met' if outside < goal else 'missed'})")
+        print(
+            f"{name}: {wall:.1f} s in all, {outside:.1f} s outside training "
+            f"({min(o for _, o in runs):.1f} to {max(o for _, o in runs):.1f} over {len(runs)} rounds; "
+            f"goal under {goal:g} s: {'met' if outside < goal else 'missed'})"
+        )
     return 0
 
 

@@ -48,8 +48,12 @@ def options(argv: list[str] | None = None):
     parser.add_argument("--preset", choices=list(PRESETS), default="small")
     parser.add_argument("--amp", choices=["off", "bf16"], default="off")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="samples per step")
-    parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
-                        help="the profile goes to RESULTS_DIR/step_profile/<device>")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=Path(RESULTS_DIR),
+        help="the profile goes to RESULTS_DIR/step_profile/<device>",
+    )
     return parser.parse_args(argv)
 
 
@@ -58,25 +62,53 @@ def operator_rows(prof, steps: int, on_gpu: bool) -> pd.DataFrame:
     it launched, else its time on the CPU. On a GPU each kernel is counted once, under the operator that launched
     it: the profiler also lists every kernel as an event of its own, and a `record_function` range (the
     optimizer's step) again over the kernels inside it, so those rows would count the GPU's time twice."""
+
     def own_seconds(e) -> float:
         return (e.self_device_time_total if on_gpu else e.self_cpu_time_total) / 1e6 / steps
 
     def launched_by_an_operator(e) -> bool:
         return e.device_type == DeviceType.CPU and not e.is_user_annotation
 
-    rows = [{"category": category(e.key), "operator": e.key, "calls_per_step": e.count / steps,
-             "self_s_per_step": own_seconds(e), "flops_per_step": e.flops / steps}
-            for e in prof.key_averages() if own_seconds(e) > 0 and (not on_gpu or launched_by_an_operator(e))]
+    rows = [
+        {
+            "category": category(e.key),
+            "operator": e.key,
+            "calls_per_step": e.count / steps,
+            "self_s_per_step": own_seconds(e),
+            "flops_per_step": e.flops / steps,
+        }
+        for e in prof.key_averages()
+        if own_seconds(e) > 0 and (not on_gpu or launched_by_an_operator(e))
+    ]
     return pd.DataFrame(rows).sort_values("self_s_per_step", ascending=False, ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         opts = options(argv)
-        cfg = parse_args(["--dataset", opts.dataset, "--preset", opts.preset, "--amp", opts.amp, "--seq-len", "128",
-                          "--global-batch-size", str(opts.batch_size), "--train-samples",
-                          str(opts.batch_size * opts.steps), "--eval-samples", str(opts.batch_size), "--seed", "0",
-                          "--no-timers", "--no-progress"], world_size=1)
+        cfg = parse_args(
+            [
+                "--dataset",
+                opts.dataset,
+                "--preset",
+                opts.preset,
+                "--amp",
+                opts.amp,
+                "--seq-len",
+                "128",
+                "--global-batch-size",
+                str(opts.batch_size),
+                "--train-samples",
+                str(opts.batch_size * opts.steps),
+                "--eval-samples",
+                str(opts.batch_size),
+                "--seed",
+                "0",
+                "--no-timers",
+                "--no-progress",
+            ],
+            world_size=1,
+        )
         rt = resolve_runtime(cfg)
         info = environment(rt.device)
         out = new_measurement_folder(opts.results_dir, "step_profile", measurement_name(rt, info, compiled=False))
@@ -101,13 +133,26 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     out.mkdir(parents=True, exist_ok=True)
     operator_rows(prof, opts.steps, rt.device.type == "cuda").to_csv(out / "operators.csv", index=False)
-    save_atomic(info | dict(command=sys.argv, device=str(rt.device), threads=torch.get_num_threads(),
-                            preset=cfg.preset, amp=cfg.amp, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
-                            dataset=cfg.dataset, steps=opts.steps, step_s=seconds / opts.steps,
-                            model_flops_per_step=training_flops(vars(model_config(cfg, data.num_classes)),
-                                                                cfg.seq_len) * cfg.global_batch_size,
-                            matmul_tflops=matmul_tflops(rt.device, cfg.amp), measured_on=now_iso()),
-                out / "device.json")
+    save_atomic(
+        info
+        | dict(
+            command=sys.argv,
+            device=str(rt.device),
+            threads=torch.get_num_threads(),
+            preset=cfg.preset,
+            amp=cfg.amp,
+            seq_len=cfg.seq_len,
+            batch_size=cfg.global_batch_size,
+            dataset=cfg.dataset,
+            steps=opts.steps,
+            step_s=seconds / opts.steps,
+            model_flops_per_step=training_flops(vars(model_config(cfg, data.num_classes)), cfg.seq_len)
+            * cfg.global_batch_size,
+            matmul_tflops=matmul_tflops(rt.device, cfg.amp),
+            measured_on=now_iso(),
+        ),
+        out / "device.json",
+    )
     print(f"step_profile: {seconds / opts.steps * 1e3:.1f} ms a step profiled into {out}")
     return 0
 

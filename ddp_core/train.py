@@ -40,17 +40,39 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, FSDP_MODES, TrainConfig, UsageError, continues_run,
-                                    differing_settings, global_batch_size, micro_batch_size, parse_args,
-                                    steps_per_epoch)
+from ddp_core.engine.config import (
+    CHECKPOINT_NAME,
+    ERROR_PREFIX,
+    FSDP_MODES,
+    TrainConfig,
+    UsageError,
+    continues_run,
+    differing_settings,
+    global_batch_size,
+    micro_batch_size,
+    parse_args,
+    steps_per_epoch,
+)
 from ddp_core.engine.data import EncodedData, load_data
 from ddp_core.engine.model import TransformerClassifier, count_parameters
 from ddp_core.engine.model_cost import bucket_indices
 from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.engine.noise_scale import GradientNoise, noise_scale
-from ddp_core.engine.run_files import (EVALS_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STEPS_COLUMNS, TIMELINE_COLUMNS,
-                                       append_rows, drop_rows_after, MachineClock, environment, link_sent_bytes,
-                                       machine_activity, now_iso, save_atomic)
+from ddp_core.engine.run_files import (
+    EVALS_COLUMNS,
+    METRICS_COLUMNS,
+    NOISE_COLUMNS,
+    STEPS_COLUMNS,
+    TIMELINE_COLUMNS,
+    append_rows,
+    drop_rows_after,
+    MachineClock,
+    environment,
+    link_sent_bytes,
+    machine_activity,
+    now_iso,
+    save_atomic,
+)
 from ddp_core.engine.runtime import Runtime, place_process, resolve_runtime
 from ddp_core.engine.collectives import CollectiveCensus
 from ddp_core.engine.memory import StateCensus
@@ -110,8 +132,9 @@ def init_process_group(rt: Runtime) -> None:
     (torch 2.13): gloo would try to connect to them and fail ("Connection refused"), and the restart with it."""
     store, rank, world_size = next(dist.rendezvous("env://"))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(rt.backend, store=dist.PrefixStore(f"ddp_core/attempt{attempt}", store), rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        rt.backend, store=dist.PrefixStore(f"ddp_core/attempt{attempt}", store), rank=rank, world_size=world_size
+    )
 
 
 def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
@@ -122,17 +145,33 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         return report_check(state, data, rt)
     resuming = continues_run(cfg)
     first_epoch, progress = restore_checkpoint(state, cfg, rt) if resuming else (1, None)
-    out, run_info, track = (open_run_dir(cfg, rt, state, first_epoch, batch, resuming) if rt.leader
-                            else (None, None, NoTracker()))
+    out, run_info, track = (
+        open_run_dir(cfg, rt, state, first_epoch, batch, resuming) if rt.leader else (None, None, NoTracker())
+    )
     timer = EpochTimer(rt.device, enabled=cfg.timers, communication=cfg.sharding not in FSDP_MODES)
     noise = GradientNoise()
     ddp_model = wrap_ddp(state.model, cfg, rt, timer, noise)
-    sampler = DistributedSampler(data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
+    sampler = DistributedSampler(
+        data.train_labels, num_replicas=rt.world_size, rank=rt.rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
     evaluations = Evaluations(state, data, batch, cfg, rt, out)
     census = StateCensus(ddp_model, state.optimizer)
-    training = Training(cfg, rt, state, ddp_model, data, sampler, batch, timer, noise, census,
-                        CollectiveCensus(cfg.count_collectives), evaluations, stop, out)
+    training = Training(
+        cfg,
+        rt,
+        state,
+        ddp_model,
+        data,
+        sampler,
+        batch,
+        timer,
+        noise,
+        census,
+        CollectiveCensus(cfg.count_collectives),
+        evaluations,
+        stop,
+        out,
+    )
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
         sent_before = link_sent_bytes()
@@ -151,12 +190,18 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
             append_rows(out / "steps.csv", step_rows, STEPS_COLUMNS)
             track.log_epoch(row)
             save_atomic(snapshot, out / CHECKPOINT_NAME)
-            print(f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
-                  f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s", flush=True)
+            print(
+                f"ddp_core: epoch {epoch}: train_loss {row['train_loss']:.4f} val_loss {val_loss:.4f} "
+                f"val_accuracy {val_accuracy:.4f} {row['samples_per_s']:.1f} samples/s",
+                flush=True,
+            )
         if evaluations.reached_target():
             if rt.leader:
-                print(f"ddp_core: validation accuracy {val_accuracy:.4f} reached the target {cfg.target_accuracy} "
-                      f"after {state.scheduler.last_epoch} steps: the run ends", flush=True)
+                print(
+                    f"ddp_core: validation accuracy {val_accuracy:.4f} reached the target {cfg.target_accuracy} "
+                    f"after {state.scheduler.last_epoch} steps: the run ends",
+                    flush=True,
+                )
             break
     ended = MachineClock.now()
     run_cpu_s = all_reduce({"cpu_s": ended.process_s - started.process_s}, dist.ReduceOp.SUM, rt)["cpu_s"]
@@ -164,9 +209,16 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         if timer.median_step_timeline:
             (out / "timeline.csv").unlink(missing_ok=True)
             append_rows(out / "timeline.csv", timer.median_step_timeline, TIMELINE_COLUMNS)
-        save_atomic(run_info | {"end_time": now_iso(), "allreduces_per_step": timer.allreduces_in_last_step(),
-                                "collectives_per_step": training.collectives.counted,
-                                "machine": machine_activity(started, ended, run_cpu_s)}, out / "run.json")
+        save_atomic(
+            run_info
+            | {
+                "end_time": now_iso(),
+                "allreduces_per_step": timer.allreduces_in_last_step(),
+                "collectives_per_step": training.collectives.counted,
+                "machine": machine_activity(started, ended, run_cpu_s),
+            },
+            out / "run.json",
+        )
         track.finish()
         print(RUN_FINISHED_LINE, flush=True)
 
@@ -179,14 +231,18 @@ class BatchPlan:
 
 
 def batch_plan(cfg: TrainConfig, rt: Runtime, data: EncodedData) -> BatchPlan:
-    return BatchPlan(micro_batch_size(cfg, rt.world_size), global_batch_size(cfg, rt.world_size),
-                     steps_per_epoch(cfg, rt.world_size, len(data.train_labels)))
+    return BatchPlan(
+        micro_batch_size(cfg, rt.world_size),
+        global_batch_size(cfg, rt.world_size),
+        steps_per_epoch(cfg, rt.world_size, len(data.train_labels)),
+    )
 
 
 @dataclass
 class EpochProgress:
     """This rank's part of an epoch so far: the steps done, the partial sums its row of metrics.csv is made of, and
     where its random numbers stand. A mid-epoch checkpoint holds one for each rank."""
+
     steps: int = 0
     loss_sum: float = 0.0  # summed training loss of this rank's samples
     first_bad_step: int | None = None  # the first step whose loss was not finite
@@ -197,23 +253,39 @@ class EpochProgress:
     rng: dict | None = None  # the generators' states after the last step done; None: the epoch's seed
     resumes: int = 0  # times the epoch continued from a mid-epoch checkpoint
 
-    def then(self, steps: int, loss_sum: torch.Tensor, first_bad_step: torch.Tensor, seconds: float, timed,
-             grad_sq: tuple[float, float], rng: dict | None = None) -> EpochProgress:
+    def then(
+        self,
+        steps: int,
+        loss_sum: torch.Tensor,
+        first_bad_step: torch.Tensor,
+        seconds: float,
+        timed,
+        grad_sq: tuple[float, float],
+        rng: dict | None = None,
+    ) -> EpochProgress:
         """This progress followed by what the current attempt did since it began (`timed`: its timer's summary,
         `grad_sq`: its gradient noise sums)."""
         phases, step_times = timed
-        return EpochProgress(steps, loss_sum.item(), int(first_bad_step.item()), self.seconds + seconds,
-                             {name: self.phases.get(name, 0.0) + value for name, value in phases.items()},
-                             {name: self.step_times[name] + values for name, values in step_times.items()},
-                             tuple(a + b for a, b in zip(self.grad_sq, grad_sq)), rng, self.resumes)
+        return EpochProgress(
+            steps,
+            loss_sum.item(),
+            int(first_bad_step.item()),
+            self.seconds + seconds,
+            {name: self.phases.get(name, 0.0) + value for name, value in phases.items()},
+            {name: self.step_times[name] + values for name, values in step_times.items()},
+            tuple(a + b for a, b in zip(self.grad_sq, grad_sq)),
+            rng,
+            self.resumes,
+        )
 
 
 class Evaluations:
     """Evaluations on the evaluation set, each a row of evals.csv: at the end of every epoch, every --eval-every-steps
     optimizer steps inside them, and none after the first that reaches --target-accuracy (the run ends there)."""
 
-    def __init__(self, state: TrainingState, data: EncodedData, batch: BatchPlan, cfg: TrainConfig, rt: Runtime,
-                 out: Path | None):
+    def __init__(
+        self, state: TrainingState, data: EncodedData, batch: BatchPlan, cfg: TrainConfig, rt: Runtime, out: Path | None
+    ):
         self.state, self.data, self.batch, self.cfg, self.rt, self.out = state, data, batch, cfg, rt, out
         self.last = None  # (loss, accuracy, seconds) of the last evaluation
 
@@ -229,8 +301,18 @@ class Evaluations:
         val_loss, val_accuracy = evaluate(self.state.model, self.data, self.batch.micro, self.rt, self.state.autocast)
         self.last = (val_loss, val_accuracy, time.perf_counter() - start)
         if self.rt.leader:
-            append_rows(self.out / "evals.csv", [{"epoch": epoch, "step": self.state.scheduler.last_epoch,
-                                                  "val_loss": val_loss, "val_accuracy": val_accuracy}], EVALS_COLUMNS)
+            append_rows(
+                self.out / "evals.csv",
+                [
+                    {
+                        "epoch": epoch,
+                        "step": self.state.scheduler.last_epoch,
+                        "val_loss": val_loss,
+                        "val_accuracy": val_accuracy,
+                    }
+                ],
+                EVALS_COLUMNS,
+            )
         return self.last[2]
 
     def reached_target(self) -> bool:
@@ -251,6 +333,7 @@ def set_random_state(rng: dict, device: torch.device) -> None:
 @dataclass
 class TrainingState:
     """The model and what steps it: everything a checkpoint saves and a resumed run restores."""
+
     model: TransformerClassifier
     model_cfg: ModelConfig
     optimizer: torch.optim.Optimizer
@@ -280,14 +363,21 @@ class TrainingState:
     def checkpoint(self, epoch: int, cfg: TrainConfig, rt: Runtime) -> dict:
         """The whole state (gathered to rank 0 where it is sharded: every rank calls it; rank 0 saves it)."""
         model_state, optimizer_state = whole_state(self.model, self.optimizer, self.sharding)
-        return {"model": model_state, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(), "epoch": epoch, "config": cfg.to_dict(),
-                "world_size": rt.world_size}
+        return {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": epoch,
+            "config": cfg.to_dict(),
+            "world_size": rt.world_size,
+        }
 
 
 def model_config(cfg: TrainConfig, num_classes: int) -> ModelConfig:
-    return ModelConfig.from_preset(cfg.preset, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
-                                   num_classes=num_classes, dropout=cfg.dropout)
+    return ModelConfig.from_preset(
+        cfg.preset, vocab_size=cfg.vocab_size, max_len=cfg.seq_len, num_classes=num_classes, dropout=cfg.dropout
+    )
 
 
 def lr_factor(warmup_steps: int):
@@ -299,9 +389,11 @@ def lr_factor(warmup_steps: int):
 
 def report_check(state: TrainingState, data: EncodedData, rt: Runtime) -> None:
     if rt.leader:
-        print(f"ddp_core: check passed: {len(data.train_labels)} train / {len(data.eval_labels)} eval samples, "
-              f"{count_parameters(state.model):,} parameters, {rt.world_size} rank(s) on {rt.device.type} "
-              f"with {rt.backend}")
+        print(
+            f"ddp_core: check passed: {len(data.train_labels)} train / {len(data.eval_labels)} eval samples, "
+            f"{count_parameters(state.model):,} parameters, {rt.world_size} rank(s) on {rt.device.type} "
+            f"with {rt.backend}"
+        )
 
 
 def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> tuple[int, EpochProgress | None]:
@@ -311,18 +403,24 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> t
     try:
         ckpt = torch.load(path, map_location=rt.device, weights_only=False)
     except Exception:
-        raise UsageError(f"{path} is unreadable (truncated or corrupt); the run cannot continue from it: "
-                         f"start it again with another --out") from None
+        raise UsageError(
+            f"{path} is unreadable (truncated or corrupt); the run cannot continue from it: "
+            f"start it again with another --out"
+        ) from None
     changed = differing_settings(ckpt["config"], cfg)
     if changed:
-        raise UsageError(f"--resume: {', '.join(changed)} differ(s) from the run being resumed; "
-                         f"resume with the same arguments (only --epochs may grow)")
+        raise UsageError(
+            f"--resume: {', '.join(changed)} differ(s) from the run being resumed; "
+            f"resume with the same arguments (only --epochs may grow)"
+        )
     if ckpt["world_size"] != rt.world_size:
         raise UsageError(f"--resume: the run used {ckpt['world_size']} rank(s), this launch has {rt.world_size}")
     reached = ckpt["in_epoch"]["epoch"] if "in_epoch" in ckpt else ckpt["epoch"]
     if cfg.epochs < reached:
-        raise UsageError(f"--resume: the run's checkpoint is at epoch {reached}; --epochs {cfg.epochs} would end it "
-                         f"before it (only --epochs may grow)")
+        raise UsageError(
+            f"--resume: the run's checkpoint is at epoch {reached}; --epochs {cfg.epochs} would end it "
+            f"before it (only --epochs may grow)"
+        )
     load_whole_state(state.model, state.optimizer, state.sharding, ckpt["model"], ckpt["optimizer"])
     state.scheduler.load_state_dict(ckpt["scheduler"])
     state.scaler.load_state_dict(ckpt["scaler"])
@@ -333,8 +431,9 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> t
     return ckpt["in_epoch"]["epoch"], progress
 
 
-def save_mid_epoch_checkpoint(state: TrainingState, epoch: int, progress: EpochProgress, out: Path | None,
-                              cfg: TrainConfig, rt: Runtime) -> None:
+def save_mid_epoch_checkpoint(
+    state: TrainingState, epoch: int, progress: EpochProgress, out: Path | None, cfg: TrainConfig, rt: Runtime
+) -> None:
     """A checkpoint inside `epoch`: the model and optimizer as they are, and every rank's progress, which rank 0
     gathers. Every rank waits until it is on disk: a rank that exited first would have torchrun stop the others."""
     ranks = [asdict(progress)]
@@ -348,8 +447,9 @@ def save_mid_epoch_checkpoint(state: TrainingState, epoch: int, progress: EpochP
         dist.barrier()
 
 
-def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoch: int, batch: BatchPlan,
-                 resuming: bool):
+def open_run_dir(
+    cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoch: int, batch: BatchPlan, resuming: bool
+):
     """The run directory with its run.json (provenance) written, and the run's tracker; a resumed run
     forgets the rows it will redo."""
     out = Path(cfg.out) if cfg.out else new_run_dir(cfg, rt.world_size)
@@ -364,11 +464,20 @@ def open_run_dir(cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoc
         except (OSError, ValueError):
             print(f"ddp_core: {out / 'run.json'} was missing or unreadable: written anew", flush=True)
         run_info.setdefault("resumed_at", []).append(now_iso())
-    run_info.update(config=cfg.to_dict(), world_size=rt.world_size, local_world_size=rt.local_world_size,
-                    backend=rt.backend, device=str(rt.device), threads_per_rank=rt.threads_per_rank,
-                    parameters=count_parameters(state.model), model=vars(state.model_cfg),
-                    per_rank_batch_size=batch.micro, global_batch_size=batch.global_batch, end_time=None,
-                    **environment(rt.device))
+    run_info.update(
+        config=cfg.to_dict(),
+        world_size=rt.world_size,
+        local_world_size=rt.local_world_size,
+        backend=rt.backend,
+        device=str(rt.device),
+        threads_per_rank=rt.threads_per_rank,
+        parameters=count_parameters(state.model),
+        model=vars(state.model_cfg),
+        per_rank_batch_size=batch.micro,
+        global_batch_size=batch.global_batch,
+        end_time=None,
+        **environment(rt.device),
+    )
     track = tracker(cfg, out, run_info)
     save_atomic(run_info, out / "run.json")
     print(f"ddp_core: run directory {out}", flush=True)
@@ -389,12 +498,16 @@ def new_run_dir(cfg: TrainConfig, world_size: int) -> Path:
 
 def measures_noise(cfg: TrainConfig, rt: Runtime) -> bool:
     """Whether the run measures the gradient noise scale: see ddp_core/engine/noise_scale.py for where it cannot."""
-    return (cfg.noise_scale and rt.distributed and cfg.comm_hook != "powersgd" and cfg.amp != "fp16"
-            and cfg.sharding not in FSDP_MODES)
+    return (
+        cfg.noise_scale
+        and rt.distributed
+        and cfg.comm_hook != "powersgd"
+        and cfg.amp != "fp16"
+        and cfg.sharding not in FSDP_MODES
+    )
 
 
-def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer: EpochTimer,
-             noise: GradientNoise):
+def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer: EpochTimer, noise: GradientNoise):
     """DDP around the model on more than one rank, with the run's bucket size and communication hook, each
     bucket's all-reduce timed by `timer` and, where the run measures the noise scale, its gradients' squared norms
     taken by `noise`; the bare model on one rank, where `timer` notes when each of DDP's buckets would be ready."""
@@ -408,8 +521,12 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
         return model  # FSDP2 reduce-scatters the gradients itself (sharded in TrainingState.create)
     # Gradients as views into DDP's buckets: backward writes each gradient where its all-reduce reads it, instead
     # of DDP copying every gradient into its bucket and the averaged one back.
-    ddp_model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-                                        bucket_cap_mb=bucket_cap_mb(cfg, rt, model), gradient_as_bucket_view=True)
+    ddp_model = DistributedDataParallel(
+        model,
+        device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb(cfg, rt, model),
+        gradient_as_bucket_view=True,
+    )
     state, hook = communication_hook(cfg)
     if timer.enabled:
         hook = timer.timed(hook)
@@ -429,8 +546,10 @@ def bucket_cap_mb(cfg: TrainConfig, rt: Runtime, model: TransformerClassifier) -
         return cfg.bucket_cap_mb
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     if cfg.bucket_cap_mb is not None and cfg.bucket_cap_mb < gradient_mb:
-        raise UsageError(f"--comm-hook powersgd on gloo needs one gradient bucket: --bucket-cap-mb "
-                         f"{cfg.bucket_cap_mb:g} is less than the model's {gradient_mb:.1f} MiB (leave it unset)")
+        raise UsageError(
+            f"--comm-hook powersgd on gloo needs one gradient bucket: --bucket-cap-mb "
+            f"{cfg.bucket_cap_mb:g} is less than the model's {gradient_mb:.1f} MiB (leave it unset)"
+        )
     return max(cfg.bucket_cap_mb or 0.0, gradient_mb + 1)
 
 
@@ -444,14 +563,16 @@ def communication_hook(cfg: TrainConfig):
     if cfg.comm_hook == "bf16":
         return None, default_hooks.bf16_compress_hook
     if cfg.comm_hook == "powersgd":
-        return powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
-                                           start_powerSGD_iter=2, random_seed=cfg.seed), powerSGD_hook.powerSGD_hook
+        return powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=cfg.powersgd_rank, start_powerSGD_iter=2, random_seed=cfg.seed
+        ), powerSGD_hook.powerSGD_hook
     return None, default_hooks.allreduce_hook
 
 
 @dataclass
 class Training:
     """What every epoch of one run trains with, made once by `run`."""
+
     cfg: TrainConfig
     rt: Runtime
     state: TrainingState
@@ -473,34 +594,58 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
     up to the evaluation inside it that reached the target. Checkpoints inside the epoch every
     --checkpoint-every-steps steps, and when the ranks agree to stop (then raises Stopped). Whether a loss was not
     finite is checked on the device: it costs no synchronisation."""
-    cfg, rt, state, batch, timer, noise = (training.cfg, training.rt, training.state, training.batch, training.timer,
-                                           training.noise)
-    data, sampler, evaluations, stop, out = (training.data, training.sampler, training.evaluations, training.stop,
-                                             training.out)
+    cfg, rt, state, batch, timer, noise = (
+        training.cfg,
+        training.rt,
+        training.state,
+        training.batch,
+        training.timer,
+        training.noise,
+    )
+    data, sampler, evaluations, stop, out = (
+        training.data,
+        training.sampler,
+        training.evaluations,
+        training.stop,
+        training.out,
+    )
     done = done or EpochProgress()
     if done.rng is None:
         torch.manual_seed(cfg.seed + 1000 * epoch + rt.rank)  # dropout masks a resumed run repeats exactly
     else:
         set_random_state(done.rng, rt.device)
     sampler.set_epoch(epoch)
-    order = torch.tensor(list(sampler))[done.steps * batch.micro * cfg.grad_accum:]
+    order = torch.tensor(list(sampler))[done.steps * batch.micro * cfg.grad_accum :]
     micro_batches = batches(data.train_ids, data.train_labels, order, batch.micro, rt.device)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     loss_sum = torch.tensor(done.loss_sum, dtype=torch.float64, device=rt.device)
-    first_bad_step = torch.tensor(batch.steps if done.first_bad_step is None else done.first_bad_step,
-                                  device=rt.device)
+    first_bad_step = torch.tensor(batch.steps if done.first_bad_step is None else done.first_bad_step, device=rt.device)
     start = time.perf_counter()
     timer.begin_epoch()  # after `start`: the steps' times, counted from here, add up to no more than the epoch's
     noise.begin_epoch()
     training.census.begin_epoch()
     evaluating = 0.0  # seconds of the evaluations inside the epoch, left out of its time
     steps = batch.steps
-    for step in tqdm(range(done.steps, batch.steps), desc=f"epoch {epoch}", initial=done.steps, total=batch.steps,
-                     disable=not (rt.leader and cfg.progress), file=sys.stderr):
+    for step in tqdm(
+        range(done.steps, batch.steps),
+        desc=f"epoch {epoch}",
+        initial=done.steps,
+        total=batch.steps,
+        disable=not (rt.leader and cfg.progress),
+        file=sys.stderr,
+    ):
         with training.collectives.around_step():
-            step_loss = train_step(training.ddp_model, micro_batches, cfg.grad_accum, timer, state.optimizer,
-                                   state.scheduler, state.scaler, state.autocast)
+            step_loss = train_step(
+                training.ddp_model,
+                micro_batches,
+                cfg.grad_accum,
+                timer,
+                state.optimizer,
+                state.scheduler,
+                state.scaler,
+                state.autocast,
+            )
         training.census.between_steps()
         loss_sum += step_loss
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
@@ -512,16 +657,28 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
                 break
         stopping = stop.agreed()
         if stopping or (step + 1 < batch.steps and checkpoint_due(state, cfg)):
-            so_far = done.then(step + 1, loss_sum, first_bad_step, time.perf_counter() - start - evaluating,
-                               timer.summary(), noise.sums(), random_state(rt.device))
+            so_far = done.then(
+                step + 1,
+                loss_sum,
+                first_bad_step,
+                time.perf_counter() - start - evaluating,
+                timer.summary(),
+                noise.sums(),
+                random_state(rt.device),
+            )
             save_mid_epoch_checkpoint(state, epoch, so_far, out, cfg, rt)
             if stopping:
-                raise Stopped(stopping, f"stopped by {stopping.name} at epoch {epoch}, step {step + 1} of "
-                              f"{batch.steps}: checkpoint written", out)
+                raise Stopped(
+                    stopping,
+                    f"stopped by {stopping.name} at epoch {epoch}, step {step + 1} of "
+                    f"{batch.steps}: checkpoint written",
+                    out,
+                )
     if rt.device.type == "cuda":
         torch.cuda.synchronize(rt.device)
-    return done.then(steps, loss_sum, first_bad_step, time.perf_counter() - start - evaluating, timer.summary(),
-                     noise.sums())
+    return done.then(
+        steps, loss_sum, first_bad_step, time.perf_counter() - start - evaluating, timer.summary(), noise.sums()
+    )
 
 
 def checkpoint_due(state: TrainingState, cfg: TrainConfig) -> bool:
@@ -534,21 +691,24 @@ def stop_if_diverged(epoch: int, first_bad_step: int, batch: BatchPlan, rt: Runt
     """A non-finite loss ends the run before its epoch is written: NaN rows are not results."""
     first_bad_step = int(all_reduce({"step": first_bad_step}, dist.ReduceOp.MIN, rt)["step"])
     if first_bad_step < batch.steps:
-        raise UsageError(f"training diverged: the loss was not finite at epoch {epoch}, step {first_bad_step + 1} "
-                         f"of {batch.steps}; lower --lr or raise --warmup-steps and start again with another --out "
-                         f"(the epochs it completed stay in its metrics.csv)")
+        raise UsageError(
+            f"training diverged: the loss was not finite at epoch {epoch}, step {first_bad_step + 1} "
+            f"of {batch.steps}; lower --lr or raise --warmup-steps and start again with another --out "
+            f"(the epochs it completed stay in its metrics.csv)"
+        )
 
 
 def batches(data_ids: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, batch_size: int, device):
     """Full micro-batches of this rank's indices, moved to the device; the token ids stay int32, which the embedding
     takes as they are."""
     for start in range(0, len(indices) - batch_size + 1, batch_size):
-        idx = indices[start:start + batch_size]
+        idx = indices[start : start + batch_size]
         yield data_ids[idx].to(device, non_blocking=True), labels[idx].to(device, non_blocking=True)
 
 
-def train_step(model, micro_batches, grad_accum: int, timer: EpochTimer, optimizer, scheduler, scaler,
-               autocast) -> torch.Tensor:
+def train_step(
+    model, micro_batches, grad_accum: int, timer: EpochTimer, optimizer, scheduler, scaler, autocast
+) -> torch.Tensor:
     """One optimizer step over `grad_accum` micro-batches; DDP all-reduces the gradients on the last one only.
     Returns the summed (not averaged) loss of the step's samples, left on the device."""
     timer.begin_step()
@@ -592,7 +752,7 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
     correct = torch.zeros((), dtype=torch.float64, device=rt.device)
     most = math.ceil(len(data.eval_labels) / rt.world_size)  # the largest part, a rank's
     for start in range(0, most if is_fsdp(model) else len(indices), batch_size):
-        idx = indices[start:start + batch_size]
+        idx = indices[start : start + batch_size]
         if len(idx) == 0:
             with autocast():
                 model(data.eval_ids[:1].to(rt.device))
@@ -615,27 +775,55 @@ def metrics_row(training: Training, epoch: int, done: EpochProgress, sent_bytes:
     cfg, rt, batch = training.cfg, training.rt, training.batch
     val_loss, val_accuracy, eval_time = training.evaluations.last
     local_sq, averaged_sq = done.grad_sq
-    summed = all_reduce({"phases": list(done.phases.values()), "local_sq": local_sq,
-                         "averaged_sq": averaged_sq, "loss": done.loss_sum, "sent_bytes": sent_bytes},
-                        dist.ReduceOp.SUM, rt)
+    summed = all_reduce(
+        {
+            "phases": list(done.phases.values()),
+            "local_sq": local_sq,
+            "averaged_sq": averaged_sq,
+            "loss": done.loss_sum,
+            "sent_bytes": sent_bytes,
+        },
+        dist.ReduceOp.SUM,
+        rt,
+    )
     state_bytes = training.census.largest
-    largest = all_reduce({"epoch_time_s": done.seconds, "eval_time_s": eval_time,
-                          "peak_memory_mb": peak_memory_mb(rt.device), "state": list(state_bytes.values())},
-                         dist.ReduceOp.MAX, rt)
+    largest = all_reduce(
+        {
+            "epoch_time_s": done.seconds,
+            "eval_time_s": eval_time,
+            "peak_memory_mb": peak_memory_mb(rt.device),
+            "state": list(state_bytes.values()),
+        },
+        dist.ReduceOp.MAX,
+        rt,
+    )
     samples = done.steps * batch.global_batch
     row = {name: value / rt.world_size for name, value in zip(done.phases, summed["phases"])}
     row.update(
-        epoch=epoch, world_size=rt.world_size, global_batch_size=batch.global_batch, per_rank_batch_size=batch.micro,
-        grad_accum=cfg.grad_accum, train_samples=samples, steps=done.steps, epoch_time_s=largest["epoch_time_s"],
-        eval_time_s=largest["eval_time_s"], train_loss=summed["loss"] / samples, val_loss=val_loss,
-        val_accuracy=val_accuracy, lr=training.state.scheduler.get_last_lr()[0],
-        samples_per_s=samples / largest["epoch_time_s"], peak_memory_mb=largest["peak_memory_mb"],
-        resumes=done.resumes, **{kind: int(size) for kind, size in zip(state_bytes, largest["state"])},
-        link_sent_bytes=summed["sent_bytes"] / rt.world_size)
-    row.update(noise_scale(summed["local_sq"], summed["averaged_sq"], done.steps, rt.world_size,
-                           batch.micro * cfg.grad_accum)
-               if measures_noise(cfg, rt)
-               else dict.fromkeys(NOISE_COLUMNS, math.nan))
+        epoch=epoch,
+        world_size=rt.world_size,
+        global_batch_size=batch.global_batch,
+        per_rank_batch_size=batch.micro,
+        grad_accum=cfg.grad_accum,
+        train_samples=samples,
+        steps=done.steps,
+        epoch_time_s=largest["epoch_time_s"],
+        eval_time_s=largest["eval_time_s"],
+        train_loss=summed["loss"] / samples,
+        val_loss=val_loss,
+        val_accuracy=val_accuracy,
+        lr=training.state.scheduler.get_last_lr()[0],
+        samples_per_s=samples / largest["epoch_time_s"],
+        peak_memory_mb=largest["peak_memory_mb"],
+        resumes=done.resumes,
+        **{kind: int(size) for kind, size in zip(state_bytes, largest["state"])},
+        link_sent_bytes=summed["sent_bytes"] / rt.world_size,
+    )
+    row.update(
+        noise_scale(summed["local_sq"], summed["averaged_sq"], done.steps, rt.world_size, batch.micro * cfg.grad_accum)
+        if measures_noise(cfg, rt)
+        else dict.fromkeys(NOISE_COLUMNS, math.nan)
+    )
     return row
 
 
@@ -645,10 +833,14 @@ def steps_rows(epoch: int, steps: dict[str, list[float]], rt: Runtime) -> list[d
     varies, and a maximum over ranks per step would add that jitter up to more than the epoch took."""
     if not steps["step_time_s"]:  # the timers were off
         return []
-    mean = {name: [value / rt.world_size for value in values]
-            for name, values in all_reduce(steps, dist.ReduceOp.SUM, rt).items()}
-    return [{"epoch": epoch, "step": k + 1, "step_time_s": step, "comm_exposed_s": exposed}
-            for k, (step, exposed) in enumerate(zip(mean["step_time_s"], mean["comm_exposed_s"]))]
+    mean = {
+        name: [value / rt.world_size for value in values]
+        for name, values in all_reduce(steps, dist.ReduceOp.SUM, rt).items()
+    }
+    return [
+        {"epoch": epoch, "step": k + 1, "step_time_s": step, "comm_exposed_s": exposed}
+        for k, (step, exposed) in enumerate(zip(mean["step_time_s"], mean["comm_exposed_s"]))
+    ]
 
 
 def all_reduce(values: dict[str, float | list[float]], op, rt: Runtime) -> dict[str, float | list[float]]:
@@ -662,7 +854,7 @@ def all_reduce(values: dict[str, float | list[float]], op, rt: Runtime) -> dict[
     reduced, start = {}, 0
     for name, value in values.items():
         size = len(value) if isinstance(value, list) else 1
-        part = tensor[start:start + size].tolist()
+        part = tensor[start : start + size].tolist()
         reduced[name], start = (part if isinstance(value, list) else part[0]), start + size
     return reduced
 

@@ -35,17 +35,20 @@ TINY_STUDIES = REPO / "tests" / "studies-tiny.yml"
 LEFT_OUT_OF_THE_TINY_REPORT = {
     "ag_news": "scaling: 1 and 2 ranks (on generated data at the tests' scale, as every study)",
     "bucket_size": "nodes: 2 ranks on 2 emulated nodes over a shaped link (DDP's bucket size: tests/test_ddp_knobs.py; "
-                   "the page's drawn steps: tests/test_reference.py)",
+    "the page's drawn steps: tests/test_reference.py)",
     "compression": "nodes: 2 ranks on 2 emulated nodes over a shaped link (the communication hooks: "
-                   "tests/test_ddp_knobs.py)",
+    "tests/test_ddp_knobs.py)",
     "time_to_accuracy": "grad_accum: variants of the settings on 1 and 2 ranks (evaluations inside epochs and a target "
-                      "accuracy: tests/test_evaluations.py)",
+    "accuracy: tests/test_evaluations.py)",
 }
 WORLD_SIZES = (1, 4)  # of the scaling study in TINY_STUDIES
 # The tiny profile's data and model, to which each test adds its batch, samples and epochs.
-TINY_SYNTHETIC = [*to_args({key: load_profile("tiny")[key]
-                            for key in ("threads_per_rank", "dataset", "preset", "vocab_size", "seq_len")}),
-                  "--no-progress"]
+TINY_SYNTHETIC = [
+    *to_args(
+        {key: load_profile("tiny")[key] for key in ("threads_per_rank", "dataset", "preset", "vocab_size", "seq_len")}
+    ),
+    "--no-progress",
+]
 # The tiny profile without dropout on 128 samples: every run of these settings takes the same optimizer steps, so each
 # multi-node path (emulated nodes, a c10d rendezvous, Slurm on one node and on two) is held against one run of two
 # ranks on this machine (`two_local_ranks`).
@@ -73,8 +76,15 @@ def isolated_env(tmp_path_factory) -> dict:
     folder: what a process the test kills leaves there (a notebook kernel's sockets) goes with the test's files."""
     scratch = tmp_path_factory.mktemp("caches")
     (scratch / "tmp").mkdir()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(scratch / "hf"), DDP_CORE_CACHE_DIR=str(scratch / "tokens"),
-               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TMPDIR=str(scratch / "tmp"))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(scratch / "hf"),
+        DDP_CORE_CACHE_DIR=str(scratch / "tokens"),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO),
+        TMPDIR=str(scratch / "tmp"),
+    )
     env.pop("DDP_CORE_DATA_DIR", None)
     return env
 
@@ -86,8 +96,9 @@ def final_parameters(run_dir) -> dict:
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
 
 
-def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True,
-                 torchrun: bool = False) -> subprocess.CompletedProcess:
+def run_training(
+    args, *, cwd, env, nproc: int = 1, expect_ok: bool = True, torchrun: bool = False
+) -> subprocess.CompletedProcess:
     """Run `ddp_core.train` with `args` on `nproc` ranks; fails the test if a run meant to work does not.
 
     A run on generated data is the trainer's `main` called in this process for one rank (`run_in_process`), and in
@@ -100,18 +111,28 @@ def run_training(args, *, cwd, env, nproc: int = 1, expect_ok: bool = True,
     args = [str(a) for a in args]
     dataset = args[args.index("--dataset") + 1] if "--dataset" in args else None
     if dataset == "synthetic" and not torchrun and not {"--compile", "--mlflow-uri"} & set(args):
-        proc = (run_in_process(args, cwd=cwd, env=env) if nproc == 1 else
-                run_forked_ranks(args, nproc=nproc, cwd=cwd, env=env))
+        proc = (
+            run_in_process(args, cwd=cwd, env=env)
+            if nproc == 1
+            else run_forked_ranks(args, nproc=nproc, cwd=cwd, env=env)
+        )
     else:
-        proc = subprocess.run(launch_command(nproc, torchrun=torchrun) + args, cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=900)
+        proc = subprocess.run(
+            launch_command(nproc, torchrun=torchrun) + args,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     if expect_ok and proc.returncode != 0:
         pytest.fail(f"training failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
-                     timeout: float = 900) -> subprocess.CompletedProcess:
+def run_forked_ranks(
+    args: list[str], *, nproc: int, cwd, env: dict, main=None, timeout: float = 900
+) -> subprocess.CompletedProcess:
     """`main(args)` (the trainer's by default) on `nproc` ranks forked from this process, each with the environment
     torchrun gives the ranks of one node: real processes that meet over gloo, without an interpreter start each. As
     under torchrun, a failed rank ends the run: the others get 30 s to end by themselves, then are killed; the exit
@@ -122,11 +143,30 @@ def run_forked_ranks(args: list[str], *, nproc: int, cwd, env: dict, main=None,
     port = free_port()  # for rank 0's store, as torchrun --standalone picks one
     fork = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as logs:
-        ranks = [fork.Process(target=forked_rank, args=(main, args, cwd, env | {
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, Path(logs) / str(rank))) for rank in range(nproc)]
+        ranks = [
+            fork.Process(
+                target=forked_rank,
+                args=(
+                    main,
+                    args,
+                    cwd,
+                    env
+                    | {
+                        "RANK": str(rank),
+                        "LOCAL_RANK": str(rank),
+                        "WORLD_SIZE": str(nproc),
+                        "LOCAL_WORLD_SIZE": str(nproc),
+                        "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port),
+                    },
+                    Path(logs) / str(rank),
+                ),
+            )
+            for rank in range(nproc)
+        ]
         for rank in ranks:
             rank.start()
+
         def first_failure() -> int:
             failed = [rank.exitcode for rank in ranks if rank.exitcode not in (None, 0)]
             return (failed[0] if failed[0] > 0 else 1) if failed else 0
@@ -230,8 +270,9 @@ def hooked(tmp_path_factory, isolated_env):
     import torch
 
     out = tmp_path_factory.mktemp("hooks") / "gradients.pt"
-    proc = run_forked_ranks([str(out)], nproc=2, cwd=out.parent, env=isolated_env, main=hooked_gradients.main,
-                            timeout=300)
+    proc = run_forked_ranks(
+        [str(out)], nproc=2, cwd=out.parent, env=isolated_env, main=hooked_gradients.main, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     return torch.load(out, weights_only=False)
 
@@ -253,8 +294,11 @@ def two_local_ranks(tmp_path_factory, isolated_env, worker_id) -> Path:
 def ddp_variants(folder: Path, record: dict) -> dict:
     """The entries of wind_tunnel.json (`record`) of the variants that train DDP, which the wind tunnel forecasts and
     the nodes page shows: the sharded modes on DDP's links are the sharding chapter's."""
-    return {variant: modelled for variant, modelled in record["variants"].items()
-            if json.loads(next((folder / variant).glob("n*/run.json")).read_text())["config"]["sharding"] == "none"}
+    return {
+        variant: modelled
+        for variant, modelled in record["variants"].items()
+        if json.loads(next((folder / variant).glob("n*/run.json")).read_text())["config"]["sharding"] == "none"
+    }
 
 
 def repeat_runs(folder: Path, world_size: int) -> list[Path]:
@@ -269,8 +313,10 @@ def repeat_medians(folder: Path, world_size: int) -> list[float]:
 
     from ddp_core.analysis.comparisons import WARMUP_STEPS
 
-    return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
-            for run in repeat_runs(folder, world_size)]
+    return [
+        pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+        for run in repeat_runs(folder, world_size)
+    ]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -296,8 +342,13 @@ def offline():
 
 def copy_project(dest: Path) -> Path:
     """The project's files as a fresh clone has them (plus untracked, unignored ones), sharing .venv and MathJax."""
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in tracked:
         source = REPO / name
         if not source.exists() and not source.is_symlink():
@@ -365,8 +416,11 @@ def runnable_tiny_studies() -> dict:
     """The tiny studies this machine can run: those on an emulated cluster need root."""
     from ddp_core.studies.study_list import load_study_list
 
-    return {name: study for name, study in load_study_list(TINY_STUDIES).items()
-            if study.ranks_per_node is None or os.geteuid() == 0}
+    return {
+        name: study
+        for name, study in load_study_list(TINY_STUDIES).items()
+        if study.ranks_per_node is None or os.geteuid() == 0
+    }
 
 
 @pytest.fixture(scope="session")
@@ -375,11 +429,24 @@ def project(tmp_path_factory, isolated_env, offline):
     the tiny profile), as CI and a user run it, with no route out of the machine (`offline`) as on a compute node;
     what it printed is in make-report.log beside."""
     project = copy_project(tmp_path_factory.mktemp("project"))
-    proc = subprocess.run([*offline, "make", "-o", ".venv/.installed", "report", f"STUDY_LIST={TINY_STUDIES}",
-                           f"STUDIES={' '.join(runnable_tiny_studies())}",
-                           "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02"],
-                          cwd=project, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=1800)
+    proc = subprocess.run(
+        [
+            *offline,
+            "make",
+            "-o",
+            ".venv/.installed",
+            "report",
+            f"STUDY_LIST={TINY_STUDIES}",
+            f"STUDIES={' '.join(runnable_tiny_studies())}",
+            "ALLREDUCE_ARGS=--max-bytes 1048576 --seconds-per-size 0.02",
+        ],
+        cwd=project,
+        env=isolated_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1800,
+    )
     (project.parent / "make-report.log").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-5000:]
     return project

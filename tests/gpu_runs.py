@@ -6,8 +6,15 @@ import shutil
 from pathlib import Path
 
 GPU_NAME = "NVIDIA A100-SXM4-80GB"
-ON_A_GPU_NODE = {"backend": "nccl", "device_name": GPU_NAME, "cuda": "12.4", "nccl": "2.21.5",
-                 "gpu_driver": "550.54.15", "cpu_count": 64, "hostname": "gpu01"}
+ON_A_GPU_NODE = {
+    "backend": "nccl",
+    "device_name": GPU_NAME,
+    "cuda": "12.4",
+    "nccl": "2.21.5",
+    "gpu_driver": "550.54.15",
+    "cpu_count": 64,
+    "hostname": "gpu01",
+}
 
 
 def as_gpu_runs(study: Path, dest: Path) -> Path:

@@ -30,8 +30,9 @@ def batch(rank: int, step: int):
 
 def fresh_model() -> TransformerClassifier:
     torch.manual_seed(0)
-    return TransformerClassifier(ModelConfig.from_preset("tiny", vocab_size=128, max_len=32, num_classes=2,
-                                                         dropout=0.0))
+    return TransformerClassifier(
+        ModelConfig.from_preset("tiny", vocab_size=128, max_len=32, num_classes=2, dropout=0.0)
+    )
 
 
 def gradients_per_step(cfg: TrainConfig) -> tuple[list[dict[str, torch.Tensor]], list[tuple[float, float]]]:

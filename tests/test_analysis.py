@@ -14,8 +14,17 @@ from conftest import REPO
 from ddp_core.report import discussion, prediction, scaling
 from ddp_core.analysis import cost_model, payoff, provenance
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.comparisons import (WARMUP_STEPS, accuracy_floor, compare_accuracies, compare_times,
-                                           final_accuracies, out_of_line, paired_sides, run_times, speedup_comparisons)
+from ddp_core.analysis.comparisons import (
+    WARMUP_STEPS,
+    accuracy_floor,
+    compare_accuracies,
+    compare_times,
+    final_accuracies,
+    out_of_line,
+    paired_sides,
+    run_times,
+    speedup_comparisons,
+)
 from ddp_core.analysis.results import ResultsError, load_experiment
 from ddp_core.analysis.tables import difference_text, median_range, range_text
 from ddp_core.analysis.verdict import compare, noise_floor
@@ -95,17 +104,23 @@ def add_repeats(folder, step_times: dict[int, list[float]]):
 
 def test_compute_per_step_leaves_out_the_exposed_communication(folder, experiment):
     run = csv_of(folder, max(WORLD_SIZES)).query("epoch > 1")
-    expected = ((run["forward_time_s"] + run["backward_time_s"] - run["comm_exposed_s"] + run["optimizer_time_s"])
-                / run["steps"]).mean()
+    expected = (
+        (run["forward_time_s"] + run["backward_time_s"] - run["comm_exposed_s"] + run["optimizer_time_s"])
+        / run["steps"]
+    ).mean()
     assert scaling.findings(experiment)["compute_per_step_s_nmax"] == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("speedups,value,verdict", [
-    ((0.8, 0.8, 0.8), "0.80 (the same in each of 3 repeats)", "slower (beyond the noise floor of 0.0%)"),
-    ((1.25, 1.2, 1.3), "1.25 (1.20 to 1.30 over 3 repeats)", "faster (beyond the noise floor of"),
-    ((0.9, 1.1, 1.0), "1.00 (0.90 to 1.10 over 3 repeats)", "no visible difference (within the noise floor of"),
-    ((0.8,), "0.80 (one run each)", "no verdict (1 of each side; a verdict needs 3 repeats)"),
-], ids=["4 ranks lose", "4 ranks gain", "within the noise", "too few repeats"])
+@pytest.mark.parametrize(
+    "speedups,value,verdict",
+    [
+        ((0.8, 0.8, 0.8), "0.80 (the same in each of 3 repeats)", "slower (beyond the noise floor of 0.0%)"),
+        ((1.25, 1.2, 1.3), "1.25 (1.20 to 1.30 over 3 repeats)", "faster (beyond the noise floor of"),
+        ((0.9, 1.1, 1.0), "1.00 (0.90 to 1.10 over 3 repeats)", "no visible difference (within the noise floor of"),
+        ((0.8,), "0.80 (one run each)", "no verdict (1 of each side; a verdict needs 3 repeats)"),
+    ],
+    ids=["4 ranks lose", "4 ranks gain", "within the noise", "too few repeats"],
+)
 def test_the_speedup_verdict_reads_right_for_every_outcome(folder, speedups, value, verdict):
     # the 1-rank repeats take 0.1 s a step; so do all repeats of the 4-rank run but for its speedup
     experiment = add_repeats(folder, {1: [0.1] * len(speedups), 4: [0.1 / s for s in speedups]})
@@ -122,8 +137,12 @@ def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(expe
     assert (predicted["measured_speedup"] == table.loc[predicted.index, "speedup"]).all()
     error = predicted["predicted_speedup"] / predicted["measured_speedup"] - 1
     assert found["max_error"] == pytest.approx(error.abs().max())
-    parts = pd.concat([predicted["predicted_compute_s"] / predicted["measured_compute_s"] - 1,
-                       predicted["predicted_comm_s"] / predicted["measured_comm_s"] - 1]).abs()
+    parts = pd.concat(
+        [
+            predicted["predicted_compute_s"] / predicted["measured_compute_s"] - 1,
+            predicted["predicted_comm_s"] / predicted["measured_comm_s"] - 1,
+        ]
+    ).abs()
     null = (1 / predicted["measured_speedup"] - 1).abs()
     assert found["parts_max_error"] == pytest.approx(parts.max())
     meets = error.abs().max() <= 0.10 and parts.max() <= 0.10 and error.abs().max() < null.max()
@@ -131,7 +150,8 @@ def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(expe
     worst = predicted.loc[found["worst_n"]]
     for part in ("step", "comm", "compute"):
         assert found[f"worst_{part}_gap_ms"] == pytest.approx(
-            (worst[f"predicted_{part}_s"] - worst[f"measured_{part}_s"]) * 1e3)
+            (worst[f"predicted_{part}_s"] - worst[f"measured_{part}_s"]) * 1e3
+        )
     assert found["null_max_error"] == pytest.approx((1 / predicted["measured_speedup"] - 1).abs().max())
 
 
@@ -142,16 +162,29 @@ def test_a_prediction_without_a_benchmark_at_any_run_s_world_size_says_so_in_one
     assert "benchmarks at [8]" in str(refused.value) and "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("predicted, measured, comm_error, meets, inside, against_null", [
-    ([1.05, 0.95], [1.0, 1.0], 0.0, "misses", 2, "no smaller than"),  # no speedup measured: the null model is exact
-    ([1.2, 0.95], [1.0, 1.0], 0.0, "misses", 1, "no smaller than"),
-    ([1.9, 3.2], [2.0, 3.0], 0.05, "meets", 2, "smaller than"),  # a real speedup: the null model errs by 50 and 67 %
-    ([1.9, 3.2], [2.0, 3.0], 0.5, "misses", 2, "smaller than"),  # the all-reduce part missed by 50 %
-])
+@pytest.mark.parametrize(
+    "predicted, measured, comm_error, meets, inside, against_null",
+    [
+        ([1.05, 0.95], [1.0, 1.0], 0.0, "misses", 2, "no smaller than"),  # no speedup measured: the null model is exact
+        ([1.2, 0.95], [1.0, 1.0], 0.0, "misses", 1, "no smaller than"),
+        (
+            [1.9, 3.2],
+            [2.0, 3.0],
+            0.05,
+            "meets",
+            2,
+            "smaller than",
+        ),  # a real speedup: the null model errs by 50 and 67 %
+        ([1.9, 3.2], [2.0, 3.0], 0.5, "misses", 2, "smaller than"),  # the all-reduce part missed by 50 %
+    ],
+)
 def test_the_prediction_is_judged_against_its_target_the_spread_of_the_repeats_and_a_null_model(
-        predicted, measured, comm_error, meets, inside, against_null):
-    frame = pd.DataFrame({"predicted_speedup": predicted, "measured_speedup": measured, "compute_error": 0.02,
-                          "comm_error": comm_error}, index=[2, 4])
+    predicted, measured, comm_error, meets, inside, against_null
+):
+    frame = pd.DataFrame(
+        {"predicted_speedup": predicted, "measured_speedup": measured, "compute_error": 0.02, "comm_error": comm_error},
+        index=[2, 4],
+    )
     frame["measured_speedup_low"] = frame["measured_speedup"] * 0.9
     frame["measured_speedup_high"] = frame["measured_speedup"] * 1.1
     frame["error"] = frame["predicted_speedup"] / frame["measured_speedup"] - 1
@@ -184,16 +217,32 @@ def test_tables_have_a_column_per_world_size_and_words_with_units_as_headers(fol
     assert epoch_time == f"{csv_of(folder, 1).query('epoch > 1')['epoch_time_s'].mean():.2f}"
 
 
-@pytest.mark.parametrize("low, high, fmt, reads, with_median", [
-    (1.2, 1.59, "{:.2f}", "1.20 to 1.59", "1.59 (1.20 to 1.59)"), (1.4109, 1.4112, "{:.3f}", "1.411", "1.411"),
-    (0.95, 0.95, "{:.0%}", "95%", "95%")])
+@pytest.mark.parametrize(
+    "low, high, fmt, reads, with_median",
+    [
+        (1.2, 1.59, "{:.2f}", "1.20 to 1.59", "1.59 (1.20 to 1.59)"),
+        (1.4109, 1.4112, "{:.3f}", "1.411", "1.411"),
+        (0.95, 0.95, "{:.0%}", "95%", "95%"),
+    ],
+)
 def test_a_range_whose_ends_read_the_same_is_given_as_its_one_value(low, high, fmt, reads, with_median):
     assert range_text(low, high, fmt, " to ") == reads
     assert median_range(high, low, high, fmt, " to ") == with_median
 
 
-@pytest.mark.parametrize("gap, reads", [(0.0, "0"), (3.2e-8, "1e-7"), (1e-7, "1e-7"), (9.9e-9, "1e-8"),
-                                        (0.0032, "0.0032"), (0.15, "0.15"), (2.5, "2.5"), (1234.5, "1,234")])
+@pytest.mark.parametrize(
+    "gap, reads",
+    [
+        (0.0, "0"),
+        (3.2e-8, "1e-7"),
+        (1e-7, "1e-7"),
+        (9.9e-9, "1e-8"),
+        (0.0032, "0.0032"),
+        (0.15, "0.15"),
+        (2.5, "2.5"),
+        (1234.5, "1,234"),
+    ],
+)
 def test_a_difference_reads_as_a_number_and_one_at_float_rounding_as_the_power_of_ten_it_lies_within(gap, reads):
     assert difference_text(gap) == reads
     assert difference_text(gap, "below ") == (f"below {reads}" if "e" in reads else reads)
@@ -243,8 +292,16 @@ def test_the_set_up_names_every_machine_and_day_the_shown_results_were_made_on(f
     (folder / "n4" / "run.json").write_text(json.dumps(info | {"start_time": "2026-12-03T08:00:00+00:00"}))
     benchmark = results / "single_device" / "cuda-nvidia-h200"  # a benchmark's folder per device
     benchmark.mkdir(parents=True)
-    (benchmark / "device.json").write_text(json.dumps({"device": "cuda:0", "device_name": "NVIDIA H200",
-                                                       "cpu_count": 16, "start_time": "2026-11-20T01:00:00+00:00"}))
+    (benchmark / "device.json").write_text(
+        json.dumps(
+            {
+                "device": "cuda:0",
+                "device_name": "NVIDIA H200",
+                "cpu_count": 16,
+                "start_time": "2026-11-20T01:00:00+00:00",
+            }
+        )
+    )
     made = provenance.made_findings(results)
     assert made["made_days"] == "2026-11-20 to 2026-12-03"
     cpu = f"{info['device_name']} ({', '.join(info['cpu_extensions'])}), {info['cpu_count']} cores"
@@ -291,8 +348,9 @@ def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
     assert table.loc[4, ["speedup", "speedup_low", "speedup_high"]].tolist() == pytest.approx([1.0, 0.8, 2.0])
 
 
-@pytest.mark.parametrize("target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"),
-                                             (1.0, "no visible difference (within")])
+@pytest.mark.parametrize(
+    "target, verdict", [(1.3, "slower (beyond"), (0.7, "faster (beyond"), (1.0, "no visible difference (within")]
+)
 def test_the_ranks_compute_is_judged_against_the_one_rank_compute_divided_among_the_cores(folder, target, verdict):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     found = discussion.findings(load_experiment(folder))
@@ -321,12 +379,16 @@ def test_accuracy_is_compared_seed_by_seed_between_world_sizes(folder):
     assert found["accuracy_nmax_verdict"].startswith("lower (beyond the noise floor of")
 
 
-@pytest.mark.parametrize("one_rank, four_ranks, verdict", [
-    ((0.70, 0.72, 0.74), (0.67, 0.69, 0.71), "no visible difference"),  # 4 % apart, within what 500 samples resolve
-    ((0.50, 0.51, 0.49), (0.47, 0.48, 0.46), "at chance"),  # every pair lower, but both sides guess
-])
-def test_no_accuracy_verdict_where_the_evaluation_set_cannot_resolve_it_or_both_sides_guess(folder, one_rank,
-                                                                                            four_ranks, verdict):
+@pytest.mark.parametrize(
+    "one_rank, four_ranks, verdict",
+    [
+        ((0.70, 0.72, 0.74), (0.67, 0.69, 0.71), "no visible difference"),  # 4 % apart, within what 500 samples resolve
+        ((0.50, 0.51, 0.49), (0.47, 0.48, 0.46), "at chance"),  # every pair lower, but both sides guess
+    ],
+)
+def test_no_accuracy_verdict_where_the_evaluation_set_cannot_resolve_it_or_both_sides_guess(
+    folder, one_rank, four_ranks, verdict
+):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     set_final_accuracies(folder, 1, one_rank)
     set_final_accuracies(folder, 4, four_ranks)
@@ -344,9 +406,14 @@ def set_final_accuracies(folder, n: int, accuracies):
         pd.read_csv(run / "metrics.csv").assign(val_accuracy=accuracy).to_csv(run / "metrics.csv", index=False)
 
 
-@pytest.mark.parametrize("accuracies, says", [
-    ((0.50, 0.51, 0.49), "at chance in every repeat"), ((0.50, 0.70, 0.80), "above chance in 2 of 3 repeats"),
-    ((0.70, 0.75, 0.80), "above chance in every repeat")])
+@pytest.mark.parametrize(
+    "accuracies, says",
+    [
+        ((0.50, 0.51, 0.49), "at chance in every repeat"),
+        ((0.50, 0.70, 0.80), "above chance in 2 of 3 repeats"),
+        ((0.70, 0.75, 0.80), "above chance in every repeat"),
+    ],
+)
 def test_an_accuracy_a_guess_could_reach_on_the_evaluation_set_is_called_at_chance(folder, accuracies, says):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     set_final_accuracies(folder, 1, accuracies)
@@ -371,8 +438,7 @@ def test_r_n_is_one_nth_of_the_one_rank_compute_over_the_all_reduce(folder, expe
     assert scaling_table(experiment).loc[4, "compute_to_comm_ratio"] == pytest.approx(expected)
     found = discussion.findings(experiment)
     assert found["ratio_n_model"] == pytest.approx(expected)
-    assert found["break_even_ratio"] == pytest.approx(
-        steady_per_step(folder, 4, ["comm_exposed_s"]) / comm_4 / (4 - 1))
+    assert found["break_even_ratio"] == pytest.approx(steady_per_step(folder, 4, ["comm_exposed_s"]) / comm_4 / (4 - 1))
 
 
 def test_the_time_a_step_loses_is_split_into_parts_that_add_up_to_it(folder, experiment):
@@ -406,22 +472,30 @@ def test_the_parts_of_the_mean_step_add_up_to_no_more_than_it(experiment):
     parts = table["compute_per_step_s"] + table["comm_exposed_per_step_s"] + table["data_per_step_s"]
     assert (parts <= table["mean_step_s"]).all()
     assert table.loc[4, "mean_step_s"] == pytest.approx(
-        (experiment.metrics.query("world_size == 4 and epoch > 1").eval("epoch_time_s / steps")).mean())
+        (experiment.metrics.query("world_size == 4 and epoch > 1").eval("epoch_time_s / steps")).mean()
+    )
 
 
-@pytest.mark.parametrize("predicts_gain,ratios,says", [
-    (True, [1.2, 1.3, 1.25], "as the theory predicts"),
-    (True, [0.7, 0.72, 0.71], "contrary to the theory's prediction"),
-    (False, [0.7, 0.72, 0.71], "as the theory predicts"),
-    (False, [1.2, 1.3, 1.25], "contrary to the theory's prediction"),
-    (True, [0.9, 1.1, 1.0], "so the runs can neither confirm nor refute the prediction: no visible difference"),
-], ids=["gain predicted, gain", "gain predicted, loss", "loss predicted, loss", "loss predicted, gain", "noise"])
+@pytest.mark.parametrize(
+    "predicts_gain,ratios,says",
+    [
+        (True, [1.2, 1.3, 1.25], "as the theory predicts"),
+        (True, [0.7, 0.72, 0.71], "contrary to the theory's prediction"),
+        (False, [0.7, 0.72, 0.71], "as the theory predicts"),
+        (False, [1.2, 1.3, 1.25], "contrary to the theory's prediction"),
+        (True, [0.9, 1.1, 1.0], "so the runs can neither confirm nor refute the prediction: no visible difference"),
+    ],
+    ids=["gain predicted, gain", "gain predicted, loss", "loss predicted, loss", "loss predicted, gain", "noise"],
+)
 def test_the_discussion_says_whether_the_theory_held_for_every_outcome(predicts_gain, ratios, says):
     assert payoff.theory_outcome(predicts_gain, compare(ratios, [1.0] * 3, 0.05)).startswith(says)
 
 
-@pytest.mark.parametrize("exposed,last,says", [(0.5, 0.8, "the last bucket"), (0.9, 0.8, "the measured share")],
-                         ids=["less than the last bucket", "more than the last bucket"])
+@pytest.mark.parametrize(
+    "exposed,last,says",
+    [(0.5, 0.8, "the last bucket"), (0.9, 0.8, "the measured share")],
+    ids=["less than the last bucket", "more than the last bucket"],
+)
 def test_the_prediction_says_which_exposure_it_used(exposed, last, says):
     assert prediction.exposure_source(pd.Series({"exposed_fraction": exposed, "last_bucket_share": last})) == says
 
@@ -435,12 +509,14 @@ def test_the_predicted_exposure_is_never_below_the_last_bucket(experiment):
     predicted = prediction.predict(experiment).loc[4]
     exposed = predicted["predicted_step_s"] - predicted["predicted_compute_s"]
     assert exposed >= predicted["last_bucket_share"] * predicted["predicted_comm_s"] * (1 - 1e-9)
-    assert exposed == pytest.approx(max(predicted["exposed_fraction"], predicted["last_bucket_share"])
-                                    * predicted["predicted_comm_s"])
+    assert exposed == pytest.approx(
+        max(predicted["exposed_fraction"], predicted["last_bucket_share"]) * predicted["predicted_comm_s"]
+    )
 
 
 def test_the_ideal_speedup_for_the_cores_counts_the_cores_the_ranks_computed_on(folder, experiment):
     """Ranks that share a machine's cores add no compute: their ideal is the cores they had over one rank's."""
+
     def cores(n: int) -> float:
         info = json.loads((folder / f"n{n}" / "run.json").read_text())
         return min(info["threads_per_rank"], info["cpu_count"] / info["local_world_size"])
@@ -481,13 +557,16 @@ def test_the_discussion_gives_the_theorys_own_speedup_from_the_runs_ratio_and_ex
     assert found["theory_speedup"] == pytest.approx(n * x / (1 + x))
 
 
-@pytest.mark.parametrize("value, floor, shown", [
-    (2.664, 0.07, "2.7"),  # 7 % of 2.66 is 0.19: the first decimal is the noise's
-    (0.801, 0.04, "0.80"),  # 4 % of 0.80 is 0.03: the second decimal
-    (12.3, 0.2, "12"),  # 20 % of 12 is 2.5: no decimal
-    (1.234, 0.0001, "1.23"),  # never more than two decimals
-    (1.234, float("nan"), "1.23"),  # no floor known: two decimals
-])
+@pytest.mark.parametrize(
+    "value, floor, shown",
+    [
+        (2.664, 0.07, "2.7"),  # 7 % of 2.66 is 0.19: the first decimal is the noise's
+        (0.801, 0.04, "0.80"),  # 4 % of 0.80 is 0.03: the second decimal
+        (12.3, 0.2, "12"),  # 20 % of 12 is 2.5: no decimal
+        (1.234, 0.0001, "1.23"),  # never more than two decimals
+        (1.234, float("nan"), "1.23"),  # no floor known: two decimals
+    ],
+)
 def test_a_number_is_written_to_the_digit_its_noise_floor_allows(value, floor, shown):
     from ddp_core.analysis.tables import noise_format
 
@@ -508,13 +587,16 @@ def test_the_pages_say_where_the_ranks_ran_in_words_that_hold_for_cpu_ranks_and_
     assert largest_findings(gpu)["placement"] == "each had a GPU of its own"
 
 
-@pytest.mark.parametrize("value, fmt, scale, cell", [
-    (-0.004, "{:+.0%}", 1, "0%"),  # a forecast error that rounds to nothing has no sign
-    (-0.0004, "{:+.2f}", 100, "-0.04"),
-    (0.0004, "{:+.1f}", 1, "0.0"),
-    (-0.03, "{:+.0%}", 1, "-3%"),
-    (float("nan"), "{:.2f}", 1, "–"),
-])
+@pytest.mark.parametrize(
+    "value, fmt, scale, cell",
+    [
+        (-0.004, "{:+.0%}", 1, "0%"),  # a forecast error that rounds to nothing has no sign
+        (-0.0004, "{:+.2f}", 100, "-0.04"),
+        (0.0004, "{:+.1f}", 1, "0.0"),
+        (-0.03, "{:+.0%}", 1, "-3%"),
+        (float("nan"), "{:.2f}", 1, "–"),
+    ],
+)
 def test_a_table_cell_gives_no_sign_to_a_number_that_rounds_to_zero(value, fmt, scale, cell):
     from ddp_core.analysis.tables import quantity_table
 

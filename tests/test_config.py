@@ -5,8 +5,15 @@ from dataclasses import fields
 
 import pytest
 
-from ddp_core.engine.config import (PROFILES_DIR, TrainConfig, UsageError, build_parser, load_profile, parse_args,
-                                    to_args)
+from ddp_core.engine.config import (
+    PROFILES_DIR,
+    TrainConfig,
+    UsageError,
+    build_parser,
+    load_profile,
+    parse_args,
+    to_args,
+)
 from ddp_core.engine.model_shape import PRESETS
 
 

@@ -9,8 +9,14 @@ from ddp_core.engine.data import load_data
 
 @pytest.fixture
 def cfg(data_dir, tmp_path):
-    return lambda **kw: TrainConfig(data_dir=str(data_dir), cache_dir=str(tmp_path / "cache"), global_batch_size=8,
-                                    seq_len=64, vocab_size=2000, **kw)
+    return lambda **kw: TrainConfig(
+        data_dir=str(data_dir),
+        cache_dir=str(tmp_path / "cache"),
+        global_batch_size=8,
+        seq_len=64,
+        vocab_size=2000,
+        **kw,
+    )
 
 
 def test_imdb_subset_is_drawn_at_random_not_from_the_label_sorted_head(cfg):
@@ -40,7 +46,23 @@ def test_ag_news_test_only_copy_is_split_into_disjoint_train_and_eval(cfg):
 
 @pytest.mark.slow
 def test_a_two_rank_run_tokenizes_once_and_a_rerun_not_at_all(train, data_dir):
-    args = ["--dataset", "imdb", "--data-dir", data_dir, "--preset", "tiny", "--train-samples", 256,
-            "--eval-samples", 64, "--seq-len", 32, "--global-batch-size", 32, "--no-progress", "--check"]
+    args = [
+        "--dataset",
+        "imdb",
+        "--data-dir",
+        data_dir,
+        "--preset",
+        "tiny",
+        "--train-samples",
+        256,
+        "--eval-samples",
+        64,
+        "--seq-len",
+        32,
+        "--global-batch-size",
+        32,
+        "--no-progress",
+        "--check",
+    ]
     assert train(*args, nproc=2).stdout.count("encoded imdb") == 1
     assert train(*args, nproc=2).stdout.count("encoded imdb") == 0

@@ -18,8 +18,9 @@ from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, find_controller
 from ddp_core.launch.emulated import EmulatedCluster, leftovers
 from ddp_core.launch.plan import ExperimentError, Placement, prepare
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
-                                reason="an emulated cluster needs root on Linux (network namespaces)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or sys.platform != "linux", reason="an emulated cluster needs root on Linux (network namespaces)"
+)
 
 LEARNING = ("train_loss", "val_loss", "val_accuracy")
 
@@ -40,8 +41,14 @@ def in_env(isolated_env, monkeypatch):
 
 
 def plan(tmp_path, experiment, launcher, overrides=None, **where):
-    return prepare(world_size=2, placement=Placement(launcher, **where), results_dir=str(tmp_path),
-                   experiment=experiment, profile="tiny", overrides=TWO_RANKS_SETTINGS | (overrides or {}))
+    return prepare(
+        world_size=2,
+        placement=Placement(launcher, **where),
+        results_dir=str(tmp_path),
+        experiment=experiment,
+        profile="tiny",
+        overrides=TWO_RANKS_SETTINGS | (overrides or {}),
+    )
 
 
 @pytest.mark.slow
@@ -91,8 +98,13 @@ def test_a_link_never_passes_the_rate_it_was_set_to_and_carries_most_of_it(link_
 def test_a_refused_run_leaves_no_namespace_link_or_hosts_file(tmp_path, in_env):
     from ddp_core.launch.emulated import run_emulated
 
-    refused = plan(tmp_path, "refused", "emulated", nodes=2,
-                   overrides={"dataset": "imdb", "data_dir": str(tmp_path / "no-such-data")})
+    refused = plan(
+        tmp_path,
+        "refused",
+        "emulated",
+        nodes=2,
+        overrides={"dataset": "imdb", "data_dir": str(tmp_path / "no-such-data")},
+    )
     with pytest.raises(ExperimentError, match="does not exist"):
         run_emulated(refused)
     assert nothing_left(os.getpid())
@@ -118,10 +130,12 @@ def test_a_node_that_fails_stops_the_others_and_is_the_one_named(tmp_path):
 def start_cluster_process(tmp_path) -> subprocess.Popen:
     """A process that brings up a 2-node cluster, says so, and waits in it. Ctrl-C raises KeyboardInterrupt in it
     as in a terminal, even when the suite runs in a background job (whose children inherit SIGINT ignored)."""
-    code = ("from ddp_core.launch.emulated import EmulatedCluster\nimport signal, time\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "with EmulatedCluster(nodes=2, link_rate='100mbit', cpus_per_node=0.5):\n"
-            "    print('up', flush=True)\n    time.sleep(600)\n")
+    code = (
+        "from ddp_core.launch.emulated import EmulatedCluster\nimport signal, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "with EmulatedCluster(nodes=2, link_rate='100mbit', cpus_per_node=0.5):\n"
+        "    print('up', flush=True)\n    time.sleep(600)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
     assert owned_by(proc.pid)["namespaces"] and owned_by(proc.pid)["cpu groups"]
@@ -148,16 +162,19 @@ def test_what_a_killed_cluster_left_is_swept_by_the_next(tmp_path):
     assert nothing_left(proc.pid)
 
 
-@pytest.mark.parametrize("kw, fragment", [
-    (dict(nodes=2, link_rate="fast"), "link_rate must be a rate such as 100mbit"),
-    (dict(nodes=3), "nodes must be a positive integer that divides world_size 2"),
-    (dict(launcher="local", link_rate="1gbit"), "link_rate sets the links of an emulated cluster"),
-    (dict(nodes=2, cpus_per_node=0), "cpus_per_node must be a positive number of cores"),
-    (dict(nodes=2, cpus_per_node="half"), "cpus_per_node must be a positive number of cores"),
-    (dict(nodes=2, cpus_per_node=len(os.sched_getaffinity(0))), "more than the"),
-    (dict(nodes=2, cpus_per_node=0.01), "below the kernel's smallest quota"),
-    (dict(launcher="local", cpus_per_node=0.5), "cpus_per_node sets the compute of an emulated cluster's nodes"),
-])
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        (dict(nodes=2, link_rate="fast"), "link_rate must be a rate such as 100mbit"),
+        (dict(nodes=3), "nodes must be a positive integer that divides world_size 2"),
+        (dict(launcher="local", link_rate="1gbit"), "link_rate sets the links of an emulated cluster"),
+        (dict(nodes=2, cpus_per_node=0), "cpus_per_node must be a positive number of cores"),
+        (dict(nodes=2, cpus_per_node="half"), "cpus_per_node must be a positive number of cores"),
+        (dict(nodes=2, cpus_per_node=len(os.sched_getaffinity(0))), "more than the"),
+        (dict(nodes=2, cpus_per_node=0.01), "below the kernel's smallest quota"),
+        (dict(launcher="local", cpus_per_node=0.5), "cpus_per_node sets the compute of an emulated cluster's nodes"),
+    ],
+)
 def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, in_env, kw, fragment):
     launcher = kw.pop("launcher", "emulated")
     with pytest.raises(ExperimentError, match=fragment) as refused:
@@ -167,21 +184,35 @@ def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, i
 
 
 def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
-    code = ("from ddp_core.launch.plan import Placement, prepare\n"
-            "prepare(world_size=2, placement=Placement('emulated', nodes=2), results_dir='/tmp', experiment='x', "
-            "profile='tiny')")
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    code = (
+        "from ddp_core.launch.plan import Placement, prepare\n"
+        "prepare(world_size=2, placement=Placement('emulated', nodes=2), results_dir='/tmp', experiment='x', "
+        "profile='tiny')"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].endswith("run as root (sudo), or use launcher='local'")
 
 
 def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_why():
-    code = ("from ddp_core.studies.run import can_run_here\nfrom ddp_core.studies.study_list import load_study_list\n"
-            "studies, why = can_run_here(list(load_study_list('tests/studies-tiny.yml').values()))\n"
-            "print(' '.join(s.name for s in studies)); print(why)")
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    code = (
+        "from ddp_core.studies.run import can_run_here\nfrom ddp_core.studies.study_list import load_study_list\n"
+        "studies, why = can_run_here(list(load_study_list('tests/studies-tiny.yml').values()))\n"
+        "print(' '.join(s.name for s in studies)); print(why)"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     kept, why = proc.stdout.strip().splitlines()
     assert "nodes" not in kept.split() and "scaling" in kept.split()
     assert why.startswith("not training nodes: an emulated cluster creates")
@@ -211,8 +242,12 @@ def test_a_run_beside_two_busy_processes_is_named_disturbed(tmp_path, in_env):
 
 # Half a CPU-second of work; the process prints the wall time it took, its own start-up left out (under the suite's
 # load, starting Python takes longer than the work).
-BUSY_HALF_A_SECOND = [sys.executable, "-c", "import time\nstart, wall = time.process_time(), time.perf_counter()\n"
-                      "while time.process_time() - start < 0.5: pass\nprint(time.perf_counter() - wall)"]
+BUSY_HALF_A_SECOND = [
+    sys.executable,
+    "-c",
+    "import time\nstart, wall = time.process_time(), time.perf_counter()\n"
+    "while time.process_time() - start < 0.5: pass\nprint(time.perf_counter() - wall)",
+]
 
 
 def wall_time_on(cluster: EmulatedCluster) -> float:
@@ -230,7 +265,7 @@ def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it
         quarter.limit_cpu()
         constrained = wall_time_on(quarter)
         quarter.release_cpu()
-        node, = quarter.cpu_use()["node_cpu"]
+        (node,) = quarter.cpu_use()["node_cpu"]
         released = wall_time_on(quarter)
     # a quarter core gives half a CPU-second in 2 s at the least (a period's slack aside); other load only slows it
     assert 0.8 * 0.5 / 0.25 < constrained < 8 * 0.5 / 0.25, constrained
@@ -240,13 +275,15 @@ def test_a_node_at_a_quarter_core_computes_at_a_quarter_of_the_speed_and_says_it
     assert nothing_left(os.getpid())
 
 
-
-
 # A rank's process group on a node, after its first collective (as the trainer's after DDP's broadcast), waiting:
 # gloo's threads exist from here on.
-GLOO_PROCESS = [sys.executable, "-c", "import sys, torch, torch.distributed as dist\n"
-                "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29500', rank=0, world_size=1)\n"
-                "dist.all_reduce(torch.ones(4))\nprint('ready', flush=True)\nsys.stdin.readline()"]
+GLOO_PROCESS = [
+    sys.executable,
+    "-c",
+    "import sys, torch, torch.distributed as dist\n"
+    "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29500', rank=0, world_size=1)\n"
+    "dist.all_reduce(torch.ones(4))\nprint('ready', flush=True)\nsys.stdin.readline()",
+]
 
 
 def _wait_for_gloos_loop_to_name_itself(pid: int) -> None:
@@ -269,8 +306,9 @@ def test_a_nodes_gloo_threads_run_beside_its_quota_and_the_rest_under_it():
             _wait_for_gloos_loop_to_name_itself(rank.pid)
             cluster.limit_cpu()
             group = cluster.cpu[0].quota_dir.parent
-            compute, communication = ({int(t) for t in (group / part / "tasks").read_text().split()}
-                                      for part in ("compute", "communication"))
+            compute, communication = (
+                {int(t) for t in (group / part / "tasks").read_text().split()} for part in ("compute", "communication")
+            )
             names = {int(t.name): (t / "comm").read_text().strip() for t in Path(f"/proc/{rank.pid}/task").iterdir()}
         finally:
             rank.communicate("\n", timeout=60)
@@ -317,7 +355,12 @@ def test_on_cgroup_v2_a_node_writes_cpu_max_and_reads_cpu_stat(tmp_path):
     assert (compute / "cpu.max").read_text() == "2500 10000"
     (compute / "cpu.stat").write_text(stat.format(1_500_000, 210, 180, 1_200_000))
     (communication / "cpu.stat").write_text(stat.format(300_000, 0, 0, 0))
-    assert node.stats() == {"cpu_s": 0.5, "periods": 200, "throttled_periods": 180, "throttled_s": 1.2,
-                            "communication_cpu_s": 0.3}
+    assert node.stats() == {
+        "cpu_s": 0.5,
+        "periods": 200,
+        "throttled_periods": 180,
+        "throttled_s": 1.2,
+        "communication_cpu_s": 0.3,
+    }
     node.release()
     assert (compute / "cpu.max").read_text() == "max 10000"

@@ -29,8 +29,11 @@ def test_evaluating_inside_epochs_records_every_evaluation_and_leaves_the_traini
 def test_a_run_ends_at_the_first_evaluation_that_reaches_its_target(tmp_path, isolated_env):
     target = 0.7
     out = tmp_path / "run"
-    printed = run_training([*RUN[:-2], "--epochs", 6, "--eval-every-steps", 2, "--target-accuracy", target,
-                            "--out", out], cwd=tmp_path, env=isolated_env).stdout
+    printed = run_training(
+        [*RUN[:-2], "--epochs", 6, "--eval-every-steps", 2, "--target-accuracy", target, "--out", out],
+        cwd=tmp_path,
+        env=isolated_env,
+    ).stdout
     evals, metrics = pd.read_csv(out / "evals.csv"), pd.read_csv(out / "metrics.csv")
     assert (evals["val_accuracy"].iloc[:-1] < target).all() and evals["val_accuracy"].iloc[-1] >= target
     reached = steps_to_target(evals, target)

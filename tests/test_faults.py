@@ -23,10 +23,30 @@ from ddp_core.launch.plan import launch_command
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
 # Two ranks with dropout: an exact continuation needs each rank's random state as well as its place in the data.
-RUN = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 8, "--train-samples", 1200, "--eval-samples", 32,
-       "--epochs", 2]
-LEARNING = ["epoch", "steps", "train_samples", "train_loss", "val_loss", "val_accuracy", "lr", "grad_sq_norm",
-            "grad_noise_trace"]
+RUN = [
+    *TINY_SYNTHETIC,
+    "--dropout",
+    "0.1",
+    "--global-batch-size",
+    8,
+    "--train-samples",
+    1200,
+    "--eval-samples",
+    32,
+    "--epochs",
+    2,
+]
+LEARNING = [
+    "epoch",
+    "steps",
+    "train_samples",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "lr",
+    "grad_sq_norm",
+    "grad_noise_trace",
+]
 
 
 def trainer(*args) -> list[str]:
@@ -59,16 +79,18 @@ def stopped(tmp_path_factory, isolated_env):
     """The run sent SIGTERM in its second epoch, torchrun and both ranks at once as Slurm's scancel does:
     (run directory, what it printed, exit code)."""
     folder = tmp_path_factory.mktemp("stopped")
-    printed, code = signalled(launch_command(2) + trainer("--out", folder / "run"), signal.SIGTERM, folder,
-                              isolated_env)
+    printed, code = signalled(
+        launch_command(2) + trainer("--out", folder / "run"), signal.SIGTERM, folder, isolated_env
+    )
     return folder / "run", printed, code
 
 
 def signalled(command: list[str], signum: int, cwd, env) -> tuple[str, int]:
     """`command` sent `signum` once its first epoch is written, to its whole process group as a terminal sends
     Ctrl-C (and Slurm's scancel SIGTERM): what it printed, stdout and stderr together, and its exit code."""
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     printed = []
     for line in proc.stdout:
         printed.append(line)
@@ -102,8 +124,9 @@ def steps_of(run_dir) -> list[tuple[str, str]]:
         return [(row["epoch"], row["step"]) for row in csv.DictReader(f)]
 
 
-def test_a_damaged_mid_epoch_checkpoint_is_named_in_one_line_and_nothing_is_overwritten(stopped, tmp_path,
-                                                                                         isolated_env):
+def test_a_damaged_mid_epoch_checkpoint_is_named_in_one_line_and_nothing_is_overwritten(
+    stopped, tmp_path, isolated_env
+):
     run_dir = copy_of(stopped[0], tmp_path)
     checkpoint = run_dir / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:5000])
@@ -117,10 +140,14 @@ def test_a_damaged_mid_epoch_checkpoint_is_named_in_one_line_and_nothing_is_over
 def test_a_rank_killed_with_restarts_on_is_replaced_and_the_run_finishes_the_same(straight, tmp_path, isolated_env):
     run_dir = tmp_path / "run"
     with open(tmp_path / "output.log", "w") as log:
-        agent = subprocess.Popen(launch_command(2, max_restarts=1) + trainer("--checkpoint-every-steps", 50, "--out",
-                                                                             run_dir),
-                                 cwd=tmp_path, env=isolated_env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        agent = subprocess.Popen(
+            launch_command(2, max_restarts=1) + trainer("--checkpoint-every-steps", 50, "--out", run_dir),
+            cwd=tmp_path,
+            env=isolated_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 180
             while not (run_dir / "checkpoint.pt").exists():  # the first checkpoint, 50 steps into epoch 1
@@ -139,8 +166,11 @@ def test_a_rank_killed_with_restarts_on_is_replaced_and_the_run_finishes_the_sam
     assert len(json.loads((run_dir / "run.json").read_text())["resumed_at"]) == 1
 
 
-STOP_LINE = re.compile(r"^ddp_core: stopped by SIGINT at epoch 2, step (\d+) of (\d+): checkpoint written; "
-                       r"continue the run with: (.*)$", re.MULTILINE)
+STOP_LINE = re.compile(
+    r"^ddp_core: stopped by SIGINT at epoch 2, step (\d+) of (\d+): checkpoint written; "
+    r"continue the run with: (.*)$",
+    re.MULTILINE,
+)
 
 
 def continue_command(printed: str) -> list[str]:
@@ -155,8 +185,12 @@ def continue_command(printed: str) -> list[str]:
 
 def test_ctrl_c_stops_one_process_in_one_line_whose_command_finishes_the_run(tmp_path, isolated_env):
     # 600 steps an epoch: one process takes 150 in less time than a busy machine may take to send the signal
-    printed, code = signalled([sys.executable, "-m", "ddp_core.train", *trainer("--train-samples", 4800)],
-                              signal.SIGINT, tmp_path, isolated_env)
+    printed, code = signalled(
+        [sys.executable, "-m", "ddp_core.train", *trainer("--train-samples", 4800)],
+        signal.SIGINT,
+        tmp_path,
+        isolated_env,
+    )
     assert code == 130 and "Traceback" not in printed, printed
     command = continue_command(printed)
     assert command[1:3] == ["-m", "ddp_core.train"]
@@ -169,13 +203,19 @@ def test_ctrl_c_stops_one_process_in_one_line_whose_command_finishes_the_run(tmp
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "ddp-torchrun"])
-def test_ctrl_c_stops_every_rank_under_torchrun_and_the_command_it_prints_continues_exactly(straight, tmp_path,
-                                                                                          isolated_env, launcher):
+def test_ctrl_c_stops_every_rank_under_torchrun_and_the_command_it_prints_continues_exactly(
+    straight, tmp_path, isolated_env, launcher
+):
     """Torchrun reports the signal itself after the ranks have stopped (a traceback and exit status 1, torch 2.13):
     the ranks print one line and no traceback. The project's ddp-torchrun leaves the agent's report out and exits
     130, as a program ended by Ctrl-C does; its line names it as the command to continue with."""
-    agent = [str(Path(sys.executable).with_name(launcher)), "--standalone", "--nproc-per-node=2", "-m",
-             "ddp_core.train"]
+    agent = [
+        str(Path(sys.executable).with_name(launcher)),
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "ddp_core.train",
+    ]
     printed, code = signalled(agent + trainer("--out", tmp_path / "run"), signal.SIGINT, tmp_path, isolated_env)
     assert "KeyboardInterrupt" not in printed, printed
     if launcher == "ddp-torchrun":
@@ -199,12 +239,16 @@ start(prepare(world_size=2, placement=Placement(sys.argv[2], nodes=int(sys.argv[
 """
 
 
-@pytest.mark.parametrize("launcher, nodes", [
-    ("local", 1),
-    pytest.param("emulated", 2, marks=pytest.mark.skipif(os.geteuid() != 0, reason="emulated nodes need root")),
-])
+@pytest.mark.parametrize(
+    "launcher, nodes",
+    [
+        ("local", 1),
+        pytest.param("emulated", 2, marks=pytest.mark.skipif(os.geteuid() != 0, reason="emulated nodes need root")),
+    ],
+)
 def test_ctrl_c_in_a_launcher_ends_in_the_trainers_one_line_and_the_same_call_finishes_the_run(
-        tmp_path, isolated_env, launcher, nodes):
+    tmp_path, isolated_env, launcher, nodes
+):
     command = [sys.executable, "-c", LAUNCHER, str(tmp_path / "results"), launcher, str(nodes)]
     printed, code = signalled(command, signal.SIGINT, tmp_path, isolated_env)
     assert code == 130 and "Traceback" not in printed and "SignalException" not in printed, printed

@@ -8,8 +8,14 @@ import itertools
 import pytest
 
 from conftest import REPO
-from ddp_core.analysis.cluster_forecast import (CHOICES, INTERCONNECTS, Cluster, cluster_forecast, forecast_grid,
-                                                proportional_check)
+from ddp_core.analysis.cluster_forecast import (
+    CHOICES,
+    INTERCONNECTS,
+    Cluster,
+    cluster_forecast,
+    forecast_grid,
+    proportional_check,
+)
 from ddp_core.analysis.gpu_measurements import forecast_word
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_forecast
 from ddp_core.analysis.similarity import CONFIGURATIONS
@@ -25,8 +31,9 @@ def test_the_pages_bounds_are_the_forecasts_the_book_quotes_for_the_clusters_it_
     name = INTERCONNECTS[interconnect][0]
     batch = CONFIGURATIONS[name].batch(32)  # the clusters that take the study's batch: the reference's 32
     for gpus in (2, 4):
-        found = cluster_forecast(Cluster("large", WORKLOAD["max_len"], batch // gpus, 0.4, interconnect, gpus),
-                                 WORKLOAD)
+        found = cluster_forecast(
+            Cluster("large", WORKLOAD["max_len"], batch // gpus, 0.4, interconnect, gpus), WORKLOAD
+        )
         low, high = CONFIGURATIONS[name].speedup_range(WORKLOAD, batch, gpus)
         assert (found["speedup_no_overlap"], found["speedup_last_bucket"]) == pytest.approx((low, high), rel=1e-12)
 
@@ -60,7 +67,8 @@ def test_the_check_on_a_measured_gpu_pairs_each_share_with_its_own_whole_batch()
     measured = {t.key for t in timelines}
     check = proportional_check(timelines)
     assert {(row.amp, row.batch_per_gpu) for row in check.itertuples()} == {
-        (amp, batch) for amp, batch in measured if (amp, batch * FORECAST_GPUS) in measured}
+        (amp, batch) for amp, batch in measured if (amp, batch * FORECAST_GPUS) in measured
+    }
     forecast_by_key = replay_forecast(timelines).set_index(["amp", "batch_per_gpu"])["speedup"]
     for row in check.itertuples():
         assert row.measured_share == forecast_by_key[(row.amp, row.batch_per_gpu)]

@@ -17,11 +17,35 @@ from ddp_core.launch.plan import launch_command
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
-REQUIRED = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "train_samples", "epoch_time_s",
-            "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s", "comm_total_s", "comm_exposed_s",
-            "train_loss", "val_loss", "val_accuracy", "samples_per_s", "peak_memory_mb"]
-INTEGERS = ["epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
-            "resumes"]
+REQUIRED = [
+    "epoch",
+    "world_size",
+    "global_batch_size",
+    "per_rank_batch_size",
+    "train_samples",
+    "epoch_time_s",
+    "data_time_s",
+    "forward_time_s",
+    "backward_time_s",
+    "optimizer_time_s",
+    "comm_total_s",
+    "comm_exposed_s",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "samples_per_s",
+    "peak_memory_mb",
+]
+INTEGERS = [
+    "epoch",
+    "world_size",
+    "global_batch_size",
+    "per_rank_batch_size",
+    "grad_accum",
+    "train_samples",
+    "steps",
+    "resumes",
+]
 RUN = [*TINY_SYNTHETIC, "--global-batch-size", 32, "--train-samples", 512, "--eval-samples", 100, "--epochs", 2]
 
 
@@ -58,9 +82,9 @@ def test_every_step_has_a_row_of_steps_csv_whose_times_make_up_its_epoch(runs):
     for name in ("n1", "n2"):
         epochs, steps = pd.read_csv(runs / name / "metrics.csv"), pd.read_csv(runs / name / "steps.csv")
         assert list(steps.columns) == STEPS_COLUMNS
-        per_epoch = steps.groupby("epoch").agg(steps=("step", "size"), last=("step", "max"),
-                                               time=("step_time_s", "sum"),
-                                               exposed=("comm_exposed_s", "sum"))
+        per_epoch = steps.groupby("epoch").agg(
+            steps=("step", "size"), last=("step", "max"), time=("step_time_s", "sum"), exposed=("comm_exposed_s", "sum")
+        )
         assert per_epoch["steps"].tolist() == per_epoch["last"].tolist() == epochs["steps"].tolist()
         # the steps are the epoch but for the loop around them: a step is the mean over ranks, and every rank's steps
         # lie within its own epoch, so they sum to no more than the slowest rank's epoch
@@ -88,8 +112,22 @@ def test_the_gradient_noise_is_measured_on_two_ranks_and_left_empty_on_one(runs)
 
 def test_run_json_records_provenance(runs):
     info = json.loads((runs / "n2" / "run.json").read_text())
-    for key in ["config", "world_size", "backend", "device_name", "threads_per_rank", "torch", "cuda", "nccl",
-                "gpu_driver", "hostname", "git_commit", "parameters", "start_time", "end_time"]:
+    for key in [
+        "config",
+        "world_size",
+        "backend",
+        "device_name",
+        "threads_per_rank",
+        "torch",
+        "cuda",
+        "nccl",
+        "gpu_driver",
+        "hostname",
+        "git_commit",
+        "parameters",
+        "start_time",
+        "end_time",
+    ]:
         assert key in info, key
     assert info["world_size"] == 2 and info["backend"] == "gloo" and info["config"]["grad_accum"] == 2
     assert info["parameters"] > 0 and info["end_time"] >= info["start_time"]
@@ -99,9 +137,17 @@ def test_a_copy_of_the_code_without_its_git_folder_records_the_commit_it_was_cop
     shutil.copytree(REPO / "ddp_core", tmp_path / "ddp_core")
     said = "0123456789abcdef0123456789abcdef01234567"
     read = "from ddp_core.engine.run_files import git_commit; print(git_commit())"
-    commits = [subprocess.run([sys.executable, "-c", read], cwd=code, capture_output=True, text=True, check=True,
-                              env=dict(os.environ, PYTHONPATH=str(code), DDP_CORE_GIT_COMMIT=said)).stdout.strip()
-               for code in (tmp_path, REPO)]
+    commits = [
+        subprocess.run(
+            [sys.executable, "-c", read],
+            cwd=code,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, PYTHONPATH=str(code), DDP_CORE_GIT_COMMIT=said),
+        ).stdout.strip()
+        for code in (tmp_path, REPO)
+    ]
     assert commits[0] == said
     assert commits[1] != said and len(commits[1].removesuffix("-dirty")) == 40, "a checkout names its own commit"
 
@@ -109,8 +155,13 @@ def test_a_copy_of_the_code_without_its_git_folder_records_the_commit_it_was_cop
 def test_killed_run_keeps_a_valid_csv_of_completed_epochs_and_resumes(train, tmp_path, isolated_env):
     run_without_epochs = [*RUN[:-2], "--out", tmp_path / "run"]
     args = [*run_without_epochs, "--epochs", 50]
-    proc = subprocess.Popen(launch_command(1) + [str(a) for a in args], cwd=tmp_path, env=isolated_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        launch_command(1) + [str(a) for a in args],
+        cwd=tmp_path,
+        env=isolated_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         if (tmp_path / "run" / "checkpoint.pt").exists() and len(read_metrics(tmp_path / "run")) >= 2:

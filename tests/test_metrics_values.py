@@ -50,9 +50,11 @@ def per_sample_losses(run_dir):
     with torch.no_grad():
         train_logits = model(data.train_ids.long())
         eval_logits = model(data.eval_ids.long())
-    return (F.cross_entropy(train_logits, data.train_labels, reduction="none"),
-            F.cross_entropy(eval_logits, data.eval_labels, reduction="none"),
-            (eval_logits.argmax(-1) == data.eval_labels).double())
+    return (
+        F.cross_entropy(train_logits, data.train_labels, reduction="none"),
+        F.cross_entropy(eval_logits, data.eval_labels, reduction="none"),
+        (eval_logits.argmax(-1) == data.eval_labels).double(),
+    )
 
 
 @pytest.mark.parametrize("nproc", [1, 2, 3])
@@ -73,8 +75,9 @@ def test_one_and_two_ranks_report_the_same_learning_curve(one_rank, two_ranks):
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
-def test_two_ranks_hold_the_same_parameters_as_one_rank_with_the_same_global_batch(one_rank, two_ranks, train,
-                                                                                   tmp_path, grad_accum):
+def test_two_ranks_hold_the_same_parameters_as_one_rank_with_the_same_global_batch(
+    one_rank, two_ranks, train, tmp_path, grad_accum
+):
     two = two_ranks
     if grad_accum > 1:
         two = tmp_path / "two"
@@ -96,7 +99,8 @@ def test_resume_drops_the_rows_after_the_checkpoint_and_trains_them_again(one_ra
         f.write("2,1,99.0,0.0\n")
     train(*CURVE, "--out", tmp_path / "resumed", "--resume")
     learning = ("epoch", "train_loss", "val_loss", "val_accuracy", "lr")
-    assert [[r[k] for k in learning] for r in read_metrics(tmp_path / "resumed")] == \
-        [[r[k] for k in learning] for r in read_metrics(one_rank)]
+    assert [[r[k] for k in learning] for r in read_metrics(tmp_path / "resumed")] == [
+        [r[k] for k in learning] for r in read_metrics(one_rank)
+    ]
     steps = [pd.read_csv(run / "steps.csv")[["epoch", "step"]] for run in (tmp_path / "resumed", one_rank)]
     pd.testing.assert_frame_equal(*steps)  # the steps of epoch 2 once, as the uninterrupted run has them

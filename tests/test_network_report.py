@@ -3,14 +3,20 @@
 import pytest
 
 
-@pytest.mark.parametrize("loss, classes, says", [(0.690, 2, "has barely learned"), (0.40, 2, "has learned"),
-                                                 (0.710, 2, "has not learned"), (1.34, 4, "has barely learned"),
-                                                 (1.0, 4, "has learned")])
+@pytest.mark.parametrize(
+    "loss, classes, says",
+    [
+        (0.690, 2, "has barely learned"),
+        (0.40, 2, "has learned"),
+        (0.710, 2, "has not learned"),
+        (1.34, 4, "has barely learned"),
+        (1.0, 4, "has learned"),
+    ],
+)
 def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss, classes, says):
     from ddp_core.report.compression import learned
 
     assert learned(loss, classes) == says
-
 
 
 def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_inside_the_repeats():
@@ -23,7 +29,11 @@ def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_i
     table, found = link_table(study), link_findings(study)
     worst = table.loc[table["prediction_error"].abs().idxmax()]
     assert (found["worst_prediction_error"], found["worst_prediction_nodes"], found["worst_prediction_link"]) == (
-        worst["prediction_error"], worst["world_size"], worst["point"])
-    inside = ((table["speedup_low"] <= table["predicted_speedup"])
-              & (table["predicted_speedup"] <= table["speedup_high"]))
+        worst["prediction_error"],
+        worst["world_size"],
+        worst["point"],
+    )
+    inside = (table["speedup_low"] <= table["predicted_speedup"]) & (
+        table["predicted_speedup"] <= table["speedup_high"]
+    )
     assert (found["predictions_inside"], found["predictions"]) == (inside.sum(), len(table))

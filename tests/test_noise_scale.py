@@ -24,7 +24,7 @@ def per_sample_gradients(step: int) -> list[list[torch.Tensor]]:
         grads = []
         for i in range(len(labels)):
             model.zero_grad(set_to_none=True)
-            F.cross_entropy(model(ids[i:i + 1]), labels[i:i + 1]).backward()
+            F.cross_entropy(model(ids[i : i + 1]), labels[i : i + 1]).backward()
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
         ranks.append(grads)
     return ranks
@@ -57,12 +57,12 @@ def test_the_estimates_are_unbiased_for_gradients_of_known_signal_and_noise():
     rng = np.random.default_rng(0)
     true_gradient = np.full(16, 0.25)  # |G|^2 = 1
     scales = np.linspace(0.5, 1.5, 16)  # tr(Sigma) = sum of the variances
-    trace = float((scales ** 2).sum())
+    trace = float((scales**2).sum())
     for ranks, per_rank in [(2, 4), (4, 2), (8, 16)]:
         steps = 20_000
         samples = true_gradient + scales * rng.standard_normal((steps, ranks, per_rank, 16))
         rank_means = samples.mean(axis=2)
-        local_sum = float((rank_means ** 2).sum())
+        local_sum = float((rank_means**2).sum())
         averaged_sum = ranks * float((rank_means.mean(axis=1) ** 2).sum())
         measured = noise_scale(local_sum, averaged_sum, steps, ranks, per_rank)
         assert measured["grad_sq_norm"] == pytest.approx(1.0, rel=0.1), (ranks, per_rank)
@@ -71,7 +71,8 @@ def test_the_estimates_are_unbiased_for_gradients_of_known_signal_and_noise():
 
 
 def test_no_signal_beyond_the_noise_gives_no_noise_scale_and_one_rank_none_at_all():
-    assert math.isnan(noise_scale(local_sq_sum=2.0, averaged_sq_sum=0.2, steps=1, world_size=2,
-                                  samples_per_rank=4)["noise_scale"])
+    assert math.isnan(
+        noise_scale(local_sq_sum=2.0, averaged_sq_sum=0.2, steps=1, world_size=2, samples_per_rank=4)["noise_scale"]
+    )
     with pytest.raises(ValueError, match="two batch sizes"):
         noise_scale(1.0, 1.0, steps=1, world_size=1, samples_per_rank=4)

@@ -22,8 +22,22 @@ def run_benchmark(args, cwd, env) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_every_loop_trains_in_ddp_and_writes_every_step_of_every_epoch(tmp_path, isolated_env):
-    proc = run_benchmark(["--dataset", "synthetic", "--train-samples", "64", "--rounds", "1", "--ranks", "2",
-                          "--results-dir", str(tmp_path)], REPO, isolated_env)
+    proc = run_benchmark(
+        [
+            "--dataset",
+            "synthetic",
+            "--train-samples",
+            "64",
+            "--rounds",
+            "1",
+            "--ranks",
+            "2",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        REPO,
+        isolated_env,
+    )
     assert proc.returncode == 0, proc.stderr
     folder = tmp_path / "peers" / "cpu"
     steps = pd.read_csv(folder / "steps.csv")
@@ -39,15 +53,20 @@ def test_a_folder_that_holds_a_measurement_is_refused_and_kept(tmp_path, isolate
     folder = tmp_path / "peers" / "cpu"
     folder.mkdir(parents=True)
     (folder / "steps.csv").write_text("kept")
-    proc = run_in_process(["--dataset", "synthetic", "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env,
-                          main=peers_main)
+    proc = run_in_process(
+        ["--dataset", "synthetic", "--results-dir", str(tmp_path)], cwd=REPO, env=isolated_env, main=peers_main
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "already holds a measurement" in proc.stderr
     assert (folder / "steps.csv").read_text() == "kept"
 
 
 def test_a_world_size_that_does_not_divide_the_batch_is_refused_before_any_run(tmp_path, isolated_env):
-    proc = run_in_process(["--dataset", "synthetic", "--ranks", "3", "--results-dir", str(tmp_path)], cwd=REPO,
-                          env=isolated_env, main=peers_main)
+    proc = run_in_process(
+        ["--dataset", "synthetic", "--ranks", "3", "--results-dir", str(tmp_path)],
+        cwd=REPO,
+        env=isolated_env,
+        main=peers_main,
+    )
     assert proc.returncode == 2 and "does not divide by world size 3" in proc.stderr
     assert not (tmp_path / "peers").exists()
 
@@ -73,10 +92,13 @@ def test_each_peer_runs_right_beside_ddp_core_on_either_side_in_turn():
 def measurement(step_ms: dict[str, list[float]], ranks: int = 1) -> PeerMeasurement:
     """Runs whose steps after the first epoch all take `step_ms[loop][round]`; the first epoch's, more of them,
     are far slower."""
-    rows = [{"loop": loop, "ranks": ranks, "round": r, "epoch": epoch, "step": s, "step_time_s": seconds}
-            for loop, per_round in step_ms.items() for r, ms in enumerate(per_round)
-            for epoch, seconds, steps in ((1, 10.0, 7), (2, ms / 1e3, 3), (3, ms / 1e3, 3))
-            for s in range(1, steps + 1)]
+    rows = [
+        {"loop": loop, "ranks": ranks, "round": r, "epoch": epoch, "step": s, "step_time_s": seconds}
+        for loop, per_round in step_ms.items()
+        for r, ms in enumerate(per_round)
+        for epoch, seconds, steps in ((1, 10.0, 7), (2, ms / 1e3, 3), (3, ms / 1e3, 3))
+        for s in range(1, steps + 1)
+    ]
     return PeerMeasurement("cpu", {}, pd.DataFrame(rows))
 
 
@@ -89,12 +111,16 @@ def test_the_ratio_is_the_peers_step_over_ddp_cores_round_by_round_after_the_fir
     assert table.loc["tutorial", "peer_step_ms"] == pytest.approx(130)
 
 
-@pytest.mark.parametrize("tutorial,accelerate,expected", [
-    ([120, 125, 130], [105, 110, 104], {"tutorial": "met", "accelerate": "met"}),
-    # 0.95 within a 9 % floor: noise alone puts rounds below 0.97; 0.85, every round slower: missed
-    ([90, 95, 99], [80, 85, 90], {"tutorial": "not shown", "accelerate": "missed"}),
-    ([120, 96, 130], [100, 101, 102], {"tutorial": "not shown", "accelerate": "met"}),
-], ids=["met", "not shown and missed", "a low round inside a wide floor"])
+@pytest.mark.parametrize(
+    "tutorial,accelerate,expected",
+    [
+        ([120, 125, 130], [105, 110, 104], {"tutorial": "met", "accelerate": "met"}),
+        # 0.95 within a 9 % floor: noise alone puts rounds below 0.97; 0.85, every round slower: missed
+        ([90, 95, 99], [80, 85, 90], {"tutorial": "not shown", "accelerate": "missed"}),
+        ([120, 96, 130], [100, 101, 102], {"tutorial": "not shown", "accelerate": "met"}),
+    ],
+    ids=["met", "not shown and missed", "a low round inside a wide floor"],
+)
 def test_the_goal_is_met_missed_or_not_shown_for_every_outcome(tutorial, accelerate, expected):
     m = measurement({"ddp_core": [100, 100, 100], "tutorial": tutorial, "accelerate": accelerate})
     assert speed_table(m).set_index("peer")["goal"].to_dict() == expected
@@ -109,8 +135,9 @@ def test_ddp_core_is_called_faster_only_when_every_round_says_so_beyond_the_nois
 
 def test_each_world_size_is_held_against_the_noise_of_its_own_runs():
     one_rank = measurement({"ddp_core": [100, 140, 100], "tutorial": [120, 110, 160], "accelerate": [100, 140, 130]})
-    two_ranks = measurement({"ddp_core": [100, 101, 99], "tutorial": [112, 113, 111], "accelerate": [100, 101, 99]},
-                            ranks=2)
+    two_ranks = measurement(
+        {"ddp_core": [100, 101, 99], "tutorial": [112, 113, 111], "accelerate": [100, 101, 99]}, ranks=2
+    )
     both = PeerMeasurement("cpu", {}, pd.concat([one_rank.steps, two_ranks.steps]))
     assert comparisons(both)["tutorial", 2].verdict == "higher"  # the 1-rank runs' noise does not hide it
     assert comparisons(both)["tutorial", 1].verdict == "no visible difference"

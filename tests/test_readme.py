@@ -11,8 +11,8 @@ def test_the_first_screen_gives_exactly_two_commands_report_and_test():
     first_block = re.search(r"```bash\n(.*?)```", README, re.DOTALL)
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
     assert commands == ["make report", "make test"]
-    assert README[:first_block.end()].count("\n") < 25, "the commands are not on the first screen"
-    assert "```" not in README[first_block.end():], "a second block of commands on the front page"
+    assert README[: first_block.end()].count("\n") < 25, "the commands are not on the first screen"
+    assert "```" not in README[first_block.end() :], "a second block of commands on the front page"
 
 
 def test_ci_runs_the_readmes_test_command():

@@ -62,8 +62,9 @@ def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
         assert found[f"{variant}_median_ms"] == pytest.approx(steps.iloc[WARMUP_STEPS:].median() * 1e3)
 
 
-@pytest.mark.parametrize("study, findings, variant", [("bucket_size", "bucket", "default_buckets"),
-                                                      ("compression", "compression", "fp32")])
+@pytest.mark.parametrize(
+    "study, findings, variant", [("bucket_size", "bucket", "default_buckets"), ("compression", "compression", "fp32")]
+)
 def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_its_compute(study, findings, variant):
     """The links of these studies are set in Mbit/s, so their verdicts belong to the CPU they ran on: the page says
     the all-reduce in flight a step over the step's compute, means over every repeat's epochs after the first."""
@@ -73,8 +74,12 @@ def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_
     found = getattr(import_module(f"ddp_core.report.{study}"), f"{findings}_findings")(load_study(folder))
     later = pd.concat(pd.read_csv(run / "metrics.csv") for run in (folder / variant).glob("n2*")).query("epoch > 1")
     per_step = lambda column: (later[column] / later["steps"]).mean()  # noqa: E731
-    compute = per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s") \
+    compute = (
+        per_step("forward_time_s")
+        + per_step("backward_time_s")
+        - per_step("comm_exposed_s")
         + per_step("optimizer_time_s")
+    )
     assert found[f"{findings}_comm_over_compute"] == pytest.approx(per_step("comm_total_s") / compute)
 
 
@@ -101,8 +106,14 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
         per_step = pd.Series([m["link_sent_bytes"].sum() / m["steps"].sum() / parameters for m in metrics]).median()
         assert traffic.loc[MODE_NAMES[mode], "sent_units"] == pytest.approx(per_step)
         counted = json.loads((runs[0] / "run.json").read_text())["collectives_per_step"]  # what gloo was handed
-        sends = sum((2 if "allreduce" in name or "reduce_scatter" in name else 1) * entry["bytes"]
-                    for name, entry in counted.items()) * 3 / 4  # 4 nodes: over (N-1)/N
+        sends = (
+            sum(
+                (2 if "allreduce" in name or "reduce_scatter" in name else 1) * entry["bytes"]
+                for name, entry in counted.items()
+            )
+            * 3
+            / 4
+        )  # 4 nodes: over (N-1)/N
         assert traffic.loc[MODE_NAMES[mode], "gloo_units"] == pytest.approx(sends / parameters)
         state[mode] = max(m.iloc[-1][kinds].sum() for m in metrics)
     for mode in ("zero1", "zero2", "zero3"):
@@ -129,8 +140,10 @@ def test_the_sharding_page_reads_the_nodes_studys_modes_with_the_ddp_and_one_nod
 
     study = sharding_runs(load_study(NODES))
     assert set(study) == {"one_node", *SHARDING_VARIANTS}
-    rounds = [[run.raw["start_time"] for e in study.values() for run in e.all_runs if run.config["seed"] == seed]
-              for seed in sorted({run.config["seed"] for e in study.values() for run in e.all_runs})]
+    rounds = [
+        [run.raw["start_time"] for e in study.values() for run in e.all_runs if run.config["seed"] == seed]
+        for seed in sorted({run.config["seed"] for e in study.values() for run in e.all_runs})
+    ]
     assert all(max(earlier) < min(later) for earlier, later in zip(rounds, rounds[1:])), "repeat k of each in round k"
     for variant in SHARDING_VARIANTS:
         assert {study[variant].baseline.config["sharding"]} == {SHARDING_VARIANTS[variant]}
@@ -183,8 +196,12 @@ def test_the_first_pages_sharding_finding_gives_ddps_speedup_on_the_modes_links_
 
     found = key_findings(REPO / "reference")
     for mode, variant in (("ddp", "a100_nvlink"), ("zero3", "zero3")):
-        paired = [one / many for one, many in zip(repeat_medians(NODES / "one_node", 1),
-                                                  repeat_medians(NODES / variant, found["sharding_nodes"]))]
+        paired = [
+            one / many
+            for one, many in zip(
+                repeat_medians(NODES / "one_node", 1), repeat_medians(NODES / variant, found["sharding_nodes"])
+            )
+        ]
         assert found[f"sharding_{mode}_speedup"] == pytest.approx(pd.Series(paired).median())
         verdict = found[f"sharding_{mode}_speedup_verdict"]
         assert verdict in ("faster", "slower") or verdict.startswith("no visible difference")
@@ -261,17 +278,22 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
 
     folder = REPO / "reference" / "nodes"
     row = similarity_test_table(load_study(folder)).iloc[0]
-    assert (row["borrowed"], row["nodes"], row["share"], row["other_share"]) == (
-        "A100s over NVLink", 4, 0.25, 0.125)
+    assert (row["borrowed"], row["nodes"], row["share"], row["other_share"]) == ("A100s over NVLink", 4, 0.25, 0.125)
 
     def per_sample(variant, n):
-        batches = [json.loads((run / "run.json").read_text())["global_batch_size"]
-                   for run in repeat_runs(folder / variant, n)]
+        batches = [
+            json.loads((run / "run.json").read_text())["global_batch_size"] for run in repeat_runs(folder / variant, n)
+        ]
         return [step / batch for step, batch in zip(repeat_medians(folder / variant, n), batches)]
 
-    repeats = [per_sample("one_node", 1), per_sample("a100_nvlink", 4), per_sample("one_node_half_share", 1),
-               per_sample("a100_nvlink_half_share", 4), per_sample("a100_nvlink", 2),
-               per_sample("a100_nvlink_half_share", 8)]
+    repeats = [
+        per_sample("one_node", 1),
+        per_sample("a100_nvlink", 4),
+        per_sample("one_node_half_share", 1),
+        per_sample("a100_nvlink_half_share", 4),
+        per_sample("a100_nvlink", 2),
+        per_sample("a100_nvlink_half_share", 8),
+    ]
 
     def speedups_apart(drawn, effect):
         return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
@@ -281,7 +303,8 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     assert row["floor"] == pytest.approx(noise_floor(repeats, runs=4))  # the verdict's floor: four runs a ratio
     twin = json.loads((folder / "wind_tunnel.json").read_text())["variants"]["a100_nvlink"]["by_nodes"]["4"]
     assert similarity_test_findings(load_study(folder))["similarity_setting"] == (
-        f"4 nodes, links set to ratio {twin['target_ratio']:.2g}")
+        f"4 nodes, links set to ratio {twin['target_ratio']:.2g}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -293,10 +316,17 @@ def clone(tmp_path_factory, isolated_env, offline) -> Path:
         pytest.skip("TeX is absent and installing it (make pdf runs apt-get) needs root")
     clone = copy_project(tmp_path_factory.mktemp("clone"))
     assert not (clone / "book" / "results").exists()
-    subprocess.run(["make", "-o", ".venv/.installed", "prepare"], cwd=clone, env=isolated_env, check=True,
-                   capture_output=True)  # TeX, where it is missing, needs the network
-    proc = subprocess.run([*offline, "make", "-o", ".venv/.installed", "pdf"], cwd=clone, env=isolated_env,
-                          capture_output=True, text=True, timeout=1200)
+    subprocess.run(
+        ["make", "-o", ".venv/.installed", "prepare"], cwd=clone, env=isolated_env, check=True, capture_output=True
+    )  # TeX, where it is missing, needs the network
+    proc = subprocess.run(
+        [*offline, "make", "-o", ".venv/.installed", "pdf"],
+        cwd=clone,
+        env=isolated_env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return clone
 
@@ -348,8 +378,10 @@ def test_no_word_of_a_pdf_table_runs_into_the_next_column(clone):
         if inside:
             in_table.add(number)
         inside = inside and not re.match(r"\\end\{(tabulary|longtable|tabular)\}", line)
-    overfull = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in paragraph at lines \d+--(\d+)\n(.*)",
-                          (latex / "book.log").read_text())
+    overfull = re.findall(
+        r"Overfull \\hbox \(([\d.]+)pt too wide\) in paragraph at lines \d+--(\d+)\n(.*)",
+        (latex / "book.log").read_text(),
+    )
     assert [(words, f"{wide} pt") for wide, line, words in overfull if int(line) in in_table] == []
 
 
@@ -367,7 +399,8 @@ def test_the_headline_is_the_emulated_nodes_fastest_link_and_names_what_cost_it_
     table = scaling_table(fastest)
     exposed = table.loc[n, "comm_exposed_per_step_s"]  # below the all-reduce in flight: backward hid some of it
     undivided = table.loc[n, "compute_per_step_s"] - table.loc[1, "compute_per_step_s"] * (
-        fastest.runs[n].per_rank_batch_size / one.per_rank_batch_size)
+        fastest.runs[n].per_rank_batch_size / one.per_rank_batch_size
+    )
     assert found["limit_ms"] == pytest.approx(max(exposed, undivided) * 1e3)
     assert (found["limit"] == EXPOSED) == (exposed >= undivided)
     assert found["step_ms"] == pytest.approx(table.loc[n, "mean_step_s"] * 1e3)

@@ -18,8 +18,15 @@ import pandas as pd
 import papermill
 import pytest
 
-from conftest import (LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, WORLD_SIZES, copy_project, ddp_variants,
-                      runnable_tiny_studies)
+from conftest import (
+    LEFT_OUT_OF_THE_TINY_REPORT,
+    REPO,
+    TINY_STUDIES,
+    WORLD_SIZES,
+    copy_project,
+    ddp_variants,
+    runnable_tiny_studies,
+)
 from ddp_core.launch.plan import rate_bits_per_s
 from ddp_core.launch.local import run_local
 from ddp_core.launch.plan import ExperimentError, Placement, prepare
@@ -48,8 +55,11 @@ def test_each_run_keeps_its_executed_notebook_next_to_its_csvs(project):
         assert {"metrics.csv", "run.json", "run_experiment.ipynb"} <= {p.name for p in run_dir.iterdir()}
         assert (project / "_build" / "html" / "results" / "scaling" / f"n{n}" / "run_experiment.html").is_file()
         # the runs share a kernel: each notebook still reads as if run alone, numbered from 1, its own output only
-        code = [cell for cell in nbformat.read(run_dir / "run_experiment.ipynb", as_version=4).cells
-                if cell.cell_type == "code"]
+        code = [
+            cell
+            for cell in nbformat.read(run_dir / "run_experiment.ipynb", as_version=4).cells
+            if cell.cell_type == "code"
+        ]
         assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
         printed = "".join(output.get("text", "") for cell in code for output in cell.outputs)
         assert f"train: results/scaling/n{n}\n" in printed
@@ -61,9 +71,14 @@ def test_the_book_shows_the_projects_own_runs_and_offers_every_epoch_it_shows_as
     [table] = (project / "_build" / "html").glob("_downloads/*/all_runs.csv")
     shown = [(project / "book" / "results" / name).resolve() for name in STUDIES]  # own runs, else the reference
     # the wind tunnel's one-node runs are the nodes page's, not a study's
-    epochs = {name: sum(len(pd.read_csv(metrics)) for metrics in folder.glob("**/metrics.csv")
-                        if "wind_tunnel" not in metrics.relative_to(folder).parts)
-              for name, folder in zip(STUDIES, shown)}
+    epochs = {
+        name: sum(
+            len(pd.read_csv(metrics))
+            for metrics in folder.glob("**/metrics.csv")
+            if "wind_tunnel" not in metrics.relative_to(folder).parts
+        )
+        for name, folder in zip(STUDIES, shown)
+    }
     assert pd.read_csv(table).groupby("study").size().to_dict() == epochs
 
 
@@ -86,8 +101,11 @@ def test_results_page_has_its_figures(project):
 def test_numbers_in_the_prose_are_those_of_the_csvs(project):
     folder = project / "results" / "scaling"
     runs = {n: pd.read_csv(folder / f"n{n}" / "metrics.csv") for n in WORLD_SIZES}
-    per_sample = {n: pd.read_csv(folder / f"n{n}" / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
-                  / runs[n]["global_batch_size"].iloc[0] for n in WORLD_SIZES}
+    per_sample = {
+        n: pd.read_csv(folder / f"n{n}" / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
+        / runs[n]["global_batch_size"].iloc[0]
+        for n in WORLD_SIZES
+    }
     largest = max(WORLD_SIZES)
     speedup = per_sample[1] / per_sample[largest]
     text = page_text(project / "_build" / "html", "notebooks/scaling_analysis")
@@ -103,15 +121,16 @@ def test_numbers_in_the_prose_are_those_of_the_csvs(project):
 
 def test_the_allreduce_benchmark_reports_time_and_the_nccl_tests_bandwidths(project):
     bench = pd.read_csv(project / "results" / "scaling" / "allreduce-n4" / "allreduce.csv")
-    assert list(bench["size_bytes"]) == [4 ** k for k in range(1, 11)]  # the tiny report's --max-bytes: 1 MiB
+    assert list(bench["size_bytes"]) == [4**k for k in range(1, 11)]  # the tiny report's --max-bytes: 1 MiB
     assert (bench["time_s"] > 0).all() and (bench["world_size"] == 4).all()
     assert bench["algbw_GBps"].tolist() == pytest.approx((bench["size_bytes"] / bench["time_s"] / 1e9).tolist())
     assert bench["busbw_GBps"].tolist() == pytest.approx((bench["algbw_GBps"] * 2 * (4 - 1) / 4).tolist())
 
 
 def test_a_finished_run_is_reused_and_one_with_other_settings_refused(project):
-    common = dict(world_size=1, placement=Placement(), results_dir=str(project / "results"), experiment="scaling",
-                  profile="tiny")
+    common = dict(
+        world_size=1, placement=Placement(), results_dir=str(project / "results"), experiment="scaling", profile="tiny"
+    )
     assert prepare(**common).action == "reuse"
     with pytest.raises(ExperimentError, match="holds a run with other settings \\(--lr\\)"):
         prepare(**common, overrides={"lr": 0.01})
@@ -122,26 +141,36 @@ def test_a_run_stopped_before_its_first_checkpoint_is_left_alone(project, tmp_pa
     run_dir.mkdir(parents=True)
     info = json.loads((project / "results" / "scaling" / "n1" / "run.json").read_text()) | {"end_time": None}
     (run_dir / "run.json").write_text(json.dumps(info))
-    plan = prepare(world_size=1, placement=Placement(), results_dir=str(tmp_path / "results"), experiment="scaling",
-                   profile="tiny")
+    plan = prepare(
+        world_size=1, placement=Placement(), results_dir=str(tmp_path / "results"), experiment="scaling", profile="tiny"
+    )
     assert plan.action == "interrupted"
     with pytest.raises(ExperimentError, match="stopped before its first checkpoint"):
         run_local(plan)
     assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
 
 
-@pytest.mark.parametrize("parameters,message", [
-    ({"world_size": 0}, "world_size must be a positive integer, got 0"),
-    ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local, slurm"),
-    ({"overrides": {"dataset": "mnist"}}, "invalid choice: 'mnist'"),
-    ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
-    ({"launcher": "slurm", "slurm_gpus_per_rank": -1}, "slurm_gpus_per_rank must be an integer >= 0"),
-], ids=["world_size 0", "unknown launcher", "unknown dataset", "negative restarts", "negative GPUs"])
+@pytest.mark.parametrize(
+    "parameters,message",
+    [
+        ({"world_size": 0}, "world_size must be a positive integer, got 0"),
+        ({"launcher": "mpi"}, "unknown launcher 'mpi'; choose from local, slurm"),
+        ({"overrides": {"dataset": "mnist"}}, "invalid choice: 'mnist'"),
+        ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
+        ({"launcher": "slurm", "slurm_gpus_per_rank": -1}, "slurm_gpus_per_rank must be an integer >= 0"),
+    ],
+    ids=["world_size 0", "unknown launcher", "unknown dataset", "negative restarts", "negative GPUs"],
+)
 def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, message):
     notebook = as_ipynb(REPO / "notebooks" / "run_experiment.md", tmp_path)
     with pytest.raises(papermill.PapermillExecutionError) as failure:
-        papermill.execute_notebook(notebook, tmp_path / "out.ipynb", cwd=tmp_path, progress_bar=False,
-                                   parameters={"results_dir": str(tmp_path / "results"), **parameters})
+        papermill.execute_notebook(
+            notebook,
+            tmp_path / "out.ipynb",
+            cwd=tmp_path,
+            progress_bar=False,
+            parameters={"results_dir": str(tmp_path / "results"), **parameters},
+        )
     assert failure.value.ename == "ExperimentError"
     assert message in failure.value.evalue and "\n" not in failure.value.evalue
     executed = [c for c in jupytext.read(tmp_path / "out.ipynb").cells if c.cell_type == "code"]
@@ -152,25 +181,42 @@ def test_a_bad_parameter_fails_the_first_cell_in_one_line(tmp_path, parameters, 
     assert not (tmp_path / "results").exists()
 
 
-@pytest.mark.parametrize("damage,reason", [
-    (lambda run: (run / "metrics.csv").unlink(), "metrics.csv: missing"),
-    (lambda run: (run / "metrics.csv").write_text("epoch,world_size\n1,1\n"), "metrics.csv: missing column(s)"),
-    (lambda run: (run / "metrics.csv").write_bytes(b'epoch,"world\n\x00\x01'), "metrics.csv: unreadable CSV"),
-    (lambda run: metrics_of(run).assign(epoch_time_s="fast").to_csv(run / "metrics.csv", index=False),
-     "metrics.csv: empty or non-numeric values"),
-    (lambda run: (run / "run.json").write_text(json.dumps({"world_size": 4})), "run.json: not a run's record (missing"),
-    (lambda run: (run / "run.json").write_text("[4]"), "run.json: not a run's record (missing world_size"),
-    (lambda run: (run / "run.json").unlink(), "run.json: missing (a run's metrics without its record"),
-], ids=["missing CSV", "CSV without its columns", "corrupt CSV", "a word for a time", "run.json without its fields",
-        "run.json not a mapping", "metrics without run.json"])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (lambda run: (run / "metrics.csv").unlink(), "metrics.csv: missing"),
+        (lambda run: (run / "metrics.csv").write_text("epoch,world_size\n1,1\n"), "metrics.csv: missing column(s)"),
+        (lambda run: (run / "metrics.csv").write_bytes(b'epoch,"world\n\x00\x01'), "metrics.csv: unreadable CSV"),
+        (
+            lambda run: metrics_of(run).assign(epoch_time_s="fast").to_csv(run / "metrics.csv", index=False),
+            "metrics.csv: empty or non-numeric values",
+        ),
+        (
+            lambda run: (run / "run.json").write_text(json.dumps({"world_size": 4})),
+            "run.json: not a run's record (missing",
+        ),
+        (lambda run: (run / "run.json").write_text("[4]"), "run.json: not a run's record (missing world_size"),
+        (lambda run: (run / "run.json").unlink(), "run.json: missing (a run's metrics without its record"),
+    ],
+    ids=[
+        "missing CSV",
+        "CSV without its columns",
+        "corrupt CSV",
+        "a word for a time",
+        "run.json without its fields",
+        "run.json not a mapping",
+        "metrics without run.json",
+    ],
+)
 def test_analysis_names_the_bad_file_and_the_reason(project, tmp_path, damage, reason):
     results = tmp_path / "experiment"
     shutil.copytree(project / "results" / "scaling", results)
     damage(results / "n4")
     notebook = as_ipynb(REPO / "notebooks" / "scaling_analysis.md", tmp_path)
     with pytest.raises(papermill.PapermillExecutionError) as failure:
-        papermill.execute_notebook(notebook, tmp_path / "out.ipynb", cwd=tmp_path, progress_bar=False,
-                                   parameters={"results": str(results)})
+        papermill.execute_notebook(
+            notebook, tmp_path / "out.ipynb", cwd=tmp_path, progress_bar=False, parameters={"results": str(results)}
+        )
     assert failure.value.ename == "ResultsError"
     assert str(results / "n4" / reason.split(":")[0]) in failure.value.evalue
     assert reason.split(": ")[1] in failure.value.evalue
@@ -206,9 +252,23 @@ def test_make_report_prints_a_line_per_run_with_its_time_and_no_kernel_chatter(p
 
 def test_running_the_studies_again_reuses_every_finished_run(project, isolated_env):
     before = {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*.csv")}
-    proc = subprocess.run([sys.executable, "-m", "ddp_core.studies.run", "--study-list", str(TINY_STUDIES),
-                           "--results-dir", "results", *runnable_tiny_studies()], cwd=project, env=isolated_env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddp_core.studies.run",
+            "--study-list",
+            str(TINY_STUDIES),
+            "--results-dir",
+            "results",
+            *runnable_tiny_studies(),
+        ],
+        cwd=project,
+        env=isolated_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr
     runs = sum(len(study.runs()) for study in runnable_tiny_studies().values())
     assert proc.stdout.count("done before, reused") == runs
@@ -230,7 +290,14 @@ def test_the_runs_page_lists_each_run_with_its_seed_and_its_last_epoch_as_its_cs
     folder = REPO / "reference" / "scaling"
     header, _, *rows = runs.runs_markdown(folder).splitlines()
     assert [cell.strip() for cell in header.strip("|").split("|")] == [
-        "Run", "Ranks", "Seed", "Started (UTC)", "Epochs", "Last epoch (s)", "Validation accuracy"]
+        "Run",
+        "Ranks",
+        "Seed",
+        "Started (UTC)",
+        "Epochs",
+        "Last epoch (s)",
+        "Validation accuracy",
+    ]
     shown = {cells[0]: cells[1:] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
     assert set(shown) == {run.name for run in folder.glob("*/run.json") for run in [run.parent]}
     for name, (ranks, seed, started, epochs, epoch_s, accuracy) in shown.items():
@@ -247,8 +314,9 @@ def test_the_accumulation_page_gives_loss_gaps_at_float_rounding_as_the_power_of
     study = load_study(REPO / "reference" / "grad_accum")
     gaps = grad_accum.accumulation_table(study)["max_train_loss_gap"]
     header, alignment, *rows = grad_accum.accumulation_markdown(study).splitlines()
-    row = next([cell.strip() for cell in line.strip("|").split("|")] for line in rows
-               if "Largest training-loss gap" in line)
+    row = next(
+        [cell.strip() for cell in line.strip("|").split("|")] for line in rows if "Largest training-loss gap" in line
+    )
     assert row[1] == "0" and gaps.iloc[0] == 0
     for cell, gap in zip(row[2:], gaps.iloc[1:]):
         bound = re.fullmatch(r"below (1e-\d+)", cell)
@@ -284,8 +352,9 @@ def test_the_link_study_takes_each_links_speedup_against_the_one_node_runs(proje
     assert table.loc["100 Mbit/s", "measured_gbit_s"] == pytest.approx(network["measured_gbit_s"])
     # each node has the one node's CPU share: a rank's compute is predicted as the one node's over the nodes
     one = metrics_of(folder / "one_node" / "n1").iloc[1:]
-    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"])
-                        / one["steps"]).mean()
+    one_node_compute = (
+        (one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]
+    ).mean()
     assert table["predicted_compute_s"].tolist() == pytest.approx([one_node_compute / 2] * len(table))
 
 
@@ -298,8 +367,9 @@ def test_each_point_of_the_efficiency_curve_sits_at_its_runs_compute_over_their_
     folder = project / "results" / "nodes"
     table = efficiency_table(load_study(folder)).set_index("configuration")
     one = metrics_of(folder / "one_node" / "n1").iloc[1:]
-    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"])
-                        / one["steps"]).mean()
+    one_node_compute = (
+        (one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]
+    ).mean()
     two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
     x = (one_node_compute / 2) / (two["comm_exposed_s"] / two["steps"]).mean()
     row = table.loc["100 Mbit/s"]
@@ -318,11 +388,17 @@ def test_the_measured_gradient_profile_is_when_the_one_nodes_buckets_were_ready_
     timeline = pd.read_csv(folder / "one_node" / "n1" / "timeline.csv").set_index("what")
     start, end = timeline.loc["backward", "start_s"], timeline.loc["backward", "end_s"]
     sizes = bucket_sizes(json.loads((folder / "one_node" / "n1" / "run.json").read_text())["model"])
-    measured = gradient_ready_table(load_study(folder)).groupby("model", sort=False).get_group(
-        "tiny model, measured on one node")
+    measured = (
+        gradient_ready_table(load_study(folder))
+        .groupby("model", sort=False)
+        .get_group("tiny model, measured on one node")
+    )
     assert measured["backward_done"].tolist() == pytest.approx(
-        [(timeline.loc[f"gradients ready, bucket {k}", "start_s"] - start) / (end - start)
-         for k in range(1, len(sizes) + 1)])
+        [
+            (timeline.loc[f"gradients ready, bucket {k}", "start_s"] - start) / (end - start)
+            for k in range(1, len(sizes) + 1)
+        ]
+    )
     assert measured["bytes_ready"].tolist() == pytest.approx(list(pd.Series(sizes).cumsum() / sum(sizes)))
 
 
@@ -332,6 +408,7 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
     holds at any scale: both shares reach the configuration's ratio, the slower nodes get slower links for it, and
     each speedup is taken over the one node of its own share."""
     from ddp_core.analysis.emulated import similarity_test_table
+
     folder = project / "results" / "nodes"
     record = json.loads((folder / "wind_tunnel.json").read_text())
     variants = record["variants"]
@@ -345,12 +422,14 @@ def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_sa
         steps = pd.read_csv(run_dir / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median()
         return steps / json.loads((run_dir / "run.json").read_text())["global_batch_size"]
 
-    row, = similarity_test_table(load_study(folder)).itertuples()
+    (row,) = similarity_test_table(load_study(folder)).itertuples()
     assert (row.borrowed, row.nodes, row.share, row.other_share) == ("A100s over 32 Gbit/s Ethernet", 2, 0.5, 0.25)
-    assert row.speedup == pytest.approx(per_sample(folder / "one_node" / "n1")
-                                        / per_sample(folder / "a100_ethernet" / "n2"))
-    assert row.other_speedup == pytest.approx(per_sample(folder / "one_node_half_share" / "n1")
-                                              / per_sample(folder / "a100_ethernet_half_share" / "n2"))
+    assert row.speedup == pytest.approx(
+        per_sample(folder / "one_node" / "n1") / per_sample(folder / "a100_ethernet" / "n2")
+    )
+    assert row.other_speedup == pytest.approx(
+        per_sample(folder / "one_node_half_share" / "n1") / per_sample(folder / "a100_ethernet_half_share" / "n2")
+    )
     assert row.verdict == "too few repeats"  # one run each: the rule gives no verdict on it
 
 
@@ -381,8 +460,9 @@ def test_the_key_findings_table_says_why_from_the_runs_ratio_against_the_break_e
 
     folder = project / "results" / "nodes"
     one = metrics_of(folder / "one_node" / "n1").iloc[1:]
-    one_node_compute = ((one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"])
-                        / one["steps"]).mean()
+    one_node_compute = (
+        (one["forward_time_s"] + one["backward_time_s"] + one["optimizer_time_s"]) / one["steps"]
+    ).mean()
     two = metrics_of(folder / "100mbit" / "n2").iloc[1:]
     in_flight, exposed = (two["comm_total_s"] / two["steps"]).mean(), (two["comm_exposed_s"] / two["steps"]).mean()
     ratio, break_even = one_node_compute / 2 / in_flight, exposed / in_flight
@@ -396,8 +476,10 @@ def test_a_node_that_did_not_get_its_share_is_named_and_the_others_show_what_the
 
     folder = shutil.copytree(project / "results" / "nodes", tmp_path / "nodes")
     network = json.loads((folder / "100mbit" / "n2" / "network.json").read_text())
-    used = [node["cpu_s"] / (node["periods"] * network["cpu_period_ms"] / 1e3) / network["cpus_per_node"]
-            for node in network["node_cpu"]]
+    used = [
+        node["cpu_s"] / (node["periods"] * network["cpu_period_ms"] / 1e3) / network["cpus_per_node"]
+        for node in network["node_cpu"]
+    ]
     row = fidelity_table(load_study(folder)).set_index("run").loc["100mbit/n2"]
     assert (row["used_share"], row["used_share_low"]) == pytest.approx((pd.Series(used).median(), min(used)))
     starved = json.loads((folder / "one_node" / "n1" / "network.json").read_text())
@@ -414,8 +496,10 @@ def test_each_link_of_the_link_study_trains_and_benchmarks_over_two_nodes_at_its
         assert (network["nodes"], network["ranks_per_node"], network["link_rate"]) == (2, 1, rate)
         epochs = json.loads((folder / variant / "n2" / "run.json").read_text())["config"]["epochs"]
         assert len(metrics_of(folder / variant / "n2")) == epochs
-    largest = {variant: pd.read_csv(folder / variant / "allreduce-n2" / "allreduce.csv")["time_s"].iloc[-1]
-               for variant in ("unshaped", "100mbit")}
+    largest = {
+        variant: pd.read_csv(folder / variant / "allreduce-n2" / "allreduce.csv")["time_s"].iloc[-1]
+        for variant in ("unshaped", "100mbit")
+    }
     # On 2 ranks a ring all-reduce sends the whole message (the tests' largest: 1 MiB) each way: 84 ms at 100 Mbit/s.
     # No load makes a link faster than its rate; an unshaped one took 3 ms alone, 13 ms on a loaded machine.
     at_100mbit = 2**20 * 8 / 100e6
@@ -476,23 +560,49 @@ def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, is
     can run the venv's interpreter, the PDF too."""
     from gpu_runs import GPU_NAME, as_gpu_runs
 
-    as_user = os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("latexmk") and subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", f"{REPO}/.venv/bin/python -c ''"],
-        capture_output=True).returncode == 0  # the venv's interpreter may lie where only root reaches (/root)
+    as_user = (
+        os.geteuid() == 0
+        and shutil.which("setpriv")
+        and shutil.which("latexmk")
+        and subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                f"{REPO}/.venv/bin/python -c ''",
+            ],
+            capture_output=True,
+        ).returncode
+        == 0
+    )  # the venv's interpreter may lie where only root reaches (/root)
     scratch = Path(tempfile.mkdtemp(prefix="gpu-book-"))  # under /tmp: the other user can reach it
     try:
         results = as_gpu_runs(project / "results" / "scaling", scratch / "results" / "scaling").parent
         book = copy_project(scratch / "project")
-        env = dict(isolated_env, HOME=str(scratch), TMPDIR=str(scratch), HF_HOME=str(scratch / "hf"),
-                   DDP_CORE_CACHE_DIR=str(scratch / "tokens"))
+        env = dict(
+            isolated_env,
+            HOME=str(scratch),
+            TMPDIR=str(scratch),
+            HF_HOME=str(scratch / "hf"),
+            DDP_CORE_CACHE_DIR=str(scratch / "tokens"),
+        )
         user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_user else []
         if as_user:
             subprocess.run(["chown", "-R", "65534:65534", scratch], check=True)
             os.chmod(scratch, 0o755)
         for target in ("book", "pdf") if as_user else ("book",):
-            proc = subprocess.run([*offline, *user, "make", "-o", ".venv/.installed", target,
-                                   f"RESULTS_DIR={results}"], cwd=book, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=900)
+            proc = subprocess.run(
+                [*offline, *user, "make", "-o", ".venv/.installed", target, f"RESULTS_DIR={results}"],
+                cwd=book,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=900,
+            )
             assert proc.returncode == 0, proc.stdout[-3000:]
         site = book / "_build" / "html"
         intro = re.sub(r"\s+([:.,])", r"\1", page_text(site, "intro"))
@@ -516,9 +626,21 @@ def test_a_book_of_your_gpu_runs_leads_with_them_and_calls_them_gpus(project, is
 def shown_speedup(page: str, query: str, offline: list[str]) -> float:
     """The speedup the built page shows for the choices in `query`, read from its DOM after its script ran in
     headless Chromium, with no network."""
-    proc = subprocess.run([*offline, "chromium", "--headless", "--no-sandbox", "--disable-gpu",
-                           "--virtual-time-budget=10000", "--dump-dom", f"file://{page}?{query}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *offline,
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            f"file://{page}?{query}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r'id="forecast-answer"[^>]*data-speedup="([^"]+)"', proc.stdout)
     assert found, proc.stderr[-2000:]
     return float(found[1])

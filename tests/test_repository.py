@@ -15,8 +15,9 @@ def committed_files() -> list[str]:
     """What a commit of the working tree holds: the tracked files still there and the untracked ones not ignored
     (a file deleted but not yet committed is gone)."""
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                                capture_output=True, text=True)
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True
+        )
     except FileNotFoundError:
         pytest.skip("git is not installed")
     if listed.returncode != 0:

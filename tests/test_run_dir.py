@@ -92,8 +92,23 @@ def test_a_corrupt_token_cache_is_rebuilt(train, tmp_path):
     data.mkdir(parents=True)
     with gzip.open(data / "train.csv.gz", "wt") as f:
         f.write("text,label\n" + "".join(f"{'good' if i % 2 else 'bad'} film number {i},{i % 2}\n" for i in range(60)))
-    args = ["--dataset", "imdb", "--data-dir", data.parent, "--preset", "tiny", "--seq-len", 16, "--vocab-size", 64,
-            "--global-batch-size", 8, "--cache-dir", tmp_path / "cache", "--no-progress"]
+    args = [
+        "--dataset",
+        "imdb",
+        "--data-dir",
+        data.parent,
+        "--preset",
+        "tiny",
+        "--seq-len",
+        16,
+        "--vocab-size",
+        64,
+        "--global-batch-size",
+        8,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--no-progress",
+    ]
     train(*args, "--check")
     [cache] = list((tmp_path / "cache").glob("imdb-*.pt"))
     cache.write_bytes(b"not a tensor file")
@@ -103,8 +118,9 @@ def test_a_corrupt_token_cache_is_rebuilt(train, tmp_path):
 
 
 def test_a_diverging_run_stops_with_the_epoch_and_step_and_writes_no_nan(train, tmp_path):
-    proc = train(*RUN, "--epochs", 2, "--lr", "1000", "--warmup-steps", 0, "--out", tmp_path / "run", nproc=2,
-                 expect_ok=False)
+    proc = train(
+        *RUN, "--epochs", 2, "--lr", "1000", "--warmup-steps", 0, "--out", tmp_path / "run", nproc=2, expect_ok=False
+    )
     assert proc.returncode != 0
     assert proc.stderr.count("ddp_core.train: error: training diverged: the loss was not finite at epoch 1, step") == 1
     rows = read_metrics(tmp_path / "run") if (tmp_path / "run" / "metrics.csv").exists() else []

@@ -10,8 +10,23 @@ from conftest import TINY_SYNTHETIC, final_parameters, read_metrics
 MODES = ("zero1", "zero2", "zero3")
 # Two ranks, four micro-batches of 8 over two steps of two micro-batches each (accumulation on), no dropout: every
 # mode takes the same optimizer steps on the same samples.
-RUN = [*TINY_SYNTHETIC, "--dropout", "0", "--train-samples", "64", "--eval-samples", "21", "--global-batch-size", "32",
-       "--grad-accum", "2", "--epochs", "2", "--lr", "0.01"]
+RUN = [
+    *TINY_SYNTHETIC,
+    "--dropout",
+    "0",
+    "--train-samples",
+    "64",
+    "--eval-samples",
+    "21",
+    "--global-batch-size",
+    "32",
+    "--grad-accum",
+    "2",
+    "--epochs",
+    "2",
+    "--lr",
+    "0.01",
+]
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +36,9 @@ def sharded_runs(tmp_path_factory, isolated_env):
 
     home = tmp_path_factory.mktemp("sharding")
     for mode in ("none", *MODES):
-        run_training([*RUN, "--sharding", mode, "--count-collectives", "--out", home / mode], cwd=home,
-                     env=isolated_env, nproc=2)
+        run_training(
+            [*RUN, "--sharding", mode, "--count-collectives", "--out", home / mode], cwd=home, env=isolated_env, nproc=2
+        )
     return home
 
 
@@ -66,19 +82,31 @@ def test_a_sharded_run_resumes_exactly(sharded_runs, mode, tmp_path, isolated_en
 
     args = [a if a != "2" or RUN[i - 1] != "--epochs" else "1" for i, a in enumerate(RUN)]
     run_training([*args, "--sharding", mode, "--out", tmp_path / "run"], cwd=tmp_path, env=isolated_env, nproc=2)
-    run_training([*RUN, "--sharding", mode, "--out", tmp_path / "run", "--resume"], cwd=tmp_path, env=isolated_env,
-                 nproc=2)
+    run_training(
+        [*RUN, "--sharding", mode, "--out", tmp_path / "run", "--resume"], cwd=tmp_path, env=isolated_env, nproc=2
+    )
     resumed, straight = final_parameters(tmp_path / "run"), final_parameters(sharded_runs / mode)
     assert max((resumed[name] - straight[name]).abs().max().item() for name in straight) == 0.0
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--sharding", "zero1"],
-     "--sharding zero1 needs 2 or more ranks: one rank holds the whole state whatever the mode"),
-    (["--sharding", "zero3", "--comm-hook", "fp16", "--backend", "gloo"],
-     "--sharding zero3 does not combine with --comm-hook fp16 (leave it none)"),
-    (["--sharding", "zero2", "--compile"], "--sharding zero2 does not combine with --compile (FSDP2 here runs eager)"),
-], ids=["one rank", "a communication hook", "compiled"])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--sharding", "zero1"],
+            "--sharding zero1 needs 2 or more ranks: one rank holds the whole state whatever the mode",
+        ),
+        (
+            ["--sharding", "zero3", "--comm-hook", "fp16", "--backend", "gloo"],
+            "--sharding zero3 does not combine with --comm-hook fp16 (leave it none)",
+        ),
+        (
+            ["--sharding", "zero2", "--compile"],
+            "--sharding zero2 does not combine with --compile (FSDP2 here runs eager)",
+        ),
+    ],
+    ids=["one rank", "a communication hook", "compiled"],
+)
 def test_what_sharding_cannot_combine_with_is_refused_in_one_line(refused, args, message):
     proc = refused(*TINY_SYNTHETIC, "--global-batch-size", "8", *args)
     assert proc.returncode == 2
@@ -107,8 +135,11 @@ def test_each_rank_holds_the_training_state_zero_s_formula_gives(sharded_runs):
             assert measured.pop("parameters_bytes") == fsdp2_parameter_bytes(counts, 2, mode), mode
             formula.pop("parameters_bytes")
         if mode == "zero1":
-            assert 8 * sum(sizes) / 2 <= measured.pop("optimizer_state_bytes") <= (
-                formula.pop("optimizer_state_bytes") + 8 * max(sizes))
+            assert (
+                8 * sum(sizes) / 2
+                <= measured.pop("optimizer_state_bytes")
+                <= (formula.pop("optimizer_state_bytes") + 8 * max(sizes))
+            )
         assert measured == formula, mode
     assert formula_bytes(sum(sizes), len(sizes), 2, "zero3")["gradients_kept_bytes"] == 0
 
@@ -163,8 +194,12 @@ def test_what_a_node_sends_for_its_collectives_follows_gloos_algorithms():
     from ddp_core.analysis.results import ResultsError
     from ddp_core.analysis.zero import gloo_sends
 
-    counted = {"allreduce_": {"calls": 2, "bytes": 100}, "broadcast_": {"calls": 3, "bytes": 40},
-               "_reduce_scatter_base_": {"calls": 1, "bytes": 10}, "_allgather_base_": {"calls": 1, "bytes": 8}}
+    counted = {
+        "allreduce_": {"calls": 2, "bytes": 100},
+        "broadcast_": {"calls": 3, "bytes": 40},
+        "_reduce_scatter_base_": {"calls": 1, "bytes": 10},
+        "_allgather_base_": {"calls": 1, "bytes": 8},
+    }
     assert gloo_sends(counted, 4) == pytest.approx((2 * 100 + 40 + 2 * 10 + 8) * 3 / 4)
     with pytest.raises(ResultsError, match="alltoall_") as refused:
         gloo_sends({"alltoall_": {"calls": 1, "bytes": 8}}, 4)
@@ -200,5 +235,9 @@ def test_the_bytes_a_parameter_costs_a_rank_are_what_it_holds_over_the_models_pa
     table = state_table(rows, parameters=100, tensors=2)
     assert table["per_parameter_measured"].tolist() == [8.0]
     assert table["per_parameter_formula"].tolist() == [(400 + 100 + 200 + 8) / 100]
-    assert formula_bytes(100, 2, 4, "zero2") == {"parameters_bytes": 400, "gradients_bytes": 100,
-                                                 "optimizer_state_bytes": 208, "gradients_kept_bytes": 0}
+    assert formula_bytes(100, 2, 4, "zero2") == {
+        "parameters_bytes": 400,
+        "gradients_bytes": 100,
+        "optimizer_state_bytes": 208,
+        "gradients_kept_bytes": 0,
+    }

@@ -26,8 +26,12 @@ CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 def slurm_cluster(tmp_path_factory):
     if shutil.which("sbatch") is None and os.geteuid() != 0:
         pytest.skip("Slurm is absent and installing it (slurm/local-cluster.sh start runs apt-get) needs root")
-    env = dict(os.environ, DDP_SLURM_DIR=str(tmp_path_factory.mktemp("slurm")), DDP_SLURMCTLD_PORT="16817",
-               DDP_SLURMD_PORT="16818")
+    env = dict(
+        os.environ,
+        DDP_SLURM_DIR=str(tmp_path_factory.mktemp("slurm")),
+        DDP_SLURMCTLD_PORT="16817",
+        DDP_SLURMD_PORT="16818",
+    )
     started = subprocess.run([CLUSTER_SCRIPT, "start"], env=env, capture_output=True, text=True, timeout=600)
     assert started.returncode == 0, started.stdout + started.stderr
     previous = os.environ.get("SLURM_CONF")
@@ -44,10 +48,15 @@ def run_notebook(tmp_path, timeout=300, **parameters):
     notebook = tmp_path / "run_experiment.ipynb"
     jupytext.write(jupytext.read(REPO / "notebooks" / "run_experiment.md"), notebook)
     output = tmp_path / f"executed-{len(list(tmp_path.glob('executed-*')))}.ipynb"
-    papermill.execute_notebook(notebook, output, cwd=tmp_path, progress_bar=False, execution_timeout=timeout,
-                               config=kernel_on_unix_sockets(str(tmp_path)),
-                               parameters={"profile": "tiny", "results_dir": str(tmp_path / "results"),
-                                           "poll_seconds": 0.5, **parameters})
+    papermill.execute_notebook(
+        notebook,
+        output,
+        cwd=tmp_path,
+        progress_bar=False,
+        execution_timeout=timeout,
+        config=kernel_on_unix_sockets(str(tmp_path)),
+        parameters={"profile": "tiny", "results_dir": str(tmp_path / "results"), "poll_seconds": 0.5, **parameters},
+    )
     return "\n".join(out.get("text", "") for cell in jupytext.read(output).cells for out in cell.get("outputs", []))
 
 
@@ -58,8 +67,14 @@ def learning_curve(run_dir):
 def test_notebook_trains_through_slurm_on_a_gpu_node_exactly_as_locally(slurm_cluster, tmp_path, two_local_ranks):
     """The local node declares 4 GPUs to Slurm as generic resources (slurm/local-cluster.sh), with no device behind
     them: a job asking a GPU per rank is placed on them, and its ranks train on the CPU."""
-    printed = run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="slurm", overrides=TWO_RANKS_SETTINGS,
-                           slurm_gpus_per_rank=1)
+    printed = run_notebook(
+        tmp_path,
+        launcher="slurm",
+        world_size=2,
+        experiment="slurm",
+        overrides=TWO_RANKS_SETTINGS,
+        slurm_gpus_per_rank=1,
+    )
 
     slurm_run = tmp_path / "results" / "slurm" / "n2"
     assert "COMPLETED" in printed
@@ -109,8 +124,9 @@ def requeued_jobs_released():
     held_since = {}
 
     def release() -> bool:
-        pending = subprocess.run(["squeue", "--noheader", "--states=PENDING", "--format=%i %r"],
-                                 capture_output=True, text=True).stdout
+        pending = subprocess.run(
+            ["squeue", "--noheader", "--states=PENDING", "--format=%i %r"], capture_output=True, text=True
+        ).stdout
         held = {job for job, reason in (line.split() for line in pending.splitlines()) if reason == "BeginTime"}
         for job in held_since.keys() - held:
             del held_since[job]
@@ -126,6 +142,7 @@ def time_limit_warned_once(run_dir):
     """Ahead of a job's time limit Slurm sends its batch script USR1 (slurm/ddp_train.sbatch: --signal=B:USR1@120)
     at one of the controller's checks, every 30 s. The test sends the same signal the same way (scancel --batch) as
     soon as the first attempt's trainer has started, so the attempt is cut short however fast this machine trains."""
+
     def warn() -> bool:
         if not ((run_dir / "run.json").is_file() and (run_dir / "slurm_job_id").is_file()):
             return False
@@ -140,8 +157,9 @@ def test_a_job_warned_of_its_time_limit_is_requeued_and_finishes_as_if_never_sto
     long_run = {"train_samples": 4000, "eval_samples": 64, "global_batch_size": 16, "dropout": 0.1}
     run_dir = tmp_path / "results" / "limit" / "n2"
     with requeued_jobs_released(), time_limit_warned_once(run_dir):
-        printed = run_notebook(tmp_path, timeout=900, launcher="slurm", world_size=2, experiment="limit",
-                               overrides=long_run)
+        printed = run_notebook(
+            tmp_path, timeout=900, launcher="slurm", world_size=2, experiment="limit", overrides=long_run
+        )
     run_notebook(tmp_path, timeout=900, launcher="local", world_size=2, experiment="straight", overrides=long_run)
 
     [log] = run_dir.glob("slurm-*.out")
@@ -154,8 +172,13 @@ def test_a_job_warned_of_its_time_limit_is_requeued_and_finishes_as_if_never_sto
 
 def test_a_job_that_fails_inside_stops_with_the_cause(slurm_cluster, tmp_path):
     with pytest.raises(papermill.PapermillExecutionError) as failure:
-        run_notebook(tmp_path, launcher="slurm", world_size=2, experiment="bad",
-                     overrides={"dataset": "imdb", "data_dir": str(tmp_path / "no-such-data")})
+        run_notebook(
+            tmp_path,
+            launcher="slurm",
+            world_size=2,
+            experiment="bad",
+            overrides={"dataset": "imdb", "data_dir": str(tmp_path / "no-such-data")},
+        )
     assert failure.value.ename == "ExperimentError"
     assert "ended FAILED" in failure.value.evalue
     assert f"data dir {tmp_path / 'no-such-data'} does not exist" in failure.value.evalue
@@ -176,14 +199,29 @@ def test_submit_now_and_collect_later(slurm_cluster, tmp_path):
     assert len(read_metrics(tmp_path / "results" / "later" / "n2")) == 2
 
 
-def test_the_study_runner_submits_each_run_and_benchmark_as_a_job_and_collects_what_finished(slurm_cluster, tmp_path,
-                                                                                               isolated_env):
+def test_the_study_runner_submits_each_run_and_benchmark_as_a_job_and_collects_what_finished(
+    slurm_cluster, tmp_path, isolated_env
+):
     study_list = tmp_path / "studies.yml"
-    study_list.write_text(yaml.safe_dump({"mine": {"title": "Mine", "profile": "tiny", "world_sizes": [1, 2],
-                                                   "allreduce": True}}))
-    command = [sys.executable, "-m", "ddp_core.studies.run", "--study-list", str(study_list), "--results-dir",
-               "results", "--launcher", "slurm", "--ranks-per-node", "2", "--cpus-per-rank", "1",
-               "--allreduce-args=--max-bytes 4096"]
+    study_list.write_text(
+        yaml.safe_dump({"mine": {"title": "Mine", "profile": "tiny", "world_sizes": [1, 2], "allreduce": True}})
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "ddp_core.studies.run",
+        "--study-list",
+        str(study_list),
+        "--results-dir",
+        "results",
+        "--launcher",
+        "slurm",
+        "--ranks-per-node",
+        "2",
+        "--cpus-per-rank",
+        "1",
+        "--allreduce-args=--max-bytes 4096",
+    ]
     env = isolated_env | {"SLURM_CONF": os.environ["SLURM_CONF"]}
     first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -206,10 +244,24 @@ def test_one_job_makes_the_whole_report_inside_its_allocation(slurm_cluster, tmp
     """For sites that allow no long process on the login node: sbatch slurm/report.sbatch, make's variables after it."""
     project = copy_project(tmp_path / "project")
     env = isolated_env | {"SLURM_CONF": os.environ["SLURM_CONF"]}
-    job = subprocess.run(["sbatch", "--wait", "--parsable", "--cpus-per-task", "2", "slurm/report.sbatch",
-                          f"STUDY_LIST={TINY_STUDIES}", "STUDIES=scaling",
-                          "ALLREDUCE_ARGS=--max-bytes 4096 --seconds-per-size 0.02"],
-                         cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    job = subprocess.run(
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "--cpus-per-task",
+            "2",
+            "slurm/report.sbatch",
+            f"STUDY_LIST={TINY_STUDIES}",
+            "STUDIES=scaling",
+            "ALLREDUCE_ARGS=--max-bytes 4096 --seconds-per-size 0.02",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = project / f"slurm-report-{job.stdout.strip().split(';')[0]}.out"
     assert job.returncode == 0, log.read_text()[-3000:] if log.is_file() else job.stderr
     assert "report: job" in log.read_text() and "HTML: _build/html/index.html" in log.read_text()
@@ -219,12 +271,31 @@ def test_one_job_makes_the_whole_report_inside_its_allocation(slurm_cluster, tmp
 
 def test_two_nodes_rendezvous_over_c10d_and_train_the_same_model_as_one_node(tmp_path, isolated_env, two_local_ranks):
     endpoint = f"127.0.0.1:{free_port()}"
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint={endpoint}", "--rdzv-id=two-nodes", "-m", "ddp_core.train",
-         *TWO_RANKS_ARGS, "--out", str(tmp_path / "two-nodes")],
-        cwd=tmp_path, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(2)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                "--rdzv-id=two-nodes",
+                "-m",
+                "ddp_core.train",
+                *TWO_RANKS_ARGS,
+                "--out",
+                str(tmp_path / "two-nodes"),
+            ],
+            cwd=tmp_path,
+            env=isolated_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [agent.communicate(timeout=300)[0] for agent in agents]
     assert all(agent.returncode == 0 for agent in agents), "\n".join(outputs)
 

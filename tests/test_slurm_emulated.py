@@ -16,8 +16,12 @@ import pytest
 from conftest import REPO, TWO_RANKS_ARGS, read_metrics
 from ddp_core.launch.emulated import EmulatedCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root: the nodes are network namespaces and Slurm's daemons run as root")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="needs root: the nodes are network namespaces and Slurm's daemons run as root"
+    ),
+]
 
 
 def slurm_conf(folder, cluster: EmulatedCluster) -> str:
@@ -25,8 +29,10 @@ def slurm_conf(folder, cluster: EmulatedCluster) -> str:
     machine's memory each (the batch script asks for 4 GB a core); slurmctld on node0. Each slurmd keeps its own
     spool, PID file and log (%n)."""
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 3
-    nodes = "\n".join(f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 RealMemory={memory_mb} Gres=gpu:1 "
-                      "State=UNKNOWN" for k in range(2))
+    nodes = "\n".join(
+        f"NodeName=node{k} NodeAddr={cluster.address(k)} CPUs=1 RealMemory={memory_mb} Gres=gpu:1 State=UNKNOWN"
+        for k in range(2)
+    )
     (folder / "gres.conf").write_text("NodeName=node[0-1] Name=gpu File=/dev/tty0\n")  # a GPU each: no device
     return f"""ClusterName=ddp-emulated
 SlurmctldHost=node0({cluster.address(0)})
@@ -58,8 +64,16 @@ PartitionName=emulated Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 def on_node(cluster: EmulatedCluster, k: int, command: str) -> list[str]:
     """`command` in node k's network namespace with its hostname and hosts file. Not `ip netns exec`: it mounts a
     new /sys, and slurmd needs the machine's cgroup mounts under /sys/fs/cgroup."""
-    return ["nsenter", f"--net=/run/netns/{cluster.namespace(k)}", "unshare", "--mount", "--uts", "sh", "-c",
-            f"mount --bind /etc/netns/{cluster.namespace(k)}/hosts /etc/hosts && hostname node{k} && {command}"]
+    return [
+        "nsenter",
+        f"--net=/run/netns/{cluster.namespace(k)}",
+        "unshare",
+        "--mount",
+        "--uts",
+        "sh",
+        "-c",
+        f"mount --bind /etc/netns/{cluster.namespace(k)}/hosts /etc/hosts && hostname node{k} && {command}",
+    ]
 
 
 def wait_for(cluster: EmulatedCluster, env: dict, command: str, word: str, folder, seconds: float = 120) -> None:
@@ -77,8 +91,9 @@ def wait_for(cluster: EmulatedCluster, env: dict, command: str, word: str, folde
 @pytest.fixture(scope="module")
 def slurm_installed():
     """Slurm's daemons, installed from Debian's packages where they are missing, as CI's machine has none."""
-    installed = subprocess.run([REPO / "slurm" / "local-cluster.sh", "install"], capture_output=True, text=True,
-                               timeout=900)
+    installed = subprocess.run(
+        [REPO / "slurm" / "local-cluster.sh", "install"], capture_output=True, text=True, timeout=900
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
 
 
@@ -91,26 +106,31 @@ def slurm_folder(slurm_installed):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(tmp_path, slurm_folder, isolated_env,
-                                                                       two_local_ranks):
+def test_sbatch_on_two_emulated_nodes_trains_what_two_local_ranks_train(
+    tmp_path, slurm_folder, isolated_env, two_local_ranks
+):
     folder = slurm_folder
     for sub in ("state", "spool-node0", "spool-node1"):
         (folder / sub).mkdir(parents=True)
     env = dict(isolated_env, SLURM_CONF=str(folder / "slurm.conf"))
     with EmulatedCluster(nodes=2) as cluster:
         (folder / "slurm.conf").write_text(slurm_conf(folder, cluster))
-        subprocess.run(["munged", "--force", f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid"],
-                       check=True, env=env)
+        subprocess.run(
+            ["munged", "--force", f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid"],
+            check=True,
+            env=env,
+        )
         try:
             subprocess.run(on_node(cluster, 0, "slurmctld"), check=True, env=env)
             wait_for(cluster, env, "scontrol ping", "UP", folder)  # a slurmd that finds no controller waits minutes
             for k in range(2):
                 subprocess.run(on_node(cluster, k, f"slurmd -N node{k}"), check=True, env=env)
             wait_for(cluster, env, "sinfo -h -o %T", "idle", folder)
-            submit = (f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} sbatch --wait --gpus-per-node=1 "
-                      f"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --output={tmp_path}/slurm-%j.out "
-                      f"--export=ALL {REPO}/slurm/ddp_train.sbatch {tmp_path}/two-nodes "
-                      + " ".join(TWO_RANKS_ARGS))
+            submit = (
+                f"GLOO_SOCKET_IFNAME=eth0 DDP_PYTHON={sys.executable} sbatch --wait --gpus-per-node=1 "
+                f"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --output={tmp_path}/slurm-%j.out "
+                f"--export=ALL {REPO}/slurm/ddp_train.sbatch {tmp_path}/two-nodes " + " ".join(TWO_RANKS_ARGS)
+            )
             job = subprocess.run(on_node(cluster, 0, submit), env=env, capture_output=True, text=True, timeout=300)
             log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
             assert job.returncode == 0, job.stderr + log

@@ -54,10 +54,12 @@ def test_no_bend_in_the_measured_range_gives_no_critical_batch():
 # The page's functions, on the reference study's runs copied as a user's results folder, checked against the runs'
 # CSVs by an independent computation.
 
+
 @pytest.fixture
 def study(tmp_path):
-    shutil.copytree(REPO / "reference" / "time_to_accuracy", tmp_path / "time_to_accuracy",
-                    ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copytree(
+        REPO / "reference" / "time_to_accuracy", tmp_path / "time_to_accuracy", ignore=shutil.ignore_patterns("*.ipynb")
+    )
     return tmp_path / "time_to_accuracy"
 
 
@@ -128,7 +130,8 @@ def test_the_projected_time_to_target_is_the_fitted_steps_times_the_measured_ste
     exposed = np.median([s["comm_exposed_s"].median() for s in steps])
     for ranks, ring in ((1, 0.0), (2, 1.0), (8, 2 * 7 / 8)):  # bytes per rank of a ring: 2(N-1)/N, 1 on 2 ranks
         assert projection.loc[(per_rank, ranks), "seconds"] == pytest.approx(
-            (fit["s_min"] + fit["e_min"] / (ranks * per_rank)) * (compute + exposed * ring))
+            (fit["s_min"] + fit["e_min"] / (ranks * per_rank)) * (compute + exposed * ring)
+        )
     # the projection is solid only where N·b lies among the global batches measured
     measured = projection.reset_index().set_index("batch")["measured"]
     assert measured[measured].index.min() >= 8 and not measured.loc[4].any()

@@ -14,8 +14,22 @@ mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed
 def test_a_run_tracked_in_mlflow_logs_its_settings_epochs_and_files(train, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"
-    train(*TINY_SYNTHETIC, "--global-batch-size", 16, "--train-samples", 128, "--eval-samples", 32, "--epochs", 2,
-          "--out", run_dir, "--mlflow-uri", store, nproc=2)
+    train(
+        *TINY_SYNTHETIC,
+        "--global-batch-size",
+        16,
+        "--train-samples",
+        128,
+        "--eval-samples",
+        32,
+        "--epochs",
+        2,
+        "--out",
+        run_dir,
+        "--mlflow-uri",
+        store,
+        nproc=2,
+    )
     client = mlflow.tracking.MlflowClient(tracking_uri=store)
     [logged] = client.search_runs([client.get_experiment_by_name("ddp_core").experiment_id])
     assert logged.info.run_id == json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]

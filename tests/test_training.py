@@ -10,8 +10,17 @@ pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
 
 def test_resume_after_one_epoch_reproduces_an_uninterrupted_run(train, tmp_path):
-    common = [*TINY_SYNTHETIC, "--dropout", "0.1", "--global-batch-size", 32, "--train-samples", 512,
-              "--eval-samples", 128]
+    common = [
+        *TINY_SYNTHETIC,
+        "--dropout",
+        "0.1",
+        "--global-batch-size",
+        32,
+        "--train-samples",
+        512,
+        "--eval-samples",
+        128,
+    ]
     train(*common, "--epochs", 2, "--out", tmp_path / "straight", nproc=2)
     train(*common, "--epochs", 1, "--out", tmp_path / "resumed", nproc=2)
     train(*common, "--epochs", 2, "--out", tmp_path / "resumed", "--resume", nproc=2)
@@ -25,8 +34,19 @@ def test_resume_after_one_epoch_reproduces_an_uninterrupted_run(train, tmp_path)
 
 
 def test_a_compiled_model_trains_as_the_eager_one_does(train, tmp_path):
-    common = [*TINY_SYNTHETIC, "--dropout", "0", "--global-batch-size", 16, "--train-samples", 64, "--eval-samples",
-              32, "--epochs", 2]
+    common = [
+        *TINY_SYNTHETIC,
+        "--dropout",
+        "0",
+        "--global-batch-size",
+        16,
+        "--train-samples",
+        64,
+        "--eval-samples",
+        32,
+        "--epochs",
+        2,
+    ]
     train(*common, "--out", tmp_path / "eager")
     train(*common, "--compile", "--out", tmp_path / "compiled")
     for eager, compiled in zip(read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled"), strict=True):
@@ -36,13 +56,48 @@ def test_a_compiled_model_trains_as_the_eager_one_does(train, tmp_path):
 
 
 def test_synthetic_task_is_learned(train, tmp_path):
-    train(*TINY_SYNTHETIC, "--global-batch-size", 32, "--epochs", 4, "--lr", "3e-3", "--warmup-steps", 10,
-          "--out", tmp_path / "run")
+    train(
+        *TINY_SYNTHETIC,
+        "--global-batch-size",
+        32,
+        "--epochs",
+        4,
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        10,
+        "--out",
+        tmp_path / "run",
+    )
     assert float(read_metrics(tmp_path / "run")[-1]["val_accuracy"]) >= 0.95
 
 
 def test_the_model_learns_imdb_well_above_chance(train, tmp_path, data_dir):
-    train("--dataset", "imdb", "--data-dir", data_dir, "--preset", "tiny", "--threads-per-rank", 1,
-          "--train-samples", 3000, "--eval-samples", 500, "--seq-len", 128, "--global-batch-size", 32, "--epochs", 3,
-          "--lr", "3e-3", "--warmup-steps", 30, "--no-progress", "--out", tmp_path / "imdb")
+    train(
+        "--dataset",
+        "imdb",
+        "--data-dir",
+        data_dir,
+        "--preset",
+        "tiny",
+        "--threads-per-rank",
+        1,
+        "--train-samples",
+        3000,
+        "--eval-samples",
+        500,
+        "--seq-len",
+        128,
+        "--global-batch-size",
+        32,
+        "--epochs",
+        3,
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        30,
+        "--no-progress",
+        "--out",
+        tmp_path / "imdb",
+    )
     assert float(read_metrics(tmp_path / "imdb")[-1]["val_accuracy"]) >= 0.65

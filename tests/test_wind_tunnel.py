@@ -22,8 +22,16 @@ from ddp_core.studies.study_list import StudyError, parse_study
 from ddp_core.studies.wind_tunnel import FASTEST_RATE, link_rate_for, ring_bits
 
 BUCKETS = [1_000_000, 10_000_000]
-WORKLOAD = {"vocab_size": 20000, "max_len": 128, "num_classes": 2, "d_model": 128, "n_layers": 2, "n_heads": 4,
-            "d_ff": 512, "dropout": 0.1}  # the small model of the nodes study
+WORKLOAD = {
+    "vocab_size": 20000,
+    "max_len": 128,
+    "num_classes": 2,
+    "d_model": 128,
+    "n_layers": 2,
+    "n_heads": 4,
+    "d_ff": 512,
+    "dropout": 0.1,
+}  # the small model of the nodes study
 
 
 def test_a_ring_sends_twice_the_gradient_less_one_nth_of_it_from_each_node():
@@ -38,16 +46,20 @@ def test_the_link_rate_leaves_the_all_reduce_the_time_the_target_ratio_gives_it(
     assert 0.5 / (0.05 + bits / rate) == pytest.approx(2.0)  # at that rate, the target R
 
 
-@pytest.mark.parametrize("fixed_s, bits, fragment", [
-    (0.3, 132e6, "needs the all-reduce of a step in 250 ms, but on this host it takes 300 ms over any link"),
-    (0.2499, 132e6, "outside the 1 Mbit/s to 5 Gbit/s"),
-])
+@pytest.mark.parametrize(
+    "fixed_s, bits, fragment",
+    [
+        (0.3, 132e6, "needs the all-reduce of a step in 250 ms, but on this host it takes 300 ms over any link"),
+        (0.2499, 132e6, "outside the 1 Mbit/s to 5 Gbit/s"),
+    ],
+)
 def test_a_target_out_of_reach_is_refused_in_one_line(fixed_s, bits, fragment):
     with pytest.raises(StudyError) as refused:
         link_rate_for(target_ratio=2.0, rank_compute_s=0.5, fixed_s=fixed_s, wire_bits=bits)
     assert fragment in str(refused.value) and "\n" not in str(refused.value)
-    assert link_rate_for(target_ratio=2.0, rank_compute_s=0.5, fixed_s=0.25 - bits / FASTEST_RATE,
-                         wire_bits=bits) == pytest.approx(FASTEST_RATE)  # the fastest settable link: not refused
+    assert link_rate_for(
+        target_ratio=2.0, rank_compute_s=0.5, fixed_s=0.25 - bits / FASTEST_RATE, wire_bits=bits
+    ) == pytest.approx(FASTEST_RATE)  # the fastest settable link: not refused
 
 
 def test_the_a100_configuration_is_the_prediction_chapters_forecast_at_40_percent_of_the_peak():
@@ -62,12 +74,14 @@ def test_the_ethernet_configuration_sends_the_large_models_buckets_at_the_publis
     gradient = sum(bucket_sizes(large_model(WORKLOAD)))
     step = forecast(WORKLOAD, 256, 4).loc["large", "compute_bound_ms"] / 1e3 / 0.4  # its own batch: 256
     assert CONFIGURATIONS["a100_ethernet"].ratio(WORKLOAD, 32, 4) == pytest.approx(
-        (step / 4) / (2 * 3 / 4 * gradient / busbw))
+        (step / 4) / (2 * 3 / 4 * gradient / busbw)
+    )
 
 
 def test_the_h200_configuration_divides_the_measured_step_of_the_whole_batch():
     epochs = pd.read_csv(H200_MEASUREMENT / "epochs.csv").query(
-        "preset == 'large' and amp == 'bf16' and batch_size == 128 and loop == 'ddp_core'")
+        "preset == 'large' and amp == 'bf16' and batch_size == 128 and loop == 'ddp_core'"
+    )
     step = epochs["seconds"].sum() / epochs["samples"].sum() * 128
     fit = nvlink_fit(4)
     allreduce = sum(fit.allreduce_s(size) for size in bucket_sizes(large_model(WORKLOAD)))
@@ -91,14 +105,26 @@ def test_the_h200s_own_forecast_steps_a_quarter_batch_as_measured_then_waits_for
     assert low < 1  # a quarter of the batch takes more than a quarter of the time: below the emulated nodes' 2.6
 
 
-@pytest.mark.parametrize("variants, fragment", [
-    ({"one_node": {"world_sizes": [1]}, "a": {"models": "a100_nvlink", "link_rate": "1gbit", "world_sizes": [2]}},
-     "models sets the links' rate on this host; drop link_rate"),
-    ({"one_node": {"world_sizes": [1]}, "a": {"models": "tpu_pod", "world_sizes": [2]}},
-     "models 'tpu_pod' is no configuration; they are: h200_nvlink, a100_nvlink, a100_ethernet"),
-    ({"a": {"models": "a100_nvlink", "world_sizes": [2]}, "one_node": {"world_sizes": [1]}},
-     "needs a one-node variant (world_sizes [1]) of its cpus_per_node listed before it"),
-])
+@pytest.mark.parametrize(
+    "variants, fragment",
+    [
+        (
+            {
+                "one_node": {"world_sizes": [1]},
+                "a": {"models": "a100_nvlink", "link_rate": "1gbit", "world_sizes": [2]},
+            },
+            "models sets the links' rate on this host; drop link_rate",
+        ),
+        (
+            {"one_node": {"world_sizes": [1]}, "a": {"models": "tpu_pod", "world_sizes": [2]}},
+            "models 'tpu_pod' is no configuration; they are: h200_nvlink, a100_nvlink, a100_ethernet",
+        ),
+        (
+            {"a": {"models": "a100_nvlink", "world_sizes": [2]}, "one_node": {"world_sizes": [1]}},
+            "needs a one-node variant (world_sizes [1]) of its cpus_per_node listed before it",
+        ),
+    ],
+)
 def test_a_modelled_variant_that_cannot_be_dimensioned_is_refused_when_the_list_is_read(variants, fragment):
     entry = {"title": "t", "profile": "tiny", "ranks_per_node": 1, "cpus_per_node": 0.5, "variants": variants}
     with pytest.raises(StudyError, match=re.escape(fragment)):
@@ -141,8 +167,9 @@ def test_a_one_node_run_out_of_line_with_the_others_or_disturbed_is_set_aside():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0,
-                    reason="the wind tunnel's one-node runs train on emulated nodes, which need root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the wind tunnel's one-node runs train on emulated nodes, which need root"
+)
 def test_a_slow_one_node_run_is_set_aside_before_it_sets_the_links_and_another_trained(tmp_path):
     """One disturbed one-node run once set every link of the nodes study (its step 1.43 times its repeats'): the links
     are set by the median of several, and a run far out of line with the others is set aside and replaced."""
@@ -167,8 +194,7 @@ def test_a_slow_one_node_run_is_set_aside_before_it_sets_the_links_and_another_t
     others = [run["compute_per_step_s"] for run in runs[1:]]
     assert min(others) <= again["compute_per_step_s"] <= max(others)  # the links' compute is not the slow run's
     if again["quiet"]:
-        assert again["compute_per_step_s"] == pytest.approx(
-            np.median([run["compute_per_step_s"] for run in counted]))
+        assert again["compute_per_step_s"] == pytest.approx(np.median([run["compute_per_step_s"] for run in counted]))
 
 
 def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the_nodes_reached():
@@ -184,8 +210,10 @@ def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the
         runs = sorted(folder.glob(f"{variant}/n{n}*"), key=lambda run: (len(run.name), run.name))  # n4, n4-r2, ...
         return [pd.read_csv(run / "steps.csv")["step_time_s"].iloc[WARMUP_STEPS:].median() for run in runs]
 
-    ones = {variant: json.loads((folder / variant / "n1" / "network.json").read_text())["cpus_per_node"]
-            for variant in ("one_node", "one_node_half_share")}
+    ones = {
+        variant: json.loads((folder / variant / "n1" / "network.json").read_text())["cpus_per_node"]
+        for variant in ("one_node", "one_node_half_share")
+    }
     ddp = ddp_variants(folder, record)
     assert list(ddp) == ["h200_nvlink", "a100_nvlink", "a100_ethernet", "a100_nvlink_half_share"]
     for variant, modelled in ddp.items():
@@ -267,10 +295,18 @@ def test_the_replay_runs_each_buckets_all_reduce_when_it_is_ready_and_the_one_be
     30 ms."""
     from ddp_core.analysis.replay import one_node_step_s, replay_step
 
-    timeline = pd.DataFrame([("data", 0.0, 0.01), ("forward", 0.01, 0.11), ("backward", 0.11, 0.51),
-                             ("gradients ready, bucket 1", 0.21, 0.21), ("gradients ready, bucket 2", 0.31, 0.31),
-                             ("gradients ready, bucket 3", 0.51, 0.51), ("optimizer", 0.52, 0.57)],
-                            columns=["what", "start_s", "end_s"])
+    timeline = pd.DataFrame(
+        [
+            ("data", 0.0, 0.01),
+            ("forward", 0.01, 0.11),
+            ("backward", 0.11, 0.51),
+            ("gradients ready, bucket 1", 0.21, 0.21),
+            ("gradients ready, bucket 2", 0.31, 0.31),
+            ("gradients ready, bucket 3", 0.51, 0.51),
+            ("optimizer", 0.52, 0.57),
+        ],
+        columns=["what", "start_s", "end_s"],
+    )
     step = replay_step(timeline, nodes=2, allreduce_s=[0.06, 0.15, 0.03])
     # within a backward of 200 ms: bucket 1 ready at 50, reduced 50-110; bucket 2 ready at 100, waits, 110-260;
     # bucket 3 ready at 200, waits, 260-290: 90 ms after backward ends
@@ -302,7 +338,8 @@ def test_the_link_model_is_fitted_through_every_point_and_never_sends_fewer_bits
 @pytest.mark.parametrize("noise", [0.0, 0.04], ids=["exact", "noisy"])
 @pytest.mark.parametrize("true_fixed_s, true_bits", [(0.0018, 0.55 * 8e5), (0.006, 8e5)], ids=["bits", "fixed"])
 def test_the_rate_search_reaches_the_target_within_a_few_tries_where_the_calibration_line_misses(
-        tmp_path, monkeypatch, true_fixed_s, true_bits, noise):
+    tmp_path, monkeypatch, true_fixed_s, true_bits, noise
+):
     from ddp_core.launch.plan import rate_bits_per_s
     from ddp_core.studies import wind_tunnel
 

@@ -39,13 +39,32 @@ from ddp_core.engine.runtime import resolve_runtime
 from ddp_core.launch.plan import launch_command
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 
-LOOPS = {"ddp_core": "ddp_core.train", "tutorial": "benchmarks.peers.tutorial_loop",
-         "accelerate": "benchmarks.peers.accelerate_loop"}
+LOOPS = {
+    "ddp_core": "ddp_core.train",
+    "tutorial": "benchmarks.peers.tutorial_loop",
+    "accelerate": "benchmarks.peers.accelerate_loop",
+}
 PEERS = [loop for loop in LOOPS if loop != "ddp_core"]
 EPOCHS = 4
 # The default profile's model and batch, with --dataset and --train-samples samples an epoch.
-WORKLOAD = ["--preset", "small", "--seq-len", "128", "--eval-samples", "64", "--global-batch-size", "32",
-            "--lr", "0.003", "--warmup-steps", "30", "--epochs", str(EPOCHS), "--seed", "0"]
+WORKLOAD = [
+    "--preset",
+    "small",
+    "--seq-len",
+    "128",
+    "--eval-samples",
+    "64",
+    "--global-batch-size",
+    "32",
+    "--lr",
+    "0.003",
+    "--warmup-steps",
+    "30",
+    "--epochs",
+    str(EPOCHS),
+    "--seed",
+    "0",
+]
 DDP_CORE_FLAGS = ["--no-progress"]  # its progress bar goes to a log no one reads here
 
 
@@ -53,8 +72,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="peers", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=positive_int, default=6)
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2])
-    parser.add_argument("--results-dir", type=Path, default=Path(RESULTS_DIR),
-                        help="the measurement goes to RESULTS_DIR/peers/<device>")
+    parser.add_argument(
+        "--results-dir", type=Path, default=Path(RESULTS_DIR), help="the measurement goes to RESULTS_DIR/peers/<device>"
+    )
     parser.add_argument("--dataset", choices=["imdb", "synthetic"], default="imdb")
     parser.add_argument("--train-samples", type=positive_int, default=1024, help="samples each epoch trains on")
     return parser.parse_args(argv)
@@ -63,8 +83,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 def run_steps(loop: str, ranks: int, workload: list[str], scratch: Path) -> pd.DataFrame:
     out = scratch / f"{loop}-{ranks}"
     shutil.rmtree(out, ignore_errors=True)
-    command = [*launch_command(ranks, "-m", LOOPS[loop], torchrun=True), *workload,
-               *(DDP_CORE_FLAGS if loop == "ddp_core" else []), "--out", str(out)]
+    command = [
+        *launch_command(ranks, "-m", LOOPS[loop], torchrun=True),
+        *workload,
+        *(DDP_CORE_FLAGS if loop == "ddp_core" else []),
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{loop} at {ranks} rank(s) failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -94,8 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peers: error: {exc}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    info |= dict(command=sys.argv, workload=workload, ddp_core_flags=DDP_CORE_FLAGS, epochs=EPOCHS,
-                 accelerate=importlib.metadata.version("accelerate"), start_time=now_iso(), end_time=None)
+    info |= dict(
+        command=sys.argv,
+        workload=workload,
+        ddp_core_flags=DDP_CORE_FLAGS,
+        epochs=EPOCHS,
+        accelerate=importlib.metadata.version("accelerate"),
+        start_time=now_iso(),
+        end_time=None,
+    )
     save_atomic(info, out / "device.json")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                 steps = run_steps(loop, ranks, workload, Path(tmp))
                 rows.append(steps.assign(loop=loop, ranks=ranks, round=round_))
                 pd.concat(rows)[["loop", "ranks", "round", "epoch", "step", "step_time_s"]].to_csv(
-                    out / "steps.csv", index=False)
+                    out / "steps.csv", index=False
+                )
                 median = steps[steps["epoch"] > 1]["step_time_s"].median()
-                print(f"peers: round {round_ + 1}/{opts.rounds}, {loop} at {ranks} rank(s): median step "
-                      f"{median * 1e3:.1f} ms", flush=True)
+                print(
+                    f"peers: round {round_ + 1}/{opts.rounds}, {loop} at {ranks} rank(s): median step "
+                    f"{median * 1e3:.1f} ms",
+                    flush=True,
+                )
     save_atomic(info | {"end_time": now_iso()}, out / "device.json")
     print(f"peers: measured into {out}; the book's chapter on one device shows it (make book)")
     return 0

@@ -33,8 +33,11 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     model = TransformerClassifier(model_config(cfg, data.num_classes))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    loader = DataLoader(TensorDataset(data.train_ids, data.train_labels),
-                        batch_size=micro_batch_size(cfg, accelerator.num_processes), shuffle=True)
+    loader = DataLoader(
+        TensorDataset(data.train_ids, data.train_labels),
+        batch_size=micro_batch_size(cfg, accelerator.num_processes),
+        shuffle=True,
+    )
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     clock = StepClock(accelerator.device)
     for epoch in range(1, cfg.epochs + 1):

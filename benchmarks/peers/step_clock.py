@@ -33,7 +33,9 @@ class StepClock:
         rows = []
         for epoch, start, ends in self.epochs:
             seconds = [self.clock.seconds(stamp) for stamp in [start, *ends]]
-            rows += [{"epoch": epoch, "step": k + 1, "step_time_s": b - a}
-                     for k, (a, b) in enumerate(zip(seconds, seconds[1:]))]
+            rows += [
+                {"epoch": epoch, "step": k + 1, "step_time_s": b - a}
+                for k, (a, b) in enumerate(zip(seconds, seconds[1:]))
+            ]
         Path(out).mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_csv(Path(out) / "steps.csv", index=False)

@@ -42,8 +42,13 @@ def main() -> None:
     model = DDP(model, device_ids=[local_rank] if on_gpu else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     dataset = TensorDataset(data.train_ids, data.train_labels)
-    loader = DataLoader(dataset, batch_size=micro_batch_size(cfg, dist.get_world_size()), pin_memory=on_gpu,
-                        shuffle=False, sampler=DistributedSampler(dataset, seed=cfg.seed))
+    loader = DataLoader(
+        dataset,
+        batch_size=micro_batch_size(cfg, dist.get_world_size()),
+        pin_memory=on_gpu,
+        shuffle=False,
+        sampler=DistributedSampler(dataset, seed=cfg.seed),
+    )
     clock = StepClock(device)
     for epoch in range(1, cfg.epochs + 1):
         loader.sampler.set_epoch(epoch)

@@ -17,12 +17,12 @@ DIGITS = re.compile(r"(\d+)")
 
 def natural_key(docname: str) -> list[list]:
     """Each folder of the path split into its text and its numbers; the numbers compare by value."""
-    return [[int(part) if k % 2 else part for k, part in enumerate(DIGITS.split(name))]
-            for name in docname.split("/")]
+    return [[int(part) if k % 2 else part for k, part in enumerate(DIGITS.split(name))] for name in docname.split("/")]
 
 
 def sort_globbed(docnames: list, globs: list[str], key=lambda item: item) -> list:
     """`docnames` with each run of consecutive items matched by the same glob put in natural order."""
+
     def glob_of(item):
         return next((pattern for pattern in globs if patmatch(key(item), pattern)), None)
 

@@ -101,8 +101,10 @@ def title_run_page(app, docname, source):
     info = json.loads((Path(app.srcdir).joinpath(*parts[:-1]) / "run.json").read_text())
     n = info["world_size"]
     repeat = f", repeat {run.split('-r')[1] if '-r' in run else 1}"  # every title names it, the first one too
-    title = (f"# Run on {counted(n, 'rank')}{repeat}: {in_words(info['config']['dataset'])}, "
-             f"{info['config']['preset']} model, seed {info['config']['seed']}")
+    title = (
+        f"# Run on {counted(n, 'rank')}{repeat}: {in_words(info['config']['dataset'])}, "
+        f"{info['config']['preset']} model, seed {info['config']['seed']}"
+    )
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
     source[0] = wrap_printed_commands(source[0])
 

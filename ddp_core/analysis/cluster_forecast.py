@@ -25,13 +25,20 @@ FORWARD_SHARE = 1 / 3  # of a step's FLOPs: backward computes two for every one 
 # and the most GPUs that configuration's publication measured: beyond, the forecast is flagged as unvalidated.
 INTERCONNECTS = {"nvlink": ("a100_nvlink", 8), "ethernet": ("a100_ethernet", 4)}
 # The grid the page offers: the book's own choices among them (the large preset, 128 tokens, 8 and 64 a GPU, 40 %).
-CHOICES = {"preset": ("small", "medium", "large"), "seq_len": (128, 256, 512), "batch_per_gpu": (8, 16, 32, 64),
-           "mfu": (0.2, 0.4, 0.6), "interconnect": tuple(INTERCONNECTS), "gpus": (2, 4, 8, 16)}
+CHOICES = {
+    "preset": ("small", "medium", "large"),
+    "seq_len": (128, 256, 512),
+    "batch_per_gpu": (8, 16, 32, 64),
+    "mfu": (0.2, 0.4, 0.6),
+    "interconnect": tuple(INTERCONNECTS),
+    "gpus": (2, 4, 8, 16),
+}
 
 
 @dataclass(frozen=True)
 class Cluster:
     """One choice of the page: the model and its work per GPU, the GPU's utilisation, and how the GPUs are joined."""
+
     preset: str  # the project's model presets; "large" is BERT-base's shape
     seq_len: int  # tokens a sequence
     batch_per_gpu: int  # sequences each GPU computes a step
@@ -53,8 +60,16 @@ def configuration(cluster: Cluster, workload: dict) -> Configuration:
     def step_s(_, batch: int) -> float:
         return gpu_step_s(model, batch, cluster.mfu)
 
-    return Configuration(f"{cluster.gpus} A100s", None, step_s, step_s, published.bucket_allreduce_s,
-                         published.latency_s, published.source, preset=cluster.preset)
+    return Configuration(
+        f"{cluster.gpus} A100s",
+        None,
+        step_s,
+        step_s,
+        published.bucket_allreduce_s,
+        published.latency_s,
+        published.source,
+        preset=cluster.preset,
+    )
 
 
 def flops_timeline(model: dict, step_s: float) -> pd.DataFrame:
@@ -63,8 +78,10 @@ def flops_timeline(model: dict, step_s: float) -> pd.DataFrame:
     forward_end = FORWARD_SHARE * step_s
     backward_s = step_s - forward_end
     rows = [("forward", 0.0, forward_end), ("backward", forward_end, step_s), ("optimizer", step_s, step_s)]
-    rows += [(f"{READY}{k}", forward_end + share * backward_s, forward_end + share * backward_s)
-             for k, share in enumerate(bucket_ready_shares(model), start=1)]
+    rows += [
+        (f"{READY}{k}", forward_end + share * backward_s, forward_end + share * backward_s)
+        for k, share in enumerate(bucket_ready_shares(model), start=1)
+    ]
     return pd.DataFrame(rows, columns=["what", "start_s", "end_s"])
 
 
@@ -79,24 +96,35 @@ def cluster_forecast(cluster: Cluster, workload: dict) -> dict:
     whole_s = gpu_step_s(model, cluster.batch_per_gpu * cluster.gpus, cluster.mfu)
     allreduces = config.allreduces_s(workload | {"max_len": cluster.seq_len}, cluster.gpus)
     step = replay_step(flops_timeline(model, share_s), 1, allreduces)
-    low, high = config.speedup_range(workload | {"max_len": cluster.seq_len}, cluster.batch_per_gpu * cluster.gpus,
-                                     cluster.gpus)
+    low, high = config.speedup_range(
+        workload | {"max_len": cluster.seq_len}, cluster.batch_per_gpu * cluster.gpus, cluster.gpus
+    )
     n = cluster.gpus
-    return {"step_ms": step["step_s"] * 1e3, "compute_ms": share_s * 1e3, "exposed_ms": step["exposed_s"] * 1e3,
-            "comm_ms": sum(allreduces) * 1e3, "speedup": whole_s / step["step_s"],
-            "outcome": forecast_word(low, high),
-            "efficiency": whole_s / step["step_s"] / n, "speedup_no_overlap": low, "speedup_last_bucket": high,
-            "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3, "whole_ms": whole_s * 1e3,
-            "backward_ms": [FORWARD_SHARE * share_s * 1e3, share_s * 1e3],
-            "buckets_ms": [[start * 1e3, end * 1e3] for start, end in step["allreduces_s"]],
-            "validated": n <= INTERCONNECTS[cluster.interconnect][1],
-            "last_bucket_reachable": sum(allreduces[:-1]) <= (1 - FORWARD_SHARE) * share_s}
+    return {
+        "step_ms": step["step_s"] * 1e3,
+        "compute_ms": share_s * 1e3,
+        "exposed_ms": step["exposed_s"] * 1e3,
+        "comm_ms": sum(allreduces) * 1e3,
+        "speedup": whole_s / step["step_s"],
+        "outcome": forecast_word(low, high),
+        "efficiency": whole_s / step["step_s"] / n,
+        "speedup_no_overlap": low,
+        "speedup_last_bucket": high,
+        "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3,
+        "whole_ms": whole_s * 1e3,
+        "backward_ms": [FORWARD_SHARE * share_s * 1e3, share_s * 1e3],
+        "buckets_ms": [[start * 1e3, end * 1e3] for start, end in step["allreduces_s"]],
+        "validated": n <= INTERCONNECTS[cluster.interconnect][1],
+        "last_bucket_reachable": sum(allreduces[:-1]) <= (1 - FORWARD_SHARE) * share_s,
+    }
 
 
 def forecast_grid(workload: dict) -> list[dict]:
     """`cluster_forecast` for every combination of CHOICES, each with its choice."""
-    return [asdict(cluster) | cluster_forecast(cluster, workload)
-            for cluster in itertools.starmap(Cluster, itertools.product(*CHOICES.values()))]
+    return [
+        asdict(cluster) | cluster_forecast(cluster, workload)
+        for cluster in itertools.starmap(Cluster, itertools.product(*CHOICES.values()))
+    ]
 
 
 def proportional_check(timelines: list[StepTimeline]) -> pd.DataFrame:
@@ -110,6 +138,13 @@ def proportional_check(timelines: list[StepTimeline]) -> pd.DataFrame:
         timeline = whole[(row.amp, row.global_batch)]
         allreduces = [fit.allreduce_s(size) for size in bucket_sizes(timeline.info["model"])]
         divided = replay_step(timeline.timeline, FORECAST_GPUS, allreduces)
-        rows.append({"amp": row.amp, "batch_per_gpu": row.batch_per_gpu, "seq_len": timeline.info["model"]["max_len"],
-                     "measured_share": row.speedup, "divided_share": row.one_gpu_ms / 1e3 / divided["step_s"]})
+        rows.append(
+            {
+                "amp": row.amp,
+                "batch_per_gpu": row.batch_per_gpu,
+                "seq_len": timeline.info["model"]["max_len"],
+                "measured_share": row.speedup,
+                "divided_share": row.one_gpu_ms / 1e3 / divided["step_s"],
+            }
+        )
     return pd.DataFrame(rows)

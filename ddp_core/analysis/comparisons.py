@@ -15,8 +15,16 @@ import pandas as pd
 
 from ddp_core.analysis.results import OUT_OF_LINE, Experiment, ResultsError, last_epochs
 from ddp_core.analysis.tables import noise_format, quantity_table
-from ddp_core.analysis.verdict import (DRAWS, MIN_REPEATS, Z, Comparison, compare, degrees_of_freedom, error_rates,
-                                       noise_floor)
+from ddp_core.analysis.verdict import (
+    DRAWS,
+    MIN_REPEATS,
+    Z,
+    Comparison,
+    compare,
+    degrees_of_freedom,
+    error_rates,
+    noise_floor,
+)
 
 WARMUP_STEPS = 5  # a run's first steps pay for start-up (allocator, DDP's bucket rebuild, cold caches)
 WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is left out of its phases
@@ -31,10 +39,15 @@ def steady_phases(metrics: pd.DataFrame) -> pd.DataFrame:
     per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
     return steady.assign(
         mean_step_s=per_step("epoch_time_s"),
-        compute_per_step_s=per_step("forward_time_s") + per_step("backward_time_s") - per_step("comm_exposed_s")
+        compute_per_step_s=per_step("forward_time_s")
+        + per_step("backward_time_s")
+        - per_step("comm_exposed_s")
         + per_step("optimizer_time_s"),
-        comm_total_per_step_s=per_step("comm_total_s"), comm_exposed_per_step_s=per_step("comm_exposed_s"),
-        optimizer_per_step_s=per_step("optimizer_time_s"), data_per_step_s=per_step("data_time_s"))
+        comm_total_per_step_s=per_step("comm_total_s"),
+        comm_exposed_per_step_s=per_step("comm_exposed_s"),
+        optimizer_per_step_s=per_step("optimizer_time_s"),
+        data_per_step_s=per_step("data_time_s"),
+    )
 
 
 def median_step(step_times: pd.Series) -> float:
@@ -62,9 +75,16 @@ def run_times(experiment: Experiment) -> pd.DataFrame:
     for n, runs in experiment.repeats.items():
         for repeat, run in enumerate(runs, 1):
             step = median_step(experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"])
-            rows.append({"world_size": n, "repeat": repeat, "run": run.name, "step_time_s": step,
-                         "time_per_sample_s": step / run.global_batch_size,
-                         **steady.loc[run.name]})
+            rows.append(
+                {
+                    "world_size": n,
+                    "repeat": repeat,
+                    "run": run.name,
+                    "step_time_s": step,
+                    "time_per_sample_s": step / run.global_batch_size,
+                    **steady.loc[run.name],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -95,8 +115,13 @@ def study_floor_power(study: dict[str, Experiment]) -> dict:
     runs)."""
     repeats = _pooled(*(paired_sides(e) for e in study.values()))
     rates = error_rates(repeats, [0.0, 0.1, 0.2], draws=POWER_DRAWS)
-    return {"degrees": degrees_of_freedom(repeats), "floor": noise_floor(repeats), "identical_called": rates[0.0],
-            "found_10": rates[0.1], "found_20": rates[0.2]}
+    return {
+        "degrees": degrees_of_freedom(repeats),
+        "floor": noise_floor(repeats),
+        "identical_called": rates[0.0],
+        "found_10": rates[0.1],
+        "found_20": rates[0.2],
+    }
 
 
 def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
@@ -138,15 +163,17 @@ def time_floor(*experiments: Experiment) -> float:
     return noise_floor(_pooled(*(paired_sides(e) for e in experiments)))
 
 
-def compare_times(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
-                  floor: float | None = None) -> Comparison:
+def compare_times(
+    a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1, floor: float | None = None
+) -> Comparison:
     """A's time per sample at `a_ranks` against B's at `b_ranks`, repeat by repeat ("lower": A is faster), held
     against `floor`, by default the noise floor over the configurations of both experiments (a page that compares
     several pairs passes one floor for all)."""
     sides_a = paired_sides(a)  # each experiment's runs read once
     sides_b = sides_a if b is a else paired_sides(b)
-    return compare(*_paired(sides_a[a_ranks], sides_b[b_ranks]),
-                   noise_floor(_pooled(sides_a, sides_b)) if floor is None else floor)
+    return compare(
+        *_paired(sides_a[a_ranks], sides_b[b_ranks]), noise_floor(_pooled(sides_a, sides_b)) if floor is None else floor
+    )
 
 
 def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
@@ -179,8 +206,12 @@ def chance_glue(key: str, experiment: Experiment, world_size: int) -> dict:
     """For a page's glue: the evaluation set's size, chance, the bar a guess rarely passes, and `against_chance`."""
     run = experiment.repeats[world_size][0]
     chance, bar = chance_bar(run)
-    return {f"{key}_eval_samples": run.config.get("eval_samples"), f"{key}_chance": chance, f"{key}_chance_bar": bar,
-            f"{key}_vs_chance": against_chance(experiment, world_size)}
+    return {
+        f"{key}_eval_samples": run.config.get("eval_samples"),
+        f"{key}_chance": chance,
+        f"{key}_chance_bar": bar,
+        f"{key}_vs_chance": against_chance(experiment, world_size),
+    }
 
 
 def accuracy_floor(*experiments: Experiment) -> float:
@@ -197,8 +228,9 @@ def binomial_floor(accuracy: float, samples: int | None) -> float:
     return math.exp(Z * math.sqrt(2 * accuracy * (1 - accuracy) / samples) / accuracy) - 1
 
 
-def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1,
-                       floor: float | None = None) -> Comparison:
+def compare_accuracies(
+    a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1, floor: float | None = None
+) -> Comparison:
     """A's final accuracy at `a_ranks` against B's at `b_ranks`, repeat k with repeat k (the same seed offset),
     held against `floor` (by default the noise over both experiments' configurations; a page that compares several
     pairs passes one floor for all of them) or against what the evaluation set's size resolves, whichever is wider.
@@ -206,8 +238,9 @@ def compare_accuracies(a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: 
     compared."""
     side_a, side_b = _paired(final_accuracies(a, a_ranks), final_accuracies(b, b_ranks))
     run_a, run_b = a.repeats[a_ranks][0], b.repeats[b_ranks][0]
-    resolved = binomial_floor(pd.Series(side_a + side_b).median(),
-                              min(run.config.get("eval_samples") or 0 for run in (run_a, run_b)))
+    resolved = binomial_floor(
+        pd.Series(side_a + side_b).median(), min(run.config.get("eval_samples") or 0 for run in (run_a, run_b))
+    )
     c = compare(side_a, side_b, max(accuracy_floor(a, b) if floor is None else floor, resolved))
     (_, bar_a), (_, bar_b) = chance_bar(run_a), chance_bar(run_b)
     if c.pairs >= MIN_REPEATS and all(x <= bar_a for x in side_a) and all(y <= bar_b for y in side_b):
@@ -252,8 +285,13 @@ def rule_rates_table(experiment: Experiment) -> pd.DataFrame:
 
 def rule_rates_markdown(rates: pd.DataFrame) -> str:
     """`rule_rates_table`, made once per build (its resampling takes seconds), as the book's table."""
-    return quantity_table(rates, {"effect": ("Planted effect: side A takes longer by", "{:.0%}"),
-                                  "called": ("Comparisons called in its direction (at 0%: in either)", "{:.1%}")})
+    return quantity_table(
+        rates,
+        {
+            "effect": ("Planted effect: side A takes longer by", "{:.0%}"),
+            "called": ("Comparisons called in its direction (at 0%: in either)", "{:.1%}"),
+        },
+    )
 
 
 def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:
@@ -261,13 +299,26 @@ def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:
     rule calls identical configurations different (from `rule_rates_table`)."""
     sides = list(paired_sides(experiment).values())
     rates = rates.set_index("effect")["called"]
-    return {"noise_floor": noise_floor(sides), "noise_repeats": min(len(side) for side in sides),
-            "noise_configurations": len(sides), "floor_z": Z, "rule_draws": DRAWS, "identical_called": rates[0.0],
-            "min_repeats": MIN_REPEATS, "warmup_steps": WARMUP_STEPS, "power_draws": POWER_DRAWS}
+    return {
+        "noise_floor": noise_floor(sides),
+        "noise_repeats": min(len(side) for side in sides),
+        "noise_configurations": len(sides),
+        "floor_z": Z,
+        "rule_draws": DRAWS,
+        "identical_called": rates[0.0],
+        "min_repeats": MIN_REPEATS,
+        "warmup_steps": WARMUP_STEPS,
+        "power_draws": POWER_DRAWS,
+    }
 
 
-RUN_ORDER_COLUMNS = {"start": ("Started (UTC)", "{}"), "run": ("Run", "{}"), "world_size": ("Ranks", "{:.0f}"),
-                     "repeat": ("Repeat", "{:.0f}"), "step_ms": ("Median step (ms)", "{:.1f}")}
+RUN_ORDER_COLUMNS = {
+    "start": ("Started (UTC)", "{}"),
+    "run": ("Run", "{}"),
+    "world_size": ("Ranks", "{:.0f}"),
+    "repeat": ("Repeat", "{:.0f}"),
+    "step_ms": ("Median step (ms)", "{:.1f}"),
+}
 
 
 def run_order_markdown(experiment: Experiment) -> str:
@@ -275,8 +326,9 @@ def run_order_markdown(experiment: Experiment) -> str:
     how far the repeats of one world size land apart."""
     times = run_times(experiment)
     started = {run.name: run.raw["start_time"] for run in experiment.all_runs}
-    times = times.assign(start=times["run"].map(started).str.slice(0, 19).str.replace("T", " "),
-                         step_ms=times["step_time_s"] * 1e3).sort_values("start")
+    times = times.assign(
+        start=times["run"].map(started).str.slice(0, 19).str.replace("T", " "), step_ms=times["step_time_s"] * 1e3
+    ).sort_values("start")
     return quantity_table(times, RUN_ORDER_COLUMNS)
 
 
@@ -288,11 +340,22 @@ def at_world_size(experiment: Experiment, n: int) -> pd.Series:
     parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
     last = last_epochs(experiment.metrics.query("world_size == @n"))
     steps = run_times(experiment).query("world_size == @n")["step_time_s"]
-    return pd.concat([parts, pd.Series({"step_time_s": steps.median(), "step_low_s": steps.min(),
-                                        "step_high_s": steps.max(), "final_train_loss": last["train_loss"].median(),
-                                        "final_val_accuracy": last["val_accuracy"].median(),
-                                        "accuracy_low": last["val_accuracy"].min(),
-                                        "accuracy_high": last["val_accuracy"].max()})])
+    return pd.concat(
+        [
+            parts,
+            pd.Series(
+                {
+                    "step_time_s": steps.median(),
+                    "step_low_s": steps.min(),
+                    "step_high_s": steps.max(),
+                    "final_train_loss": last["train_loss"].median(),
+                    "final_val_accuracy": last["val_accuracy"].median(),
+                    "accuracy_low": last["val_accuracy"].min(),
+                    "accuracy_high": last["val_accuracy"].max(),
+                }
+            ),
+        ]
+    )
 
 
 def comm_over_compute(parts: pd.Series) -> float:

@@ -103,8 +103,10 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
     runs = experiment.runs
     predictable = sorted(set(fits) & set(runs))
     if not predictable:
-        raise ResultsError(f"{experiment.folder}: the cost model needs a run and an all-reduce benchmark at the same "
-                           f"world size; it has runs at {sorted(runs)} and benchmarks at {sorted(fits)}")
+        raise ResultsError(
+            f"{experiment.folder}: the cost model needs a run and an all-reduce benchmark at the same "
+            f"world size; it has runs at {sorted(runs)} and benchmarks at {sorted(fits)}"
+        )
     compute_1 = table.loc[1, "compute_per_step_s"]
     per_sample_1 = compute_1 / runs[1].global_batch_size  # what each speedup divides: one rank's compute per sample
     rows = []
@@ -113,20 +115,37 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
         comm, measured = sum(buckets), table.loc[n]
         exposed = max(measured["exposed_share"] * comm, buckets[-1])  # backward cannot hide the last bucket
         compute = rank_compute_s(compute_1, runs[1], runs[n])
-        speedup = {name: per_sample_1 / (step / runs[n].global_batch_size) for name, step in [
-            ("predicted", compute + exposed), ("no_overlap", compute + comm),
-            ("last_bucket_only", compute + buckets[-1])]}
-        rows.append(dict(world_size=n, buckets=len(buckets), exposed_fraction=measured["exposed_share"],
-                         last_bucket_share=buckets[-1] / comm, predicted_compute_s=compute,
-                         measured_compute_s=measured["compute_per_step_s"], predicted_comm_s=comm,
-                         measured_comm_s=measured["comm_total_per_step_s"], predicted_step_s=compute + exposed,
-                         measured_step_s=measured["step_time_s"],
-                         predicted_speedup=speedup["predicted"], speedup_no_overlap=speedup["no_overlap"],
-                         speedup_last_bucket_only=speedup["last_bucket_only"], measured_speedup=measured["speedup"],
-                         measured_speedup_low=measured["speedup_low"], measured_speedup_high=measured["speedup_high"],
-                         compute_error=compute / measured["compute_per_step_s"] - 1,
-                         comm_error=comm / measured["comm_total_per_step_s"] - 1,
-                         error=speedup["predicted"] / measured["speedup"] - 1))
+        speedup = {
+            name: per_sample_1 / (step / runs[n].global_batch_size)
+            for name, step in [
+                ("predicted", compute + exposed),
+                ("no_overlap", compute + comm),
+                ("last_bucket_only", compute + buckets[-1]),
+            ]
+        }
+        rows.append(
+            dict(
+                world_size=n,
+                buckets=len(buckets),
+                exposed_fraction=measured["exposed_share"],
+                last_bucket_share=buckets[-1] / comm,
+                predicted_compute_s=compute,
+                measured_compute_s=measured["compute_per_step_s"],
+                predicted_comm_s=comm,
+                measured_comm_s=measured["comm_total_per_step_s"],
+                predicted_step_s=compute + exposed,
+                measured_step_s=measured["step_time_s"],
+                predicted_speedup=speedup["predicted"],
+                speedup_no_overlap=speedup["no_overlap"],
+                speedup_last_bucket_only=speedup["last_bucket_only"],
+                measured_speedup=measured["speedup"],
+                measured_speedup_low=measured["speedup_low"],
+                measured_speedup_high=measured["speedup_high"],
+                compute_error=compute / measured["compute_per_step_s"] - 1,
+                comm_error=comm / measured["comm_total_per_step_s"] - 1,
+                error=speedup["predicted"] / measured["speedup"] - 1,
+            )
+        )
     return pd.DataFrame(rows).set_index("world_size")
 
 
@@ -145,9 +164,11 @@ def communication_split(experiment: Experiment) -> pd.DataFrame:
 def print_prediction(experiment: Experiment) -> None:
     prediction = predict(experiment)
     for n, fit in allreduce_fits(experiment).items():
-        print(f"N={n}: alpha {fit.alpha_s * 1e6:.1f} us, beta {fit.beta_s_per_byte * 1e9:.4f} ns/B "
-              f"(busbw {fit.bus_bandwidth_GBps:.2f} GB/s), R^2 {fit.r2:.4f}, max relative error "
-              f"{fit.max_relative_error:.1%}")
+        print(
+            f"N={n}: alpha {fit.alpha_s * 1e6:.1f} us, beta {fit.beta_s_per_byte * 1e9:.4f} ns/B "
+            f"(busbw {fit.bus_bandwidth_GBps:.2f} GB/s), R^2 {fit.r2:.4f}, max relative error "
+            f"{fit.max_relative_error:.1%}"
+        )
     print(prediction.to_string(float_format=lambda v: f"{v:.4g}"))
     print(f"largest |predicted - measured| / measured speedup: {prediction['error'].abs().max():.1%}")
 

@@ -18,8 +18,10 @@ STUDY_PERIOD_MS = PERIOD_US // 1000  # the period every emulated node's quota ru
 def load_periods(folder: Path) -> dict[int, Experiment]:
     """The runs of `benchmarks/cpu_period.py` (`folder`/period-<P>ms: the study's 4 unshaped nodes, round by round),
     by period in ms."""
-    return {int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
-            for path in folder.glob("period-*ms")}
+    return {
+        int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
+        for path in folder.glob("period-*ms")
+    }
 
 
 def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
@@ -32,8 +34,19 @@ def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
     for period, e in sorted(periods.items()):
         c = compare_times(e, periods[STUDY_PERIOD_MS], e.largest, e.largest, floor=floor)
         ms = at_world_size(e, e.largest) * 1e3
-        rows.append(dict(period_ms=period, median_step_ms=ms["step_time_s"], mean_step_ms=ms["mean_step_s"],
-                         compute_ms=ms["compute_per_step_s"], exposed_ms=ms["comm_exposed_per_step_s"],
-                         in_flight_ms=ms["comm_total_per_step_s"], ratio_to_study=c.ratio, low=c.low, high=c.high,
-                         value=c.value(), verdict=c.judged("faster", "slower")))
+        rows.append(
+            dict(
+                period_ms=period,
+                median_step_ms=ms["step_time_s"],
+                mean_step_ms=ms["mean_step_s"],
+                compute_ms=ms["compute_per_step_s"],
+                exposed_ms=ms["comm_exposed_per_step_s"],
+                in_flight_ms=ms["comm_total_per_step_s"],
+                ratio_to_study=c.ratio,
+                low=c.low,
+                high=c.high,
+                value=c.value(),
+                verdict=c.judged("faster", "slower"),
+            )
+        )
     return pd.DataFrame(rows)

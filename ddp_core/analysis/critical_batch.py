@@ -54,13 +54,20 @@ def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int =
     rng = np.random.default_rng(seed)
     groups = {batch: group["steps"].to_numpy(float) for batch, group in table.groupby("batch")}
     batches = np.concatenate([np.full(len(g), batch) for batch, g in groups.items()])
-    fits = pd.DataFrame([critical_batch(batches, np.concatenate([rng.choice(g, size=len(g)) for g in groups.values()]))
-                         for _ in range(draws)])
+    fits = pd.DataFrame(
+        [
+            critical_batch(batches, np.concatenate([rng.choice(g, size=len(g)) for g in groups.values()]))
+            for _ in range(draws)
+        ]
+    )
     bent = fits[np.isfinite(fits["b_crit"])]
     if bent.empty:
         return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan)
-    return {f"{fitted}_{side}": float(np.percentile(bent[fitted], q)) for fitted in ("b_crit", "s_min")
-            for side, q in (("low", 2.5), ("high", 97.5))}
+    return {
+        f"{fitted}_{side}": float(np.percentile(bent[fitted], q))
+        for fitted in ("b_crit", "s_min")
+        for side, q in (("low", 2.5), ("high", 97.5))
+    }
 
 
 def _evals(experiment: Experiment, run: str) -> pd.DataFrame:
@@ -91,13 +98,25 @@ def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
             steps = steps_to_target(evals, target)
             metrics = experiment.metrics[experiment.metrics["run"] == run.name]
             steps_csv = experiment.steps[experiment.steps["run"] == run.name]
-            rows.append({"variant": name, "batch": run.global_batch_size, "per_rank_batch": run.per_rank_batch_size,
-                         "ranks": run.world_size, "lr": run.config["lr"], "seed": run.config["seed"],
-                         "target": target, "steps": steps, "samples": steps * run.global_batch_size,
-                         "last_step": float(evals["step"].max()), "eval_every": run.config["eval_every_steps"],
-                         "b_simple": noise_scale_of_run(metrics), "step_s": median_step(steps_csv["step_time_s"]),
-                         "compute_s": median_step(steps_csv["step_time_s"] - steps_csv["comm_exposed_s"]),
-                         "exposed_s": median_step(steps_csv["comm_exposed_s"])})
+            rows.append(
+                {
+                    "variant": name,
+                    "batch": run.global_batch_size,
+                    "per_rank_batch": run.per_rank_batch_size,
+                    "ranks": run.world_size,
+                    "lr": run.config["lr"],
+                    "seed": run.config["seed"],
+                    "target": target,
+                    "steps": steps,
+                    "samples": steps * run.global_batch_size,
+                    "last_step": float(evals["step"].max()),
+                    "eval_every": run.config["eval_every_steps"],
+                    "b_simple": noise_scale_of_run(metrics),
+                    "step_s": median_step(steps_csv["step_time_s"]),
+                    "compute_s": median_step(steps_csv["step_time_s"] - steps_csv["comm_exposed_s"]),
+                    "exposed_s": median_step(steps_csv["comm_exposed_s"]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -120,13 +139,23 @@ def per_batch(table: pd.DataFrame) -> pd.DataFrame:
     how many reached it, the evaluations' interval, B_simple's mean, and the medians of the runs' step, compute
     and exposed all-reduce."""
     grouped = table[follows_rule(table)].groupby("batch")
-    return pd.DataFrame({
-        "per_rank_batch": grouped["per_rank_batch"].first(), "lr": grouped["lr"].first(),
-        "steps": grouped["steps"].median(), "steps_low": grouped["steps"].min(), "steps_high": grouped["steps"].max(),
-        "samples": grouped["samples"].median(), "reached": grouped["steps"].count(), "runs": grouped.size(),
-        "eval_every": grouped["eval_every"].first(), "b_simple": grouped["b_simple"].mean(),
-        "step_s": grouped["step_s"].median(), "compute_s": grouped["compute_s"].median(),
-        "exposed_s": grouped["exposed_s"].median()})
+    return pd.DataFrame(
+        {
+            "per_rank_batch": grouped["per_rank_batch"].first(),
+            "lr": grouped["lr"].first(),
+            "steps": grouped["steps"].median(),
+            "steps_low": grouped["steps"].min(),
+            "steps_high": grouped["steps"].max(),
+            "samples": grouped["samples"].median(),
+            "reached": grouped["steps"].count(),
+            "runs": grouped.size(),
+            "eval_every": grouped["eval_every"].first(),
+            "b_simple": grouped["b_simple"].mean(),
+            "step_s": grouped["step_s"].median(),
+            "compute_s": grouped["compute_s"].median(),
+            "exposed_s": grouped["exposed_s"].median(),
+        }
+    )
 
 
 def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
@@ -139,23 +168,40 @@ def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
     noise = rule["b_simple"]
     smallest, largest = batches.index.min(), batches.index.max()
     return {
-        "tta_target": target, "tta_chance": 1 / first.model["num_classes"], "tta_preset": first.config["preset"],
-        "tta_dataset": in_words(first.config["dataset"]), "tta_eval_samples": evaluated,
+        "tta_target": target,
+        "tta_chance": 1 / first.model["num_classes"],
+        "tta_preset": first.config["preset"],
+        "tta_dataset": in_words(first.config["dataset"]),
+        "tta_eval_samples": evaluated,
         "tta_target_se": math.sqrt(target * (1 - target) / evaluated),
-        "tta_ranks": int(table["ranks"].iloc[0]), "tta_smallest": int(smallest), "tta_largest": int(largest),
+        "tta_ranks": int(table["ranks"].iloc[0]),
+        "tta_smallest": int(smallest),
+        "tta_largest": int(largest),
         "tta_lr_at_32": float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
-        "tta_unreached": int(table["steps"].isna().sum()), "tta_runs": len(table),
-        **{f"tta_{column}_{end}": float(batches.loc[batch, column]) for column in ("samples", "steps")
-           for end, batch in (("smallest", smallest), ("largest", largest))},
+        "tta_unreached": int(table["steps"].isna().sum()),
+        "tta_runs": len(table),
+        **{
+            f"tta_{column}_{end}": float(batches.loc[batch, column])
+            for column in ("samples", "steps")
+            for end, batch in (("smallest", smallest), ("largest", largest))
+        },
         **{f"tta_{key}": value for key, value in fit.items()},
-        "tta_b_simple": float(noise.mean()), "tta_b_simple_low": float(noise.min()),
-        "tta_b_simple_high": float(noise.max()), "tta_b_crit_over_b_simple": fit["b_crit"] / float(noise.mean()),
-        "tta_rule_unreached": int(rule["steps"].isna().sum()), "tta_rule_runs": len(rule),
+        "tta_b_simple": float(noise.mean()),
+        "tta_b_simple_low": float(noise.min()),
+        "tta_b_simple_high": float(noise.max()),
+        "tta_b_crit_over_b_simple": fit["b_crit"] / float(noise.mean()),
+        "tta_rule_unreached": int(rule["steps"].isna().sum()),
+        "tta_rule_runs": len(rule),
         **{f"tta_{key}": value for key, value in interval.items()},
-        "tta_b_crit_against_range": "past the largest batch measured" if fit["b_crit"] > largest
-        else "below the smallest batch measured" if fit["b_crit"] < smallest else "inside the range measured",
+        "tta_b_crit_against_range": "past the largest batch measured"
+        if fit["b_crit"] > largest
+        else "below the smallest batch measured"
+        if fit["b_crit"] < smallest
+        else "inside the range measured",
         **{f"tta_ratio_{end}": interval[f"b_crit_{end}"] / float(noise.mean()) for end in ("low", "high")},
-        "tta_b_crit_against_b_simple": "larger than every noise scale measured" if interval["b_crit_low"] > noise.max()
-        else "smaller than every noise scale measured" if interval["b_crit_high"] < noise.min()
+        "tta_b_crit_against_b_simple": "larger than every noise scale measured"
+        if interval["b_crit_low"] > noise.max()
+        else "smaller than every noise scale measured"
+        if interval["b_crit_high"] < noise.min()
         else "not told apart from the noise scale",
     }

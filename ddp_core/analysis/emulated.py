@@ -12,14 +12,35 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (POWER_DRAWS, SPEEDUP_RUNS, chance_glue, compare_speedups, paired_sides,
-                                           run_times, slower_speedup, speedup_comparisons, steady_phases,
-                                           study_floor_power)
+from ddp_core.analysis.comparisons import (
+    POWER_DRAWS,
+    SPEEDUP_RUNS,
+    chance_glue,
+    compare_speedups,
+    paired_sides,
+    run_times,
+    slower_speedup,
+    speedup_comparisons,
+    steady_phases,
+    study_floor_power,
+)
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.provenance import origin
-from ddp_core.analysis.results import (EMULATED_OTHER_CORES, SHARE_GOT, STOLEN, Experiment, borrowed_from, forecast,
-                                       joined, link_label, measured_gbit_s, only, point_label, read_wind_tunnel,
-                                       wind_tunnel_record)
+from ddp_core.analysis.results import (
+    EMULATED_OTHER_CORES,
+    SHARE_GOT,
+    STOLEN,
+    Experiment,
+    borrowed_from,
+    forecast,
+    joined,
+    link_label,
+    measured_gbit_s,
+    only,
+    point_label,
+    read_wind_tunnel,
+    wind_tunnel_record,
+)
 from ddp_core.analysis.similarity import CONFIGURATIONS
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import counted, median_range, noise_format, range_text
@@ -43,8 +64,11 @@ def ddp_on_nodes(experiment: Experiment) -> bool:
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
     """Each link's DDP runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
     (the variants at another share are the similarity test's)."""
-    links = {variant: joined(study[BASELINE], e) for variant, e in study.items()
-             if ddp_on_nodes(e) and node_share(e) == node_share(study[BASELINE])}
+    links = {
+        variant: joined(study[BASELINE], e)
+        for variant, e in study.items()
+        if ddp_on_nodes(e) and node_share(e) == node_share(study[BASELINE])
+    }
     return dict(sorted(links.items(), key=lambda item: -measured_gbit_s(item[1])))
 
 
@@ -53,8 +77,11 @@ def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
     experiments, then those of the similarity test."""
     links = link_experiments(study)
     ones = {node_share(e): e for e in study.values() if e.largest == 1}
-    return links | {variant: joined(ones[node_share(e)], e) for variant, e in study.items()
-                    if ddp_on_nodes(e) and variant not in links}
+    return links | {
+        variant: joined(ones[node_share(e)], e)
+        for variant, e in study.items()
+        if ddp_on_nodes(e) and variant not in links
+    }
 
 
 def variant_label(experiment: Experiment, study: dict[str, Experiment], nodes: int | None = None) -> str:
@@ -83,17 +110,50 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
         twin_speedups, tested_speedups = speedup_comparisons(twin), speedup_comparisons(tested)
         for n in sorted(n for n in tested.repeats if n > 1 and n in twin.repeats):
             c = compare_speedups(tested, twin, n)
-            repeats = [twin_sides[1], twin_sides[n], tested_sides[1], tested_sides[n],  # the floor's configurations
-                       *(sides[m] for sides in (twin_sides, tested_sides) for m in sides if m not in (1, n))]
-            rows.append(dict(configuration=point_label(tested, n), nodes=n, borrowed=record[variant]["configuration"],
-                             share=share,
-                             other_share=node_share(tested), speedup=twin_speedups[n].ratio,
-                             other_speedup=tested_speedups[n].ratio, ratio=c.ratio, low=c.low, high=c.high,
-                             floor=c.floor, verdict=c.says("scales worse", "scales better"),
-                             finds_effect=error_rates(repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS,
-                                                        planted=slower_speedup, runs=SPEEDUP_RUNS)[SIMILARITY_EFFECT]))
-    return pd.DataFrame(rows, columns=["configuration", "nodes", "borrowed", "share", "other_share", "speedup",
-                                       "other_speedup", "ratio", "low", "high", "floor", "verdict", "finds_effect"])
+            repeats = [
+                twin_sides[1],
+                twin_sides[n],
+                tested_sides[1],
+                tested_sides[n],  # the floor's configurations
+                *(sides[m] for sides in (twin_sides, tested_sides) for m in sides if m not in (1, n)),
+            ]
+            rows.append(
+                dict(
+                    configuration=point_label(tested, n),
+                    nodes=n,
+                    borrowed=record[variant]["configuration"],
+                    share=share,
+                    other_share=node_share(tested),
+                    speedup=twin_speedups[n].ratio,
+                    other_speedup=tested_speedups[n].ratio,
+                    ratio=c.ratio,
+                    low=c.low,
+                    high=c.high,
+                    floor=c.floor,
+                    verdict=c.says("scales worse", "scales better"),
+                    finds_effect=error_rates(
+                        repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS, planted=slower_speedup, runs=SPEEDUP_RUNS
+                    )[SIMILARITY_EFFECT],
+                )
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "configuration",
+            "nodes",
+            "borrowed",
+            "share",
+            "other_share",
+            "speedup",
+            "other_speedup",
+            "ratio",
+            "low",
+            "high",
+            "floor",
+            "verdict",
+            "finds_effect",
+        ],
+    )
 
 
 SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other
@@ -106,15 +166,27 @@ def similarity_test_findings(study: dict[str, Experiment]) -> dict:
     numbers where the study has no variant on nodes of another share."""
     table = similarity_test_table(study)
     if table.empty:
-        return {"similarity_verdict": "not run", "similarity_value": "none", "similarity_share": "none",
-                "similarity_other_share": "none", "similarity_power": np.nan, "similarity_effect": SIMILARITY_EFFECT,
-                "similarity_setting": "none", "similarity_within": np.nan}
+        return {
+            "similarity_verdict": "not run",
+            "similarity_value": "none",
+            "similarity_share": "none",
+            "similarity_other_share": "none",
+            "similarity_power": np.nan,
+            "similarity_effect": SIMILARITY_EFFECT,
+            "similarity_setting": "none",
+            "similarity_within": np.nan,
+        }
     row = table.iloc[0]
-    return {"similarity_share": f"{row['share']:g}", "similarity_other_share": f"{row['other_share']:g}",
-            "similarity_setting": f"{counted(int(row['nodes']), 'node')}, links set to {row['configuration']}",
-            "similarity_value": median_range(row["ratio"], row["low"], row["high"], between=" to "),
-            "similarity_verdict": row["verdict"], "similarity_power": row["finds_effect"],
-            "similarity_within": max(abs(row["low"] - 1), abs(row["high"] - 1)), "similarity_effect": SIMILARITY_EFFECT}
+    return {
+        "similarity_share": f"{row['share']:g}",
+        "similarity_other_share": f"{row['other_share']:g}",
+        "similarity_setting": f"{counted(int(row['nodes']), 'node')}, links set to {row['configuration']}",
+        "similarity_value": median_range(row["ratio"], row["low"], row["high"], between=" to "),
+        "similarity_verdict": row["verdict"],
+        "similarity_power": row["finds_effect"],
+        "similarity_within": max(abs(row["low"] - 1), abs(row["high"] - 1)),
+        "similarity_effect": SIMILARITY_EFFECT,
+    }
 
 
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -129,14 +201,32 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
         for n in [n for n in table.index if n > 1]:
             row, predicted = table.loc[n], prediction.reindex([n]).iloc[0]  # all NaN where no benchmark at n
             ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
-            rows.append(dict(
-                forecast_speedup=forecast(ahead).get("speedup", np.nan), link=link_label(e), point=point_label(e, n),
-                measured_gbit_s=measured_gbit_s(only(e, n)), world_size=n,
-                **row[["speedup", "speedup_low", "speedup_high", "efficiency", "step_time_s", "mean_step_s",
-                       "comm_total_per_step_s", "comm_exposed_per_step_s"]],
-                **predicted[["predicted_comm_s", "predicted_compute_s"]],
-                **row[["compute_per_step_s", "compute_to_comm_ratio"]], break_even_ratio=row["exposed_share"] / (n - 1),
-                predicted_speedup=predicted["predicted_speedup"], prediction_error=predicted["error"]))
+            rows.append(
+                dict(
+                    forecast_speedup=forecast(ahead).get("speedup", np.nan),
+                    link=link_label(e),
+                    point=point_label(e, n),
+                    measured_gbit_s=measured_gbit_s(only(e, n)),
+                    world_size=n,
+                    **row[
+                        [
+                            "speedup",
+                            "speedup_low",
+                            "speedup_high",
+                            "efficiency",
+                            "step_time_s",
+                            "mean_step_s",
+                            "comm_total_per_step_s",
+                            "comm_exposed_per_step_s",
+                        ]
+                    ],
+                    **predicted[["predicted_comm_s", "predicted_compute_s"]],
+                    **row[["compute_per_step_s", "compute_to_comm_ratio"]],
+                    break_even_ratio=row["exposed_share"] / (n - 1),
+                    predicted_speedup=predicted["predicted_speedup"],
+                    prediction_error=predicted["error"],
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -153,42 +243,68 @@ def nodes_findings(study: dict[str, Experiment]) -> dict:
     network = one.raw["network"]
     nodes = sorted({n for experiment in study.values() for n in experiment.repeats})
     inflation = (table["compute_per_step_s"] / table["predicted_compute_s"])[table["world_size"] == most]
-    found = {"cpus_per_node": network["cpus_per_node"], "cpu_period_ms": network["cpu_period_ms"], "most_nodes": most,
-             "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}", "global_batch": one.global_batch_size,
-             "train_samples": one.config["train_samples"], "epochs": one.config["epochs"], "share_got": SHARE_GOT,
-             "stolen_limit": STOLEN, "others_limit": EMULATED_OTHER_CORES,
-             "runs_each": counted(len(study[BASELINE].all_runs), "run"), "ideal_cores": network["cpus_per_node"] * most,
-             "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
-             "cores": one.cpu_count, "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
-             "whose": origin(study[BASELINE].folder),
-             **chance_glue("one_node", study[BASELINE], 1), "prediction_errors": signs(table["prediction_error"])}
+    found = {
+        "cpus_per_node": network["cpus_per_node"],
+        "cpu_period_ms": network["cpu_period_ms"],
+        "most_nodes": most,
+        "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}",
+        "global_batch": one.global_batch_size,
+        "train_samples": one.config["train_samples"],
+        "epochs": one.config["epochs"],
+        "share_got": SHARE_GOT,
+        "stolen_limit": STOLEN,
+        "others_limit": EMULATED_OTHER_CORES,
+        "runs_each": counted(len(study[BASELINE].all_runs), "run"),
+        "ideal_cores": network["cpus_per_node"] * most,
+        "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
+        "cores": one.cpu_count,
+        "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
+        "whose": origin(study[BASELINE].folder),
+        **chance_glue("one_node", study[BASELINE], 1),
+        "prediction_errors": signs(table["prediction_error"]),
+    }
     for end, variant in (("fastest", list(links)[0]), ("slowest", list(links)[-1])):
         experiment, point = links[variant], points.loc[(variant, most)]
         row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
         comparison = speedup_comparisons(experiment)[most]
         shown = noise_format(row["speedup"], comparison.floor)
-        found |= {f"{end}_{key}": value for key, value in {
-            "speedup_shown": shown.format(row["speedup"]), "floor": comparison.floor,
-            "power": study_floor_power({"": experiment})["found_10"],
-            "setting": point["setting"],
-            "speedup_range": range_text(row["speedup_low"], row["speedup_high"], shown, " to "),
-            "efficiency": row["efficiency"],
-            "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
-            "exposed_ms": row["comm_exposed_per_step_s"] * 1e3, "step_ms": row["mean_step_s"] * 1e3,
-            "comm_ms": row["comm_total_per_step_s"] * 1e3, "benchmark_ms": row["predicted_comm_s"] * 1e3,
-            "verdict": comparison.says("slower", "faster")}.items()}
+        found |= {
+            f"{end}_{key}": value
+            for key, value in {
+                "speedup_shown": shown.format(row["speedup"]),
+                "floor": comparison.floor,
+                "power": study_floor_power({"": experiment})["found_10"],
+                "setting": point["setting"],
+                "speedup_range": range_text(row["speedup_low"], row["speedup_high"], shown, " to "),
+                "efficiency": row["efficiency"],
+                "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
+                "exposed_ms": row["comm_exposed_per_step_s"] * 1e3,
+                "step_ms": row["mean_step_s"] * 1e3,
+                "comm_ms": row["comm_total_per_step_s"] * 1e3,
+                "benchmark_ms": row["predicted_comm_s"] * 1e3,
+                "verdict": comparison.says("slower", "faster"),
+            }.items()
+        }
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
-    return found | {"compute_inflation_range": f"{inflation.min():.2f} to {inflation.max():.2f}", "points": len(table),
-                    "faster_points": int((table["speedup"] > 1).sum()),
-                    "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum())}
+    return found | {
+        "compute_inflation_range": f"{inflation.min():.2f} to {inflation.max():.2f}",
+        "points": len(table),
+        "faster_points": int((table["speedup"] > 1).sum()),
+        "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum()),
+    }
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
     """`nodes_findings`, `efficiency_findings`, `similarity_test_findings`, `similarity_findings` (the machine) and
     `forecast_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue
     them."""
-    found = (nodes_findings(study) | efficiency_findings(study) | similarity_test_findings(study)
-             | similarity_findings(study) | forecast_findings(study))
+    found = (
+        nodes_findings(study)
+        | efficiency_findings(study)
+        | similarity_test_findings(study)
+        | similarity_findings(study)
+        | forecast_findings(study)
+    )
     return {f"nodes_{key}": value for key, value in found.items()}
 
 
@@ -210,9 +326,18 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
             rounds = [f for f in entry.get("forecasts", []) if f["repeat"] <= len(runs)]
             before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
             within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
-            rows.append(dict(link=variant_label(experiment, study, n), world_size=n, forecast_ms=ahead["step_s"] * 1e3,
-                             rounds_before=f"{before} of {len(runs)}", step_ms=step * 1e3,
-                             error=ahead["step_s"] / step - 1, rounds_within=within, rounds=len(rounds)))
+            rows.append(
+                dict(
+                    link=variant_label(experiment, study, n),
+                    world_size=n,
+                    forecast_ms=ahead["step_s"] * 1e3,
+                    rounds_before=f"{before} of {len(runs)}",
+                    step_ms=step * 1e3,
+                    error=ahead["step_s"] / step - 1,
+                    rounds_within=within,
+                    rounds=len(rounds),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -221,13 +346,18 @@ def forecast_findings(study: dict[str, Experiment]) -> dict:
     measured, their range and sign; and how far apart the repeats of one node ran at each share (`one_node_drift`)."""
     table = forecast_table(study)
     errors = table["error"]
-    return {"forecast_bar": FORECAST_BAR, "forecasts": len(table),
-            "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
-            "forecast_rounds": int(table["rounds"].sum()), "forecast_rounds_within": int(table["rounds_within"].sum()),
-            "forecast_errors": signs(errors), "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
-            "one_node_repeats_apart": " and ".join(f"{apart:.0%} at {share:g} core"
-                                                   for share, apart in sorted(one_node_drift(study).items(),
-                                                                              reverse=True))}
+    return {
+        "forecast_bar": FORECAST_BAR,
+        "forecasts": len(table),
+        "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
+        "forecast_rounds": int(table["rounds"].sum()),
+        "forecast_rounds_within": int(table["rounds_within"].sum()),
+        "forecast_errors": signs(errors),
+        "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
+        "one_node_repeats_apart": " and ".join(
+            f"{apart:.0%} at {share:g} core" for share, apart in sorted(one_node_drift(study).items(), reverse=True)
+        ),
+    }
 
 
 def one_node_drift(study: dict[str, Experiment]) -> dict[float, float]:
@@ -242,8 +372,13 @@ def signs(values: pd.Series) -> str:
     """The signs of `values` in outcome words: "all positive", "all negative", or how many of them are negative
     ("6 of 7 negative")."""
     negative = int((values < 0).sum())
-    return ("all positive" if (values > 0).all() else "all negative" if negative == len(values)
-            else f"{negative} of {len(values)} negative")
+    return (
+        "all positive"
+        if (values > 0).all()
+        else "all negative"
+        if negative == len(values)
+        else f"{negative} of {len(values)} negative"
+    )
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -263,20 +398,35 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
             entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
-            cluster_low, cluster_high = (cluster.speedup_range(one.model, one.global_batch_size, n) if cluster
-                                         else (np.nan, np.nan))
+            cluster_low, cluster_high = (
+                cluster.speedup_range(one.model, one.global_batch_size, n) if cluster else (np.nan, np.nan)
+            )
             point, borrowed = point_label(experiment, n), borrowed_from(experiment)
-            rows.append(dict(
-                variant=variant, configuration=link_label(experiment), point=point, borrowed=borrowed,
-                setting=f"links set to {point}" if borrowed else f"{point} links", share=node_share(experiment),
-                nodes=n, modelled_batch=cluster.batch(one.global_batch_size) if cluster else np.nan,
-                cluster_low=cluster_low, cluster_high=cluster_high,
-                target_ratio=entry.get("target_ratio", np.nan), achieved_ratio=entry.get("achieved_ratio", np.nan),
-                link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry else rate * 1e3 if rate else np.nan,
-                **row[["speedup", "efficiency", "speedup_low", "speedup_high"]], efficiency_low=row["speedup_low"] / n,
-                efficiency_high=row["speedup_high"] / n, verdict=row["verdict"], floor=row["noise_floor"],
-                runs_ratio=row["compute_to_comm_ratio"], exposed_share=row["exposed_share"],
-                break_even=row["exposed_share"] / (n - 1)))
+            rows.append(
+                dict(
+                    variant=variant,
+                    configuration=link_label(experiment),
+                    point=point,
+                    borrowed=borrowed,
+                    setting=f"links set to {point}" if borrowed else f"{point} links",
+                    share=node_share(experiment),
+                    nodes=n,
+                    modelled_batch=cluster.batch(one.global_batch_size) if cluster else np.nan,
+                    cluster_low=cluster_low,
+                    cluster_high=cluster_high,
+                    target_ratio=entry.get("target_ratio", np.nan),
+                    achieved_ratio=entry.get("achieved_ratio", np.nan),
+                    link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry else rate * 1e3 if rate else np.nan,
+                    **row[["speedup", "efficiency", "speedup_low", "speedup_high"]],
+                    efficiency_low=row["speedup_low"] / n,
+                    efficiency_high=row["speedup_high"] / n,
+                    verdict=row["verdict"],
+                    floor=row["noise_floor"],
+                    runs_ratio=row["compute_to_comm_ratio"],
+                    exposed_share=row["exposed_share"],
+                    break_even=row["exposed_share"] / (n - 1),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -289,16 +439,25 @@ def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
     median step of the speedups leaves out the slower first steps of each epoch, and would put points above the
     curve."""
     experiments = variant_experiments(study)
-    points = pd.concat({variant: scaling_table(e).query("index > 1") for variant, e in experiments.items()},
-                       names=["variant", "nodes"]).reset_index()
+    points = pd.concat(
+        {variant: scaling_table(e).query("index > 1") for variant, e in experiments.items()}, names=["variant", "nodes"]
+    ).reset_index()
     x, nodes = points["compute_to_comm_ratio"] / points["exposed_share"], points["nodes"]
     steps = {variant: paired_sides(e, "mean_step_s") for variant, e in experiments.items()}
-    rounds = [[one / (n * step) for one, step in zip(steps[v][1], steps[v][n])]
-              for v, n in zip(points["variant"], nodes)]
-    table = pd.DataFrame({"configuration": [variant_label(experiments[v], study) for v in points["variant"]],
-                          "nodes": nodes, "ratio_over_exposed": x, "efficiency": [np.median(r) for r in rounds],
-                          "efficiency_low": [min(r) for r in rounds], "efficiency_high": [max(r) for r in rounds],
-                          "theory_efficiency": x / (1 + x)})
+    rounds = [
+        [one / (n * step) for one, step in zip(steps[v][1], steps[v][n])] for v, n in zip(points["variant"], nodes)
+    ]
+    table = pd.DataFrame(
+        {
+            "configuration": [variant_label(experiments[v], study) for v in points["variant"]],
+            "nodes": nodes,
+            "ratio_over_exposed": x,
+            "efficiency": [np.median(r) for r in rounds],
+            "efficiency_low": [min(r) for r in rounds],
+            "efficiency_high": [max(r) for r in rounds],
+            "theory_efficiency": x / (1 + x),
+        }
+    )
     return table.assign(of_theory=table["efficiency"] / table["theory_efficiency"])
 
 
@@ -306,18 +465,27 @@ def efficiency_findings(study: dict[str, Experiment]) -> dict:
     """How far the points reach the theory's curve: the efficiency measured over the curve's at the same x, its
     median and range over the points (below 1: under the curve)."""
     reached = efficiency_table(study)["of_theory"]
-    return {"curve_points": len(reached), "curve_reached": reached.median(),
-            "curve_reached_range": f"{reached.min():.0%} to {reached.max():.0%}"}
+    return {
+        "curve_points": len(reached),
+        "curve_reached": reached.median(),
+        "curve_reached_range": f"{reached.min():.0%} to {reached.max():.0%}",
+    }
 
 
 def calibration_runs(runs: list[dict]) -> dict:
     """The one-node runs the wind tunnel set the links by (wind_tunnel.json): how many counted, the range of their
     compute per step in ms, and those it set aside with why, or "none"."""
     counted = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]]
-    return {"tunnel_runs_counted": len(counted),
-            "tunnel_runs_range": f"{min(counted, default=np.nan):,.0f} to {max(counted, default=np.nan):,.0f}",
-            "tunnel_set_aside": ", ".join(f"{run['run']} ({run['set_aside']}, {run['compute_per_step_s'] * 1e3:,.0f} "
-                                          f"ms)" for run in runs if run["set_aside"]) or "none"}
+    return {
+        "tunnel_runs_counted": len(counted),
+        "tunnel_runs_range": f"{min(counted, default=np.nan):,.0f} to {max(counted, default=np.nan):,.0f}",
+        "tunnel_set_aside": ", ".join(
+            f"{run['run']} ({run['set_aside']}, {run['compute_per_step_s'] * 1e3:,.0f} ms)"
+            for run in runs
+            if run["set_aside"]
+        )
+        or "none",
+    }
 
 
 def similarity_findings(study: dict[str, Experiment]) -> dict:
@@ -327,14 +495,17 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     calibrated = tunnel.get("shares", {}).get(f"{node_share(study[BASELINE]):g}")
     modelled = {m["configuration"]: CONFIGURATIONS[m["models"]].source for m in tunnel.get("variants", {}).values()}
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
-    return {"tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
-            **calibration_runs(calibrated["one_node_runs"] if calibrated else []),
-            "tunnel_out_of_line": calibrated["out_of_line"] if calibrated else np.nan,
-            "tunnel_quiet": "quiet" if not calibrated or calibrated["quiet"] else "busy",
-            "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}", "tunnel_cpu": one["device_name"],
-            "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
-            "tunnel_tolerance": tunnel.get("tolerance", np.nan),
-            "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none"}
+    return {
+        "tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
+        **calibration_runs(calibrated["one_node_runs"] if calibrated else []),
+        "tunnel_out_of_line": calibrated["out_of_line"] if calibrated else np.nan,
+        "tunnel_quiet": "quiet" if not calibrated or calibrated["quiet"] else "busy",
+        "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}",
+        "tunnel_cpu": one["device_name"],
+        "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
+        "tunnel_tolerance": tunnel.get("tolerance", np.nan),
+        "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none",
+    }
 
 
 def nodes_figure(study: dict[str, Experiment]):
@@ -355,31 +526,45 @@ def nodes_figure(study: dict[str, Experiment]):
         speed.errorbar([1, *rows["world_size"]], [1, *rows["speedup"]], yerr=error, fmt="o-", capsize=3, color=f"C{i}")
         ahead = rows["forecast_speedup"].fillna(rows["predicted_speedup"])  # the forecast, else the cost model's
         speed.plot(rows["world_size"], ahead, "s--", color=f"C{i}", alpha=0.6)
-        parts.plot(rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6,
-                   markersize=8 - 2 * i)
+        parts.plot(
+            rows["world_size"], rows["compute_per_step_s"] * 1e3, "^-", color=f"C{i}", alpha=0.6, markersize=8 - 2 * i
+        )
         parts.plot(rows["world_size"], rows["comm_exposed_per_step_s"] * 1e3, "x--", color=f"C{i}", markersize=8)
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=link))
     main, record = link_experiments(study), wind_tunnel_record(study[BASELINE].folder.parent)
-    for i, (variant, e) in enumerate(((v, e) for v, e in variant_experiments(study).items() if v not in main),
-                                     len(colours)):  # the similarity test's nodes: their speedup, over their one node
+    for i, (variant, e) in enumerate(
+        ((v, e) for v, e in variant_experiments(study).items() if v not in main), len(colours)
+    ):  # the similarity test's nodes: their speedup, over their one node
         curve = scaling_table(e).query("index > 1")
         error = [[0, *(curve["speedup"] - curve["speedup_low"])], [0, *(curve["speedup_high"] - curve["speedup"])]]
         speed.errorbar([1, *curve.index], [1, *curve["speedup"]], yerr=error, fmt="D-", capsize=3, color=f"C{i}")
         ahead = record.get(variant, {}).get("by_nodes", {})
-        speed.plot([int(n) for n in ahead], [forecast(entry)["speedup"] for entry in ahead.values()], "s--",
-                   color=f"C{i}", alpha=0.6)
+        speed.plot(
+            [int(n) for n in ahead],
+            [forecast(entry)["speedup"] for entry in ahead.values()],
+            "s--",
+            color=f"C{i}",
+            alpha=0.6,
+        )
         colours.append(Line2D([], [], color=f"C{i}", linewidth=6, label=f"{variant_label(e, study)} (left only)"))
     ahead_label = "speedup forecast before the runs" if table["forecast_speedup"].notna().all() else "speedup predicted"
-    styles = [Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
-              Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6, label=ahead_label),
-              Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
-              Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
-              Line2D([], [], color="black", marker="x", linestyle="--", label="exposed all-reduce per step")]
+    styles = [
+        Line2D([], [], color="black", marker="o", label="speedup measured (bar: range of the repeats)"),
+        Line2D([], [], color="black", marker="s", linestyle="--", alpha=0.6, label=ahead_label),
+        Line2D([], [], color="gray", linestyle=":", label="ideal: N; one node's compute / N"),
+        Line2D([], [], color="black", marker="^", alpha=0.6, label="compute per step"),
+        Line2D([], [], color="black", marker="x", linestyle="--", label="exposed all-reduce per step"),
+    ]
     speed.set(xscale="log", yscale="log", xlabel="nodes", ylabel="speedup over one node", title="Speedup against nodes")
     speed_ticks = [0.5, *nodes] if speed.get_ylim()[0] < 1 else nodes
-    parts.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms per step (mean, steady epochs)",
-              title="Compute and exposed all-reduce per step")
-    nice = [m * 10 ** e for e in range(-1, 5) for m in (1, 2, 5)]  # ms: down to the next of these, a tick at each
+    parts.set(
+        xscale="log",
+        yscale="log",
+        xlabel="nodes",
+        ylabel="ms per step (mean, steady epochs)",
+        title="Compute and exposed all-reduce per step",
+    )
+    nice = [m * 10**e for e in range(-1, 5) for m in (1, 2, 5)]  # ms: down to the next of these, a tick at each
     low, high = parts.get_ylim()
     low = max([t for t in nice if t <= low], default=low)
     parts.set_ylim(low, high)
@@ -387,8 +572,15 @@ def nodes_figure(study: dict[str, Experiment]):
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
         ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    fig.legend(handles=colours, title="links", loc="lower left", bbox_to_anchor=(0.04, 0), fontsize=9,
-               title_fontsize=9, frameon=False)
+    fig.legend(
+        handles=colours,
+        title="links",
+        loc="lower left",
+        bbox_to_anchor=(0.04, 0),
+        fontsize=9,
+        title_fontsize=9,
+        frameon=False,
+    )
     fig.legend(handles=styles, loc="lower left", bbox_to_anchor=(0.5, 0), fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.22, 1, 1))
     return fig

@@ -14,12 +14,25 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import speedup_glue
 from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
-from ddp_core.analysis.nvlink_forecast import (FORECAST_GPUS, SHARE_LOOP, WHOLE_LOOP, load_timelines, measured_forecast,
-                                               replay_findings)
+from ddp_core.analysis.nvlink_forecast import (
+    FORECAST_GPUS,
+    SHARE_LOOP,
+    WHOLE_LOOP,
+    load_timelines,
+    measured_forecast,
+    replay_findings,
+)
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
-from ddp_core.analysis.throughput import (CONFIG, loop_rounds, precision_name, ratio_comparison, ratio_findings,
-                                          rounds_floor, throughput_table)
+from ddp_core.analysis.throughput import (
+    CONFIG,
+    loop_rounds,
+    precision_name,
+    ratio_comparison,
+    ratio_findings,
+    rounds_floor,
+    throughput_table,
+)
 from ddp_core.analysis.verdict import compare
 from ddp_core.engine.model_shape import PRESETS
 
@@ -58,8 +71,10 @@ def mfu_table(gpu: GpuResults) -> pd.DataFrame:
     by_compiled = {False: gpu.eager, True: gpu.compiled}
     table = pd.concat(throughput_table(m).assign(compiled=key) for key, m in by_compiled.items() if m is not None)
     table = table.set_index("compiled", append=True)[["samples_per_s_timed", "tflops", "mfu", "share_of_matmul"]]
-    return table.sort_index(level=["preset", "amp", "batch_size"],
-                            key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset" else index)
+    return table.sort_index(
+        level=["preset", "amp", "batch_size"],
+        key=lambda index: index.map(PRESET_ORDER.get) if index.name == "preset" else index,
+    )
 
 
 def mfu_findings(gpu: GpuResults) -> dict:
@@ -68,29 +83,41 @@ def mfu_findings(gpu: GpuResults) -> dict:
     table = mfu_table(gpu)
     eager = table.xs(False, level="compiled").sort_index()
     best = eager["mfu"].idxmax()
-    found = {"best_mfu": eager["mfu"].max(), "best_config": f"{best[0]}, {precision_name(best[1])}, batch {best[2]}",
-             "best_tflops": eager.loc[best, "tflops"],
-             "goal_word": "reached" if table["mfu"].max() >= MFU_GOAL else "not reached",
-             "fp32_best_mfu": eager[eager.index.get_level_values("amp") == "off"]["mfu"].max(),
-             "fp32_matmul_tflops": gpu.eager.info["matmul_tflops"].get("off", float("nan"))}
+    found = {
+        "best_mfu": eager["mfu"].max(),
+        "best_config": f"{best[0]}, {precision_name(best[1])}, batch {best[2]}",
+        "best_tflops": eager.loc[best, "tflops"],
+        "goal_word": "reached" if table["mfu"].max() >= MFU_GOAL else "not reached",
+        "fp32_best_mfu": eager[eager.index.get_level_values("amp") == "off"]["mfu"].max(),
+        "fp32_matmul_tflops": gpu.eager.info["matmul_tflops"].get("off", float("nan")),
+    }
     smallest = min(eager.index.get_level_values("preset"), key=PRESET_ORDER.get)
     amp = eager.loc[smallest].index.get_level_values("amp")[0]  # bf16 where measured
     steps = (eager.index.get_level_values("batch_size") / eager["samples_per_s_timed"]).loc[(smallest, amp)]
     low, high = steps.index.min(), steps.index.max()
-    found |= {"smallest_preset": smallest, "smallest_precision": precision_name(amp), "smallest_batch_low": int(low),
-              "smallest_batch_high": int(high), "smallest_batch_growth": high / low,
-              "smallest_step_growth": steps.loc[high] / steps.loc[low]}
+    found |= {
+        "smallest_preset": smallest,
+        "smallest_precision": precision_name(amp),
+        "smallest_batch_low": int(low),
+        "smallest_batch_high": int(high),
+        "smallest_batch_growth": high / low,
+        "smallest_step_growth": steps.loc[high] / steps.loc[low],
+    }
     if gpu.compiled is not None:
         compiled = table.xs(True, level="compiled")
         config = compiled["mfu"].idxmax()
         seconds = loop_rounds(gpu.compiled).loc[config]
         verdict = compare(list(seconds["plain"]), list(seconds["timed"]), rounds_floor(seconds))
-        found |= {"compiled_mfu": compiled.loc[config, "mfu"],
-                  "compiled_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
-                  "eager_mfu_same_config": eager.loc[config, "mfu"] if config in eager.index else float("nan"),
-                  "compiled_vs_plain": verdict.ratio, "compiled_vs_plain_low": verdict.low,
-                  "compiled_vs_plain_high": verdict.high, "compiled_rounds": len(seconds),
-                  "compiled_verdict": verdict.says("slower", "faster")}
+        found |= {
+            "compiled_mfu": compiled.loc[config, "mfu"],
+            "compiled_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
+            "eager_mfu_same_config": eager.loc[config, "mfu"] if config in eager.index else float("nan"),
+            "compiled_vs_plain": verdict.ratio,
+            "compiled_vs_plain_low": verdict.low,
+            "compiled_vs_plain_high": verdict.high,
+            "compiled_rounds": len(seconds),
+            "compiled_verdict": verdict.says("slower", "faster"),
+        }
     return found
 
 
@@ -140,10 +167,21 @@ def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     settings = dict(zip(points["configuration"], points["setting"]))
     bench = table["predicted_compute_s"] / table["predicted_comm_s"]
     ratio = points.set_index("configuration")["achieved_ratio"].reindex(table.index).fillna(bench)
-    return pd.DataFrame({"setting": [settings[link] for link in table.index], "nodes": n, "ratio": ratio,
-                         "compute_over_ideal": table["compute_per_step_s"] / table["predicted_compute_s"],
-                         "efficiency": table["efficiency"], "efficiency_low": table["speedup_low"] / n,
-                         "efficiency_high": table["speedup_high"] / n}).set_index("setting").sort_values("ratio")
+    return (
+        pd.DataFrame(
+            {
+                "setting": [settings[link] for link in table.index],
+                "nodes": n,
+                "ratio": ratio,
+                "compute_over_ideal": table["compute_per_step_s"] / table["predicted_compute_s"],
+                "efficiency": table["efficiency"],
+                "efficiency_low": table["speedup_low"] / n,
+                "efficiency_high": table["speedup_high"] / n,
+            }
+        )
+        .set_index("setting")
+        .sort_values("ratio")
+    )
 
 
 def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
@@ -171,29 +209,47 @@ def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
     links = emulated_table(nodes)
     place, beside = place_among(row["ratio"], links["ratio"])
     batch = int(row["batch_per_gpu"])
-    return {"forecast_gpus": FORECAST_GPUS, "forecast_batch": batch, "forecast_global_batch": batch * FORECAST_GPUS,
-            "forecast_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
-            "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", batch, False), "mfu"],
-            **{f"forecast_{key}": row[key] for key in ("compute_over_ideal", "bare_per_gpu_ms", "ddp_cost_ms",
-                                                       "one_gpu_ms", "per_gpu_ms", "comm_ms", "ratio")},
-            "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
-                                                  f"{row['compute_over_ideal_high']:.2f}",
-            "forecast_speedup_low": row["speedup_no_overlap"], "forecast_speedup_high": row["speedup_last_bucket_only"],
-            "forecast_bare_speedup_low": row["bare_speedup_no_overlap"],
-            "forecast_bare_speedup_high": row["bare_speedup_last_bucket_only"],
-            "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
-            "forecast_speedup_word": forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
-            **speedup_glue("forecast_ddp", ratio_comparison(gpu.eager, "ddp", ("large", "bf16", batch))),
-            "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
-            "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
-            "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),
-            "forecast_fp32_compute_over_ideal": fp32["compute_over_ideal"].iloc[-1] if len(fp32) else float("nan"),
-            "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
-            "forecast_low": row["efficiency_no_overlap"], "forecast_high": row["efficiency_last_bucket"],
-            "forecast_place": place, "emulated_nodes": int(links["nodes"].iloc[0]),
-            "forecast_beside": " and ".join(f"{link}, {links.loc[link, 'ratio']:.2f} reached, "
-                                            f"{links.loc[link, 'efficiency']:.0%} efficiency measured"
-                                            for link in beside)}
+    return {
+        "forecast_gpus": FORECAST_GPUS,
+        "forecast_batch": batch,
+        "forecast_global_batch": batch * FORECAST_GPUS,
+        "forecast_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
+        "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", batch, False), "mfu"],
+        **{
+            f"forecast_{key}": row[key]
+            for key in (
+                "compute_over_ideal",
+                "bare_per_gpu_ms",
+                "ddp_cost_ms",
+                "one_gpu_ms",
+                "per_gpu_ms",
+                "comm_ms",
+                "ratio",
+            )
+        },
+        "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
+        f"{row['compute_over_ideal_high']:.2f}",
+        "forecast_speedup_low": row["speedup_no_overlap"],
+        "forecast_speedup_high": row["speedup_last_bucket_only"],
+        "forecast_bare_speedup_low": row["bare_speedup_no_overlap"],
+        "forecast_bare_speedup_high": row["bare_speedup_last_bucket_only"],
+        "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
+        "forecast_speedup_word": forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
+        **speedup_glue("forecast_ddp", ratio_comparison(gpu.eager, "ddp", ("large", "bf16", batch))),
+        "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
+        "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
+        "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),
+        "forecast_fp32_compute_over_ideal": fp32["compute_over_ideal"].iloc[-1] if len(fp32) else float("nan"),
+        "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
+        "forecast_low": row["efficiency_no_overlap"],
+        "forecast_high": row["efficiency_last_bucket"],
+        "forecast_place": place,
+        "emulated_nodes": int(links["nodes"].iloc[0]),
+        "forecast_beside": " and ".join(
+            f"{link}, {links.loc[link, 'ratio']:.2f} reached, {links.loc[link, 'efficiency']:.0%} efficiency measured"
+            for link in beside
+        ),
+    }
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
@@ -201,6 +257,5 @@ def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
     eager trainer named `gpu_<name>`, with the GPU's name as `gpu_device`, for the first page."""
     gpu = load_gpu_results(results)
     timelines = load_timelines(results / "gpu_timeline")
-    found = (mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(timelines)
-             | ratio_findings(gpu.eager))
+    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(timelines) | ratio_findings(gpu.eager)
     return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}

@@ -21,6 +21,7 @@ BACKENDS = {"nccl": "NCCL", "gloo": "Gloo"}  # as their makers write them
 @dataclass(frozen=True)
 class HeadlineRuns:
     """The headline's runs and how a sentence names their processes and setting."""
+
     experiment: Experiment
     units: str  # "NVIDIA A100 GPUs", "emulated nodes"
     setting: str  # "with nccl", "over links set to ratio 2.6"
@@ -29,8 +30,11 @@ class HeadlineRuns:
 def headline_runs(scaling: Experiment, nodes: dict[str, Experiment]) -> HeadlineRuns:
     """GPU runs of the results chapter lead; CPU ranks sharing cores add no compute, so the emulated nodes lead then."""
     if scaling.baseline.on_gpu:
-        return HeadlineRuns(scaling, f"{scaling.baseline.device_name} GPUs",
-                            f"with {BACKENDS.get(scaling.baseline.backend, scaling.baseline.backend)}")
+        return HeadlineRuns(
+            scaling,
+            f"{scaling.baseline.device_name} GPUs",
+            f"with {BACKENDS.get(scaling.baseline.backend, scaling.baseline.backend)}",
+        )
     fastest = next(iter(link_experiments(nodes).values()))
     return HeadlineRuns(fastest, "emulated nodes", f"over links set to {point_label(fastest, fastest.largest)}")
 
@@ -48,9 +52,15 @@ def headline_findings(scaling: Experiment, nodes: dict[str, Experiment]) -> dict
     share = rank_share_s(table.loc[1, "compute_per_step_s"], experiment.baseline, experiment.runs[largest])
     costs = {EXPOSED: row["comm_exposed_per_step_s"], UNDIVIDED: max(row["compute_per_step_s"] - share, 0.0)}
     limit = max(costs, key=costs.get)
-    return {"units": runs.units, "setting": runs.setting, "most": largest,
-            **shown_glue("speedup", comparison, "slower", "faster"),
-            "speedup_range": range_text(comparison.low, comparison.high, shown, " to "),
-            "efficiency": comparison.ratio / largest,
-            "limit": limit, "limit_ms": costs[limit] * 1e3, "step_ms": row["mean_step_s"] * 1e3,
-            **whose_findings(experiment)}
+    return {
+        "units": runs.units,
+        "setting": runs.setting,
+        "most": largest,
+        **shown_glue("speedup", comparison, "slower", "faster"),
+        "speedup_range": range_text(comparison.low, comparison.high, shown, " to "),
+        "efficiency": comparison.ratio / largest,
+        "limit": limit,
+        "limit_ms": costs[limit] * 1e3,
+        "step_ms": row["mean_step_s"] * 1e3,
+        **whose_findings(experiment),
+    }

@@ -43,18 +43,38 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant in dict.fromkeys([links[0], links[-1]]):
         point = points.loc[(variant, most)]
         modelled = bool(point["borrowed"])
-        rows.append(dict(name=f"{most} emulated nodes, {point['setting']}", model=one.config["preset"],
-                         global_batch=one.global_batch_size, bench_ratio=point["achieved_ratio"],
-                         runs_ratio=point["runs_ratio"], exposed_share=point["exposed_share"],
-                         fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,
-                         quota_period_ms=one.raw["network"]["cpu_period_ms"],
-                         speedup=median_range(point["speedup"], point["speedup_low"], point["speedup_high"],
-                                              noise_format(point["speedup"], point["floor"]), " to ") + ", measured"))
+        rows.append(
+            dict(
+                name=f"{most} emulated nodes, {point['setting']}",
+                model=one.config["preset"],
+                global_batch=one.global_batch_size,
+                bench_ratio=point["achieved_ratio"],
+                runs_ratio=point["runs_ratio"],
+                exposed_share=point["exposed_share"],
+                fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,
+                quota_period_ms=one.raw["network"]["cpu_period_ms"],
+                speedup=median_range(
+                    point["speedup"],
+                    point["speedup_low"],
+                    point["speedup_high"],
+                    noise_format(point["speedup"], point["floor"]),
+                    " to ",
+                )
+                + ", measured",
+            )
+        )
         if modelled:
-            rows.append(dict(name=f"{most} {point['borrowed']}", model=PRESET, global_batch=point["modelled_batch"],
-                             bench_ratio=point["target_ratio"], runs_ratio=np.nan,
-                             exposed_share=np.nan,
-                             fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
-                             quota_period_ms=np.nan,
-                             speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast"))
+            rows.append(
+                dict(
+                    name=f"{most} {point['borrowed']}",
+                    model=PRESET,
+                    global_batch=point["modelled_batch"],
+                    bench_ratio=point["target_ratio"],
+                    runs_ratio=np.nan,
+                    exposed_share=np.nan,
+                    fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
+                    quota_period_ms=np.nan,
+                    speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast",
+                )
+            )
     return pd.DataFrame(rows).set_index("name")

@@ -84,12 +84,21 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
         buckets = [fit.allreduce_s(size) for size in sizes]
         comm = sum(buckets)
         compute_1 = training_flops(model, global_batch_size * model_config["max_len"]) / flops_per_s
-        rows.append(dict(preset=preset, parameters=sum(sizes) // 4, buckets=len(buckets), comm_ms=comm * 1e3,
-                         last_bucket_ms=buckets[-1] * 1e3, compute_bound_ms=compute_1 * 1e3,
-                         speedup_no_overlap=compute_1 / (compute_1 / n + comm),
-                         speedup_last_bucket_only=compute_1 / (compute_1 / n + buckets[-1]),
-                         # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
-                         break_even_compute_ms=comm * n / (n - 1) * 1e3, efficiency_90_compute_ms=9 * n * comm * 1e3))
+        rows.append(
+            dict(
+                preset=preset,
+                parameters=sum(sizes) // 4,
+                buckets=len(buckets),
+                comm_ms=comm * 1e3,
+                last_bucket_ms=buckets[-1] * 1e3,
+                compute_bound_ms=compute_1 * 1e3,
+                speedup_no_overlap=compute_1 / (compute_1 / n + comm),
+                speedup_last_bucket_only=compute_1 / (compute_1 / n + buckets[-1]),
+                # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
+                break_even_compute_ms=comm * n / (n - 1) * 1e3,
+                efficiency_90_compute_ms=9 * n * comm * 1e3,
+            )
+        )
     return pd.DataFrame(rows).set_index("preset")
 
 
@@ -97,10 +106,22 @@ def bucket_allreduces_s(m: Measurement, fit: AlphaBeta) -> dict[tuple, list[floa
     """Per configuration the measurement timed (preset, precision, batch), the all-reduce of each of its model's
     gradient buckets by `fit`, the model built at the workload it was timed on."""
     workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
-    return {(preset, amp, batch): [fit.allreduce_s(size) for size in bucket_sizes(vars(ModelConfig.from_preset(
-                preset, vocab_size=int(shape["vocab_size"]), max_len=int(shape["seq_len"]),
-                num_classes=int(shape["num_classes"]))))]
-            for (preset, amp, batch), shape in workload.iterrows()}
+    return {
+        (preset, amp, batch): [
+            fit.allreduce_s(size)
+            for size in bucket_sizes(
+                vars(
+                    ModelConfig.from_preset(
+                        preset,
+                        vocab_size=int(shape["vocab_size"]),
+                        max_len=int(shape["seq_len"]),
+                        num_classes=int(shape["num_classes"]),
+                    )
+                )
+            )
+        ]
+        for (preset, amp, batch), shape in workload.iterrows()
+    }
 
 
 def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
@@ -119,10 +140,19 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
         if whole not in step_s.index:
             continue
         buckets, one_gpu_s = allreduces[(preset, amp, batch)], step_s[whole]
-        rows.append(dict(preset=preset, amp=amp, batch_per_gpu=batch, one_gpu_ms=one_gpu_s * 1e3,
-                         per_gpu_ms=share_s * 1e3, comm_ms=sum(buckets) * 1e3, last_bucket_ms=buckets[-1] * 1e3,
-                         speedup_no_overlap=one_gpu_s / (share_s + sum(buckets)),
-                         speedup_last_bucket_only=one_gpu_s / (share_s + buckets[-1])))
+        rows.append(
+            dict(
+                preset=preset,
+                amp=amp,
+                batch_per_gpu=batch,
+                one_gpu_ms=one_gpu_s * 1e3,
+                per_gpu_ms=share_s * 1e3,
+                comm_ms=sum(buckets) * 1e3,
+                last_bucket_ms=buckets[-1] * 1e3,
+                speedup_no_overlap=one_gpu_s / (share_s + sum(buckets)),
+                speedup_last_bucket_only=one_gpu_s / (share_s + buckets[-1]),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -130,6 +160,7 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
 class StepTimeline:
     """One GPU's step as a trainer run drew it (timeline.csv: phases and each bucket's ready moment), with its run's
     run.json."""
+
     info: dict
     timeline: pd.DataFrame
 
@@ -163,10 +194,20 @@ def replay_forecast(timelines: list[StepTimeline], world_size: int = FORECAST_GP
         allreduces = [fit.allreduce_s(size) for size in bucket_sizes(t.info["model"])]
         step = replay_step(t.timeline, 1, allreduces)
         whole_s = steps.get((amp, batch * world_size), float("nan"))
-        rows.append(dict(amp=amp, batch_per_gpu=batch, global_batch=batch * world_size, one_gpu_ms=whole_s * 1e3,
-                         per_gpu_ms=steps[t.key] * 1e3, comm_ms=sum(allreduces) * 1e3,
-                         exposed_ms=step["exposed_s"] * 1e3, step_ms=step["step_s"] * 1e3,
-                         speedup=whole_s / step["step_s"], fixed_batch_efficiency=steps[t.key] / step["step_s"]))
+        rows.append(
+            dict(
+                amp=amp,
+                batch_per_gpu=batch,
+                global_batch=batch * world_size,
+                one_gpu_ms=whole_s * 1e3,
+                per_gpu_ms=steps[t.key] * 1e3,
+                comm_ms=sum(allreduces) * 1e3,
+                exposed_ms=step["exposed_s"] * 1e3,
+                step_ms=step["step_s"] * 1e3,
+                speedup=whole_s / step["step_s"],
+                fixed_batch_efficiency=steps[t.key] / step["step_s"],
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -175,12 +216,18 @@ def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GP
     table = replay_forecast(timelines, world_size)
     table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu}" for row in table.itertuples()]
     n = world_size
-    return quantity_table(table, {
-        "per_gpu_ms": ("A GPU's step (ms)", "{:.1f}"), "exposed_ms": ("All-reduce exposed (ms)", "{:.2f}"),
-        "step_ms": (f"Forecast step on {n} GPUs (ms)", "{:.1f}"),
-        "one_gpu_ms": (f"One GPU, {n} times the batch (ms)", "{:.1f}"), "speedup": (f"Speedup, {n} GPUs", "{:.2f}"),
-        "fixed_batch_efficiency": ("Weak-scaling efficiency (a fixed batch per GPU)", "{:.1%}")},
-        "Precision, batch per GPU")
+    return quantity_table(
+        table,
+        {
+            "per_gpu_ms": ("A GPU's step (ms)", "{:.1f}"),
+            "exposed_ms": ("All-reduce exposed (ms)", "{:.2f}"),
+            "step_ms": (f"Forecast step on {n} GPUs (ms)", "{:.1f}"),
+            "one_gpu_ms": (f"One GPU, {n} times the batch (ms)", "{:.1f}"),
+            "speedup": (f"Speedup, {n} GPUs", "{:.2f}"),
+            "fixed_batch_efficiency": ("Weak-scaling efficiency (a fixed batch per GPU)", "{:.1%}"),
+        },
+        "Precision, batch per GPU",
+    )
 
 
 def replay_findings(timelines: list[StepTimeline]) -> dict:
@@ -192,27 +239,38 @@ def replay_findings(timelines: list[StepTimeline]) -> dict:
     bf16 = table.query("amp == 'bf16'").sort_values("batch_per_gpu")
     paired = bf16.dropna(subset=["speedup"])
     info = timelines[0].info
-    found = {"replay_gpu": info["device_name"], "replay_gpus": FORECAST_GPUS,
-             "replay_seq_len": info["model"]["max_len"],
-             **{f"replay_{key}": value for key, value in measured_by(info).items()},
-             "replay_comm_ms": table["comm_ms"].max(), "replay_exposed_ms": table["exposed_ms"].max(),
-             "replay_fixed_low": bf16["fixed_batch_efficiency"].min(),
-             "replay_fixed_high": bf16["fixed_batch_efficiency"].max(),
-             "replay_fixed_batches": f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}"}
+    found = {
+        "replay_gpu": info["device_name"],
+        "replay_gpus": FORECAST_GPUS,
+        "replay_seq_len": info["model"]["max_len"],
+        **{f"replay_{key}": value for key, value in measured_by(info).items()},
+        "replay_comm_ms": table["comm_ms"].max(),
+        "replay_exposed_ms": table["exposed_ms"].max(),
+        "replay_fixed_low": bf16["fixed_batch_efficiency"].min(),
+        "replay_fixed_high": bf16["fixed_batch_efficiency"].max(),
+        "replay_fixed_batches": f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}",
+    }
     for end, row in (("small", paired.iloc[0]), ("large", paired.iloc[-1])):
-        found |= {f"replay_{end}_batch": int(row["batch_per_gpu"]), f"replay_{end}_global": int(row["global_batch"]),
-                  **{f"replay_{end}_{key}": row[key] for key in ("speedup", "one_gpu_ms", "per_gpu_ms")},
-                  f"replay_{end}_over_ideal": row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS)}
+        found |= {
+            f"replay_{end}_batch": int(row["batch_per_gpu"]),
+            f"replay_{end}_global": int(row["global_batch"]),
+            **{f"replay_{end}_{key}": row[key] for key in ("speedup", "one_gpu_ms", "per_gpu_ms")},
+            f"replay_{end}_over_ideal": row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS),
+        }
     return found
 
 
 def print_forecast(experiment: Experiment) -> None:
     workload, fit = experiment.baseline, nvlink_fit(FORECAST_GPUS)
-    print(f"A100 NVLink (published): alpha {fit.alpha_s * 1e6:.2f} us, busbw {fit.bus_bandwidth_GBps:.1f} GB/s, "
-          f"R^2 {fit.r2:.4f}, max relative error {fit.max_relative_error:.1%}; "
-          f"peak FP16 GEMM {peak_gemm_flops_per_s() / 1e12:.1f} TFLOPS")
-    print(f"workload: global batch {workload.global_batch_size}, sequence {workload.model['max_len']}, "
-          f"{FORECAST_GPUS} GPUs")
+    print(
+        f"A100 NVLink (published): alpha {fit.alpha_s * 1e6:.2f} us, busbw {fit.bus_bandwidth_GBps:.1f} GB/s, "
+        f"R^2 {fit.r2:.4f}, max relative error {fit.max_relative_error:.1%}; "
+        f"peak FP16 GEMM {peak_gemm_flops_per_s() / 1e12:.1f} TFLOPS"
+    )
+    print(
+        f"workload: global batch {workload.global_batch_size}, sequence {workload.model['max_len']}, "
+        f"{FORECAST_GPUS} GPUs"
+    )
     ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
     print(ahead.to_string(float_format=lambda v: f"{v:.4g}"))
 

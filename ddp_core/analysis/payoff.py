@@ -35,8 +35,11 @@ def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
 def ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
     """R_N at one token per rank, per kind of rank and preset: R_N grows linearly with the tokens per rank."""
     models = preset_configs(experiment.baseline.model)
-    return {(name, preset): model_compute_to_comm_ratio(model, 1, rate, fit)
-            for name, (rate, fit) in _hardware(experiment).items() for preset, model in models.items()}
+    return {
+        (name, preset): model_compute_to_comm_ratio(model, 1, rate, fit)
+        for name, (rate, fit) in _hardware(experiment).items()
+        for preset, model in models.items()
+    }
 
 
 def payoff_findings(experiment: Experiment) -> dict:
@@ -52,8 +55,10 @@ def payoff_findings(experiment: Experiment) -> dict:
     models = preset_configs(one.model)
     fewest = {name: max(models, key=lambda preset: ratios[name, preset]) for name in hardware}
     most = min(models, key=lambda preset: ratios[CPU, preset])  # the preset that needs the most tokens on the CPU
-    embedding_share = {preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
-                       for preset, model in models.items()}
+    embedding_share = {
+        preset: model["vocab_size"] * model["d_model"] / sum(parameter_counts(model).values())
+        for preset, model in models.items()
+    }
     # The bytes the all-reduce carries while a rank computes a thousand FLOPs: a plain number on a CPU and a GPU alike,
     # where per FLOP both would open with two or three zeros after the point.
     link_per_kflop = {name: float(fit.bus_bandwidth_GBps * 1e9 / rate * 1e3) for name, (rate, fit) in hardware.items()}
@@ -62,21 +67,28 @@ def payoff_findings(experiment: Experiment) -> dict:
     measured = speedup_comparisons(experiment)[n]
     predicted = predict(experiment).loc[n]
     return {
-        "n_model": n, "exposed_fraction": exposed_fraction, "break_even_ratio": break_even_ratio,
-        "ratio_n_model": ratio, "theory_speedup": n * ratio / (ratio + exposed_fraction),
+        "n_model": n,
+        "exposed_fraction": exposed_fraction,
+        "break_even_ratio": break_even_ratio,
+        "ratio_n_model": ratio,
+        "theory_speedup": n * ratio / (ratio + exposed_fraction),
         "theory_side": "above" if predicts_gain else "below",
         "theory_prediction": "a speedup above 1" if predicts_gain else "a slowdown",
         "measured_speedup_value": measured.value(),
         "theory_outcome": theory_outcome(predicts_gain, measured),
         "cost_model_speedup": float(predicted["predicted_speedup"]),
         "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
-        "cpu_gflops": float(hardware[CPU][0] / 1e9), "cpu_bytes_per_kflop": link_per_kflop[CPU],
+        "cpu_gflops": float(hardware[CPU][0] / 1e9),
+        "cpu_bytes_per_kflop": link_per_kflop[CPU],
         "gpu_bytes_per_kflop": link_per_kflop[GPU],
         "link_per_flop_ratio": max(link_per_kflop.values()) / min(link_per_kflop.values()),
         "link_per_flop_word": "fewer" if link_per_kflop[CPU] >= link_per_kflop[GPU] else "more",
-        "fewest_cpu": fewest[CPU], "fewest_gpu": fewest[GPU], "most_cpu": most,
+        "fewest_cpu": fewest[CPU],
+        "fewest_gpu": fewest[GPU],
+        "most_cpu": most,
         "tokens_spread_cpu": ratios[CPU, fewest[CPU]] / ratios[CPU, most],
-        "run_preset": one.config["preset"], "run_embedding_share": embedding_share[one.config["preset"]],
+        "run_preset": one.config["preset"],
+        "run_embedding_share": embedding_share[one.config["preset"]],
         "smallest_embedding_share": min(embedding_share.values()),
         "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
         "model_ratio_at_runs": float(model_ratio),

@@ -71,32 +71,56 @@ def speed_table(m: PeerMeasurement) -> pd.DataFrame:
     """Per peer and world size: both loops' median step (over the rounds), the ratio's median and range over the
     rounds, its noise floor, the verdict on ddp_core and whether it met its goal."""
     times = run_step_times(m).groupby(["loop", "ranks"]).median()
-    return pd.DataFrame([{"peer": peer, "ranks": ranks, "peer_step_ms": times[peer, ranks] * 1e3,
-                          "ddp_core_step_ms": times["ddp_core", ranks] * 1e3, "ratio": c.ratio, "low": c.low,
-                          "high": c.high, "rounds": c.pairs, "floor": c.floor,
-                          "verdict": c.says("ddp_core slower", "ddp_core faster"), "goal": goal_outcome(c)}
-                         for (peer, ranks), c in comparisons(m).items()])
+    return pd.DataFrame(
+        [
+            {
+                "peer": peer,
+                "ranks": ranks,
+                "peer_step_ms": times[peer, ranks] * 1e3,
+                "ddp_core_step_ms": times["ddp_core", ranks] * 1e3,
+                "ratio": c.ratio,
+                "low": c.low,
+                "high": c.high,
+                "rounds": c.pairs,
+                "floor": c.floor,
+                "verdict": c.says("ddp_core slower", "ddp_core faster"),
+                "goal": goal_outcome(c),
+            }
+            for (peer, ranks), c in comparisons(m).items()
+        ]
+    )
 
 
 def speed_markdown(m: PeerMeasurement) -> str:
     table = speed_table(m)
-    table.index = [f"{PEERS[peer][0].upper()}{PEERS[peer][1:]}, {counted(n, 'rank')}"
-                   for peer, n in zip(table["peer"], table["ranks"])]
+    table.index = [
+        f"{PEERS[peer][0].upper()}{PEERS[peer][1:]}, {counted(n, 'rank')}"
+        for peer, n in zip(table["peer"], table["ranks"])
+    ]
     table["ratio_text"] = list(map(median_range, table["ratio"], table["low"], table["high"]))
-    columns = {"peer_step_ms": ("The loop's median step (ms)", "{:.1f}"),
-               "ddp_core_step_ms": ("ddp_core's median step (ms)", "{:.1f}"),
-               "ratio_text": ("ddp_core's speed relative to it (median of the rounds' ratios, range)", "{}"),
-               "floor": ("Noise floor", "{:.1%}"), "verdict": ("Verdict", "{}"), "goal": ("Goal", "{}")}
+    columns = {
+        "peer_step_ms": ("The loop's median step (ms)", "{:.1f}"),
+        "ddp_core_step_ms": ("ddp_core's median step (ms)", "{:.1f}"),
+        "ratio_text": ("ddp_core's speed relative to it (median of the rounds' ratios, range)", "{}"),
+        "floor": ("Noise floor", "{:.1%}"),
+        "verdict": ("Verdict", "{}"),
+        "goal": ("Goal", "{}"),
+    }
     return quantity_table(table, columns, "Loop, world size")
 
 
 def findings(m: PeerMeasurement) -> dict:
     """What the page says around the table: provenance and the workload."""
     info = m.info
-    return {"device": info["device_name"], "torch": info["torch"], "accelerate": info["accelerate"],
-            **measured_by(info),
-            "rounds": m.steps["round"].nunique(), "epochs": info["epochs"],
-            "samples": info["workload"][info["workload"].index("--train-samples") + 1]}
+    return {
+        "device": info["device_name"],
+        "torch": info["torch"],
+        "accelerate": info["accelerate"],
+        **measured_by(info),
+        "rounds": m.steps["round"].nunique(),
+        "epochs": info["epochs"],
+        "samples": info["workload"][info["workload"].index("--train-samples") + 1],
+    }
 
 
 def goal_outcome(c: Comparison) -> str:

@@ -13,20 +13,44 @@ import pandas as pd
 
 from ddp_core.engine.config import load_profile
 from ddp_core.analysis.comparisons import WARMUP_STEPS, median_step, out_of_line, study_floor_power
-from ddp_core.analysis.results import (EMULATED_OTHER_CORES, NOT_SETTINGS, OTHER_CORES, OUT_OF_LINE, STOLEN, Experiment,
-                                       book_results_folder, disturbed, load_study, machine_use, read_run, read_steps)
+from ddp_core.analysis.results import (
+    EMULATED_OTHER_CORES,
+    NOT_SETTINGS,
+    OTHER_CORES,
+    OUT_OF_LINE,
+    STOLEN,
+    Experiment,
+    book_results_folder,
+    disturbed,
+    load_study,
+    machine_use,
+    read_run,
+    read_steps,
+)
 from ddp_core.analysis.figures import chance_line
-from ddp_core.analysis.tables import (commit_text, counted, day, in_words, machine_text, markdown_table,
-                                      quantity_table)
+from ddp_core.analysis.tables import commit_text, counted, day, in_words, machine_text, markdown_table, quantity_table
 from ddp_core.launch.plan import WIND_TUNNEL_FOLDER
 
 # run.json's provenance in the reader's words (settings keep their command-line names); the platform string
 # and the end time are left out: they would not fit a page (the run order table gives the start times).
-PROVENANCE = {"world_size": "Ranks", "backend": "Backend", "device": "Device", "device_name": "Processor",
-              "cpu_extensions": "Vector and matrix extensions", "cpu_count": "Cores on the machine",
-              "threads_per_rank": "Threads per rank", "hostname": "Host", "python": "Python", "torch": "PyTorch",
-              "cuda": "CUDA", "nccl": "NCCL", "gpu_driver": "GPU driver", "git_commit": "Code commit",
-              "parameters": "Model parameters", "start_time": "Started (UTC)"}
+PROVENANCE = {
+    "world_size": "Ranks",
+    "backend": "Backend",
+    "device": "Device",
+    "device_name": "Processor",
+    "cpu_extensions": "Vector and matrix extensions",
+    "cpu_count": "Cores on the machine",
+    "threads_per_rank": "Threads per rank",
+    "hostname": "Host",
+    "python": "Python",
+    "torch": "PyTorch",
+    "cuda": "CUDA",
+    "nccl": "NCCL",
+    "gpu_driver": "GPU driver",
+    "git_commit": "Code commit",
+    "parameters": "Model parameters",
+    "start_time": "Started (UTC)",
+}
 
 
 def shown_folder(experiment: Experiment) -> tuple[str, str]:
@@ -36,9 +60,11 @@ def shown_folder(experiment: Experiment) -> tuple[str, str]:
         folder = folder.relative_to(book_results_folder().parents[1])
     except ValueError:
         return str(folder), "runs made outside this project"
-    return str(folder), ("the reference results shipped with the report, made by the project's study runner "
-                         "(make reference)" if folder.parts[0] == "reference"
-                         else "runs made in this project, by make report or by hand")
+    return str(folder), (
+        "the reference results shipped with the report, made by the project's study runner (make reference)"
+        if folder.parts[0] == "reference"
+        else "runs made in this project, by make report or by hand"
+    )
 
 
 def origin(folder: Path) -> str:
@@ -53,10 +79,19 @@ def whose_findings(*experiments: Experiment) -> dict:
     origins = sorted({origin(experiment.folder) for experiment in experiments})
     days = sorted({day(run.raw["start_time"]) for run in runs})
     largest = max(run.world_size for run in runs)
-    machines = sorted({f"{counted(largest, run.device_name + ' GPU')}" if run.on_gpu
-                       else f"{machine_text(run.raw)}, {counted(run.cpu_count, 'core')}" for run in runs})
-    return {"whose": " and ".join(origins), "made_when": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
-            "made_on": "; ".join(machines)}
+    machines = sorted(
+        {
+            f"{counted(largest, run.device_name + ' GPU')}"
+            if run.on_gpu
+            else f"{machine_text(run.raw)}, {counted(run.cpu_count, 'core')}"
+            for run in runs
+        }
+    )
+    return {
+        "whose": " and ".join(origins),
+        "made_when": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
+        "made_on": "; ".join(machines),
+    }
 
 
 def setup_findings(experiment: Experiment) -> dict:
@@ -64,24 +99,39 @@ def setup_findings(experiment: Experiment) -> dict:
     first = experiment.baseline.raw
     counts = sorted({len(runs) for runs in experiment.repeats.values()})
     return study_setup_findings(experiment) | {
-        "folder": shown_folder(experiment)[0], "world_sizes": ", ".join(map(str, experiment.runs)),
-        "hostname": first["hostname"], "dataset": in_words(first["config"]["dataset"]),
+        "folder": shown_folder(experiment)[0],
+        "world_sizes": ", ".join(map(str, experiment.runs)),
+        "hostname": first["hostname"],
+        "dataset": in_words(first["config"]["dataset"]),
         "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
-        "repeats": "one run per world size" if counts == [1]
-                   else f"{' to '.join(map(str, counts))} runs per world size, each with its own seed"}
+        "repeats": "one run per world size"
+        if counts == [1]
+        else f"{' to '.join(map(str, counts))} runs per world size, each with its own seed",
+    }
 
 
 def made_findings(results: Path) -> dict:
     """When and on what every result the book shows was made (each run's run.json, each benchmark's device.json in
     `results`): the days, first to last, and each machine with its cores: the studies and the benchmarks need not
     share one."""
-    infos = [json.loads(path.read_text()) for pattern in ("*/*/run.json", "*/*/*/run.json", "*/*/device.json")
-             for path in results.glob(pattern)]  # a device's folder of a benchmark is a link, which ** does not follow
+    infos = [
+        json.loads(path.read_text())
+        for pattern in ("*/*/run.json", "*/*/*/run.json", "*/*/device.json")
+        for path in results.glob(pattern)
+    ]  # a device's folder of a benchmark is a link, which ** does not follow
     days = sorted({day(info.get("start_time") or info["measured_on"]) for info in infos})  # a profile: measured_on
-    machines = sorted({machine_text(info) if str(info.get("device")).startswith("cuda")
-                       else f"{machine_text(info)}, {counted(info['cpu_count'], 'core')}" for info in infos})
-    return {"made_days": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
-            "made_machines": "; ".join(machines)}
+    machines = sorted(
+        {
+            machine_text(info)
+            if str(info.get("device")).startswith("cuda")
+            else f"{machine_text(info)}, {counted(info['cpu_count'], 'core')}"
+            for info in infos
+        }
+    )
+    return {
+        "made_days": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
+        "made_machines": "; ".join(machines),
+    }
 
 
 def _shown(key: str, value, on_gpu: bool = False) -> str:
@@ -107,10 +157,15 @@ def _resolved(run, key: str, value):
 
 def _by_run(experiment: Experiment) -> dict[str, dict[str, str]]:
     """Every run's provenance in words and its settings under their command-line names: run name -> {label: value}."""
-    return {run.name: {label: _shown(key, run.raw.get(key), run.on_gpu) for key, label in PROVENANCE.items()}
-            | {f"`--{key.replace('_', '-')}`": _shown(key, _resolved(run, key, value))
-               for key, value in run.config.items() if key not in NOT_SETTINGS and key not in PROVENANCE}
-            for run in experiment.all_runs}
+    return {
+        run.name: {label: _shown(key, run.raw.get(key), run.on_gpu) for key, label in PROVENANCE.items()}
+        | {
+            f"`--{key.replace('_', '-')}`": _shown(key, _resolved(run, key, value))
+            for key, value in run.config.items()
+            if key not in NOT_SETTINGS and key not in PROVENANCE
+        }
+        for run in experiment.all_runs
+    }
 
 
 def shared_markdown(experiment: Experiment) -> str:
@@ -130,19 +185,30 @@ def run_markdown(info: dict) -> str:
     """What one run was (run.json as `read_run` gives it), a row per item: ranks, backend, device, torch,
     parameters, start, and what else the machine did while it trained (where recorded)."""
     use = machine_use(info)
-    items = {"Ranks": counted(info["world_size"], "rank"), "Backend": info["backend"], "Device": info["device_name"],
-             "PyTorch": info["torch"], "Parameters": f"{info['parameters']:,}",
-             "Started (UTC)": info["start_time"][:19].replace("T", " ")}
+    items = {
+        "Ranks": counted(info["world_size"], "rank"),
+        "Backend": info["backend"],
+        "Device": info["device_name"],
+        "PyTorch": info["torch"],
+        "Parameters": f"{info['parameters']:,}",
+        "Started (UTC)": info["start_time"][:19].replace("T", " "),
+    }
     if use:
-        items |= {"Other processes while it trained (cores)": f"{use['other_cores']:.2f} of {use['cores']}",
-                  "Taken by the hypervisor (% of the cores)": f"{use['stolen']:.1%}"}
+        items |= {
+            "Other processes while it trained (cores)": f"{use['other_cores']:.2f} of {use['cores']}",
+            "Taken by the hypervisor (% of the cores)": f"{use['stolen']:.1%}",
+        }
     return markdown_table(pd.Series(items, name="this run").to_frame(), "")
 
 
-RUN_EPOCH_COLUMNS = {"epoch_time_s": ("Epoch time (s)", "{:.2f}"),
-                     "samples_per_s": ("Throughput (samples/s)", "{:.1f}"), "train_loss": ("Training loss", "{:.4f}"),
-                     "val_loss": ("Validation loss", "{:.4f}"), "val_accuracy": ("Validation accuracy", "{:.4f}"),
-                     "peak_memory_mb": ("Peak memory (MiB)", "{:,.0f}")}
+RUN_EPOCH_COLUMNS = {
+    "epoch_time_s": ("Epoch time (s)", "{:.2f}"),
+    "samples_per_s": ("Throughput (samples/s)", "{:.1f}"),
+    "train_loss": ("Training loss", "{:.4f}"),
+    "val_loss": ("Validation loss", "{:.4f}"),
+    "val_accuracy": ("Validation accuracy", "{:.4f}"),
+    "peak_memory_mb": ("Peak memory (MiB)", "{:,.0f}"),
+}
 
 
 def run_epochs_markdown(metrics: pd.DataFrame) -> str:
@@ -173,12 +239,16 @@ def study_setup_findings(*experiments: Experiment) -> dict:
     first = runs[0].raw
     epochs = sorted({int(epoch) for e in experiments for epoch in e.metrics.groupby("run")["epoch"].max()})
     repeats = sorted({len(runs) for experiment in experiments for runs in experiment.repeats.values()})
-    return {"setup_runs": counted(len(runs), "run"), "setup_repeats": " to ".join(map(str, repeats)),
-            "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"),
-            "setup_device": first["device_name"], "setup_cores": first["cpu_count"], "setup_backend": first["backend"],
-            "setup_torch": first["torch"],
-            "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments}))} | {
-            f"setup_{key}": value for key, value in whose_findings(*experiments).items()}
+    return {
+        "setup_runs": counted(len(runs), "run"),
+        "setup_repeats": " to ".join(map(str, repeats)),
+        "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"),
+        "setup_device": first["device_name"],
+        "setup_cores": first["cpu_count"],
+        "setup_backend": first["backend"],
+        "setup_torch": first["torch"],
+        "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments})),
+    } | {f"setup_{key}": value for key, value in whose_findings(*experiments).items()}
 
 
 def _span(values) -> str:
@@ -191,9 +261,14 @@ def _span(values) -> str:
 
 
 # What the benchmarks' results are, as their pages title them (book/_ext's MEASUREMENTS and BENCHMARK_RUNS).
-BENCHMARK_TITLES = {"cpu_period": "the CPU quota period (emulated nodes)", "gpu_trainer": "the trainer on a GPU",
-                    "gpu_timeline": "a GPU's step timeline", "single_device": "throughput on one device",
-                    "peers": "DDP against other loops", "step_profile": "a step by operator"}
+BENCHMARK_TITLES = {
+    "cpu_period": "the CPU quota period (emulated nodes)",
+    "gpu_trainer": "the trainer on a GPU",
+    "gpu_timeline": "a GPU's step timeline",
+    "single_device": "throughput on one device",
+    "peers": "DDP against other loops",
+    "step_profile": "a step by operator",
+}
 
 
 def results_shown_findings(results: Path, studies: dict) -> dict:
@@ -214,14 +289,27 @@ def studies_overview_markdown(studies: dict) -> str:
     """One row per study of the list: what it varies, over which ranks and how many runs."""
     rows = []
     for study in studies.values():
-        varies = ", ".join(in_words(v.name) for v in study.variants) or ", ".join(
-            f"{k.replace('_', ' ')} {v}" for k, v in study.variants[0].settings.items()
-            if v is not None and k not in ("train_samples", "epochs")) or "ranks only"
+        varies = (
+            ", ".join(in_words(v.name) for v in study.variants)
+            or ", ".join(
+                f"{k.replace('_', ' ')} {v}"
+                for k, v in study.variants[0].settings.items()
+                if v is not None and k not in ("train_samples", "epochs")
+            )
+            or "ranks only"
+        )
         ranks = sorted({n for v in study.variants for n in v.world_sizes})
         settings = [load_profile(study.profile) | v.settings for v in study.variants]
-        rows.append({"Study": study.title, "Variants or settings": varies, "Ranks": ", ".join(map(str, ranks)),
-                     "Runs": len(study.runs()), "Training samples": _span(s.get("train_samples") for s in settings),
-                     "Epochs": _span(s.get("epochs", 1) for s in settings)})
+        rows.append(
+            {
+                "Study": study.title,
+                "Variants or settings": varies,
+                "Ranks": ", ".join(map(str, ranks)),
+                "Runs": len(study.runs()),
+                "Training samples": _span(s.get("train_samples") for s in settings),
+                "Epochs": _span(s.get("epochs", 1) for s in settings),
+            }
+        )
     return markdown_table(pd.DataFrame(rows))
 
 
@@ -234,46 +322,66 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
     rows = []
     for name, study in studies.items():
         uses = []
-        for run_dir in sorted(path.parent for path in (results / name).glob("**/run.json")
-                              if WIND_TUNNEL_FOLDER not in path.relative_to(results).parts):  # the nodes page's
+        for run_dir in sorted(
+            path.parent
+            for path in (results / name).glob("**/run.json")
+            if WIND_TUNNEL_FOLDER not in path.relative_to(results).parts
+        ):  # the nodes page's
             _, info = read_run(run_dir)
             use, run = machine_use(info), run_dir.relative_to(results / name)
             if use is not None:
-                uses.append(use | {"run": run.as_posix(), "disturbed": disturbed(info),
-                                   "configuration": f"{run.parent}/{info['world_size']}",
-                                   "step_time_s": median_step(read_steps(run_dir)["step_time_s"])})
+                uses.append(
+                    use
+                    | {
+                        "run": run.as_posix(),
+                        "disturbed": disturbed(info),
+                        "configuration": f"{run.parent}/{info['world_size']}",
+                        "step_time_s": median_step(read_steps(run_dir)["step_time_s"]),
+                    }
+                )
         if not uses:
             continue
         table = pd.DataFrame(uses)
         table["out_of_line"] = out_of_line(table["step_time_s"], table["configuration"])
-        rows.append({"study": study.title + (" (emulated nodes)" if study.ranks_per_node else ""), "runs": len(table),
-                     "other_median": table["other_cores"].median(), "other_most": table["other_cores"].max(),
-                     "stolen_most": table["stolen"].max(),
-                     "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none",
-                     "out_of_line": ", ".join(f"`{row.run}` ({row.out_of_line:.2f}×)"
-                                              for row in table.dropna(subset=["out_of_line"]).itertuples()) or "none"})
+        rows.append(
+            {
+                "study": study.title + (" (emulated nodes)" if study.ranks_per_node else ""),
+                "runs": len(table),
+                "other_median": table["other_cores"].median(),
+                "other_most": table["other_cores"].max(),
+                "stolen_most": table["stolen"].max(),
+                "disturbed": ", ".join(f"`{run}`" for run in table.loc[table["disturbed"], "run"]) or "none",
+                "out_of_line": ", ".join(
+                    f"`{row.run}` ({row.out_of_line:.2f}×)" for row in table.dropna(subset=["out_of_line"]).itertuples()
+                )
+                or "none",
+            }
+        )
     return pd.DataFrame(rows).set_index("study")
 
 
-QUIET_MACHINE_COLUMNS = {"runs": ("Runs", "{:.0f}"),
-                         "other_median": ("Cores other processes used, median of the runs", "{:.2f}"),
-                         "other_most": ("Cores other processes used, most", "{:.2f}"),
-                         "stolen_most": ("Share of the cores the hypervisor took, most", "{:.1%}"),
-                         "disturbed": ("Runs counted as disturbed", "{}"),
-                         "out_of_line": ("Runs out of line with their repeats (their step over the repeats' median)",
-                                         "{}")}
+QUIET_MACHINE_COLUMNS = {
+    "runs": ("Runs", "{:.0f}"),
+    "other_median": ("Cores other processes used, median of the runs", "{:.2f}"),
+    "other_most": ("Cores other processes used, most", "{:.2f}"),
+    "stolen_most": ("Share of the cores the hypervisor took, most", "{:.1%}"),
+    "disturbed": ("Runs counted as disturbed", "{}"),
+    "out_of_line": ("Runs out of line with their repeats (their step over the repeats' median)", "{}"),
+}
 
 
 def quiet_machine_markdown(results: Path, studies: dict) -> str:
     return quantity_table(quiet_machine_table(results, studies), QUIET_MACHINE_COLUMNS, "Study")
 
 
-FLOOR_POWER_COLUMNS = {"steps": (f"Steps a run, median (its time: the median of those after the first {WARMUP_STEPS})",
-                                  "{:.0f}"),
-                       "degrees": ("Degrees of freedom", "{:.0f}"),
-                       "floor": ("Noise floor of the time per sample", "{:.1%}"),
-                       "identical_called": ("Identical configurations called different", "{:.1%}"),
-                       "found_10": ("A 10% effect found", "{:.0%}"), "found_20": ("A 20% effect found", "{:.0%}")}
+FLOOR_POWER_COLUMNS = {
+    "steps": (f"Steps a run, median (its time: the median of those after the first {WARMUP_STEPS})", "{:.0f}"),
+    "degrees": ("Degrees of freedom", "{:.0f}"),
+    "floor": ("Noise floor of the time per sample", "{:.1%}"),
+    "identical_called": ("Identical configurations called different", "{:.1%}"),
+    "found_10": ("A 10% effect found", "{:.0%}"),
+    "found_20": ("A 20% effect found", "{:.0%}"),
+}
 
 
 def floor_power_markdown(results: Path, studies: dict) -> str:
@@ -288,5 +396,10 @@ def floor_power_markdown(results: Path, studies: dict) -> str:
 
 
 def quiet_machine_findings() -> dict:
-    return {"other_cores_limit": OTHER_CORES, "emulated_other_cores_limit": EMULATED_OTHER_CORES,
-            "stolen_limit": STOLEN, "out_of_line": OUT_OF_LINE, "out_of_line_low": 1 / OUT_OF_LINE}
+    return {
+        "other_cores_limit": OTHER_CORES,
+        "emulated_other_cores_limit": EMULATED_OTHER_CORES,
+        "stolen_limit": STOLEN,
+        "out_of_line": OUT_OF_LINE,
+        "out_of_line_low": 1 / OUT_OF_LINE,
+    }

@@ -36,8 +36,12 @@ def replay_step(timeline: pd.DataFrame, nodes: int, allreduce_s: list[float]) ->
         begins, done = max(at, done), max(at, done) + seconds
         spans.append((start + forward + begins, start + forward + done))
     exposed = max(0.0, done - backward)
-    return {"step_s": start + forward + backward + exposed + after, "compute_s": forward + backward + after,
-            "exposed_s": exposed, "allreduces_s": spans}
+    return {
+        "step_s": start + forward + backward + exposed + after,
+        "compute_s": forward + backward + after,
+        "exposed_s": exposed,
+        "allreduces_s": spans,
+    }
 
 
 def stretched(timeline: pd.DataFrame, step_s: float) -> pd.DataFrame:

@@ -37,6 +37,7 @@ class ResultsError(Exception):
 @dataclass(frozen=True)
 class RunInfo:
     """A run's run.json: the fields the analysis uses, and the whole file for provenance tables."""
+
     name: str
     world_size: int
     local_world_size: int
@@ -97,8 +98,11 @@ def machine_use(info: dict) -> dict | None:
     machine = info.get("machine")
     if not machine:
         return None
-    return {"cores": machine["cores"], "other_cores": machine["other_cpu_s"] / machine["wall_s"],
-            "stolen": machine["steal_cpu_s"] / (machine["wall_s"] * machine["cores"])}
+    return {
+        "cores": machine["cores"],
+        "other_cores": machine["other_cpu_s"] / machine["wall_s"],
+        "stolen": machine["steal_cpu_s"] / (machine["wall_s"] * machine["cores"]),
+    }
 
 
 def disturbed(info: dict) -> bool:
@@ -118,8 +122,10 @@ def shares_used(info: dict) -> list[float]:
     `read_run` gives it): 1 for a node that computed all the time; empty for a run without CPU shares."""
     network = info.get("network") or {}
     period_s = network.get("cpu_period_ms", 0) / 1e3
-    return [node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"]
-            for node in network.get("node_cpu") or []]
+    return [
+        node["cpu_s"] / (node["periods"] * period_s) / network["cpus_per_node"]
+        for node in network.get("node_cpu") or []
+    ]
 
 
 def node_disturbed(info: dict) -> bool:
@@ -244,25 +250,33 @@ def load_experiment(folder: str | Path) -> Experiment:
     run_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "run.json").exists())
     orphan = next((p for p in folder.iterdir() if (p / "metrics.csv").exists() and p not in run_dirs), None)
     if orphan:
-        raise ResultsError(f"{orphan / 'run.json'}: missing (a run's metrics without its record: restore it, or move "
-                           f"the folder away)")
+        raise ResultsError(
+            f"{orphan / 'run.json'}: missing (a run's metrics without its record: restore it, or move the folder away)"
+        )
     if not run_dirs:
         raise ResultsError(f"{folder}: holds no run (no subfolder with run.json)")
     frames, step_frames, repeats = [], [], {}
     for run_dir in run_dirs:
         metrics, info = read_run(run_dir)
-        step_frames.append(read_steps(run_dir).assign(world_size=info["world_size"],
-                                                      global_batch_size=info["global_batch_size"]))
+        step_frames.append(
+            read_steps(run_dir).assign(world_size=info["world_size"], global_batch_size=info["global_batch_size"])
+        )
         run = RunInfo.from_json(run_dir.name, info)
         same = [other for other in repeats.get(run.world_size, []) if other.config["seed"] == run.config["seed"]]
         if same:
-            raise ResultsError(f"{folder}: runs {same[0].name} and {run.name} both have world size {run.world_size} "
-                               f"and seed {run.config['seed']}; repeats of a world size differ in seed")
+            raise ResultsError(
+                f"{folder}: runs {same[0].name} and {run.name} both have world size {run.world_size} "
+                f"and seed {run.config['seed']}; repeats of a world size differ in seed"
+            )
         frames.append(metrics)
         repeats.setdefault(run.world_size, []).append(run)
-    return Experiment(folder, pd.concat(frames, ignore_index=True), pd.concat(step_frames, ignore_index=True),
-                      {n: sorted(runs, key=lambda r: r.config["seed"]) for n, runs in sorted(repeats.items())},
-                      read_allreduce(folder))
+    return Experiment(
+        folder,
+        pd.concat(frames, ignore_index=True),
+        pd.concat(step_frames, ignore_index=True),
+        {n: sorted(runs, key=lambda r: r.config["seed"]) for n, runs in sorted(repeats.items())},
+        read_allreduce(folder),
+    )
 
 
 def joined(*experiments: Experiment) -> Experiment:
@@ -271,17 +285,25 @@ def joined(*experiments: Experiment) -> Experiment:
     repeats = {n: runs for e in experiments for n, runs in e.repeats.items()}
     if len(repeats) < sum(len(e.repeats) for e in experiments):
         raise ResultsError("joined experiments share a world size")
-    return Experiment(experiments[-1].folder, pd.concat([e.metrics for e in experiments], ignore_index=True),
-                      pd.concat([e.steps for e in experiments], ignore_index=True), dict(sorted(repeats.items())),
-                      {n: bench for e in experiments for n, bench in e.allreduce.items()})
+    return Experiment(
+        experiments[-1].folder,
+        pd.concat([e.metrics for e in experiments], ignore_index=True),
+        pd.concat([e.steps for e in experiments], ignore_index=True),
+        dict(sorted(repeats.items())),
+        {n: bench for e in experiments for n, bench in e.allreduce.items()},
+    )
 
 
 def only(experiment: Experiment, n: int) -> Experiment:
     """An experiment's runs at world size n alone: e.g. what a study measures at its most nodes."""
     names = {run.name for run in experiment.repeats[n]}
-    return Experiment(experiment.folder, experiment.metrics[experiment.metrics["run"].isin(names)],
-                      experiment.steps[experiment.steps["run"].isin(names)], {n: experiment.repeats[n]},
-                      {size: bench for size, bench in experiment.allreduce.items() if size == n})
+    return Experiment(
+        experiment.folder,
+        experiment.metrics[experiment.metrics["run"].isin(names)],
+        experiment.steps[experiment.steps["run"].isin(names)],
+        {n: experiment.repeats[n]},
+        {size: bench for size, bench in experiment.allreduce.items() if size == n},
+    )
 
 
 def load_study(folder: str | Path) -> dict[str, Experiment]:
@@ -301,8 +323,11 @@ def load_study(folder: str | Path) -> dict[str, Experiment]:
 
 def study_tables(folder: Path, studies: list[str]) -> pd.DataFrame:
     """Every run of every study under `folder` as one tidy table, the study and variant first."""
-    tables = [tidy_runs(experiment).assign(study=name, variant=variant)
-              for name in studies for variant, experiment in load_study(folder / name).items()]
+    tables = [
+        tidy_runs(experiment).assign(study=name, variant=variant)
+        for name in studies
+        for variant, experiment in load_study(folder / name).items()
+    ]
     return pd.concat([t[["study", "variant", *t.columns[:-2]]] for t in tables], ignore_index=True)
 
 
@@ -310,18 +335,25 @@ def tidy_runs(experiment: Experiment) -> pd.DataFrame:
     """One row per run and epoch: the epoch's metrics, then the run's settings and where it ran. A setting
     named like a metric (the subset `train_samples`, a weak-scaling run's empty `global_batch_size`) is
     suffixed `_setting`; the metric holds what the epoch did."""
-    per_run = pd.DataFrame([
-        {"run": run.name}
-        | {key + ("_setting" if key in METRICS_COLUMNS else ""): value
-           for key, value in run.config.items() if key not in NOT_SETTINGS and key not in RUN_COLUMNS}
-        | {key: run.raw.get(key) for key in RUN_COLUMNS}
-        for run in experiment.all_runs])
+    per_run = pd.DataFrame(
+        [
+            {"run": run.name}
+            | {
+                key + ("_setting" if key in METRICS_COLUMNS else ""): value
+                for key, value in run.config.items()
+                if key not in NOT_SETTINGS and key not in RUN_COLUMNS
+            }
+            | {key: run.raw.get(key) for key in RUN_COLUMNS}
+            for run in experiment.all_runs
+        ]
+    )
     return experiment.metrics.merge(per_run, on="run")[["run", *METRICS_COLUMNS, *per_run.columns[1:]]]
 
 
 @dataclass(frozen=True)
 class Measurement:
     """One device's measurement by `benchmarks/single_device.py`: its device.json and epochs.csv."""
+
     name: str
     info: dict
     epochs: pd.DataFrame
@@ -355,6 +387,7 @@ def load_measurements(folder: str | Path) -> list[Measurement]:
 
 
 # The links of an emulated cluster's runs, as the pages name them
+
 
 def rate_text(gbit_s: float) -> str:
     return f"{gbit_s:.3g} Gbit/s" if gbit_s >= 1 else f"{gbit_s * 1000:.3g} Mbit/s"

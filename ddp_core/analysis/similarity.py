@@ -67,7 +67,8 @@ def h200_step_s(batch: int, loop: str) -> float:
     if not (H200_MEASUREMENT / "epochs.csv").is_file():
         raise SimilarityError(f"the H200 configuration needs the GPU measurement in {H200_MEASUREMENT}")
     rows = read_measurement(H200_MEASUREMENT).epochs.query(
-        "preset == @PRESET and amp == @H200_PRECISION and batch_size == @batch and loop == @loop")
+        "preset == @PRESET and amp == @H200_PRECISION and batch_size == @batch and loop == @loop"
+    )
     if rows.empty:
         raise SimilarityError(f"{H200_MEASUREMENT}: no step of the {PRESET} model in {H200_PRECISION} at batch {batch}")
     return float(rows["seconds"].sum() / rows["samples"].sum() * batch)
@@ -101,6 +102,7 @@ def unpublished(gpus: int) -> float:
 @dataclass(frozen=True)
 class Configuration:
     """A real cluster: what the page calls it, its batch, and how its steps and all-reduce are known."""
+
     name: str  # the words a page names it by
     global_batch: int | None  # None: the study's own
     step_s: Callable[[dict, int], float]  # (workload, batch) -> one GPU's step of `batch` samples, alone
@@ -133,22 +135,40 @@ class Configuration:
 
 CONFIGURATIONS = {
     "h200_nvlink": Configuration(
-        "H200s over NVLink", H200_GLOBAL_BATCH, lambda workload, batch: h200_step_s(batch, WHOLE_LOOP),
-        lambda workload, batch: h200_step_s(batch, SHARE_LOOP), nvlink_bucket_s, nvlink_latency_s,
+        "H200s over NVLink",
+        H200_GLOBAL_BATCH,
+        lambda workload, batch: h200_step_s(batch, WHOLE_LOOP),
+        lambda workload, batch: h200_step_s(batch, SHARE_LOOP),
+        nvlink_bucket_s,
+        nvlink_latency_s,
         "one H200's step measured by this project (reference/single_device/cuda-nvidia-h200, from the lease in "
         "reference/gpu_lease); the all-reduce from Azure's published "
-        "ND A100 v4 curve (an A100's NVLink: the H200's is faster)"),
+        "ND A100 v4 curve (an A100's NVLink: the H200's is faster)",
+    ),
     "a100_nvlink": Configuration(
-        "A100s over NVLink", None, a100_step_s, a100_step_s, nvlink_bucket_s, nvlink_latency_s,
-        f"Azure's published ND A100 v4 all-reduce curve and matrix-product rate, a step at {A100_MFU:.0%} of it"),
+        "A100s over NVLink",
+        None,
+        a100_step_s,
+        a100_step_s,
+        nvlink_bucket_s,
+        nvlink_latency_s,
+        f"Azure's published ND A100 v4 all-reduce curve and matrix-product rate, a step at {A100_MFU:.0%} of it",
+    ),
     "a100_ethernet": Configuration(
-        "A100s over 32 Gbit/s Ethernet", ETHERNET_GLOBAL_BATCH, a100_step_s, a100_step_s, ethernet_bucket_s,
-        unpublished, "NCCL over TCP on 32 Gbit/s Ethernet as published in NVIDIA/nccl#209; the A100's step as above"),
+        "A100s over 32 Gbit/s Ethernet",
+        ETHERNET_GLOBAL_BATCH,
+        a100_step_s,
+        a100_step_s,
+        ethernet_bucket_s,
+        unpublished,
+        "NCCL over TCP on 32 Gbit/s Ethernet as published in NVIDIA/nccl#209; the A100's step as above",
+    ),
 }
 
 
 def configuration(name: str) -> Configuration:
     if name not in CONFIGURATIONS:
-        raise SimilarityError(f"no configuration {name!r} to model; the configurations are: "
-                              f"{', '.join(CONFIGURATIONS)}")
+        raise SimilarityError(
+            f"no configuration {name!r} to model; the configurations are: {', '.join(CONFIGURATIONS)}"
+        )
     return CONFIGURATIONS[name]

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (accuracy_glue, compare_accuracies, run_times, shown_glue,
-                                           speedup_comparisons, speedup_glue, steady_phases)
+from ddp_core.analysis.comparisons import (
+    accuracy_glue,
+    compare_accuracies,
+    run_times,
+    shown_glue,
+    speedup_comparisons,
+    speedup_glue,
+    steady_phases,
+)
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import counted, in_words
@@ -31,20 +38,40 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     """
     comparisons = speedup_comparisons(experiment)
     steady = steady_phases(experiment.metrics)
-    means = ["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s",
-             "optimizer_per_step_s", "data_per_step_s"]
-    table = steady.groupby("world_size").agg(**{c: (c, "mean") for c in means},
-                                             peak_memory_mb=("peak_memory_mb", "max"))
+    means = [
+        "mean_step_s",
+        "compute_per_step_s",
+        "comm_total_per_step_s",
+        "comm_exposed_per_step_s",
+        "optimizer_per_step_s",
+        "data_per_step_s",
+    ]
+    table = steady.groupby("world_size").agg(
+        **{c: (c, "mean") for c in means}, peak_memory_mb=("peak_memory_mb", "max")
+    )
     table["epoch_time_s"] = steady.groupby(["world_size", "run"])["epoch_time_s"].mean().groupby("world_size").median()
     timed = ["step_time_s", "time_per_sample_s"]
     table[timed] = run_times(experiment).groupby("world_size")[timed].median()
     table["samples_per_s"] = 1 / table["time_per_sample_s"]
-    table = table.join(last_epochs(experiment.metrics).groupby("world_size").agg(
-        runs=("val_accuracy", "size"), final_val_accuracy=("val_accuracy", "median"),
-        final_train_loss=("train_loss", "median"), accuracy_low=("val_accuracy", "min"),
-        accuracy_high=("val_accuracy", "max"), global_batch_size=("global_batch_size", "first")))
-    for column, field in (("speedup", "ratio"), ("speedup_low", "low"), ("speedup_high", "high"), ("pairs", "pairs"),
-                          ("noise_floor", "floor")):
+    table = table.join(
+        last_epochs(experiment.metrics)
+        .groupby("world_size")
+        .agg(
+            runs=("val_accuracy", "size"),
+            final_val_accuracy=("val_accuracy", "median"),
+            final_train_loss=("train_loss", "median"),
+            accuracy_low=("val_accuracy", "min"),
+            accuracy_high=("val_accuracy", "max"),
+            global_batch_size=("global_batch_size", "first"),
+        )
+    )
+    for column, field in (
+        ("speedup", "ratio"),
+        ("speedup_low", "low"),
+        ("speedup_high", "high"),
+        ("pairs", "pairs"),
+        ("noise_floor", "floor"),
+    ):
         table[column] = [getattr(comparisons[n], field) for n in table.index]
     table["verdict"] = [comparisons[n].says("slower", "faster") for n in table.index]
     table["efficiency"] = table["speedup"] / table.index
@@ -63,11 +90,17 @@ def largest_findings(experiment: Experiment) -> dict:
     where the ranks ran, in words that hold for CPU ranks and GPUs alike ("shared one machine's 2 CPU cores")."""
     one, largest = experiment.baseline, experiment.largest
     speedup = speedup_comparisons(experiment)[largest]
-    return {"preset": one.config["preset"], "dataset": in_words(one.config["dataset"]),
-            "placement": ("each had a GPU of its own" if one.on_gpu
-                          else f"shared one machine's {one.cpu_count} CPU cores"),
-            "global_batch": one.global_batch_size, "cpu_count": one.cpu_count, "dropout": one.model["dropout"],
-            "largest": largest, "threads_1": counted(one.threads_per_rank, "thread"),
-            "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
-            **speedup_glue("speedup_nmax", speedup), **shown_glue("speedup_nmax", speedup, "slower", "faster"),
-            **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1))}
+    return {
+        "preset": one.config["preset"],
+        "dataset": in_words(one.config["dataset"]),
+        "placement": ("each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores"),
+        "global_batch": one.global_batch_size,
+        "cpu_count": one.cpu_count,
+        "dropout": one.model["dropout"],
+        "largest": largest,
+        "threads_1": counted(one.threads_per_rank, "thread"),
+        "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
+        **speedup_glue("speedup_nmax", speedup),
+        **shown_glue("speedup_nmax", speedup, "slower", "faster"),
+        **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),
+    }

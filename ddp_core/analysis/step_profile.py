@@ -27,8 +27,17 @@ from ddp_core.analysis.tables import measured_by, quantity_table
 # (elementwise arithmetic, filling tensors with zeros, views).
 CATEGORIES = (
     ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm")),
-    ("attention", ("scaled_dot_product", "flash_attention", "cudnn_attention", "efficient_attention",
-                   "aten::_softmax", "aten::_safe_softmax")),
+    (
+        "attention",
+        (
+            "scaled_dot_product",
+            "flash_attention",
+            "cudnn_attention",
+            "efficient_attention",
+            "aten::_softmax",
+            "aten::_safe_softmax",
+        ),
+    ),
     ("normalisation and activations", ("layer_norm", "aten::gelu")),
     ("dropout", ("bernoulli", "dropout")),
     ("optimizer", ("adam", "Optimizer.")),
@@ -77,8 +86,10 @@ def category_table(p: StepProfile) -> pd.DataFrame:
     by_category["largest"] = ops.set_index("operator").groupby("category")["self_s_per_step"].idxmax()
     by_category = by_category.sort_values("seconds", ascending=False)
     step = p.info["step_s"]
-    outside = pd.DataFrame({"seconds": [step - by_category["seconds"].sum()], "flops": [0.0], "largest": [""]},
-                           index=[OUTSIDE if p.info["device"] == "cpu" else GPU_IDLE])
+    outside = pd.DataFrame(
+        {"seconds": [step - by_category["seconds"].sum()], "flops": [0.0], "largest": [""]},
+        index=[OUTSIDE if p.info["device"] == "cpu" else GPU_IDLE],
+    )
     table = pd.concat([by_category, outside])
     table["ms"] = table["seconds"] * 1e3
     table["share_pct"] = table["seconds"] / step * 100
@@ -103,8 +114,12 @@ def category_markdown(p: StepProfile) -> str:
     table["share"] = [f"{pct:.0f}" if pct >= 0.95 else f"{pct:.1f}" for pct in table["share_pct"]]
     unit, gflops_per_unit = _rate_unit(p)
     table["rate"] = table["gflops"] / gflops_per_unit
-    columns = {"ms": ("Time per step (ms)", "{:.1f}"), "share": ("Share of the step (%)", "{}"),
-               "rate": (f"Rate ({unit})", "{:,.0f}"), "largest": ("Largest operator", "{}")}
+    columns = {
+        "ms": ("Time per step (ms)", "{:.1f}"),
+        "share": ("Share of the step (%)", "{}"),
+        "rate": (f"Rate ({unit})", "{:,.0f}"),
+        "largest": ("Largest operator", "{}"),
+    }
     return quantity_table(table, columns, "Operators")
 
 
@@ -115,15 +130,23 @@ def findings(p: StepProfile) -> dict:
     large = info["matmul_tflops"] * 1e3  # GFLOP/s
     model = info["model_flops_per_step"] / info["step_s"] / 1e9
     unit, gflops_per_unit = _rate_unit(p)
-    return {"device": info["device_name"], "torch": info["torch"], "threads": info["threads"],
-            **measured_by(info, "measured_on"),
-            "steps": info["steps"], "batch": info["batch_size"], "seq_len": info["seq_len"],
-            "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
-            "step_ms": f"{info['step_s'] * 1e3:.0f}", "large_rate": f"{large / gflops_per_unit:,.0f} {unit}",
-            "products_rate": f"{products['gflops'] / gflops_per_unit:,.0f} {unit}",
-            "products_share": f"{products['gflops'] / large:.0%}",
-            "products_time_share": f"{products['share_pct']:.0f}%",
-            "model_rate": f"{model / gflops_per_unit:,.0f} {unit}", "model_share": f"{model / large:.0%}"}
+    return {
+        "device": info["device_name"],
+        "torch": info["torch"],
+        "threads": info["threads"],
+        **measured_by(info, "measured_on"),
+        "steps": info["steps"],
+        "batch": info["batch_size"],
+        "seq_len": info["seq_len"],
+        "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
+        "step_ms": f"{info['step_s'] * 1e3:.0f}",
+        "large_rate": f"{large / gflops_per_unit:,.0f} {unit}",
+        "products_rate": f"{products['gflops'] / gflops_per_unit:,.0f} {unit}",
+        "products_share": f"{products['gflops'] / large:.0%}",
+        "products_time_share": f"{products['share_pct']:.0f}%",
+        "model_rate": f"{model / gflops_per_unit:,.0f} {unit}",
+        "model_share": f"{model / large:.0%}",
+    }
 
 
 def _rate_unit(p: StepProfile) -> tuple[str, float]:

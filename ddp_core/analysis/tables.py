@@ -72,16 +72,24 @@ def difference_text(value: float, bound: str = "") -> str:
     if size >= 1e-4:
         return f"{value:,.{max(1 - math.floor(math.log10(size)), 0)}f}"
     exponent = math.floor(math.log10(size))
-    return f"{bound}1e{exponent if 10.0 ** exponent >= size else exponent + 1}"
+    return f"{bound}1e{exponent if 10.0**exponent >= size else exponent + 1}"
 
 
 def counted(n: int, noun: str) -> str:
-    """"1 thread", "2 threads": a count with its noun, never "thread(s)"."""
+    """ "1 thread", "2 threads": a count with its noun, never "thread(s)"."""
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
-WORDS = {"ddp": "DDP", "lr": "LR", "warmup": "warm-up", "ag": "AG", "news": "News", "imdb": "IMDB", "mib": "MiB",
-         "powersgd": "PowerSGD"}
+WORDS = {
+    "ddp": "DDP",
+    "lr": "LR",
+    "warmup": "warm-up",
+    "ag": "AG",
+    "news": "News",
+    "imdb": "IMDB",
+    "mib": "MiB",
+    "powersgd": "PowerSGD",
+}
 
 
 def in_words(name: str) -> str:
@@ -101,8 +109,11 @@ MEAN_STEP_MS = "Step time, mean over the steady epochs (ms)"
 ALLREDUCE_IN_FLIGHT_MS = "All-reduce in flight per step, mean (ms)"
 # The rows several tables share: the median step with its range over the repeats, and (`step_part_rows`) the mean
 # step with its parts in the rows below it.
-STEP_RANGE_MS = {"step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3), "step_low_s": (f"{LOWEST} (ms)", "{:.0f}", 1e3),
-                 "step_high_s": (f"{HIGHEST} (ms)", "{:.0f}", 1e3)}
+STEP_RANGE_MS = {
+    "step_time_s": (STEP_MEDIAN_MS, "{:.0f}", 1e3),
+    "step_low_s": (f"{LOWEST} (ms)", "{:.0f}", 1e3),
+    "step_high_s": (f"{HIGHEST} (ms)", "{:.0f}", 1e3),
+}
 
 
 def range_rows(quantity: str, fmt: str) -> dict[str, tuple]:
@@ -112,8 +123,11 @@ def range_rows(quantity: str, fmt: str) -> dict[str, tuple]:
 
 def step_part_rows(fmt: str = "{:.0f}") -> dict[str, tuple]:
     """The mean step over the steady epochs and its parts (`comparisons.steady_phases`), in ms, in format `fmt`."""
-    return {"mean_step_s": (MEAN_STEP_MS, fmt, 1e3), "compute_per_step_s": ("of which compute (ms)", fmt, 1e3),
-            "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", fmt, 1e3)}
+    return {
+        "mean_step_s": (MEAN_STEP_MS, fmt, 1e3),
+        "compute_per_step_s": ("of which compute (ms)", fmt, 1e3),
+        "comm_exposed_per_step_s": ("of which exposed all-reduce (ms)", fmt, 1e3),
+    }
 
 
 NUMBER = re.compile(r"(below )?[-+–]?\d|–$")  # a formatted number, a bound (`difference_text`), "–" for none
@@ -126,8 +140,9 @@ def markdown_table(cells: pd.DataFrame, index_name: str | None = None) -> str:
     if index_name is not None:
         cells = cells.rename_axis(index_name).reset_index()
     numbers = [i > 0 and all(NUMBER.match(str(cell)) for cell in cells[column]) for i, column in enumerate(cells)]
-    return cells.to_markdown(index=False, disable_numparse=True,
-                             colalign=["right" if number else "left" for number in numbers])
+    return cells.to_markdown(
+        index=False, disable_numparse=True, colalign=["right" if number else "left" for number in numbers]
+    )
 
 
 SIGNED_ZERO = re.compile(r"^[+-](0(?:\.0+)?%?)$")  # "-0%", "+0.00": a sign on a number that rounds to nothing
@@ -143,8 +158,14 @@ def _formatted(value, fmt: str, scale: float = 1) -> str:
 Quantities = dict[str, tuple]
 
 
-def quantity_table(table: pd.DataFrame, quantities: Quantities, index_name: str | None = None, *,
-                   turned: bool = False, column_names: list[str] | None = None) -> str:
+def quantity_table(
+    table: pd.DataFrame,
+    quantities: Quantities,
+    index_name: str | None = None,
+    *,
+    turned: bool = False,
+    column_names: list[str] | None = None,
+) -> str:
     """The one way a table of quantities is written: a row per row of `table` and a column per quantity, or, turned,
     a row per quantity and a column per row of `table` (named `column_names`, else its index in words, a study's
     variants as `in_words` names them): a wide table turned so that it fits a page however many quantities it shows.
@@ -152,9 +173,11 @@ def quantity_table(table: pd.DataFrame, quantities: Quantities, index_name: str 
     (LaTeX has none of no rows)."""
     if table.empty:
         return ""
-    turned_cells = pd.DataFrame([[_formatted(value, *spec[1:]) for value in table[column]]
-                                 for column, spec in quantities.items()],
-                                index=[spec[0] for spec in quantities.values()], columns=table.index)
+    turned_cells = pd.DataFrame(
+        [[_formatted(value, *spec[1:]) for value in table[column]] for column, spec in quantities.items()],
+        index=[spec[0] for spec in quantities.values()],
+        columns=table.index,
+    )
     if not turned:
         return markdown_table(turned_cells.T, index_name)
     turned_cells.columns = column_names or [in_words(name) for name in table.index]

@@ -58,9 +58,16 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
     """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
     (throughput of the loop it is set against)."""
     seconds = loop_rounds(m)
-    return pd.concat([(seconds[against] / seconds[loop]).groupby(CONFIG).agg(["median", "min", "max"])
-                      .set_axis([f"{name}_median", f"{name}_low", f"{name}_high"], axis=1)
-                      for name, (loop, against, _) in RATIOS.items()], axis=1)
+    return pd.concat(
+        [
+            (seconds[against] / seconds[loop])
+            .groupby(CONFIG)
+            .agg(["median", "min", "max"])
+            .set_axis([f"{name}_median", f"{name}_low", f"{name}_high"], axis=1)
+            for name, (loop, against, _) in RATIOS.items()
+        ],
+        axis=1,
+    )
 
 
 def verdict_table(m: Measurement) -> pd.DataFrame:
@@ -68,11 +75,19 @@ def verdict_table(m: Measurement) -> pd.DataFrame:
     configurations' noise floors, and how many configurations the one verdict function calls faster, slower, not
     told apart, or leaves without a verdict (too few rounds)."""
     verdicts, medians = configuration_verdicts(m), ratio_table(m)
-    return pd.DataFrame([{"ratio": words, "lowest_median": medians[f"{name}_median"].min(),
-                          "highest_median": medians[f"{name}_median"].max(), "lowest_floor": verdicts["floor"].min(),
-                          "highest_floor": verdicts["floor"].max(),
-                          **{outcome: int((verdicts[name] == outcome).sum()) for outcome in VERDICT_COUNTS}}
-                         for name, (_, _, words) in RATIOS.items()]).set_index("ratio")
+    return pd.DataFrame(
+        [
+            {
+                "ratio": words,
+                "lowest_median": medians[f"{name}_median"].min(),
+                "highest_median": medians[f"{name}_median"].max(),
+                "lowest_floor": verdicts["floor"].min(),
+                "highest_floor": verdicts["floor"].max(),
+                **{outcome: int((verdicts[name] == outcome).sum()) for outcome in VERDICT_COUNTS},
+            }
+            for name, (_, _, words) in RATIOS.items()
+        ]
+    ).set_index("ratio")
 
 
 def configuration_verdicts(m: Measurement) -> pd.DataFrame:
@@ -82,8 +97,10 @@ def configuration_verdicts(m: Measurement) -> pd.DataFrame:
     for configuration, rounds in loop_rounds(m).groupby(CONFIG):
         rounds = rounds.droplevel(CONFIG)
         floor = rounds_floor(rounds)
-        rows[configuration] = {"floor": floor, **{name: _compare(rounds, name, floor).says("slower", "faster")
-                                                  for name in RATIOS}}
+        rows[configuration] = {
+            "floor": floor,
+            **{name: _compare(rounds, name, floor).says("slower", "faster") for name in RATIOS},
+        }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(CONFIG)
 
 
@@ -111,21 +128,30 @@ def _compare(rounds: pd.DataFrame, name: str, floor: float) -> Comparison:
     return compare(list(rounds[against]), list(rounds[loop]), floor)
 
 
-VERDICT_COUNTS = {"faster": "Faster", "slower": "Slower", "no visible difference": "No visible difference",
-                  "too few repeats": "No verdict (few rounds)"}
+VERDICT_COUNTS = {
+    "faster": "Faster",
+    "slower": "Slower",
+    "no visible difference": "No visible difference",
+    "too few repeats": "No verdict (few rounds)",
+}
 
 
 def ratio_findings(m: Measurement) -> dict:
     """Per ratio of RATIOS, the range of its medians over the configurations and how many of them each verdict
     reached (`device_<ratio>_*`), and the range of the noise floors they were held against (`device_floors`)."""
     table = verdict_table(m)
-    found = {"device_overview_name": machine_text(m.info),
-             "device_configurations": m.epochs.groupby(CONFIG).ngroups,
-             "device_floors": range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.1%}", " to ")}
+    found = {
+        "device_overview_name": machine_text(m.info),
+        "device_configurations": m.epochs.groupby(CONFIG).ngroups,
+        "device_floors": range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.1%}", " to "),
+    }
     for name, (_, _, words) in RATIOS.items():
         key, row = f"device_{name}", table.loc[words]
         found |= {f"{key}_low": float(row["lowest_median"]), f"{key}_high": float(row["highest_median"])}
         found |= {f"{key}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
-        found[f"{key}_verdicts"] = ", ".join(f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
-                                             for outcome in VERDICT_COUNTS if row[outcome] > 0)
+        found[f"{key}_verdicts"] = ", ".join(
+            f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
+            for outcome in VERDICT_COUNTS
+            if row[outcome] > 0
+        )
     return found

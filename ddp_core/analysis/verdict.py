@@ -139,8 +139,14 @@ def slowed_first(drawn: np.ndarray, effect: float) -> tuple[list[float], list[fl
     return list(drawn[0] * (1 + effect)), list(drawn[1])
 
 
-def error_rates(repeats: list[list[float]], effects: list[float], draws: int = DRAWS, seed: int = 0,
-                planted=slowed_first, runs: int = 2) -> dict:
+def error_rates(
+    repeats: list[list[float]],
+    effects: list[float],
+    draws: int = DRAWS,
+    seed: int = 0,
+    planted=slowed_first,
+    runs: int = 2,
+) -> dict:
     """How the rule behaves on runs like these: per planted effect (0.2: side A takes 1.2 times as long), the
     share of comparisons of A against B that `compare` calls in the effect's direction; at 0, the share it
     calls at all (in either direction), which ought to be rare.

@@ -22,8 +22,17 @@ import pandas as pd
 
 from ddp_core.analysis.comparisons import compare_times, shown_glue, time_floor, time_glue
 from ddp_core.analysis.emulated import ddp_on_nodes, node_share
-from ddp_core.analysis.results import (Experiment, ResultsError, RunInfo, joined, last_epochs, link_label, only,
-                                      point_label, wind_tunnel_record)
+from ddp_core.analysis.results import (
+    Experiment,
+    ResultsError,
+    RunInfo,
+    joined,
+    last_epochs,
+    link_label,
+    only,
+    point_label,
+    wind_tunnel_record,
+)
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.verdict import Comparison
 from ddp_core.engine.config import FSDP_MODES
@@ -41,8 +50,11 @@ SHARDED = {"none": (), "zero1": HELD[2:], "zero2": HELD[1:], "zero3": HELD}
 def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[str, float]:
     """Per kind (STATE_COLUMNS), the bytes one of `ranks` ranks holds of a model of `parameters` parameters in
     `tensors` tensors, under `mode`."""
-    whole = {"parameters_bytes": 4 * parameters, "gradients_bytes": 4 * parameters,
-             "optimizer_state_bytes": 8 * parameters}
+    whole = {
+        "parameters_bytes": 4 * parameters,
+        "gradients_bytes": 4 * parameters,
+        "optimizer_state_bytes": 8 * parameters,
+    }
     held = {kind: size / ranks if kind in SHARDED[mode] else size for kind, size in whole.items()}
     held["optimizer_state_bytes"] += 4 * tensors  # a step count per tensor, on every rank under FSDP2 and DDP
     held["gradients_kept_bytes"] = 0 if mode in FSDP_MODES else held["gradients_bytes"]  # FSDP2 frees them
@@ -104,12 +116,18 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
     of each kind beside the formula's, and the bytes per parameter of each."""
     out = []
     for (mode, ranks), group in rows.groupby(["mode", "ranks"], sort=False):
-        sides = {"measured": {kind: float(group[kind].max()) for kind in STATE_COLUMNS},
-                 "formula": formula_bytes(parameters, tensors, ranks, mode)}
-        out.append({"mode": mode, "ranks": ranks,
-                    **{f"{kind}_{side}": size for side, state in sides.items() for kind, size in state.items()},
-                    **{f"per_parameter_{side}": bytes_per_parameter(state, parameters)
-                       for side, state in sides.items()}})
+        sides = {
+            "measured": {kind: float(group[kind].max()) for kind in STATE_COLUMNS},
+            "formula": formula_bytes(parameters, tensors, ranks, mode),
+        }
+        out.append(
+            {
+                "mode": mode,
+                "ranks": ranks,
+                **{f"{kind}_{side}": size for side, state in sides.items() for kind, size in state.items()},
+                **{f"per_parameter_{side}": bytes_per_parameter(state, parameters) for side, state in sides.items()},
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -163,8 +181,10 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Compar
     held against one floor, that of every configuration `sharding_runs` gives, the one node's too."""
     by_mode = modes(study)
     ddp, floor = by_mode["none"], time_floor(*study.values())
-    return {n: {mode: compare_times(by_mode[mode], ddp, n, n, floor=floor) for mode in SHARDED_MODES}
-            for n in node_counts(study)}
+    return {
+        n: {mode: compare_times(by_mode[mode], ddp, n, n, floor=floor) for mode in SHARDED_MODES}
+        for n in node_counts(study)
+    }
 
 
 def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
@@ -173,13 +193,18 @@ def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
     that every mode's runs and DDP's ran in the same rounds."""
     sharded = {name: e for name, e in nodes.items() if e.baseline.sharded}
     if not sharded:
-        raise ResultsError(f"{next(iter(nodes.values())).folder.parent}: no sharded variant in the nodes study "
-                           f"(variants with settings: {{sharding: zero1}} and the like)")
+        raise ResultsError(
+            f"{next(iter(nodes.values())).folder.parent}: no sharded variant in the nodes study "
+            f"(variants with settings: {{sharding: zero1}} and the like)"
+        )
     first = next(iter(sharded.values()))
     record = wind_tunnel_record(first.folder.parent)
     models, share = record[first.folder.name]["models"], node_share(first)
-    ddp = {name: e for name, e in nodes.items()
-           if ddp_on_nodes(e) and record.get(name, {}).get("models") == models and node_share(e) == share}
+    ddp = {
+        name: e
+        for name, e in nodes.items()
+        if ddp_on_nodes(e) and record.get(name, {}).get("models") == models and node_share(e) == share
+    }
     alone = {name: e for name, e in nodes.items() if e.largest == 1 and node_share(e) == share}
     return alone | ddp | sharded
 
@@ -207,12 +232,16 @@ def headline_findings(study: dict[str, Experiment]) -> dict:
     n = max(node_counts(study))
     speedups, ddp, zero3_name = speedup_table(study), MODE_NAMES["none"], MODE_NAMES["zero3"]
     zero3_time = time_comparisons(study)[n]["zero3"]
-    return {"sharding_nodes": n, "sharding_link": link_label(modes(study)["none"]),
-            "sharding_setting": point_label(modes(study)["none"], n),
-            "sharding_ddp_speedup": speedups.loc[ddp, f"speedup_n{n}"],
-            "sharding_ddp_speedup_verdict": speedups.loc[ddp, f"verdict_n{n}"],
-            "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],
-            "sharding_zero3_speedup_verdict": speedups.loc[zero3_name, f"verdict_n{n}"],
-            "sharding_zero3_held_share": zero3["measured"], "sharding_zero3_formula_share": zero3["formula"],
-            **time_glue("sharding_zero3_time", zero3_time),
-            **shown_glue("sharding_zero3_time", zero3_time, "faster", "slower")}
+    return {
+        "sharding_nodes": n,
+        "sharding_link": link_label(modes(study)["none"]),
+        "sharding_setting": point_label(modes(study)["none"], n),
+        "sharding_ddp_speedup": speedups.loc[ddp, f"speedup_n{n}"],
+        "sharding_ddp_speedup_verdict": speedups.loc[ddp, f"verdict_n{n}"],
+        "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],
+        "sharding_zero3_speedup_verdict": speedups.loc[zero3_name, f"verdict_n{n}"],
+        "sharding_zero3_held_share": zero3["measured"],
+        "sharding_zero3_formula_share": zero3["formula"],
+        **time_glue("sharding_zero3_time", zero3_time),
+        **shown_glue("sharding_zero3_time", zero3_time, "faster", "slower"),
+    }

@@ -59,8 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder for allreduce.csv and allreduce.json")
     parser.add_argument("--min-bytes", type=int, default=4)
     parser.add_argument("--max-bytes", type=int, default=256 * 2**20)
-    parser.add_argument("--sizes", type=int, nargs="+", metavar="BYTES",
-                        help="time exactly these sizes (e.g. a model's gradient buckets) instead of powers of four")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        metavar="BYTES",
+        help="time exactly these sizes (e.g. a model's gradient buckets) instead of powers of four",
+    )
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seconds-per-size", type=float, default=0.3, help="time budget that sets the iterations")
     opts = parser.parse_args(argv)
@@ -103,11 +108,22 @@ def main(argv: list[str] | None = None) -> int:
             iterations = max(3, min(1000, int(opts.seconds_per_size / max(probe, 1e-7))))
             seconds = time_allreduce(tensor, iterations)
             algbw = size / seconds / 1e9
-            rows.append(dict(size_bytes=size, iterations=iterations, time_s=seconds, algbw_GBps=algbw,
-                             busbw_GBps=algbw * 2 * (world_size - 1) / world_size, world_size=world_size))
+            rows.append(
+                dict(
+                    size_bytes=size,
+                    iterations=iterations,
+                    time_s=seconds,
+                    algbw_GBps=algbw,
+                    busbw_GBps=algbw * 2 * (world_size - 1) / world_size,
+                    world_size=world_size,
+                )
+            )
             if leader:
-                print(f"{size:>12d} B  {seconds * 1e6:12.1f} us  algbw {algbw:8.3f} GB/s  "
-                      f"busbw {rows[-1]['busbw_GBps']:8.3f} GB/s", flush=True)
+                print(
+                    f"{size:>12d} B  {seconds * 1e6:12.1f} us  algbw {algbw:8.3f} GB/s  "
+                    f"busbw {rows[-1]['busbw_GBps']:8.3f} GB/s",
+                    flush=True,
+                )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -117,8 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        save_atomic({"world_size": world_size, "backend": rt.backend, "device": str(device),
-                     "end_time": now_iso(), **environment(device)}, out / "allreduce.json")
+        save_atomic(
+            {
+                "world_size": world_size,
+                "backend": rt.backend,
+                "device": str(device),
+                "end_time": now_iso(),
+                **environment(device),
+            },
+            out / "allreduce.json",
+        )
     return 0
 
 

@@ -57,10 +57,14 @@ def setting(default, help: str, *, resumable: bool = False, env: str | None = No
 class TrainConfig:
     dataset: Literal["imdb", "ag_news", "synthetic"] = setting("imdb", "which data to classify")
     data_dir: str | None = setting(
-        None, "local copies as DIR/<dataset>/{train,test}.{csv,csv.gz,parquet,jsonl}; none: the Hugging Face Hub",
-        resumable=True, env="DDP_CORE_DATA_DIR")
-    cache_dir: str | None = setting(None, "where encoded tensors are cached (default ~/.cache/ddp_core)",
-                                    resumable=True, env="DDP_CORE_CACHE_DIR")
+        None,
+        "local copies as DIR/<dataset>/{train,test}.{csv,csv.gz,parquet,jsonl}; none: the Hugging Face Hub",
+        resumable=True,
+        env="DDP_CORE_DATA_DIR",
+    )
+    cache_dir: str | None = setting(
+        None, "where encoded tensors are cached (default ~/.cache/ddp_core)", resumable=True, env="DDP_CORE_CACHE_DIR"
+    )
     preset: Literal["tiny", "small", "medium", "large"] = setting("small", "model size (ddp_core/engine/model.py)")
     dropout: float | None = setting(None, "overrides the preset's dropout")
     vocab_size: int = setting(20000, "words in the vocabulary, padding and unknown included")
@@ -69,15 +73,22 @@ class TrainConfig:
     eval_samples: int | None = setting(None, "seeded random subset of the evaluation split (none: all of it)")
     epochs: int = setting(1, "passes over the training samples", resumable=True)
     eval_every_steps: int | None = setting(
-        None, "also evaluate every this many optimizer steps (counted over the run) inside epochs; every evaluation is "
-              "a row of evals.csv, and its time is left out of the epoch's and the steps' times", resumable=True)
+        None,
+        "also evaluate every this many optimizer steps (counted over the run) inside epochs; every evaluation is "
+        "a row of evals.csv, and its time is left out of the epoch's and the steps' times",
+        resumable=True,
+    )
     target_accuracy: float | None = setting(
-        None, "end the run at the first evaluation whose validation accuracy reaches this (inside an epoch with "
-              "--eval-every-steps, else at an epoch's end); none: train every epoch")
+        None,
+        "end the run at the first evaluation whose validation accuracy reaches this (inside an epoch with "
+        "--eval-every-steps, else at an epoch's end); none: train every epoch",
+    )
     global_batch_size: int | None = setting(
-        None, "strong scaling: samples per optimizer step over all ranks", group="batch")
+        None, "strong scaling: samples per optimizer step over all ranks", group="batch"
+    )
     per_rank_batch_size: int | None = setting(
-        None, "weak scaling: samples per forward pass on each rank", group="batch")
+        None, "weak scaling: samples per forward pass on each rank", group="batch"
+    )
     grad_accum: int = setting(1, "micro-batches per optimizer step (gradient accumulation)")
     lr: float = setting(1e-3, "peak learning rate of AdamW")
     warmup_steps: int = setting(50, "optimizer steps of linear warm-up before the 1/sqrt(step) decay")
@@ -85,42 +96,70 @@ class TrainConfig:
     amp: Literal["off", "bf16", "fp16"] = setting("off", "autocast precision of forward and backward")
     seed: int = setting(0, "seeds the subset, the shuffle, the initial weights and dropout")
     bucket_cap_mb: float | None = setting(
-        None, "DDP's gradient bucket size in MiB (none: PyTorch's 25, after a first bucket of 1); a bucket larger than "
-              "the model leaves backward nothing to overlap with the all-reduce")
+        None,
+        "DDP's gradient bucket size in MiB (none: PyTorch's 25, after a first bucket of 1); a bucket larger than "
+        "the model leaves backward nothing to overlap with the all-reduce",
+    )
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = setting(
-        "none", "what DDP sends: fp32 gradients (none), gradients rounded to 16 bits (fp16, bf16: NCCL only), or "
-                "PowerSGD's low-rank factors (--powersgd-rank; on gloo in one gradient bucket)")
-    powersgd_rank: int = setting(1, "rank of PowerSGD's approximation of each gradient matrix (with --comm-hook "
-                                    "powersgd)")
+        "none",
+        "what DDP sends: fp32 gradients (none), gradients rounded to 16 bits (fp16, bf16: NCCL only), or "
+        "PowerSGD's low-rank factors (--powersgd-rank; on gloo in one gradient bucket)",
+    )
+    powersgd_rank: int = setting(
+        1, "rank of PowerSGD's approximation of each gradient matrix (with --comm-hook powersgd)"
+    )
     sharding: Literal["none", "zero1", "zero2", "zero3"] = setting(
-        "none", "what each rank keeps of the model's state: all of it (none, DDP), a 1/N shard of the optimizer's "
-                "state (zero1: DDP with ZeroRedundancyOptimizer), of the gradients too (zero2: FSDP2 keeping the "
-                "parameters between forward and backward), or of the parameters as well (zero3: FSDP2)")
+        "none",
+        "what each rank keeps of the model's state: all of it (none, DDP), a 1/N shard of the optimizer's "
+        "state (zero1: DDP with ZeroRedundancyOptimizer), of the gradients too (zero2: FSDP2 keeping the "
+        "parameters between forward and backward), or of the parameters as well (zero3: FSDP2)",
+    )
     backend: Literal["auto", "nccl", "gloo"] = setting("auto", "process-group backend (auto: nccl on GPUs, else gloo)")
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto: a GPU per local rank when there are enough")
-    threads_per_rank: int | None = setting(None, "CPU threads per rank (none: usable cores / local ranks)",
-                                           resumable=True)
-    compile: bool = setting(False, "compile the model with torch.compile: slower first steps, then fused kernels "
-                                   "and fewer launches (meant for GPUs)", resumable=True)
+    threads_per_rank: int | None = setting(
+        None, "CPU threads per rank (none: usable cores / local ranks)", resumable=True
+    )
+    compile: bool = setting(
+        False,
+        "compile the model with torch.compile: slower first steps, then fused kernels "
+        "and fewer launches (meant for GPUs)",
+        resumable=True,
+    )
     timers: bool = setting(True, "time each phase and the all-reduce (--no-timers skips them)")
     count_collectives: bool = setting(
-        False, "count the bytes the run's third step hands to each collective (ddp_core/engine/collectives.py: a "
-               "dispatch mode, which slows that step several times over): run.json's collectives_per_step")
+        False,
+        "count the bytes the run's third step hands to each collective (ddp_core/engine/collectives.py: a "
+        "dispatch mode, which slows that step several times over): run.json's collectives_per_step",
+    )
     noise_scale: bool = setting(
-        True, "measure the gradient noise scale from each step's gradient before and after the all-reduce, on 2 or "
-              "more ranks (ddp_core/engine/noise_scale.py; --no-noise-scale skips it)", resumable=True)
+        True,
+        "measure the gradient noise scale from each step's gradient before and after the all-reduce, on 2 or "
+        "more ranks (ddp_core/engine/noise_scale.py; --no-noise-scale skips it)",
+        resumable=True,
+    )
     checkpoint_every_steps: int | None = setting(
-        None, "also checkpoint every this many optimizer steps, inside epochs, so that a stopped or failed run loses "
-              "at most that many steps (none: at the end of each epoch, and when the run is told to stop)",
-        resumable=True)
+        None,
+        "also checkpoint every this many optimizer steps, inside epochs, so that a stopped or failed run loses "
+        "at most that many steps (none: at the end of each epoch, and when the run is told to stop)",
+        resumable=True,
+    )
     out: str | None = setting(None, "run directory (none: a new one under results/)", resumable=True)
-    mlflow_uri: str | None = setting(None, "also log the run to MLflow at this tracking URI, e.g. file:./mlruns "
-                                           "(needs pip install 'ddp_core[mlflow]'); none: no tracking", resumable=True)
-    resume: bool = setting(False, "continue the run in --out from its last checkpoint, --epochs grown too (an "
-                                  "unfinished run continues with its own command alone)", resumable=True)
+    mlflow_uri: str | None = setting(
+        None,
+        "also log the run to MLflow at this tracking URI, e.g. file:./mlruns "
+        "(needs pip install 'ddp_core[mlflow]'); none: no tracking",
+        resumable=True,
+    )
+    resume: bool = setting(
+        False,
+        "continue the run in --out from its last checkpoint, --epochs grown too (an "
+        "unfinished run continues with its own command alone)",
+        resumable=True,
+    )
     progress: bool = setting(True, "a progress bar on rank 0 (--no-progress hides it)", resumable=True)
-    check: bool = setting(False, "check the arguments and the data (building the token cache), then exit "
-                                 "without training", resumable=True)
+    check: bool = setting(
+        False, "check the arguments and the data (building the token cache), then exit without training", resumable=True
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,8 +196,7 @@ def _value_type(annotation) -> tuple[type, tuple | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `ddp_core.train`, one option per field of `TrainConfig`."""
-    parser = OneLineParser(prog="python -m ddp_core.train",
-                            description="Train a transformer text classifier with DDP.")
+    parser = OneLineParser(prog="python -m ddp_core.train", description="Train a transformer text classifier with DDP.")
     hints = typing.get_type_hints(TrainConfig)
     groups = {}
     for f in fields(TrainConfig):
@@ -168,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
         if hints[f.name] is bool:
             if default:
-                parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
-                                    help=help_text)
+                parser.add_argument(
+                    "--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", help=help_text
+                )
             else:
                 parser.add_argument(_flag(f.name), action="store_true", help=help_text)
             continue
@@ -201,8 +240,9 @@ def to_args(settings: dict) -> list[str]:
     args = []
     for name, value in settings.items():
         if name not in by_name:
-            raise UsageError(f"unknown setting {name!r}; the settings are the fields of TrainConfig: "
-                             f"{', '.join(by_name)}")
+            raise UsageError(
+                f"unknown setting {name!r}; the settings are the fields of TrainConfig: {', '.join(by_name)}"
+            )
         default = by_name[name].default
         if isinstance(default, bool):
             if value != default:
@@ -231,8 +271,11 @@ def differing_settings(saved: dict, cfg: TrainConfig) -> list[str]:
     """The options that change what is trained and differ between a saved run's config and `cfg`. A setting that
     a run saved before it existed had its default then."""
     now = cfg.to_dict()
-    return [_flag(f.name) for f in fields(TrainConfig)
-            if not f.metadata["resumable"] and saved.get(f.name, f.default) != now[f.name]]
+    return [
+        _flag(f.name)
+        for f in fields(TrainConfig)
+        if not f.metadata["resumable"] and saved.get(f.name, f.default) != now[f.name]
+    ]
 
 
 def micro_batch_size(cfg: TrainConfig, world_size: int) -> int:
@@ -253,12 +296,15 @@ def steps_per_epoch(cfg: TrainConfig, world_size: int, train_samples: int) -> in
     than the run (it would never checkpoint inside an epoch, which the interval asks for)."""
     steps = train_samples // world_size // micro_batch_size(cfg, world_size) // cfg.grad_accum
     if steps == 0:
-        raise UsageError(f"{train_samples} training samples make no full step of global batch "
-                         f"{global_batch_size(cfg, world_size)}")
+        raise UsageError(
+            f"{train_samples} training samples make no full step of global batch {global_batch_size(cfg, world_size)}"
+        )
     if cfg.checkpoint_every_steps is not None and cfg.checkpoint_every_steps >= steps * cfg.epochs:
-        raise UsageError(f"--checkpoint-every-steps {cfg.checkpoint_every_steps} is not shorter than the run "
-                         f"({cfg.epochs} epoch(s) of {steps} steps): choose fewer steps, or leave it unset to "
-                         f"checkpoint at each epoch's end")
+        raise UsageError(
+            f"--checkpoint-every-steps {cfg.checkpoint_every_steps} is not shorter than the run "
+            f"({cfg.epochs} epoch(s) of {steps} steps): choose fewer steps, or leave it unset to "
+            f"checkpoint at each epoch's end"
+        )
     return steps
 
 
@@ -274,9 +320,21 @@ def check_writable_folder(folder: Path, option: str) -> None:
 
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
-    positive = ["vocab_size", "seq_len", "epochs", "eval_every_steps", "grad_accum", "global_batch_size",
-                "per_rank_batch_size", "train_samples", "eval_samples", "threads_per_rank", "bucket_cap_mb",
-                "powersgd_rank", "checkpoint_every_steps"]
+    positive = [
+        "vocab_size",
+        "seq_len",
+        "epochs",
+        "eval_every_steps",
+        "grad_accum",
+        "global_batch_size",
+        "per_rank_batch_size",
+        "train_samples",
+        "eval_samples",
+        "threads_per_rank",
+        "bucket_cap_mb",
+        "powersgd_rank",
+        "checkpoint_every_steps",
+    ]
     for name in positive:
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -294,23 +352,28 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     if cfg.vocab_size < 3:
         raise UsageError(f"--vocab-size must be at least 3 (padding, unknown and one word), got {cfg.vocab_size}")
     if cfg.dataset == "synthetic" and cfg.vocab_size < SYNTHETIC_MIN_VOCAB:
-        raise UsageError(f"--vocab-size must be at least {SYNTHETIC_MIN_VOCAB} for --dataset synthetic (padding, "
-                         f"unknown, a keyword per class and one neutral word), got {cfg.vocab_size}")
+        raise UsageError(
+            f"--vocab-size must be at least {SYNTHETIC_MIN_VOCAB} for --dataset synthetic (padding, "
+            f"unknown, a keyword per class and one neutral word), got {cfg.vocab_size}"
+        )
     if cfg.global_batch_size is not None and cfg.global_batch_size % (world_size * cfg.grad_accum):
         raise UsageError(
             f"--global-batch-size {cfg.global_batch_size} does not divide by world size {world_size} "
-            f"x --grad-accum {cfg.grad_accum}")
+            f"x --grad-accum {cfg.grad_accum}"
+        )
     if cfg.backend == "nccl" and cfg.device == "cpu":
         raise UsageError("--backend nccl needs --device cuda (or auto); use --backend gloo on CPU")
     if cfg.comm_hook == "bf16" and (cfg.backend == "gloo" or cfg.device == "cpu"):
-        raise UsageError("--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend); use --comm-hook "
-                         "fp16 on CPU")
+        raise UsageError(
+            "--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend); use --comm-hook fp16 on CPU"
+        )
     if cfg.sharding != "none":
         refusals = [
             (cfg.comm_hook != "none", f"does not combine with --comm-hook {cfg.comm_hook} (leave it none)"),
             (cfg.amp == "fp16", "does not combine with --amp fp16, whose loss scaler is not sharded (use bf16)"),
             (cfg.compile and cfg.sharding != "zero1", "does not combine with --compile (FSDP2 here runs eager)"),
-            (world_size == 1, "needs 2 or more ranks: one rank holds the whole state whatever the mode")]
+            (world_size == 1, "needs 2 or more ranks: one rank holds the whole state whatever the mode"),
+        ]
         for refused, why in refusals:
             if refused:
                 raise UsageError(f"--sharding {cfg.sharding} {why}")
@@ -337,11 +400,15 @@ def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
     check_writable_folder(out, "--out")
     trained = finished_epochs(out)
     if cfg.resume and trained is not None and cfg.epochs <= trained:
-        raise UsageError(f"--resume: {out} holds a finished run of {trained} epoch(s), which --epochs {cfg.epochs} "
-                         f"would not add to; raise --epochs to train it further")
+        raise UsageError(
+            f"--resume: {out} holds a finished run of {trained} epoch(s), which --epochs {cfg.epochs} "
+            f"would not add to; raise --epochs to train it further"
+        )
     if cfg.resume and not (out / CHECKPOINT_NAME).is_file():
-        raise UsageError(f"--resume: no checkpoint at {out / CHECKPOINT_NAME} (the run completed no step); "
-                         f"run the command without --resume to start it again")
+        raise UsageError(
+            f"--resume: no checkpoint at {out / CHECKPOINT_NAME} (the run completed no step); "
+            f"run the command without --resume to start it again"
+        )
     if cfg.resume or not ((out / "run.json").exists() or (out / "metrics.csv").exists()):
         return
     if not is_unfinished(out, cfg, world_size):
@@ -368,7 +435,6 @@ def is_unfinished(out: Path, cfg: TrainConfig, world_size: int) -> bool:
     """Whether `out` holds this very run (same settings and world size), stopped before its end."""
     try:
         info = json.loads((out / "run.json").read_text())
-        return (info["world_size"] == world_size and not info["end_time"]
-                and not differing_settings(info["config"], cfg))
+        return info["world_size"] == world_size and not info["end_time"] and not differing_settings(info["config"], cfg)
     except (OSError, ValueError, KeyError, TypeError):
         return False

@@ -81,8 +81,9 @@ def local_files(data_dir: str, dataset: str) -> dict[str, Path]:
                 found[split] = folder / f"{split}{suffix}"
                 break
     if not found:
-        raise UsageError(f"no {dataset} data in {folder}: expected train and/or test as .csv, .csv.gz, .parquet or "
-                         f".jsonl")
+        raise UsageError(
+            f"no {dataset} data in {folder}: expected train and/or test as .csv, .csv.gz, .parquet or .jsonl"
+        )
     return found
 
 
@@ -109,7 +110,8 @@ def load_splits(cfg: TrainConfig):
             raise UsageError(
                 f"cannot load {hub_id} from the Hugging Face Hub ({type(exc).__name__}); pass a local copy with "
                 f"--data-dir DIR or DDP_CORE_DATA_DIR=DIR (files DIR/{cfg.dataset}/train.csv.gz, "
-                f"test.csv.gz)") from None
+                f"test.csv.gz)"
+            ) from None
         splits = {split: hub[split] for split in ("train", "test")}
         sources = {split: f"{hub_id} {split}" for split in splits}
     for split, ds in splits.items():
@@ -141,8 +143,11 @@ def read_local_file(path: Path, split: str):
             lines = [line for _, line in zip(range(2), f) if line.strip()]
         if len(lines) < (2 if fmt == "csv" else 1):
             raise UsageError(f"{path}: no rows")
-    expected = {"csv": "CSV file (a header line text,label, then one row per sample)", "parquet": "Parquet file",
-                "json": 'JSON Lines file (one {"text": ..., "label": ...} object per line)'}[fmt]
+    expected = {
+        "csv": "CSV file (a header line text,label, then one row per sample)",
+        "parquet": "Parquet file",
+        "json": 'JSON Lines file (one {"text": ..., "label": ...} object per line)',
+    }[fmt]
     if fmt == "parquet":
         import pyarrow.parquet
 
@@ -171,8 +176,10 @@ def check_rows(ds, num_classes: int, source: str) -> None:
     """Every row has a non-empty text and a label that is a class number 0..C-1; `source` names the file."""
     missing = {"text", "label"} - set(ds.column_names)
     if missing:
-        raise UsageError(f"{source}: missing column(s) {', '.join(sorted(missing))}; need text,label "
-                         f"(has {', '.join(ds.column_names)})")
+        raise UsageError(
+            f"{source}: missing column(s) {', '.join(sorted(missing))}; need text,label "
+            f"(has {', '.join(ds.column_names)})"
+        )
     if len(ds) == 0:
         raise UsageError(f"{source}: no rows")
     for row, text in enumerate(ds["text"], start=1):
@@ -184,8 +191,9 @@ def check_rows(ds, num_classes: int, source: str) -> None:
             raise UsageError(f"{source}: row {row}: the label is missing")
         number = _class_number(label)
         if number is None:
-            raise UsageError(f"{source}: row {row}: label {label!r} is not a class number (a whole number "
-                             f"0..{num_classes - 1})")
+            raise UsageError(
+                f"{source}: row {row}: label {label!r} is not a class number (a whole number 0..{num_classes - 1})"
+            )
         if not 0 <= number < num_classes:
             raise UsageError(f"{source}: row {row}: label {number} out of range; expected 0..{num_classes - 1}")
 
@@ -194,8 +202,10 @@ def check_classes(labels: torch.Tensor, num_classes: int) -> None:
     """Refuse to train a constant classifier: the training samples must hold at least two classes."""
     present = labels.unique()
     if len(present) < 2:
-        raise UsageError(f"all {len(labels)} training samples have label {int(present[0])}: a classifier needs at "
-                         f"least two of the {num_classes} classes (draw more --train-samples, or check the file)")
+        raise UsageError(
+            f"all {len(labels)} training samples have label {int(present[0])}: a classifier needs at "
+            f"least two of the {num_classes} classes (draw more --train-samples, or check the file)"
+        )
 
 
 def encode_text_dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -224,8 +234,11 @@ def synthetic_task(cfg: TrainConfig) -> EncodedData:
     def make(n: int):
         labels = torch.randint(0, 2, (n,), generator=gen)
         ids = torch.randint(first_neutral, cfg.vocab_size, (n, cfg.seq_len), generator=gen)
-        keywords = 2 + labels[:, None] * keywords_per_class + torch.randint(0, keywords_per_class, (n, cfg.seq_len),
-                                                                            generator=gen)
+        keywords = (
+            2
+            + labels[:, None] * keywords_per_class
+            + torch.randint(0, keywords_per_class, (n, cfg.seq_len), generator=gen)
+        )
         sprinkle = torch.rand(n, cfg.seq_len, generator=gen) < 0.2
         sprinkle[:, 0] = True
         ids = torch.where(sprinkle, keywords, ids)
@@ -239,8 +252,16 @@ def synthetic_task(cfg: TrainConfig) -> EncodedData:
 
 
 def cache_path(cfg: TrainConfig, sources: dict) -> Path:
-    key = dict(dataset=cfg.dataset, sources=sources, train_samples=cfg.train_samples, eval_samples=cfg.eval_samples,
-               seed=cfg.seed, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, tokenizer=TOKENIZER_VERSION)
+    key = dict(
+        dataset=cfg.dataset,
+        sources=sources,
+        train_samples=cfg.train_samples,
+        eval_samples=cfg.eval_samples,
+        seed=cfg.seed,
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_len,
+        tokenizer=TOKENIZER_VERSION,
+    )
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(cfg.cache_dir) if cfg.cache_dir else Path.home() / ".cache" / "ddp_core"
     return root / f"{cfg.dataset}-{digest}.pt"
@@ -261,8 +282,10 @@ def _cached_tensors(cfg: TrainConfig) -> dict[str, torch.Tensor]:
         torch.save(tensors, tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        raise UsageError(f"cannot write the token cache in {path.parent} ({exc.strerror}); choose another "
-                         f"--cache-dir or DDP_CORE_CACHE_DIR") from None
+        raise UsageError(
+            f"cannot write the token cache in {path.parent} ({exc.strerror}); choose another "
+            f"--cache-dir or DDP_CORE_CACHE_DIR"
+        ) from None
     print(f"ddp_core: encoded {cfg.dataset} into the token cache ({path.name})", flush=True)
     return tensors
 
@@ -271,8 +294,10 @@ def source_fingerprint(cfg: TrainConfig) -> dict:
     """What identifies the raw data without reading it: file path, size and mtime, or the hub id."""
     if not cfg.data_dir:
         return {"hub": HUB_IDS[cfg.dataset]}
-    return {split: [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
-            for split, path in local_files(cfg.data_dir, cfg.dataset).items()}
+    return {
+        split: [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
+        for split, path in local_files(cfg.data_dir, cfg.dataset).items()
+    }
 
 
 def load_data(cfg: TrainConfig, local_rank: int = 0) -> EncodedData:

@@ -24,10 +24,17 @@ def parameter_counts(model_config: dict) -> dict[str, int]:
 
 def preset_configs(model_config: dict) -> dict[str, dict]:
     """Every preset's shape at the vocabulary, length and classes of `model_config` (a run's workload)."""
-    return {preset: vars(ModelConfig.from_preset(preset, vocab_size=model_config["vocab_size"],
-                                                 max_len=model_config["max_len"],
-                                                 num_classes=model_config["num_classes"]))
-            for preset in PRESETS}
+    return {
+        preset: vars(
+            ModelConfig.from_preset(
+                preset,
+                vocab_size=model_config["vocab_size"],
+                max_len=model_config["max_len"],
+                num_classes=model_config["num_classes"],
+            )
+        )
+        for preset in PRESETS
+    }
 
 
 def bucket_indices(counts: list[int]) -> list[int]:
@@ -59,8 +66,10 @@ def bucket_ready_shares(model_config: dict) -> list[float]:
     registered, the embeddings: it is complete only when backward ends, whatever its share of the bytes."""
     shapes = parameter_shapes(ModelConfig(**model_config))
     attention = 2 * model_config["max_len"] * model_config["d_model"]  # 4 T d per token against 2 per weight
-    flops = [prod(shape) * (len(shape) == 2 and name not in EMBEDDINGS) + attention * name.endswith(".qkv.weight")
-             for name, shape in shapes.items()]
+    flops = [
+        prod(shape) * (len(shape) == 2 and name not in EMBEDDINGS) + attention * name.endswith(".qkv.weight")
+        for name, shape in shapes.items()
+    ]
     buckets = bucket_indices([prod(shape) for shape in shapes.values()])
     done, ready = 0, {}
     for cost, bucket in zip(reversed(flops), reversed(buckets)):

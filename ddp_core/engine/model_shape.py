@@ -29,8 +29,9 @@ class ModelConfig:
     dropout: float
 
     @classmethod
-    def from_preset(cls, preset: str, *, vocab_size: int, max_len: int, num_classes: int,
-                    dropout: float | None = None) -> "ModelConfig":
+    def from_preset(
+        cls, preset: str, *, vocab_size: int, max_len: int, num_classes: int, dropout: float | None = None
+    ) -> "ModelConfig":
         shape = dict(PRESETS[preset])
         if dropout is not None:
             shape["dropout"] = dropout
@@ -40,11 +41,25 @@ class ModelConfig:
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of `TransformerClassifier(cfg)` by name, in the order the model registers them."""
     d, ff = cfg.d_model, cfg.d_ff
-    block = {"ln_attn.weight": (d,), "ln_attn.bias": (d,), "qkv.weight": (3 * d, d), "proj.weight": (d, d),
-             "proj.bias": (d,), "ln_ff.weight": (d,), "ln_ff.bias": (d,), "ff.0.weight": (ff, d), "ff.0.bias": (ff,),
-             "ff.2.weight": (d, ff), "ff.2.bias": (d,)}
+    block = {
+        "ln_attn.weight": (d,),
+        "ln_attn.bias": (d,),
+        "qkv.weight": (3 * d, d),
+        "proj.weight": (d, d),
+        "proj.bias": (d,),
+        "ln_ff.weight": (d,),
+        "ln_ff.bias": (d,),
+        "ff.0.weight": (ff, d),
+        "ff.0.bias": (ff,),
+        "ff.2.weight": (d, ff),
+        "ff.2.bias": (d,),
+    }
     shapes = {"tok_emb.weight": (cfg.vocab_size, d), "pos_emb.weight": (cfg.max_len, d)}
     for layer in range(cfg.n_layers):
         shapes |= {f"blocks.{layer}.{name}": shape for name, shape in block.items()}
-    return shapes | {"ln_out.weight": (d,), "ln_out.bias": (d,), "head.weight": (cfg.num_classes, d),
-                     "head.bias": (cfg.num_classes,)}
+    return shapes | {
+        "ln_out.weight": (d,),
+        "ln_out.bias": (d,),
+        "head.weight": (cfg.num_classes, d),
+        "head.bias": (cfg.num_classes,),
+    }

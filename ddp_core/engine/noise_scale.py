@@ -64,8 +64,9 @@ def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.square().sum().double()
 
 
-def noise_scale(local_sq_sum: float, averaged_sq_sum: float, steps: int, world_size: int,
-                samples_per_rank: int) -> dict[str, float]:
+def noise_scale(
+    local_sq_sum: float, averaged_sq_sum: float, steps: int, world_size: int, samples_per_rank: int
+) -> dict[str, float]:
     """The unbiased |G|² and tr(Σ), and B_simple = tr(Σ) / |G|², from the squared norms of the ranks' own gradients
     (`local_sq_sum`) and of the averaged ones (`averaged_sq_sum`), each summed over `steps` steps and `world_size`
     ranks; a rank's gradient averages `samples_per_rank` samples (per-rank batch × accumulation). B_simple is NaN
@@ -80,5 +81,8 @@ def noise_scale(local_sq_sum: float, averaged_sq_sum: float, steps: int, world_s
     b_small, b_big = samples_per_rank, samples_per_rank * world_size
     signal = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
     noise = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
-    return {"grad_sq_norm": signal, "grad_noise_trace": noise,
-            "noise_scale": noise / signal if signal > 0 else math.nan}
+    return {
+        "grad_sq_norm": signal,
+        "grad_noise_trace": noise,
+        "noise_scale": noise / signal if signal > 0 else math.nan,
+    }

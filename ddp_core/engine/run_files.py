@@ -27,10 +27,31 @@ STATE_COLUMNS = ["parameters_bytes", "gradients_bytes", "optimizer_state_bytes",
 # steps, its evaluations and checkpoint apart, the mean over the ranks; empty where gloo was given no interface.
 LINK_COLUMNS = ["link_sent_bytes"]
 METRICS_COLUMNS = [
-    "epoch", "world_size", "global_batch_size", "per_rank_batch_size", "grad_accum", "train_samples", "steps",
-    "epoch_time_s", "data_time_s", "forward_time_s", "backward_time_s", "optimizer_time_s",
-    "comm_total_s", "comm_exposed_s", "eval_time_s", "train_loss", "val_loss", "val_accuracy", "lr",
-    "samples_per_s", "peak_memory_mb", "resumes", *NOISE_COLUMNS, *STATE_COLUMNS, *LINK_COLUMNS,
+    "epoch",
+    "world_size",
+    "global_batch_size",
+    "per_rank_batch_size",
+    "grad_accum",
+    "train_samples",
+    "steps",
+    "epoch_time_s",
+    "data_time_s",
+    "forward_time_s",
+    "backward_time_s",
+    "optimizer_time_s",
+    "comm_total_s",
+    "comm_exposed_s",
+    "eval_time_s",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "lr",
+    "samples_per_s",
+    "peak_memory_mb",
+    "resumes",
+    *NOISE_COLUMNS,
+    *STATE_COLUMNS,
+    *LINK_COLUMNS,
 ]
 # steps.csv: one row per optimizer step, its wall time and its exposed communication, each the mean over the ranks.
 STEPS_COLUMNS = ["epoch", "step", "step_time_s", "comm_exposed_s"]
@@ -92,11 +113,16 @@ def git_commit() -> str | None:
     one it was copied from."""
     here = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                                ":(top,exclude)reference"], cwd=here,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reference"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return os.environ.get("DDP_CORE_GIT_COMMIT")
     return commit + ("-dirty" if dirty else "")
@@ -105,8 +131,15 @@ def git_commit() -> str | None:
 def gpu_driver() -> str | None:
     """The NVIDIA driver's version, which torch does not report."""
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "--id=0"],
-                              capture_output=True, text=True, check=True).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "--id=0"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -162,6 +195,7 @@ def environment(device) -> dict:
 @dataclass(frozen=True)
 class MachineClock:
     """This machine's CPU time at one moment (/proc/stat, every core), and this process's own."""
+
     wall_s: float
     busy_s: float  # user, nice, system, irq and softirq time of all cores: what every process and the kernel ran
     steal_s: float  # time the hypervisor ran something else while a core of this virtual machine wanted to run
@@ -174,8 +208,9 @@ class MachineClock:
         fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
         tick = os.sysconf("SC_CLK_TCK")
-        return cls(time.perf_counter(), (user + nice + system + irq + softirq) / tick, steal / tick,
-                   time.process_time())
+        return cls(
+            time.perf_counter(), (user + nice + system + irq + softirq) / tick, steal / tick, time.process_time()
+        )
 
 
 def machine_activity(start: MachineClock, end: MachineClock, run_cpu_s: float) -> dict:
@@ -185,9 +220,15 @@ def machine_activity(start: MachineClock, end: MachineClock, run_cpu_s: float) -
     wall = end.wall_s - start.wall_s
     busy = end.busy_s - start.busy_s
     load_1min, load_5min, _ = (float(v) for v in Path("/proc/loadavg").read_text().split()[:3])
-    return {"wall_s": wall, "run_cpu_s": run_cpu_s, "other_cpu_s": max(0.0, busy - run_cpu_s),
-            "steal_cpu_s": end.steal_s - start.steal_s, "cores": os.cpu_count(),
-            "load_1min": load_1min, "load_5min": load_5min}
+    return {
+        "wall_s": wall,
+        "run_cpu_s": run_cpu_s,
+        "other_cpu_s": max(0.0, busy - run_cpu_s),
+        "steal_cpu_s": end.steal_s - start.steal_s,
+        "cores": os.cpu_count(),
+        "load_1min": load_1min,
+        "load_5min": load_5min,
+    }
 
 
 def link_sent_bytes() -> float:

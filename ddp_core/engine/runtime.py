@@ -17,6 +17,7 @@ from ddp_core.engine.config import TrainConfig, UsageError, world_size_from_env
 @dataclass
 class Runtime:
     """Where this process sits in the job, as torchrun's environment says."""
+
     rank: int
     local_rank: int
     world_size: int
@@ -53,8 +54,10 @@ def check_gpus(cfg: TrainConfig, local_world_size: int, gpus: int) -> None:
     """--device cuda and --backend nccl need a GPU for each rank on the node."""
     for wanted, option in ((cfg.device == "cuda", "--device cuda"), (cfg.backend == "nccl", "--backend nccl")):
         if wanted and gpus < local_world_size:
-            raise UsageError(f"{option} needs a CUDA GPU per local rank: {local_world_size} local rank(s), {gpus} "
-                             f"GPU(s) (on a machine without, use --device cpu and --backend gloo, or auto)")
+            raise UsageError(
+                f"{option} needs a CUDA GPU per local rank: {local_world_size} local rank(s), {gpus} "
+                f"GPU(s) (on a machine without, use --device cpu and --backend gloo, or auto)"
+            )
 
 
 def resolve_runtime(cfg: TrainConfig) -> Runtime:
@@ -66,13 +69,22 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and gpus >= local_world_size and cfg.backend != "gloo")
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
     if cfg.comm_hook == "bf16" and backend != "nccl":
-        raise UsageError("--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend), and this run "
-                         "has no GPU per rank: use --comm-hook fp16")
+        raise UsageError(
+            "--comm-hook bf16 needs NCCL (DDP accepts its bf16 hook on no other backend), and this run "
+            "has no GPU per rank: use --comm-hook fp16"
+        )
     if cfg.amp == "fp16" and not use_cuda:  # --device cpu is refused when parsed; auto resolves to the CPU only here
         raise UsageError("--amp fp16 needs a CUDA device, and this run has no GPU per rank: use --amp bf16 on CPU")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    return Runtime(rank, local_rank, world_size, local_world_size, device, backend,
-                   threads_per_rank(local_world_size, cfg.threads_per_rank))
+    return Runtime(
+        rank,
+        local_rank,
+        world_size,
+        local_world_size,
+        device,
+        backend,
+        threads_per_rank(local_world_size, cfg.threads_per_rank),
+    )
 
 
 def place_process(rt: Runtime) -> None:

@@ -63,8 +63,9 @@ def adamw(model: nn.Module, sharding: str, lr: float, weight_decay: float) -> to
     if sharding == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr,
-                                       weight_decay=weight_decay, fused=True)
+        return ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay, fused=True
+        )
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
 
 
@@ -72,8 +73,11 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharding: st
     """The model's and the optimizer's state as one rank would hold them without sharding: on rank 0 (elsewhere
     the optimizer's is None, and under FSDP2 both are empty). Every rank must call it."""
     if sharding in FSDP_MODES:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         whole = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole state, on rank 0 only
         return get_model_state_dict(model, options=whole), get_optimizer_state_dict(model, optimizer, options=whole)
@@ -83,12 +87,16 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharding: st
     return model.state_dict(), optimizer.state_dict()
 
 
-def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharding: str, model_state: dict,
-                     optimizer_state: dict) -> None:
+def load_whole_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sharding: str, model_state: dict, optimizer_state: dict
+) -> None:
     """`whole_state`'s dicts, which every rank has read, loaded into each rank's shards."""
     if sharding in FSDP_MODES:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         whole = StateDictOptions(full_state_dict=True)
         set_model_state_dict(model, model_state, options=whole)
@@ -96,4 +104,3 @@ def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, shardin
         return
     model.load_state_dict(model_state)
     optimizer.load_state_dict(optimizer_state)
-

@@ -79,6 +79,7 @@ class StopRequest:
             work.wait()
             stop = int(flag.item())
         flag = torch.tensor([self.received])
-        self._pending = None if stop else (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group,
-                                                           async_op=True), flag)
+        self._pending = (
+            None if stop else (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
+        )
         return signal.Signals(stop) if stop else None

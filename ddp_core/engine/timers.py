@@ -158,8 +158,10 @@ class EpochTimer:
         collectives are not timed: FSDP2); and per
         step, `step_time_s` and `comm_exposed_s` (empty lists when the timers are off)."""
         if not self.enabled:
-            totals = {f"{name}_time_s": float("nan") for name in PHASES} | {"comm_total_s": float("nan"),
-                                                                            "comm_exposed_s": float("nan")}
+            totals = {f"{name}_time_s": float("nan") for name in PHASES} | {
+                "comm_total_s": float("nan"),
+                "comm_exposed_s": float("nan"),
+            }
             return totals, {"step_time_s": [], "comm_exposed_s": []}
         if self.clock.cuda:
             torch.cuda.synchronize()
@@ -171,9 +173,13 @@ class EpochTimer:
         totals["comm_exposed_s"] = sum(exposed)
         step_ends = [sec(end) for _, end in self.phase_spans["optimizer"]]
         evals = [(sec(a), sec(b)) for a, b in self.phase_spans["eval"]]
-        steps = {"step_time_s": [end - start - sum(b - a for a, b in evals if start <= a < end)
-                                 for start, end in zip([0.0] + step_ends, step_ends)],
-                 "comm_exposed_s": exposed}
+        steps = {
+            "step_time_s": [
+                end - start - sum(b - a for a, b in evals if start <= a < end)
+                for start, end in zip([0.0] + step_ends, step_ends)
+            ],
+            "comm_exposed_s": exposed,
+        }
         if not self.communication:
             totals["comm_total_s"] = totals["comm_exposed_s"] = float("nan")
             steps["comm_exposed_s"] = [float("nan")] * len(steps["step_time_s"])
@@ -190,12 +196,20 @@ class EpochTimer:
             return []
         sec = self.clock.seconds
         start, end = sec(self.step_starts[step]), sec(self.phase_spans["optimizer"][step][1])
-        rows = [{"what": name, "start_s": sec(a) - start, "end_s": sec(b) - start}
-                for name in PHASES for a, b in self.phase_spans[name] if start <= sec(a) and sec(b) <= end]
-        rows += [{"what": f"all-reduce, bucket {k}", "start_s": a - start, "end_s": b - start}
-                 for k, (a, b) in enumerate(buckets, 1)]
-        rows += [{"what": f"{READY}{k}", "start_s": sec(at) - start, "end_s": sec(at) - start}
-                 for k, at in sorted(self.ready_per_step[step].items())]
+        rows = [
+            {"what": name, "start_s": sec(a) - start, "end_s": sec(b) - start}
+            for name in PHASES
+            for a, b in self.phase_spans[name]
+            if start <= sec(a) and sec(b) <= end
+        ]
+        rows += [
+            {"what": f"all-reduce, bucket {k}", "start_s": a - start, "end_s": b - start}
+            for k, (a, b) in enumerate(buckets, 1)
+        ]
+        rows += [
+            {"what": f"{READY}{k}", "start_s": sec(at) - start, "end_s": sec(at) - start}
+            for k, at in sorted(self.ready_per_step[step].items())
+        ]
         return sorted(rows, key=lambda row: row["start_s"])
 
 

@@ -51,6 +51,7 @@ class CpuShareError(Exception):
 @dataclass(frozen=True)
 class CpuController:
     """Where node groups go: `quota_root` holds the quota (and, on v2, the usage); `usage_root` the usage."""
+
     version: int
     quota_root: Path
     usage_root: Path
@@ -80,22 +81,28 @@ def find_controller(mounts: Path = MOUNTS, own_cgroup: Path = Path("/proc/self/c
     if "cpu" in v1 and "cpuacct" in v1:
         controller = CpuController(1, v1["cpu"], v1["cpuacct"])
     elif v2 is not None and "cpu" in _words(v2 / "cgroup.controllers"):
-        path = next((line.split("::", 1)[1] for line in own_cgroup.read_text().splitlines() if line.startswith("0::")),
-                    "/")
+        path = next(
+            (line.split("::", 1)[1] for line in own_cgroup.read_text().splitlines() if line.startswith("0::")), "/"
+        )
         root = v2 / path.lstrip("/")
         if "cpu" not in _words(root / "cgroup.subtree_control"):
             try:
                 (root / "cgroup.subtree_control").write_text("+cpu")
             except OSError as exc:
-                raise CpuShareError(f"cannot enable the cpu controller under {root} ({exc.strerror}): run as root "
-                                    f"in a cgroup whose children may use it, or leave cpus_per_node unset") from None
+                raise CpuShareError(
+                    f"cannot enable the cpu controller under {root} ({exc.strerror}): run as root "
+                    f"in a cgroup whose children may use it, or leave cpus_per_node unset"
+                ) from None
         controller = CpuController(2, root, root)
     else:
-        raise CpuShareError("no cgroup CPU controller is mounted (cgroup v1 cpu and cpuacct, or v2 with cpu): "
-                            "nodes cannot get a CPU share here; leave cpus_per_node unset")
+        raise CpuShareError(
+            "no cgroup CPU controller is mounted (cgroup v1 cpu and cpuacct, or v2 with cpu): "
+            "nodes cannot get a CPU share here; leave cpus_per_node unset"
+        )
     if not (os.access(controller.quota_root, os.W_OK) and os.access(controller.usage_root, os.W_OK)):
-        raise CpuShareError(f"cannot create control groups under {controller.quota_root}: run as root, or leave "
-                            f"cpus_per_node unset")
+        raise CpuShareError(
+            f"cannot create control groups under {controller.quota_root}: run as root, or leave cpus_per_node unset"
+        )
     return controller
 
 
@@ -112,11 +119,15 @@ def check_shares(nodes: int, cpus_per_node) -> None:
         raise CpuShareError(f"cpus_per_node must be a positive number of cores (e.g. 0.25), got {cpus_per_node!r}")
     cores = len(os.sched_getaffinity(0))
     if nodes * cpus_per_node > cores + 1e-9:
-        raise CpuShareError(f"{nodes} nodes x {cpus_per_node} cores = {nodes * cpus_per_node:g} cores, more than "
-                            f"the {cores} this machine can use: fewer nodes or a smaller cpus_per_node")
+        raise CpuShareError(
+            f"{nodes} nodes x {cpus_per_node} cores = {nodes * cpus_per_node:g} cores, more than "
+            f"the {cores} this machine can use: fewer nodes or a smaller cpus_per_node"
+        )
     if cpus_per_node * PERIOD_US < 1000:
-        raise CpuShareError(f"cpus_per_node {cpus_per_node} is below the kernel's smallest quota, 1 ms per "
-                            f"{PERIOD_US // 1000} ms period ({1000 / PERIOD_US:g} cores)")
+        raise CpuShareError(
+            f"cpus_per_node {cpus_per_node} is below the kernel's smallest quota, 1 ms per "
+            f"{PERIOD_US // 1000} ms period ({1000 / PERIOD_US:g} cores)"
+        )
 
 
 class NodeCpu:
@@ -204,9 +215,13 @@ class NodeCpu:
         else:
             used = {part: int(_stat(folder)["usage_usec"]) / 1e6 for part, folder in self.usage_dirs.items()}
             throttled_s = int(stat["throttled_usec"]) / 1e6
-        return {"cpu_s": used[self.COMPUTE], "periods": int(stat["nr_periods"]),
-                "throttled_periods": int(stat["nr_throttled"]), "throttled_s": throttled_s,
-                "communication_cpu_s": used[self.COMMUNICATION]}
+        return {
+            "cpu_s": used[self.COMPUTE],
+            "periods": int(stat["nr_periods"]),
+            "throttled_periods": int(stat["nr_throttled"]),
+            "throttled_s": throttled_s,
+            "communication_cpu_s": used[self.COMMUNICATION],
+        }
 
     def remove(self) -> None:
         remove_group(self.controller, self.name)

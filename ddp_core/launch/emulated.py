@@ -41,8 +41,19 @@ from ddp_core.engine.config import ERROR_PREFIX
 from ddp_core.engine.run_files import save_atomic
 from ddp_core.launch.cpu_share import PERIOD_US, CpuShareError, NodeCpu, find_controller, remove_group
 from ddp_core.launch.local import stop_interrupted
-from ddp_core.launch.plan import (NETWORK_FILE, ClusterError, ExperimentError, Plan, check_can_emulate, follow_trainer,
-                                  rate_bits_per_s, refuse_interrupted, shell_command, stop_with_parent, trainer_args)
+from ddp_core.launch.plan import (
+    NETWORK_FILE,
+    ClusterError,
+    ExperimentError,
+    Plan,
+    check_can_emulate,
+    follow_trainer,
+    rate_bits_per_s,
+    refuse_interrupted,
+    shell_command,
+    stop_with_parent,
+    trainer_args,
+)
 
 SUBNET = "198.18.0"  # nodes are SUBNET.1, SUBNET.2, ...: RFC 2544's benchmarking range
 NETNS_ETC = Path("/etc/netns")
@@ -93,6 +104,7 @@ def _cpu_controller():
 
 def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
     """The namespaces, links, hosts-file folders and CPU groups of clusters whose owner process is gone."""
+
     def orphaned(name: str) -> bool:
         match = NAME.match(name)
         return bool(match) and not owner_alive(int(match["owner"], 16))
@@ -103,8 +115,12 @@ def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
     folders = [p.name for p in NETNS_ETC.iterdir()] if NETNS_ETC.is_dir() else []
     controller = _cpu_controller()
     groups = controller.groups() if controller else []
-    return {"namespaces": [n for n in namespaces if orphaned(n)], "links": [n for n in links if orphaned(n)],
-            "hosts files": [n for n in folders if orphaned(n)], "cpu groups": [n for n in groups if orphaned(n)]}
+    return {
+        "namespaces": [n for n in namespaces if orphaned(n)],
+        "links": [n for n in links if orphaned(n)],
+        "hosts files": [n for n in folders if orphaned(n)],
+        "cpu groups": [n for n in groups if orphaned(n)],
+    }
 
 
 def sweep_leftovers() -> None:
@@ -129,15 +145,23 @@ class EmulatedCluster:
     """`nodes` network namespaces on one bridge, each sending at most `link_rate` (None: unshaped) and, with
     `cpus_per_node`, computing on at most that many cores (None: the machine's cores, shared)."""
 
-    def __init__(self, nodes: int, link_rate: str | None = None, cpus_per_node: float | None = None,
-                 cpu_period_us: int = PERIOD_US):
+    def __init__(
+        self,
+        nodes: int,
+        link_rate: str | None = None,
+        cpus_per_node: float | None = None,
+        cpu_period_us: int = PERIOD_US,
+    ):
         check_can_emulate(nodes, link_rate, cpus_per_node)
         self.nodes, self.link_rate, self.cpus_per_node = nodes, link_rate, cpus_per_node
         self.base = f"{PREFIX}{os.getpid():06x}{next(_sequence) % 36:x}"
         self.bridge = f"{self.base}br"
         controller = find_controller() if cpus_per_node is not None else None
-        self.cpu = [NodeCpu(controller, self.namespace(k), cpus_per_node, cpu_period_us)
-                    for k in range(nodes)] if controller else []
+        self.cpu = (
+            [NodeCpu(controller, self.namespace(k), cpus_per_node, cpu_period_us) for k in range(nodes)]
+            if controller
+            else []
+        )
         self.limited_at = self.limited_s = None
 
     def namespace(self, k: int) -> str:
@@ -177,9 +201,27 @@ class EmulatedCluster:
             _ip("-n", namespace, "link", "set", "lo", "up")
             if self.link_rate is not None:
                 rate = rate_bits_per_s(self.link_rate)
-                shaped = subprocess.run(["tc", "-n", namespace, "qdisc", "replace", "dev", "eth0", "root", "tbf",
-                                         "rate", f"{int(rate)}bit", "burst", str(_burst_bytes(rate)),
-                                         "latency", "50ms"], capture_output=True, text=True)
+                shaped = subprocess.run(
+                    [
+                        "tc",
+                        "-n",
+                        namespace,
+                        "qdisc",
+                        "replace",
+                        "dev",
+                        "eth0",
+                        "root",
+                        "tbf",
+                        "rate",
+                        f"{int(rate)}bit",
+                        "burst",
+                        str(_burst_bytes(rate)),
+                        "latency",
+                        "50ms",
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if shaped.returncode != 0:
                     raise ClusterError(f"tc could not shape the link to {self.link_rate}: {shaped.stderr.strip()}")
 
@@ -219,8 +261,21 @@ class EmulatedCluster:
 
     def command(self, k: int, argv: list[str]) -> list[str]:
         """`argv` run on node k: in its namespace, with its hostname, and gloo on its link."""
-        return ["ip", "netns", "exec", self.namespace(k), "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', f"node{k}", "env", "GLOO_SOCKET_IFNAME=eth0", *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace(k),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            f"node{k}",
+            "env",
+            "GLOO_SOCKET_IFNAME=eth0",
+            *argv,
+        ]
 
     def cores(self, k: int) -> set[int]:
         """The cores node k runs on: the usable cores split evenly among the nodes (shared when there are fewer)."""
@@ -228,7 +283,7 @@ class EmulatedCluster:
         if len(usable) < self.nodes:
             return {usable[k % len(usable)]}
         share = len(usable) // self.nodes
-        return set(usable[k * share:(k + 1) * share])
+        return set(usable[k * share : (k + 1) * share])
 
     def start(self, k: int, argv: list[str], **popen) -> subprocess.Popen:
         """`argv` started on node k, on its cores and in its CPU group; it receives SIGTERM if this process dies."""
@@ -245,16 +300,34 @@ class EmulatedCluster:
     def torchrun(self, k: int, ranks_per_node: int, program: list[str], max_restarts: int = 0) -> list[str]:
         """The torchrun agent of node k: static rendezvous at node0, ranks k*M ... k*M+M-1 on this node."""
         restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
-        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nodes}",
-                f"--nproc-per-node={ranks_per_node}", f"--node-rank={k}", "--master-addr=node0",
-                f"--master-port={MASTER_PORT}", *restarts, *program]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={self.nodes}",
+            f"--nproc-per-node={ranks_per_node}",
+            f"--node-rank={k}",
+            "--master-addr=node0",
+            f"--master-port={MASTER_PORT}",
+            *restarts,
+            *program,
+        ]
 
     def rank(self, k: int, program: list[str]) -> list[str]:
         """Node k's one rank, started without an agent in the environment torchrun gives a rank: a node of one rank
         that is never restarted needs no agent, and an agent is one more interpreter importing torch on every node
         (a third of an 8-node run's start-up on this project's 2-core machine)."""
-        return ["env", f"RANK={k}", "LOCAL_RANK=0", f"WORLD_SIZE={self.nodes}", "LOCAL_WORLD_SIZE=1",
-                "MASTER_ADDR=node0", f"MASTER_PORT={MASTER_PORT}", sys.executable, *program]
+        return [
+            "env",
+            f"RANK={k}",
+            "LOCAL_RANK=0",
+            f"WORLD_SIZE={self.nodes}",
+            "LOCAL_WORLD_SIZE=1",
+            "MASTER_ADDR=node0",
+            f"MASTER_PORT={MASTER_PORT}",
+            sys.executable,
+            *program,
+        ]
 
     def node_command(self, k: int, ranks_per_node: int, program: list[str], max_restarts: int = 0) -> list[str]:
         """What node k runs: its rank itself where it has one and no restarts, else a torchrun agent."""
@@ -262,8 +335,9 @@ class EmulatedCluster:
             return self.rank(k, program)
         return self.torchrun(k, ranks_per_node, program, max_restarts)
 
-    def launch(self, ranks_per_node: int, program: list[str], log_dir: Path,
-               max_restarts: int = 0) -> list[subprocess.Popen]:
+    def launch(
+        self, ranks_per_node: int, program: list[str], log_dir: Path, max_restarts: int = 0
+    ) -> list[subprocess.Popen]:
         """`program` on every node (`node_command`): node 0's first, its output readable from its stdout (text), then
         node k's, its output in log_dir/node<k>.log. As under torchrun, a node that fails ends the job: every other
         node is stopped, so that none waits in a collective for a peer that is gone. The cluster's teardown kills
@@ -271,10 +345,21 @@ class EmulatedCluster:
         others = []
         for k in range(1, self.nodes):
             with open(log_dir / f"node{k}.log", "w") as log:
-                others.append(self.start(k, self.node_command(k, ranks_per_node, program, max_restarts), stdout=log,
-                                         stderr=subprocess.STDOUT))
-        leader = self.start(0, self.node_command(0, ranks_per_node, program, max_restarts), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                others.append(
+                    self.start(
+                        k,
+                        self.node_command(k, ranks_per_node, program, max_restarts),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        leader = self.start(
+            0,
+            self.node_command(0, ranks_per_node, program, max_restarts),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         started = [leader, *others]
         self.first_failed = None
         for k, proc in enumerate(started):
@@ -304,8 +389,11 @@ class EmulatedCluster:
             k = self.first_failed or failed[0]
             log = log_dir / f"node{k}.log"
             refusals = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(ERROR_PREFIX)]
-            raise ClusterError(f"node {k}: {refusals[-1]}" if refusals else
-                               f"node {k} exited with code {codes[k - 1]}; its output: {log}")
+            raise ClusterError(
+                f"node {k}: {refusals[-1]}"
+                if refusals
+                else f"node {k} exited with code {codes[k - 1]}; its output: {log}"
+            )
 
     def measure_link_gbit_s(self) -> float:
         """Gbit/s of TCP payload that node 1 sends to node 0, over about half a second at the set rate."""
@@ -316,8 +404,15 @@ class EmulatedCluster:
         started = []
         try:
             started.append(self.start(0, [*probe, "receive", self.address(0)], stdout=subprocess.PIPE, text=True))
-            started.append(self.start(1, [*probe, "send", self.address(0), str(size)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
+            started.append(
+                self.start(
+                    1,
+                    [*probe, "send", self.address(0), str(size)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
             receiver, sender = started
             _, error = sender.communicate(timeout=120)
             out, _ = receiver.communicate(timeout=30)
@@ -328,6 +423,7 @@ class EmulatedCluster:
         if sender.returncode != 0 or receiver.returncode != 0:
             raise ClusterError(f"the link probe failed: {error.strip()}")
         return float(out.split()[0])
+
 
 def run_emulated(plan: Plan) -> bool:
     """Train across an emulated cluster of `placement.nodes` nodes at its `link_rate`, the world size split evenly
@@ -344,18 +440,27 @@ def run_emulated(plan: Plan) -> bool:
     with EmulatedCluster(where.nodes, where.link_rate, where.cpus_per_node) as cluster:
         measured = cluster.measure_link_gbit_s() if where.nodes > 1 else None
         rate = rate_bits_per_s(where.link_rate)
-        network = {"nodes": where.nodes, "ranks_per_node": ranks_per_node, "link_rate": where.link_rate,
-                   "link_rate_gbit_s": rate / 1e9 if rate else None, "measured_gbit_s": measured,
-                   "addresses": [cluster.address(k) for k in range(where.nodes)],
-                   "cpus_per_node": where.cpus_per_node, "cpu_period_ms": PERIOD_US / 1000}
+        network = {
+            "nodes": where.nodes,
+            "ranks_per_node": ranks_per_node,
+            "link_rate": where.link_rate,
+            "link_rate_gbit_s": rate / 1e9 if rate else None,
+            "measured_gbit_s": measured,
+            "addresses": [cluster.address(k) for k in range(where.nodes)],
+            "cpus_per_node": where.cpus_per_node,
+            "cpu_period_ms": PERIOD_US / 1000,
+        }
         save_atomic(network, plan.run_dir / NETWORK_FILE)
         share = f", {where.cpus_per_node:g} core(s) each" if where.cpus_per_node else ""
         link = f"{where.link_rate or 'unshaped'}" + (f", measured {measured:.3f} Gbit/s" if measured else "")
         print(f"emulated cluster: {where.nodes} node(s) x {ranks_per_node} rank(s){share}, link {link}", flush=True)
         program = ["-m", "ddp_core.train", *trainer_args(plan)]
         command = cluster.node_command(0, ranks_per_node, program, where.max_restarts)
-        shown = ["torchrun", *command[3:]] if command[1:3] == ["-m", "torch.distributed.run"] else \
-            [word for word in command if word != "env"]
+        shown = (
+            ["torchrun", *command[3:]]
+            if command[1:3] == ["-m", "torch.distributed.run"]
+            else [word for word in command if word != "env"]
+        )
         print(shell_command([word.replace(sys.executable, "python") for word in shown]), flush=True)
         sent_before = cluster.sent_bytes()
         leader, *others = cluster.launch(ranks_per_node, program, plan.run_dir, where.max_restarts)

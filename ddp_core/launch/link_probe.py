@@ -38,7 +38,7 @@ def send(address: str, size: int) -> None:
     with connection:
         block = b"\0" * CHUNK
         for start in range(0, size, CHUNK):
-            connection.sendall(block[:min(CHUNK, size - start)])
+            connection.sendall(block[: min(CHUNK, size - start)])
 
 
 if __name__ == "__main__":

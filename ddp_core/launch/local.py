@@ -10,8 +10,16 @@ import subprocess
 import sys
 from typing import NoReturn
 
-from ddp_core.launch.plan import (ExperimentError, Plan, follow_trainer, launch_command, refuse_interrupted,
-                                  shell_command, stop_with_parent, trainer_args)
+from ddp_core.launch.plan import (
+    ExperimentError,
+    Plan,
+    follow_trainer,
+    launch_command,
+    refuse_interrupted,
+    shell_command,
+    stop_with_parent,
+    trainer_args,
+)
 
 
 def run_local(plan: Plan) -> bool:
@@ -24,8 +32,14 @@ def run_local(plan: Plan) -> bool:
     refuse_interrupted(plan)
     command = [*launch_command(plan.world_size, max_restarts=plan.placement.max_restarts), *trainer_args(plan)]
     print(shell_command(["python", *command[1:]]), flush=True)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                          preexec_fn=stop_with_parent if sys.platform == "linux" else None) as proc:
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=stop_with_parent if sys.platform == "linux" else None,
+    ) as proc:
         try:
             follow_trainer(proc)
         except KeyboardInterrupt:

@@ -21,8 +21,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp_core.engine.config import (CHECKPOINT_NAME, ERROR_PREFIX, TrainConfig, UsageError, differing_settings,
-                                    load_profile, parse_args, to_args)
+from ddp_core.engine.config import (
+    CHECKPOINT_NAME,
+    ERROR_PREFIX,
+    TrainConfig,
+    UsageError,
+    differing_settings,
+    load_profile,
+    parse_args,
+    to_args,
+)
 from ddp_core.launch.cpu_share import CpuShareError, check_shares, find_controller
 
 LAUNCHERS = ("local", "slurm", "emulated")
@@ -40,6 +48,7 @@ class ExperimentError(Exception):
 @dataclass
 class SlurmOptions:
     """How launcher "slurm" asks for the job's resources and waits for it."""
+
     gpus_per_rank: int = 0  # 1 on a GPU cluster, 0 on a CPU-only one (gloo)
     cpus_per_rank: int = 1  # CPU cores per rank
     sbatch_args: str = ""  # more sbatch options, e.g. "--partition gpu --time 01:00:00"
@@ -50,6 +59,7 @@ class SlurmOptions:
 @dataclass(frozen=True)
 class Placement:
     """Where a run's ranks go and how they start: the launcher and what it is told."""
+
     launcher: str = "local"  # one of LAUNCHERS: `ddp_core.launch.launchers.start` starts it
     nodes: int = 1  # launchers "slurm" and "emulated": the nodes the ranks are spread over, evenly
     link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
@@ -89,13 +99,24 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
 
 def prepare_run(parameters: dict) -> Plan:
     """`prepare` from a run notebook's parameters (`Run.parameters`), its placement's among them."""
-    rest = {name: value for name, value in parameters.items()
-            if name not in PLACEMENT_PARAMETERS and not name.startswith("slurm_")}
+    rest = {
+        name: value
+        for name, value in parameters.items()
+        if name not in PLACEMENT_PARAMETERS and not name.startswith("slurm_")
+    }
     return prepare(**rest, placement=Placement.of(parameters))
 
 
-def prepare(*, world_size, placement: Placement, results_dir: str, experiment: str, profile: str = "default",
-            overrides: dict | None = None, repeat=1) -> Plan:
+def prepare(
+    *,
+    world_size,
+    placement: Placement,
+    results_dir: str,
+    experiment: str,
+    profile: str = "default",
+    overrides: dict | None = None,
+    repeat=1,
+) -> Plan:
     """Check every parameter and decide what to do with the run directory; starts nothing.
 
     Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
@@ -124,24 +145,28 @@ def check_placement(world_size, repeat, placement: Placement) -> None:
     if launcher not in LAUNCHERS:
         raise ExperimentError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
     if not _int_at_least(slurm.gpus_per_rank, 0) or not _int_at_least(slurm.cpus_per_rank, 1):
-        raise ExperimentError(f"slurm_gpus_per_rank must be an integer >= 0 and slurm_cpus_per_rank one >= 1, got "
-                              f"{slurm.gpus_per_rank!r} and {slurm.cpus_per_rank!r}")
+        raise ExperimentError(
+            f"slurm_gpus_per_rank must be an integer >= 0 and slurm_cpus_per_rank one >= 1, got "
+            f"{slurm.gpus_per_rank!r} and {slurm.cpus_per_rank!r}"
+        )
     if not _int_at_least(nodes, 1) or world_size % nodes:
         raise ExperimentError(f"nodes must be a positive integer that divides world_size {world_size}, got {nodes!r}")
     if launcher == "local" and nodes != 1:
-        raise ExperimentError(f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm' "
-                              f"(a cluster) or 'emulated' (nodes emulated on this machine)")
+        raise ExperimentError(
+            f"launcher 'local' runs on this machine only; nodes={nodes} needs launcher='slurm' "
+            f"(a cluster) or 'emulated' (nodes emulated on this machine)"
+        )
     if launcher != "emulated" and placement.link_rate is not None:
         raise ExperimentError(f"link_rate sets the links of an emulated cluster; launcher {launcher!r} has none")
     if launcher != "emulated" and placement.cpus_per_node is not None:
-        raise ExperimentError(f"cpus_per_node sets the compute of an emulated cluster's nodes; launcher {launcher!r} "
-                              f"has none")
+        raise ExperimentError(
+            f"cpus_per_node sets the compute of an emulated cluster's nodes; launcher {launcher!r} has none"
+        )
     if launcher == "emulated":
         check_can_emulate(nodes, placement.link_rate, placement.cpus_per_node)
 
 
-def run_settings(profile: str, overrides: dict | None, repeat: int,
-                 world_size: int) -> tuple[list[str], TrainConfig]:
+def run_settings(profile: str, overrides: dict | None, repeat: int, world_size: int) -> tuple[list[str], TrainConfig]:
     """The trainer's arguments (profile, overrides, repeat k's seed) and the config its parser makes of them."""
     try:
         settings = load_profile(profile) | (overrides or {})
@@ -159,20 +184,27 @@ def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, placement: 
         return "train"
     try:
         info = json.loads((run_dir / "run.json").read_text())
-        changed = differing_settings(info["config"], cfg) + ([] if info["world_size"] == world_size
-                                                             else ["world size"])
+        changed = differing_settings(info["config"], cfg) + ([] if info["world_size"] == world_size else ["world size"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise ExperimentError(f"{run_dir / 'run.json'} is not a run's record ({type(exc).__name__}: {exc}); "
-                              f"move the folder away or choose another experiment name") from None
+        raise ExperimentError(
+            f"{run_dir / 'run.json'} is not a run's record ({type(exc).__name__}: {exc}); "
+            f"move the folder away or choose another experiment name"
+        ) from None
     if changed:
-        raise ExperimentError(f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
-                              f"choose another experiment name")
+        raise ExperimentError(
+            f"{run_dir} holds a run with other settings ({', '.join(changed)}); choose another experiment name"
+        )
     held = network_of(run_dir)
     if held and (held["nodes"], held["link_rate"], held.get("cpus_per_node")) != (
-            placement.nodes, placement.link_rate, placement.cpus_per_node):
-        raise ExperimentError(f"{run_dir} holds a run on {held['nodes']} emulated node(s) at link rate "
-                              f"{held['link_rate']} with {held.get('cpus_per_node') or 'shared'} cores "
-                              f"each; choose another experiment name")
+        placement.nodes,
+        placement.link_rate,
+        placement.cpus_per_node,
+    ):
+        raise ExperimentError(
+            f"{run_dir} holds a run on {held['nodes']} emulated node(s) at link rate "
+            f"{held['link_rate']} with {held.get('cpus_per_node') or 'shared'} cores "
+            f"each; choose another experiment name"
+        )
     if info.get("end_time") and info["config"]["epochs"] >= cfg.epochs:
         return "reuse"
     return "resume" if (run_dir / CHECKPOINT_NAME).exists() else "interrupted"
@@ -196,9 +228,11 @@ def check_cuda_build() -> None:
     import torch
 
     if torch.version.cuda is None:
-        raise ExperimentError(f"--device cuda on Slurm needs a CUDA build of torch, and this one is "
-                              f"{torch.__version__} without CUDA: install the build for the cluster's driver "
-                              f"(docs/using.md, \"On a GPU cluster\")")
+        raise ExperimentError(
+            f"--device cuda on Slurm needs a CUDA build of torch, and this one is "
+            f"{torch.__version__} without CUDA: install the build for the cluster's driver "
+            f'(docs/using.md, "On a GPU cluster")'
+        )
 
 
 def network_of(run_dir: Path) -> dict | None:
@@ -209,8 +243,10 @@ def network_of(run_dir: Path) -> dict | None:
 
 def refuse_interrupted(plan: Plan) -> None:
     if plan.action == "interrupted":
-        raise ExperimentError(f"{plan.run_dir} holds a run that stopped before its first checkpoint; delete it or "
-                              f"choose another experiment name")
+        raise ExperimentError(
+            f"{plan.run_dir} holds a run that stopped before its first checkpoint; delete it or "
+            f"choose another experiment name"
+        )
 
 
 def launch_command(world_size: int, *program: str, max_restarts: int = 0, torchrun: bool = False) -> list[str]:
@@ -221,8 +257,15 @@ def launch_command(world_size: int, *program: str, max_restarts: int = 0, torchr
     if world_size == 1 and not max_restarts and not torchrun:
         return [sys.executable, *program]
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-            *restarts, *program]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world_size}",
+        *restarts,
+        *program,
+    ]
 
 
 def stop_with_parent() -> None:
@@ -258,8 +301,13 @@ def shell_command(words: list[str], width: int = 80) -> str:
 
 def trainer_args(plan: Plan) -> list[str]:
     """The trainer's arguments for this plan: its settings, its run directory, and --resume when it resumes."""
-    return [*plan.train_args, "--out", str(plan.run_dir), "--no-progress", *(["--resume"] if plan.action == "resume"
-                                                                              else [])]
+    return [
+        *plan.train_args,
+        "--out",
+        str(plan.run_dir),
+        "--no-progress",
+        *(["--resume"] if plan.action == "resume" else []),
+    ]
 
 
 # Lines that frame what is measured: an emulated cluster's nodes compute at their CPU shares from the first (every
@@ -315,8 +363,10 @@ def rate_bits_per_s(link_rate: str | None) -> float | None:
         return None
     match = RATE.match(str(link_rate))
     if not match or float(match["value"]) <= 0:
-        raise ClusterError(f"link_rate must be a rate such as 100mbit or 1gbit (kbit, mbit or gbit), or None for an "
-                           f"unshaped link; got {link_rate!r}")
+        raise ClusterError(
+            f"link_rate must be a rate such as 100mbit or 1gbit (kbit, mbit or gbit), or None for an "
+            f"unshaped link; got {link_rate!r}"
+        )
     return float(match["value"]) * UNITS[match["unit"]]
 
 
@@ -330,11 +380,13 @@ def check_can_emulate(nodes: int, link_rate: str | None, cpus_per_node: float | 
         raise ClusterError("an emulated cluster needs Linux network namespaces")
     missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
     if missing:
-        raise ClusterError(f"an emulated cluster needs {', '.join(missing)} (Debian: apt-get install iproute2 "
-                           f"util-linux)")
+        raise ClusterError(
+            f"an emulated cluster needs {', '.join(missing)} (Debian: apt-get install iproute2 util-linux)"
+        )
     if os.geteuid() != 0:
-        raise ClusterError("an emulated cluster creates network namespaces and links: run as root (sudo), or use "
-                           "launcher='local'")
+        raise ClusterError(
+            "an emulated cluster creates network namespaces and links: run as root (sudo), or use launcher='local'"
+        )
     if cpus_per_node is not None:
         try:
             check_shares(nodes, cpus_per_node)

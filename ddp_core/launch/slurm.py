@@ -24,8 +24,17 @@ from ddp_core.paths import REPO_ROOT
 SBATCH_SCRIPT = REPO_ROOT / "slurm" / "ddp_train.sbatch"
 JOB_ID_FILE = "slurm_job_id"
 ATTEMPT_LINE = re.compile(r"^ddp_train: job \d+ \(attempt \d+\)", re.MULTILINE)  # printed by SBATCH_SCRIPT
-ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
-                 "STAGE_OUT", "SIGNALING"}
+ACTIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+    "STAGE_OUT",
+    "SIGNALING",
+}
 
 
 def _slurm(*command: str) -> subprocess.CompletedProcess:
@@ -38,10 +47,16 @@ def _slurm(*command: str) -> subprocess.CompletedProcess:
 def sbatch_command(plan: Plan) -> list[str]:
     """The job's submission, with the resources the placement's `slurm` asks for."""
     ranks_per_node, slurm = plan.ranks_per_node, plan.placement.slurm
-    command = ["sbatch", "--parsable", f"--job-name=ddp-{plan.run_dir.parent.name}-n{plan.world_size}",
-               f"--nodes={plan.placement.nodes}", "--ntasks-per-node=1",
-               f"--cpus-per-task={ranks_per_node * slurm.cpus_per_rank}",
-               f"--output={plan.run_dir.resolve()}/slurm-%j.out", "--export=ALL"]
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=ddp-{plan.run_dir.parent.name}-n{plan.world_size}",
+        f"--nodes={plan.placement.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={ranks_per_node * slurm.cpus_per_rank}",
+        f"--output={plan.run_dir.resolve()}/slurm-%j.out",
+        "--export=ALL",
+    ]
     if slurm.gpus_per_rank:
         command.append(f"--gpus-per-node={ranks_per_node * slurm.gpus_per_rank}")
     train_args = [*plan.train_args, "--resume"] if plan.action == "resume" else plan.train_args
@@ -55,12 +70,16 @@ def job_state(job_id: str) -> tuple[str, str]:
     if queued.returncode == 0 and queued.stdout.strip():
         return queued.stdout.split()[0], ""
     for sacct in (["sacct"], ["sacct", "-c"]):
-        done = _slurm(*sacct, "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
-                      "--format=JobID,State,ExitCode")
+        done = _slurm(
+            *sacct, "--noheader", "--parsable2", "--allocations", "--jobs", job_id, "--format=JobID,State,ExitCode"
+        )
         if done.returncode != 0:
             continue
-        attempts = [fields for fields in (line.split("|") for line in done.stdout.splitlines())
-                    if len(fields) == 3 and fields[0] == job_id]
+        attempts = [
+            fields
+            for fields in (line.split("|") for line in done.stdout.splitlines())
+            if len(fields) == 3 and fields[0] == job_id
+        ]
         if attempts:
             return attempts[-1][1].split()[0], attempts[-1][2]
     shown = _slurm("scontrol", "show", "job", job_id)
@@ -121,8 +140,13 @@ def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
     else:
         refuse_interrupted(plan)
         command = sbatch_command(plan)
-        env = dict(os.environ, DDP_PYTHON=sys.executable, DDP_NPROC_PER_NODE=str(plan.ranks_per_node),
-                   DDP_MAX_RESTARTS=str(plan.placement.max_restarts), DDP_MODULE=module)
+        env = dict(
+            os.environ,
+            DDP_PYTHON=sys.executable,
+            DDP_NPROC_PER_NODE=str(plan.ranks_per_node),
+            DDP_MAX_RESTARTS=str(plan.placement.max_restarts),
+            DDP_MODULE=module,
+        )
         submitted = subprocess.run(command, capture_output=True, text=True, env=env)
         if submitted.returncode != 0:
             raise ExperimentError("sbatch refused the job: " + " ".join(submitted.stderr.split()))
@@ -134,8 +158,9 @@ def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
         return False
     state, exit_code = wait_for(job_id, plan.placement.slurm.poll_s, plan.run_dir / f"slurm-{job_id}.out")
     if state != "COMPLETED":
-        raise ExperimentError(f"job {job_id} ended {state} (exit code {exit_code or '?'})\n"
-                              + failure_report(plan.run_dir, job_id))
+        raise ExperimentError(
+            f"job {job_id} ended {state} (exit code {exit_code or '?'})\n" + failure_report(plan.run_dir, job_id)
+        )
     return True
 
 

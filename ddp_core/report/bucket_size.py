@@ -7,8 +7,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (at_world_size, comm_over_compute, compare_times, run_times, time_floor,
-                                           time_glue)
+from ddp_core.analysis.comparisons import (
+    at_world_size,
+    comm_over_compute,
+    compare_times,
+    run_times,
+    time_floor,
+    time_glue,
+)
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import ALLREDUCE_IN_FLIGHT_MS, STEP_RANGE_MS, in_words, quantity_table, step_part_rows
 
@@ -21,9 +27,11 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
     for variant, e in study.items():
         run = e.runs[e.largest]
         cap = run.config.get("bucket_cap_mb")
-        rows[variant] = {"bucket_cap_mb": np.nan if cap is None else cap,
-                         "allreduces": run.raw.get("allreduces_per_step", np.nan),
-                         **at_world_size(e, e.largest)}
+        rows[variant] = {
+            "bucket_cap_mb": np.nan if cap is None else cap,
+            "allreduces": run.raw.get("allreduces_per_step", np.nan),
+            **at_world_size(e, e.largest),
+        }
     return pd.DataFrame(rows).T
 
 
@@ -44,10 +52,14 @@ def bucket_findings(study: dict[str, Experiment]) -> dict:
     default = study["default_buckets"]
     n = default.largest
     floor = time_floor(*study.values())
-    found = {"bucket_nodes": n, "bucket_link": link_label(default), "bucket_preset": default.baseline.config["preset"],
-             "bucket_parameters": f"{default.baseline.parameters:,}",
-             "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}",
-             "bucket_comm_over_compute": comm_over_compute(at_world_size(default, n))}
+    found = {
+        "bucket_nodes": n,
+        "bucket_link": link_label(default),
+        "bucket_preset": default.baseline.config["preset"],
+        "bucket_parameters": f"{default.baseline.parameters:,}",
+        "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}",
+        "bucket_comm_over_compute": comm_over_compute(at_world_size(default, n)),
+    }
     for variant in ("one_bucket", "one_mib_buckets"):
         found |= time_glue(variant, compare_times(study[variant], default, n, n, floor=floor))
     # How long each plotted step took against its run's median step: one step is an example, not a measure.
@@ -74,12 +86,25 @@ def timeline_figure(study: dict[str, Experiment]):
         timeline = _timeline(study[variant])
         for row in timeline[timeline["what"] != "data"].itertuples():  # data loading: too short to see
             bucket = row.what.startswith("all-reduce")
-            ax.barh(0 if bucket else 1, (row.end_s - row.start_s) * 1e3, left=row.start_s * 1e3, height=0.6,
-                    color=colors["all-reduce" if bucket else row.what], edgecolor="white", linewidth=0.5)
+            ax.barh(
+                0 if bucket else 1,
+                (row.end_s - row.start_s) * 1e3,
+                left=row.start_s * 1e3,
+                height=0.6,
+                color=colors["all-reduce" if bucket else row.what],
+                edgecolor="white",
+                linewidth=0.5,
+            )
         ax.set(yticks=[0, 1], yticklabels=["all-reduce\n(each bucket)", "phases"], title=in_words(variant))
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, ["forward", "backward (with DDP's wait)", "optimizer", "all-reduce of a bucket"],
-               loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        ["forward", "backward (with DDP's wait)", "optimizer", "all-reduce of a bucket"],
+        loc="lower center",
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
     axes[-1].set_xlabel("ms from the start of the step")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

@@ -7,12 +7,26 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import (accuracy_floor, accuracy_glue, at_world_size, comm_over_compute,
-                                           compare_accuracies, compare_times, time_floor, time_glue)
+from ddp_core.analysis.comparisons import (
+    accuracy_floor,
+    accuracy_glue,
+    at_world_size,
+    comm_over_compute,
+    compare_accuracies,
+    compare_times,
+    time_floor,
+    time_glue,
+)
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, link_label
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, FINAL_ACCURACY, STEP_RANGE_MS, in_words, quantity_table,
-                                      range_rows)
+from ddp_core.analysis.tables import (
+    ALLREDUCE_IN_FLIGHT_MS,
+    FINAL_ACCURACY,
+    STEP_RANGE_MS,
+    in_words,
+    quantity_table,
+    range_rows,
+)
 
 
 def compression_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -39,12 +53,16 @@ def compression_findings(study: dict[str, Experiment]) -> dict:
     time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
     parts = at_world_size(base, n)  # its runs' steps read once
     loss, classes = parts["final_train_loss"], base.baseline.model["num_classes"]
-    found = {"compression_nodes": n, "compression_link": link_label(base),
-             "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
-             "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"],
-             "compression_train_loss": loss, "compression_guess_loss": float(np.log(classes)),
-             "compression_learned": learned(loss, classes),
-             "compression_comm_over_compute": comm_over_compute(parts)}
+    found = {
+        "compression_nodes": n,
+        "compression_link": link_label(base),
+        "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
+        "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"],
+        "compression_train_loss": loss,
+        "compression_guess_loss": float(np.log(classes)),
+        "compression_learned": learned(loss, classes),
+        "compression_comm_over_compute": comm_over_compute(parts),
+    }
     for variant in ("fp16", "powersgd"):
         e = study[variant]
         found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))

@@ -32,20 +32,29 @@ def findings(experiment: Experiment) -> dict:
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
     lost_comm = big["comm_exposed_per_step_s"]
     base, biggest = experiment.runs[1], experiment.runs[largest]
-    return largest_findings(experiment) | {
-        "speedup_nmax": float(big["speedup"]), "efficiency_nmax": float(big["efficiency"]),
-        "step_1_ms": float(one["mean_step_s"] * 1e3), "step_nmax_ms": float(big["mean_step_s"] * 1e3),
-        "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
-        "lost_ms": float(lost * 1e3), "lost_compute_ms": float(lost_compute * 1e3),
-        "lost_comm_ms": float(lost_comm * 1e3), "lost_other_ms": float((lost - lost_compute - lost_comm) * 1e3),
-        "main_cause": "computation that did not shrink to one N-th" if lost_compute > lost_comm
-        else "exposed communication",
-        "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
-        "hidden_share": float(1 - big["exposed_share"]),
-        "divided_compute_ms": float(rank_compute_s(one["compute_per_step_s"], base, biggest) * 1e3),
-        "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
-        **time_glue("divided", _divided_comparison(experiment, largest)),
-    } | payoff_findings(experiment)
+    return (
+        largest_findings(experiment)
+        | {
+            "speedup_nmax": float(big["speedup"]),
+            "efficiency_nmax": float(big["efficiency"]),
+            "step_1_ms": float(one["mean_step_s"] * 1e3),
+            "step_nmax_ms": float(big["mean_step_s"] * 1e3),
+            "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
+            "lost_ms": float(lost * 1e3),
+            "lost_compute_ms": float(lost_compute * 1e3),
+            "lost_comm_ms": float(lost_comm * 1e3),
+            "lost_other_ms": float((lost - lost_compute - lost_comm) * 1e3),
+            "main_cause": "computation that did not shrink to one N-th"
+            if lost_compute > lost_comm
+            else "exposed communication",
+            "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
+            "hidden_share": float(1 - big["exposed_share"]),
+            "divided_compute_ms": float(rank_compute_s(one["compute_per_step_s"], base, biggest) * 1e3),
+            "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
+            **time_glue("divided", _divided_comparison(experiment, largest)),
+        }
+        | payoff_findings(experiment)
+    )
 
 
 def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
@@ -54,7 +63,7 @@ def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
     compute = paired_sides(experiment, "compute_per_step_s")
     one, run = experiment.runs[1], experiment.runs[n]
     divided = [rank_compute_s(c, one, run) for c in compute[1]]
-    return compare(compute[n][:len(divided)], divided[:len(compute[n])], noise_floor(list(compute.values())))
+    return compare(compute[n][: len(divided)], divided[: len(compute[n])], noise_floor(list(compute.values())))
 
 
 def _targets(experiment: Experiment) -> dict[str, float]:
@@ -75,8 +84,9 @@ def ratio_figure(experiment: Experiment):
     presets = list(preset_configs(experiment.baseline.model))
     tokens = np.logspace(np.log10(64), np.log10(2**20), 40)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True)
-    for ax, (name, title) in zip(axes, [(CPU, f"Ranks like the results chapter's, N={n}"),
-                                       (GPU, f"A100 + NVLink, N={n} (prediction)")]):
+    for ax, (name, title) in zip(
+        axes, [(CPU, f"Ranks like the results chapter's, N={n}"), (GPU, f"A100 + NVLink, N={n} (prediction)")]
+    ):
         for preset in presets:
             ax.loglog(tokens, ratios[name, preset] * tokens, label=preset)
         for (target, value), style in zip(_targets(experiment).items(), ["--", ":"]):
@@ -96,7 +106,13 @@ def tokens_needed_markdown(experiment: Experiment) -> str:
     ratios = ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
     needed = pd.DataFrame(
-        {preset: {f"{name}: {target}": value / ratios[name, preset]
-                  for name in (CPU, GPU) for target, value in _targets(experiment).items()} for preset in presets})
+        {
+            preset: {
+                f"{name}: {target}": value / ratios[name, preset]
+                for name in (CPU, GPU)
+                for target, value in _targets(experiment).items()
+            }
+            for preset in presets
+        }
+    )
     return markdown_table(needed.map("{:,.0f}".format), "")
-

@@ -9,8 +9,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, NullLocator
 
-from ddp_core.analysis.cluster_forecast import (CHOICES, INTERCONNECTS, Cluster, cluster_forecast, forecast_grid,
-                                                proportional_check)
+from ddp_core.analysis.cluster_forecast import (
+    CHOICES,
+    INTERCONNECTS,
+    Cluster,
+    cluster_forecast,
+    forecast_grid,
+    proportional_check,
+)
 from ddp_core.analysis.emulated import BASELINE, forecast_findings
 from ddp_core.analysis.gpu_measurements import load_gpu_results, mfu_findings
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, peak_gemm_flops_per_s
@@ -29,6 +35,7 @@ def workload(results: Path) -> dict:
 
 def grid_json(results: Path) -> str:
     """Every choice's forecast, rounded to four significant digits, with the choices offered and the default."""
+
     def rounded(value):
         if isinstance(value, float):
             return float(f"{value:.4g}")
@@ -44,15 +51,22 @@ def trust_findings(results: Path) -> dict:
     the published peak, and the most GPUs each published all-reduce measured."""
     nodes = load_study(results / "nodes")
     check = proportional_check(load_timelines(results / "gpu_timeline"))
-    over = (check["divided_share"] / check["measured_share"])
+    over = check["divided_share"] / check["measured_share"]
     most = check.loc[over.idxmax()]
     gpu = load_gpu_results(results)
-    return ({f"nodes_{key}": value for key, value in forecast_findings(nodes).items()}
-            | {"gpu_device": gpu.eager.info["device_name"], "gpu_best_mfu": mfu_findings(gpu)["best_mfu"],
-               "check_most_over": over.max(), "check_batch": int(most["batch_per_gpu"]),
-               "check_seq_len": int(most["seq_len"]), "check_precision": precision_name(most["amp"]),
-               "peak_tflops": peak_gemm_flops_per_s() / 1e12}
-            | {f"{name}_max_gpus": most for name, (_, most) in INTERCONNECTS.items()})
+    return (
+        {f"nodes_{key}": value for key, value in forecast_findings(nodes).items()}
+        | {
+            "gpu_device": gpu.eager.info["device_name"],
+            "gpu_best_mfu": mfu_findings(gpu)["best_mfu"],
+            "check_most_over": over.max(),
+            "check_batch": int(most["batch_per_gpu"]),
+            "check_seq_len": int(most["seq_len"]),
+            "check_precision": precision_name(most["amp"]),
+            "peak_tflops": peak_gemm_flops_per_s() / 1e12,
+        }
+        | {f"{name}_max_gpus": most for name, (_, most) in INTERCONNECTS.items()}
+    )
 
 
 def speedup_figure(results: Path):
@@ -62,8 +76,12 @@ def speedup_figure(results: Path):
     fig, axes = plt.subplots(1, len(INTERCONNECTS), figsize=(9, 3.4), sharey=True)
     for ax, interconnect in zip(axes, INTERCONNECTS):
         for preset in CHOICES["preset"]:
-            speedups = [cluster_forecast(Cluster(**DEFAULT | {"preset": preset, "interconnect": interconnect,
-                                                              "gpus": n}), shape)["speedup"] for n in CHOICES["gpus"]]
+            speedups = [
+                cluster_forecast(
+                    Cluster(**DEFAULT | {"preset": preset, "interconnect": interconnect, "gpus": n}), shape
+                )["speedup"]
+                for n in CHOICES["gpus"]
+            ]
             ax.plot(CHOICES["gpus"], speedups, "o-", label=f"{preset} model")
         ax.plot(CHOICES["gpus"], CHOICES["gpus"], ":", color="gray", label="ideal (N)")
         ax.axvline(INTERCONNECTS[interconnect][1], color="gray", linewidth=0.8, linestyle="--")
@@ -81,9 +99,14 @@ def speedup_figure(results: Path):
 def check_markdown(results: Path) -> str:
     """`proportional_check` as a table, a row per precision and batch per GPU."""
     table = proportional_check(load_timelines(results / "gpu_timeline"))
-    table.index = [f"{precision_name(row.amp)}, {row.batch_per_gpu} of {row.seq_len} tokens" for row in
-                   table.itertuples()]
-    return quantity_table(table, {
-        "measured_share": (f"Speedup on {FORECAST_GPUS} GPUs, from each GPU's measured step", "{:.2f}"),
-        "divided_share": (f"Speedup on {FORECAST_GPUS} GPUs, from the whole batch's step divided", "{:.2f}")},
-        "Precision, sequences a GPU")
+    table.index = [
+        f"{precision_name(row.amp)}, {row.batch_per_gpu} of {row.seq_len} tokens" for row in table.itertuples()
+    ]
+    return quantity_table(
+        table,
+        {
+            "measured_share": (f"Speedup on {FORECAST_GPUS} GPUs, from each GPU's measured step", "{:.2f}"),
+            "divided_share": (f"Speedup on {FORECAST_GPUS} GPUs, from the whole batch's step divided", "{:.2f}"),
+        },
+        "Precision, sequences a GPU",
+    )

@@ -19,13 +19,22 @@ def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = {}
     for variant, e in study.items():
         run = e.baseline
-        gaps = pd.concat([_epochs(e, ours) - _epochs(reference, theirs) for ours, theirs
-                          in zip(e.repeats[run.world_size], reference.repeats[reference.baseline.world_size])]).abs()
-        rows[variant] = dict(ranks=run.world_size, micro_batch=run.per_rank_batch_size,
-                             grad_accum=run.config["grad_accum"], global_batch=run.global_batch_size,
-                             step_time_ms=run_times(e)["step_time_s"].median() * 1e3,
-                             final_val_accuracy=median(final_accuracies(e, run.world_size)),
-                             max_train_loss_gap=gaps["train_loss"].max(), max_val_loss_gap=gaps["val_loss"].max())
+        gaps = pd.concat(
+            [
+                _epochs(e, ours) - _epochs(reference, theirs)
+                for ours, theirs in zip(e.repeats[run.world_size], reference.repeats[reference.baseline.world_size])
+            ]
+        ).abs()
+        rows[variant] = dict(
+            ranks=run.world_size,
+            micro_batch=run.per_rank_batch_size,
+            grad_accum=run.config["grad_accum"],
+            global_batch=run.global_batch_size,
+            step_time_ms=run_times(e)["step_time_s"].median() * 1e3,
+            final_val_accuracy=median(final_accuracies(e, run.world_size)),
+            max_train_loss_gap=gaps["train_loss"].max(),
+            max_val_loss_gap=gaps["val_loss"].max(),
+        )
     return pd.DataFrame(rows).T
 
 
@@ -61,10 +70,15 @@ def accumulation_findings(study: dict[str, Experiment]) -> dict:
     same = gap <= SAME_MODEL_TOLERANCE
     one_batch, accumulated, ddp = (study[variant] for variant in table.index)
     floor = time_floor(*study.values())  # one floor for both comparisons of the page
-    return {"accum_reference": table.index[0].replace("_", " "),  # the variant's name in words, as the table's columns
-            "accum_loss_gap": gap, "accum_loss_gap_text": difference_text(gap), "accum_tolerance": SAME_MODEL_TOLERANCE,
-            "accum_same_model": "the same model" if same else "different models",
-            "accum_within_rounding": "within" if same else "beyond",
-            "accum_ddp_ranks": ddp.largest, **chance_glue("accum", one_batch, 1),
-            **time_glue("accum_time", compare_times(accumulated, one_batch, floor=floor)),
-            **time_glue("accum_ddp_time", compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor))}
+    return {
+        "accum_reference": table.index[0].replace("_", " "),  # the variant's name in words, as the table's columns
+        "accum_loss_gap": gap,
+        "accum_loss_gap_text": difference_text(gap),
+        "accum_tolerance": SAME_MODEL_TOLERANCE,
+        "accum_same_model": "the same model" if same else "different models",
+        "accum_within_rounding": "within" if same else "beyond",
+        "accum_ddp_ranks": ddp.largest,
+        **chance_glue("accum", one_batch, 1),
+        **time_glue("accum_time", compare_times(accumulated, one_batch, floor=floor)),
+        **time_glue("accum_ddp_time", compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)),
+    }

@@ -17,15 +17,42 @@ from ddp_core.engine.model_cost import bucket_ready_shares, bucket_sizes
 from ddp_core.engine.run_files import READY
 from ddp_core.analysis.comparisons import compare_times, time_floor
 from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
-from ddp_core.analysis.emulated import (BASELINE, FORECAST_BAR, SIMILARITY_EFFECT, ddp_on_nodes,
-                                        efficiency_table, forecast_table, link_experiments, link_table,
-                                        similarity_table, similarity_test_table, variant_experiments, variant_label)
-from ddp_core.analysis.results import (Experiment, link_label, machine_use, measured_gbit_s, node_disturbed, only,
-                                       rate_text, shares_used)
+from ddp_core.analysis.emulated import (
+    BASELINE,
+    FORECAST_BAR,
+    SIMILARITY_EFFECT,
+    ddp_on_nodes,
+    efficiency_table,
+    forecast_table,
+    link_experiments,
+    link_table,
+    similarity_table,
+    similarity_test_table,
+    variant_experiments,
+    variant_label,
+)
+from ddp_core.analysis.results import (
+    Experiment,
+    link_label,
+    machine_use,
+    measured_gbit_s,
+    node_disturbed,
+    only,
+    rate_text,
+    shares_used,
+)
 from ddp_core.analysis.similarity import large_model
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, MEAN_STEP_MS, STEP_MEDIAN_MS, measured_by, median_range,
-                                      quantity_table, range_rows, step_part_rows)
+from ddp_core.analysis.tables import (
+    ALLREDUCE_IN_FLIGHT_MS,
+    MEAN_STEP_MS,
+    STEP_MEDIAN_MS,
+    measured_by,
+    median_range,
+    quantity_table,
+    range_rows,
+    step_part_rows,
+)
 
 
 def similarity_test_markdown(study: dict[str, Experiment]) -> str:
@@ -33,12 +60,20 @@ def similarity_test_markdown(study: dict[str, Experiment]) -> str:
     table["shares"] = [f"{a:g} and {b:g}" for a, b in zip(table["share"], table["other_share"])]
     table["speedups"] = [f"{a:.2f} and {b:.2f}" for a, b in zip(table["speedup"], table["other_speedup"])]
     table["ratio_range"] = [median_range(row.ratio, row.low, row.high, between=" to ") for row in table.itertuples()]
-    return quantity_table(table, {
-        "configuration": ("Links set for", "{}"), "nodes": ("Nodes", "{}"), "shares": ("Shares of a core", "{}"),
-        "speedups": ("Speedups (medians)", "{}"),
-        "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
-        "verdict": ("Verdict", "{}"), "floor": ("Noise floor", "{:.0%}"),
-        "finds_effect": (f"Chance to detect a {SIMILARITY_EFFECT:.0%} difference", "{:.0%}")}, index_name=None)
+    return quantity_table(
+        table,
+        {
+            "configuration": ("Links set for", "{}"),
+            "nodes": ("Nodes", "{}"),
+            "shares": ("Shares of a core", "{}"),
+            "speedups": ("Speedups (medians)", "{}"),
+            "ratio_range": ("Second over first, median of the repeats' paired ratios (range)", "{}"),
+            "verdict": ("Verdict", "{}"),
+            "floor": ("Noise floor", "{:.0%}"),
+            "finds_effect": (f"Chance to detect a {SIMILARITY_EFFECT:.0%} difference", "{:.0%}"),
+        },
+        index_name=None,
+    )
 
 
 LINK_ROWS = {
@@ -69,12 +104,18 @@ def link_findings(study: dict[str, Experiment]) -> dict:
     worst = table.loc[table["prediction_error"].abs().idxmax()]
     inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
     return {
-        "links_measured": "; ".join(f"{variant_label(e, study, n)} at {n} nodes, "
-                                    f"{rate_text(measured_gbit_s(only(e, n)))}"
-                                    for e in variant_experiments(study).values() for n in e.repeats if n > 1),
-        "worst_prediction_error": worst["prediction_error"], "worst_prediction_nodes": int(worst["world_size"]),
-        "worst_prediction_link": worst["point"], "predictions_inside": int(inside.sum()),
-        "predictions": len(table), "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
+        "links_measured": "; ".join(
+            f"{variant_label(e, study, n)} at {n} nodes, {rate_text(measured_gbit_s(only(e, n)))}"
+            for e in variant_experiments(study).values()
+            for n in e.repeats
+            if n > 1
+        ),
+        "worst_prediction_error": worst["prediction_error"],
+        "worst_prediction_nodes": int(worst["world_size"]),
+        "worst_prediction_link": worst["point"],
+        "predictions_inside": int(inside.sum()),
+        "predictions": len(table),
+        "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
     }
 
 
@@ -83,14 +124,20 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
     table = forecast_table(study)
     table["within"] = ["yes" if abs(error) <= FORECAST_BAR else "no" for error in table.get("error", [])]
     table["rounds_within"] = [f"{k} of {n}" for k, n in zip(table["rounds_within"], table["rounds"])]
-    return quantity_table(table, {
-        "link": ("Links set for", "{}"), "world_size": ("Nodes", "{}"),
-        "forecast_ms": ("Step forecast, median of the rounds (ms)", "{:.0f}"),
-        "rounds_before": ("Rounds forecast before their run", "{}"),
-        "step_ms": ("Step measured, median (ms)", "{:.0f}"),
-        "error": ("Error of the forecast step (negative: shorter than measured)", "{:+.0%}"),
-        "within": (f"Within {FORECAST_BAR:.0%}", "{}"),
-        "rounds_within": (f"Rounds within {FORECAST_BAR:.0%} of their run", "{}")}, index_name=None)
+    return quantity_table(
+        table,
+        {
+            "link": ("Links set for", "{}"),
+            "world_size": ("Nodes", "{}"),
+            "forecast_ms": ("Step forecast, median of the rounds (ms)", "{:.0f}"),
+            "rounds_before": ("Rounds forecast before their run", "{}"),
+            "step_ms": ("Step measured, median (ms)", "{:.0f}"),
+            "error": ("Error of the forecast step (negative: shorter than measured)", "{:+.0%}"),
+            "within": (f"Within {FORECAST_BAR:.0%}", "{}"),
+            "rounds_within": (f"Rounds within {FORECAST_BAR:.0%} of their run", "{}"),
+        },
+        index_name=None,
+    )
 
 
 def doubling_markdown(study: dict[str, Experiment]) -> str:
@@ -101,29 +148,55 @@ def doubling_markdown(study: dict[str, Experiment]) -> str:
         sizes, floor = sorted(experiment.runs), time_floor(experiment)
         for half, n in zip(sizes, sizes[1:]):
             c = compare_times(experiment, experiment, n, half, floor=floor)
-            rows.append(dict(link=link_label(experiment), doubling=f"{half} to {n}", ratio=c.ratio, low=c.low,
-                             high=c.high, verdict=c.says("faster", "slower")))
-    return quantity_table(pd.DataFrame(rows), {
-        "link": ("Link", "{}"), "doubling": ("Nodes", "{}"),
-        "ratio": ("Time per sample, after / before (median)", "{:.2f}"), "low": ("lowest", "{:.2f}"),
-        "high": ("highest", "{:.2f}"), "verdict": ("Verdict", "{}")})
+            rows.append(
+                dict(
+                    link=link_label(experiment),
+                    doubling=f"{half} to {n}",
+                    ratio=c.ratio,
+                    low=c.low,
+                    high=c.high,
+                    verdict=c.says("faster", "slower"),
+                )
+            )
+    return quantity_table(
+        pd.DataFrame(rows),
+        {
+            "link": ("Link", "{}"),
+            "doubling": ("Nodes", "{}"),
+            "ratio": ("Time per sample, after / before (median)", "{:.2f}"),
+            "low": ("lowest", "{:.2f}"),
+            "high": ("highest", "{:.2f}"),
+            "verdict": ("Verdict", "{}"),
+        },
+    )
 
 
 def similarity_markdown(study: dict[str, Experiment]) -> str:
     """`similarity_table`: each point's ratio, where it is borrowed from, its speedup beside that cluster's forecast."""
     table = similarity_table(study)
-    table["speedup_range"] = [median_range(*row, "{:.2f}", " to ") for row in
-                              zip(table["speedup"], table["speedup_low"], table["speedup_high"])]
-    table["cluster_range"] = [f"{low:.2f} to {high:.2f}" if low > 0 else np.nan
-                              for low, high in zip(table["cluster_low"], table["cluster_high"])]
-    return quantity_table(table, {
-        "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
-        "borrowed": ("Ratio borrowed from", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
-        "modelled_batch": ("Global batch modelled", "{:.0f}"),
-        "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
-        "speedup_range": ("Speedup, median (lowest to highest)", "{}"),
-        "verdict": ("Verdict against one node", "{}"),
-        "cluster_range": ("The cluster's own forecast speedup", "{}")}, index_name=None)
+    table["speedup_range"] = [
+        median_range(*row, "{:.2f}", " to ")
+        for row in zip(table["speedup"], table["speedup_low"], table["speedup_high"])
+    ]
+    table["cluster_range"] = [
+        f"{low:.2f} to {high:.2f}" if low > 0 else np.nan
+        for low, high in zip(table["cluster_low"], table["cluster_high"])
+    ]
+    return quantity_table(
+        table,
+        {
+            "target_ratio": ("$R_N^\\text{bench}$, target", "{:.2f}"),
+            "borrowed": ("Ratio borrowed from", "{}"),
+            "share": ("Share of a core", "{:g}"),
+            "nodes": ("Nodes", "{}"),
+            "modelled_batch": ("Global batch modelled", "{:.0f}"),
+            "achieved_ratio": ("$R_N^\\text{bench}$, reached", "{:.2f}"),
+            "speedup_range": ("Speedup, median (lowest to highest)", "{}"),
+            "verdict": ("Verdict against one node", "{}"),
+            "cluster_range": ("The cluster's own forecast speedup", "{}"),
+        },
+        index_name=None,
+    )
 
 
 def efficiency_figure(study: dict[str, Experiment]):
@@ -136,12 +209,22 @@ def efficiency_figure(study: dict[str, Experiment]):
     markers = dict(zip(sorted(table["nodes"].unique()), "osD^v"))
     for i, (configuration, rows) in enumerate(table.groupby("configuration", sort=False)):
         for row in rows.itertuples():
-            ax.errorbar(row.ratio_over_exposed, row.efficiency, capsize=3, color=f"C{i}", fmt=markers[row.nodes],
-                        yerr=[[row.efficiency - row.efficiency_low], [row.efficiency_high - row.efficiency]],
-                        label=f"{configuration}, {row.nodes} nodes")
-    ax.set(xscale="log", xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
-           ylabel="parallel efficiency, mean steps\n(bar: range of the rounds)", ylim=(0, 1.05),
-           title="Efficiency against the compute-to-communication ratio")
+            ax.errorbar(
+                row.ratio_over_exposed,
+                row.efficiency,
+                capsize=3,
+                color=f"C{i}",
+                fmt=markers[row.nodes],
+                yerr=[[row.efficiency - row.efficiency_low], [row.efficiency_high - row.efficiency]],
+                label=f"{configuration}, {row.nodes} nodes",
+            )
+    ax.set(
+        xscale="log",
+        xlabel="$x = R_N / f$: compute per node over the exposed all-reduce",
+        ylabel="parallel efficiency, mean steps\n(bar: range of the rounds)",
+        ylim=(0, 1.05),
+        title="Efficiency against the compute-to-communication ratio",
+    )
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
     return fig
@@ -158,12 +241,22 @@ def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:
     small, large = one.raw["model"], large_model(one.raw["model"])
     buckets = bucket_sizes(small)
     measured = [(timeline.loc[f"{READY}{k}", "start_s"] - start) / (end - start) for k in range(1, len(buckets) + 1)]
-    profiles = {f"{one.config['preset']} model, measured on one node": (buckets, measured),
-                f"{one.config['preset']} model, by FLOPs": (buckets, bucket_ready_shares(small)),
-                "large model, by FLOPs": (bucket_sizes(large), bucket_ready_shares(large))}
-    rows = [dict(model=model, bucket=k, backward_done=share, bytes_ready=sum(sizes[:k]) / sum(sizes),
-                 last_bucket_bytes=sizes[-1] / sum(sizes))
-            for model, (sizes, shares) in profiles.items() for k, share in enumerate(shares, 1)]
+    profiles = {
+        f"{one.config['preset']} model, measured on one node": (buckets, measured),
+        f"{one.config['preset']} model, by FLOPs": (buckets, bucket_ready_shares(small)),
+        "large model, by FLOPs": (bucket_sizes(large), bucket_ready_shares(large)),
+    }
+    rows = [
+        dict(
+            model=model,
+            bucket=k,
+            backward_done=share,
+            bytes_ready=sum(sizes[:k]) / sum(sizes),
+            last_bucket_bytes=sizes[-1] / sum(sizes),
+        )
+        for model, (sizes, shares) in profiles.items()
+        for k, share in enumerate(shares, 1)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -172,10 +265,23 @@ def gradient_ready_figure(study: dict[str, Experiment]):
     profile: what backward lets the all-reduce overlap."""
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for i, (model, rows) in enumerate(gradient_ready_table(study).groupby("model", sort=False)):
-        ax.step([0, *rows["backward_done"], 1], [0, *rows["bytes_ready"], 1], where="post", color=f"C{i}",
-                linestyle=["-", "--", "-"][i % 3], marker="o", markersize=4, label=model)
-    ax.set(xlabel="share of backward done", ylabel="share of the gradient's bytes ready to all-reduce",
-           title="When the gradient is ready", xlim=(0, 1.02), ylim=(0, 1.02))
+        ax.step(
+            [0, *rows["backward_done"], 1],
+            [0, *rows["bytes_ready"], 1],
+            where="post",
+            color=f"C{i}",
+            linestyle=["-", "--", "-"][i % 3],
+            marker="o",
+            markersize=4,
+            label=model,
+        )
+    ax.set(
+        xlabel="share of backward done",
+        ylabel="share of the gradient's bytes ready to all-reduce",
+        title="When the gradient is ready",
+        xlim=(0, 1.02),
+        ylim=(0, 1.02),
+    )
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
@@ -186,10 +292,17 @@ def gradient_ready_findings(study: dict[str, Experiment]) -> dict:
     all-reduce no backward can hide), of the study's model and of the large one; and the share f of the all-reduce
     the runs left exposed, lowest and highest over the links and numbers of nodes."""
     last = gradient_ready_table(study).groupby("model", sort=False)["last_bucket_bytes"].first()
-    exposed = [share for e in variant_experiments(study).values()
-               for n, share in scaling_table(e)["exposed_share"].items() if n > 1]
-    return {"last_bucket_small": last.iloc[0], "last_bucket_large": last.iloc[-1],
-            "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}"}
+    exposed = [
+        share
+        for e in variant_experiments(study).values()
+        for n, share in scaling_table(e)["exposed_share"].items()
+        if n > 1
+    ]
+    return {
+        "last_bucket_small": last.iloc[0],
+        "last_bucket_large": last.iloc[-1],
+        "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}",
+    }
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -208,13 +321,20 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
             if not used:
                 continue
             nodes = network["node_cpu"]
-            rows.append(dict(
-                link=link_label(experiment) if experiment.largest > 1 else "none", nodes=network["nodes"],
-                share=network["cpus_per_node"], run=f"{variant}/{run.name}",
-                used_share_low=min(used), used_share=float(np.median(used)),
-                throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
-                other_cores=use["other_cores"] if use else np.nan, stolen=use["stolen"] if use else np.nan,
-                disturbed=node_disturbed(run.raw)))
+            rows.append(
+                dict(
+                    link=link_label(experiment) if experiment.largest > 1 else "none",
+                    nodes=network["nodes"],
+                    share=network["cpus_per_node"],
+                    run=f"{variant}/{run.name}",
+                    used_share_low=min(used),
+                    used_share=float(np.median(used)),
+                    throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
+                    other_cores=use["other_cores"] if use else np.nan,
+                    stolen=use["stolen"] if use else np.nan,
+                    disturbed=node_disturbed(run.raw),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -225,15 +345,33 @@ def disturbed_runs(study: dict[str, Experiment]) -> str:
 
 
 def fidelity_markdown(study: dict[str, Experiment]) -> str:
-    summary = fidelity_table(study).groupby(["link", "share", "nodes"], sort=False).agg(
-        used_share_low=("used_share_low", "min"), used_share=("used_share", "median"),
-        throttled=("throttled", "median"), other_cores=("other_cores", "median"), stolen=("stolen", "max"),
-        disturbed=("disturbed", "sum")).reset_index()
-    return quantity_table(summary, {
-        "link": ("Links set for", "{}"), "share": ("Share of a core", "{:g}"), "nodes": ("Nodes", "{}"),
-        "used_share": ("Quota used (%)", "{:.0f}", 100), "used_share_low": ("lowest (%)", "{:.0f}", 100),
-        "throttled": ("Throttled (%)", "{:.0f}", 100), "other_cores": ("Others (cores)", "{:.2f}"),
-        "stolen": ("Stolen (%)", "{:.1f}", 100), "disturbed": ("Disturbed", "{}")})
+    summary = (
+        fidelity_table(study)
+        .groupby(["link", "share", "nodes"], sort=False)
+        .agg(
+            used_share_low=("used_share_low", "min"),
+            used_share=("used_share", "median"),
+            throttled=("throttled", "median"),
+            other_cores=("other_cores", "median"),
+            stolen=("stolen", "max"),
+            disturbed=("disturbed", "sum"),
+        )
+        .reset_index()
+    )
+    return quantity_table(
+        summary,
+        {
+            "link": ("Links set for", "{}"),
+            "share": ("Share of a core", "{:g}"),
+            "nodes": ("Nodes", "{}"),
+            "used_share": ("Quota used (%)", "{:.0f}", 100),
+            "used_share_low": ("lowest (%)", "{:.0f}", 100),
+            "throttled": ("Throttled (%)", "{:.0f}", 100),
+            "other_cores": ("Others (cores)", "{:.2f}"),
+            "stolen": ("Stolen (%)", "{:.1f}", 100),
+            "disturbed": ("Disturbed", "{}"),
+        },
+    )
 
 
 def period_markdown(folder: Path) -> str:
@@ -242,14 +380,20 @@ def period_markdown(folder: Path) -> str:
     study = table["period_ms"] == STUDY_PERIOD_MS
     table["ratio"] = table["value"].where(~study, "1 (the study's period)")
     table["verdict"] = table["verdict"].where(~study, "")
-    return quantity_table(table, {
-        "period_ms": ("Quota period (ms)", "{}"), "median_step_ms": (STEP_MEDIAN_MS, "{:.0f}"),
-        "mean_step_ms": (MEAN_STEP_MS, "{:.0f}"),
-        "compute_ms": ("Compute per step, mean (ms)", "{:.0f}"),
-        "exposed_ms": ("Exposed all-reduce per step, mean (ms)", "{:.0f}"),
-        "in_flight_ms": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}"),
-        "ratio": (f"Step against {STUDY_PERIOD_MS} ms, median of the paired ratios (range)", "{}"),
-        "verdict": ("Verdict", "{}")}, index_name=None)
+    return quantity_table(
+        table,
+        {
+            "period_ms": ("Quota period (ms)", "{}"),
+            "median_step_ms": (STEP_MEDIAN_MS, "{:.0f}"),
+            "mean_step_ms": (MEAN_STEP_MS, "{:.0f}"),
+            "compute_ms": ("Compute per step, mean (ms)", "{:.0f}"),
+            "exposed_ms": ("Exposed all-reduce per step, mean (ms)", "{:.0f}"),
+            "in_flight_ms": (ALLREDUCE_IN_FLIGHT_MS, "{:.0f}"),
+            "ratio": (f"Step against {STUDY_PERIOD_MS} ms, median of the paired ratios (range)", "{}"),
+            "verdict": ("Verdict", "{}"),
+        },
+        index_name=None,
+    )
 
 
 def period_findings(folder: Path) -> dict:
@@ -258,8 +402,11 @@ def period_findings(folder: Path) -> dict:
     periods = load_periods(folder)
     table = period_table(periods).query("period_ms != @STUDY_PERIOD_MS")
     made = [measured_by(e.baseline.raw) for e in periods.values()]
-    return {"study_period_ms": STUDY_PERIOD_MS,
-            "period_commits": ", ".join(sorted({run["commit"] for run in made})),
-            "period_dates": ", ".join(sorted({run["measured_on"] for run in made})),
-            "period_comparisons": "; ".join(f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}"
-                                            for row in table.itertuples())}
+    return {
+        "study_period_ms": STUDY_PERIOD_MS,
+        "period_commits": ", ".join(sorted({run["commit"] for run in made})),
+        "period_dates": ", ".join(sorted({run["measured_on"] for run in made})),
+        "period_comparisons": "; ".join(
+            f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}" for row in table.itertuples()
+        ),
+    }

@@ -8,8 +8,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
 from ddp_core.analysis.results import Experiment, Measurement
 from ddp_core.analysis.speedups import scaling_table
-from ddp_core.analysis.tables import (FINAL_ACCURACY, STEP_MEDIAN_MS, counted, cpu_relation, machine_text,
-                                      quantity_table)
+from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, cpu_relation, machine_text, quantity_table
 
 
 PRECISION_ROWS = {
@@ -43,22 +42,29 @@ def precision_findings(study: dict[str, Experiment]) -> dict:
     c = compare_times(study["bf16"], study["fp32"])
     fp32 = study["fp32"].baseline
     samples = fp32.config["eval_samples"]  # what an accuracy was measured on
-    return {"precision_device": fp32.device_name, "precision_bf16_support": bf16_support(fp32),
-            "precision_extensions": ", ".join(fp32.raw.get("cpu_extensions") or []) or "none",
-            "bf16_instructions": " and ".join(BF16_INSTRUCTIONS),
-            **time_glue("precision_speed", c), "precision_time_ratio": float(c.ratio),
-            "precision_eval_set": "the whole evaluation split" if samples is None
-            else counted(samples, "evaluation sample"),
-            **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
-            **chance_glue("precision", study["fp32"], 1)}
+    return {
+        "precision_device": fp32.device_name,
+        "precision_bf16_support": bf16_support(fp32),
+        "precision_extensions": ", ".join(fp32.raw.get("cpu_extensions") or []) or "none",
+        "bf16_instructions": " and ".join(BF16_INSTRUCTIONS),
+        **time_glue("precision_speed", c),
+        "precision_time_ratio": float(c.ratio),
+        "precision_eval_set": "the whole evaluation split"
+        if samples is None
+        else counted(samples, "evaluation sample"),
+        **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
+        **chance_glue("precision", study["fp32"], 1),
+    }
 
 
 def crossref_findings(measurements: list[Measurement], run) -> dict:
     """Which CPU the One device chapter timed the two precisions on (the CPU of `run`, a study's run, where it was
     measured, else its first CPU; "GPUs only" where it measured none), and whether that is the run's CPU by name and
     vector extensions: bf16's figures carry over only between the same CPU."""
-    cpus = sorted((m for m in measurements if m.info["device"] == "cpu"),
-                  key=lambda m: cpu_relation(m.info, run.raw) != "the same CPU")
+    cpus = sorted(
+        (m for m in measurements if m.info["device"] == "cpu"),
+        key=lambda m: cpu_relation(m.info, run.raw) != "the same CPU",
+    )
     if not cpus:
         return {"crossref_cpu": "GPUs only", "crossref_relation": "not comparable"}
     return {"crossref_cpu": machine_text(cpus[0].info), "crossref_relation": cpu_relation(cpus[0].info, run.raw)}

@@ -14,11 +14,17 @@ from ddp_core.analysis.results import Experiment
 from ddp_core.analysis.tables import counted, quantity_table, range_rows
 
 FORECAST_ROWS = {"parameters": ("parameters", "{:,}"), "buckets": ("DDP buckets", "{:,}")} | {
-    column: (label, "{:.3g}") for column, label in {
-        "comm_ms": "all-reduce per step (ms)", "last_bucket_ms": "last bucket (ms)",
-        "compute_bound_ms": "T1 at the peak rate (ms)", "speedup_no_overlap": "speedup, no overlap",
-        "speedup_last_bucket_only": "speedup, last bucket only", "break_even_compute_ms": "break-even T1 (ms)",
-        "efficiency_90_compute_ms": "T1 for 90% efficiency (ms)"}.items()}
+    column: (label, "{:.3g}")
+    for column, label in {
+        "comm_ms": "all-reduce per step (ms)",
+        "last_bucket_ms": "last bucket (ms)",
+        "compute_bound_ms": "T1 at the peak rate (ms)",
+        "speedup_no_overlap": "speedup, no overlap",
+        "speedup_last_bucket_only": "speedup, last bucket only",
+        "break_even_compute_ms": "break-even T1 (ms)",
+        "efficiency_90_compute_ms": "T1 for 90% efficiency (ms)",
+    }.items()
+}
 
 
 def findings(experiment: Experiment) -> dict:
@@ -30,29 +36,41 @@ def findings(experiment: Experiment) -> dict:
     fit, bench = fits[largest], experiment.allreduce[largest]
     worst = int(prediction["error"].abs().idxmax())
     at_worst, one, at_n = prediction.loc[worst], experiment.runs[1], experiment.runs[worst]
-    gap = {part: at_worst[f"predicted_{part}_s"] - at_worst[f"measured_{part}_s"]
-           for part in ("step", "comm", "compute")}
+    gap = {
+        part: at_worst[f"predicted_{part}_s"] - at_worst[f"measured_{part}_s"] for part in ("step", "comm", "compute")
+    }
     threads = at_n.threads_per_rank * at_n.local_world_size
     return {
-        "largest": largest, "alpha_us": fit.alpha_s * 1e6,
-        "busbw": fit.bus_bandwidth_GBps, "r2": fit.r2, "fit_error": fit.max_relative_error,
-        "buckets": counted(len(buckets), "DDP bucket"), "gradient_mb": sum(buckets) / 2**20,
+        "largest": largest,
+        "alpha_us": fit.alpha_s * 1e6,
+        "busbw": fit.bus_bandwidth_GBps,
+        "r2": fit.r2,
+        "fit_error": fit.max_relative_error,
+        "buckets": counted(len(buckets), "DDP bucket"),
+        "gradient_mb": sum(buckets) / 2**20,
         # how far the fit misses the measured all-reduce at the gradient buckets' sizes
         "bucket_fit_ratio": max(measured_allreduce_s(bench, size, fit) / fit.allreduce_s(size) for size in buckets),
-        "max_error": float(prediction["error"].abs().max()), "worst_n": worst,
+        "max_error": float(prediction["error"].abs().max()),
+        "worst_n": worst,
         **target_findings(prediction),
         **{f"worst_{part}_gap_ms": float(seconds * 1e3) for part, seconds in gap.items()},
-        "worst_cause": "the communication estimate" if abs(gap["comm"]) > abs(gap["compute"])
-                       else "the compute estimate",
+        "worst_cause": "the communication estimate"
+        if abs(gap["comm"]) > abs(gap["compute"])
+        else "the compute estimate",
         "parts_outcome": "partly cancel" if gap["comm"] * gap["compute"] < 0 else "add up",
         "exposed_fraction": float(at_worst["exposed_fraction"]),
         "last_bucket_share": float(at_worst["last_bucket_share"]),
         "exposure_source": exposure_source(at_worst),
-        "cores": one.cpu_count, "threads_1": counted(one.threads_per_rank, "thread"),
-        "threads_worst": counted(at_n.threads_per_rank, "thread"), "threads_all": threads,
+        "cores": one.cpu_count,
+        "threads_1": counted(one.threads_per_rank, "thread"),
+        "threads_worst": counted(at_n.threads_per_rank, "thread"),
+        "threads_all": threads,
         "threads_vs_cores": threads_against_cores(threads, one.cpu_count),
-        **{f"{part}_{side}_ms": float(at_worst[f"{side}_{part}_s"] * 1e3)
-           for part in ("compute", "comm") for side in ("predicted", "measured")},
+        **{
+            f"{part}_{side}_ms": float(at_worst[f"{side}_{part}_s"] * 1e3)
+            for part in ("compute", "comm")
+            for side in ("predicted", "measured")
+        },
         "comm_slowdown": float(at_worst["measured_comm_s"] / at_worst["predicted_comm_s"]),
         "ran_on": "GPUs" if one.on_gpu else "CPU cores",
     } | forecast_findings(experiment)
@@ -69,15 +87,21 @@ def target_findings(prediction: pd.DataFrame) -> dict:
     error = prediction["error"].abs()
     parts_error = pd.concat([prediction["compute_error"], prediction["comm_error"]]).abs()
     null_error = (1 / prediction["measured_speedup"] - 1).abs()
-    inside = prediction["predicted_speedup"].between(prediction["measured_speedup_low"],
-                                                     prediction["measured_speedup_high"])
+    inside = prediction["predicted_speedup"].between(
+        prediction["measured_speedup_low"], prediction["measured_speedup_high"]
+    )
     meets = error.max() <= TARGET and parts_error.max() <= TARGET and error.max() < null_error.max()
-    return {"target": TARGET, "meets_target": "meets" if meets else "misses",
-            "parts_max_error": float(parts_error.max()),
-            "predictions_inside": int(inside.sum()), "predictions": len(prediction),
-            "null_max_error": float(null_error.max()), "null_worst_n": int(null_error.idxmax()),
-            "model_vs_null": "smaller than" if error.max() < null_error.max() else "no smaller than",
-            "null_better_at": ", ".join(f"{n} ranks" for n in prediction.index[null_error < error]) or "no world size"}
+    return {
+        "target": TARGET,
+        "meets_target": "meets" if meets else "misses",
+        "parts_max_error": float(parts_error.max()),
+        "predictions_inside": int(inside.sum()),
+        "predictions": len(prediction),
+        "null_max_error": float(null_error.max()),
+        "null_worst_n": int(null_error.idxmax()),
+        "model_vs_null": "smaller than" if error.max() < null_error.max() else "no smaller than",
+        "null_better_at": ", ".join(f"{n} ranks" for n in prediction.index[null_error < error]) or "no world size",
+    }
 
 
 def exposure_source(row: pd.Series) -> str:
@@ -91,9 +115,14 @@ def forecast_findings(experiment: Experiment) -> dict:
     nvlink = nvlink_fit(FORECAST_GPUS)
     ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
     return {
-        "gpus": FORECAST_GPUS, "nv_alpha_us": nvlink.alpha_s * 1e6, "nv_busbw": nvlink.bus_bandwidth_GBps,
-        "nv_r2": nvlink.r2, "nv_fit_error": nvlink.max_relative_error, "nv_tflops": peak_gemm_flops_per_s() / 1e12,
-        "nv_batch": workload.global_batch_size, "nv_seq": workload.model["max_len"],
+        "gpus": FORECAST_GPUS,
+        "nv_alpha_us": nvlink.alpha_s * 1e6,
+        "nv_busbw": nvlink.bus_bandwidth_GBps,
+        "nv_r2": nvlink.r2,
+        "nv_fit_error": nvlink.max_relative_error,
+        "nv_tflops": peak_gemm_flops_per_s() / 1e12,
+        "nv_batch": workload.global_batch_size,
+        "nv_seq": workload.model["max_len"],
         "nv_paying": ", ".join(ahead.index[ahead["speedup_no_overlap"] > 1]) or "none",
         "nv_paying_best_case": ", ".join(ahead.index[ahead["speedup_last_bucket_only"] > 1]) or "none",
     }
@@ -113,8 +142,9 @@ def allreduce_figure(experiment: Experiment):
         fitted = np.array([fits[n].allreduce_s(size) for size in sizes])
         times.loglog(sizes, bench["time_s"], "o", color=color, markersize=4, label=f"measured, {n} ranks")
         times.loglog(sizes, fitted, "-", color=color, label=f"alpha-beta fit, {n} ranks")
-        residuals.semilogx(sizes, (fitted / bench["time_s"] - 1) * 100, "o-", color=color, markersize=4,
-                           label=f"{n} ranks")
+        residuals.semilogx(
+            sizes, (fitted / bench["time_s"] - 1) * 100, "o-", color=color, markersize=4, label=f"{n} ranks"
+        )
     for ax in (times, residuals):
         for size in buckets:
             ax.axvline(size, color="gray", linestyle=":", linewidth=1)
@@ -127,17 +157,29 @@ def allreduce_figure(experiment: Experiment):
     return fig
 
 
-FIT_COLUMNS = {"alpha_us": ("Latency α (µs)", "{:.2f}"), "beta_ns": ("Time per byte β (ns)", "{:.4f}"),
-               "bus_bandwidth_GBps": ("Bus bandwidth (GB/s)", "{:.2f}"), "r2": ("R²", "{:.4f}"),
-               "max_error_pct": ("Largest error of the fit (%)", "{:.1f}")}
+FIT_COLUMNS = {
+    "alpha_us": ("Latency α (µs)", "{:.2f}"),
+    "beta_ns": ("Time per byte β (ns)", "{:.4f}"),
+    "bus_bandwidth_GBps": ("Bus bandwidth (GB/s)", "{:.2f}"),
+    "r2": ("R²", "{:.4f}"),
+    "max_error_pct": ("Largest error of the fit (%)", "{:.1f}"),
+}
 
 
 def fit_markdown(experiment: Experiment) -> str:
     """The α–β fit of the all-reduce, one row per world size benchmarked."""
-    fits = pd.DataFrame({n: {"alpha_us": f.alpha_s * 1e6, "beta_ns": f.beta_s_per_byte * 1e9,
-                             "bus_bandwidth_GBps": f.bus_bandwidth_GBps, "r2": f.r2,
-                             "max_error_pct": f.max_relative_error * 100}
-                         for n, f in allreduce_fits(experiment).items()}).T
+    fits = pd.DataFrame(
+        {
+            n: {
+                "alpha_us": f.alpha_s * 1e6,
+                "beta_ns": f.beta_s_per_byte * 1e9,
+                "bus_bandwidth_GBps": f.bus_bandwidth_GBps,
+                "r2": f.r2,
+                "max_error_pct": f.max_relative_error * 100,
+            }
+            for n, f in allreduce_fits(experiment).items()
+        }
+    ).T
     return quantity_table(fits, FIT_COLUMNS, "Ranks")
 
 
@@ -164,8 +206,9 @@ PREDICTION_ROWS = {
 def prediction_markdown(experiment: Experiment) -> str:
     """Predicted against measured, part by part, one column per world size (Markdown)."""
     prediction = predict(experiment)
-    return quantity_table(prediction, PREDICTION_ROWS, turned=True,
-                          column_names=[f"{n} ranks" for n in prediction.index])
+    return quantity_table(
+        prediction, PREDICTION_ROWS, turned=True, column_names=[f"{n} ranks" for n in prediction.index]
+    )
 
 
 def prediction_figure(experiment: Experiment):
@@ -173,16 +216,29 @@ def prediction_figure(experiment: Experiment):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     x = np.arange(len(prediction))
     ax.bar(x - 0.2, prediction["predicted_speedup"], 0.4, label="predicted")
-    error = [prediction["measured_speedup"] - prediction["measured_speedup_low"],
-             prediction["measured_speedup_high"] - prediction["measured_speedup"]]
-    ax.bar(x + 0.2, prediction["measured_speedup"], 0.4, yerr=error, capsize=4,
-           label="measured (bar: range of repeats)")
-    ax.vlines(x - 0.2, prediction["speedup_no_overlap"], prediction["speedup_last_bucket_only"], color="k",
-              linewidth=3, label="scenarios: no overlap to last bucket only")
+    error = [
+        prediction["measured_speedup"] - prediction["measured_speedup_low"],
+        prediction["measured_speedup_high"] - prediction["measured_speedup"],
+    ]
+    ax.bar(
+        x + 0.2, prediction["measured_speedup"], 0.4, yerr=error, capsize=4, label="measured (bar: range of repeats)"
+    )
+    ax.vlines(
+        x - 0.2,
+        prediction["speedup_no_overlap"],
+        prediction["speedup_last_bucket_only"],
+        color="k",
+        linewidth=3,
+        label="scenarios: no overlap to last bucket only",
+    )
     for end in ("speedup_no_overlap", "speedup_last_bucket_only"):  # a tick at each, seen where the two are close
         ax.hlines(prediction[end], x - 0.35, x - 0.05, color="k", linewidth=1.5)
-    ax.set(xticks=x, xticklabels=[f"{n} ranks" for n in prediction.index], ylabel="speedup",
-           title="Predicted vs measured speedup")
+    ax.set(
+        xticks=x,
+        xticklabels=[f"{n} ranks" for n in prediction.index],
+        ylabel="speedup",
+        title="Predicted vs measured speedup",
+    )
     fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
@@ -191,5 +247,6 @@ def prediction_figure(experiment: Experiment):
 def forecast_markdown(experiment: Experiment) -> str:
     """The NVLink forecast per preset, presets as columns so that it fits the page."""
     workload = experiment.baseline
-    return quantity_table(forecast(workload.model, workload.global_batch_size, FORECAST_GPUS), FORECAST_ROWS,
-                          turned=True)
+    return quantity_table(
+        forecast(workload.model, workload.global_batch_size, FORECAST_GPUS), FORECAST_ROWS, turned=True
+    )

@@ -10,9 +10,14 @@ import pandas as pd
 from ddp_core.analysis.results import last_epochs, load_experiment
 from ddp_core.analysis.tables import quantity_table
 
-RUN_COLUMNS = {"ranks": ("Ranks", "{}"), "seed": ("Seed", "{}"), "started": ("Started (UTC)", "{}"),
-               "epochs": ("Epochs", "{}"), "epoch_time_s": ("Last epoch (s)", "{:.2f}"),
-               "val_accuracy": ("Validation accuracy", "{:.3f}")}
+RUN_COLUMNS = {
+    "ranks": ("Ranks", "{}"),
+    "seed": ("Seed", "{}"),
+    "started": ("Started (UTC)", "{}"),
+    "epochs": ("Epochs", "{}"),
+    "epoch_time_s": ("Last epoch (s)", "{:.2f}"),
+    "val_accuracy": ("Validation accuracy", "{:.3f}"),
+}
 
 
 def runs_table(folder: Path) -> pd.DataFrame:
@@ -20,11 +25,20 @@ def runs_table(folder: Path) -> pd.DataFrame:
     validation accuracy."""
     experiment = load_experiment(folder)
     last = last_epochs(experiment.metrics)
-    return pd.DataFrame([{"run": run.name, "ranks": run.world_size, "seed": run.config["seed"],
-                          "started": run.raw["start_time"][:16].replace("T", " "), "epochs": int(last.loc[run.name,
-                          "epoch"]), "epoch_time_s": last.loc[run.name, "epoch_time_s"],
-                          "val_accuracy": last.loc[run.name, "val_accuracy"]}
-                         for run in experiment.all_runs]).set_index("run")
+    return pd.DataFrame(
+        [
+            {
+                "run": run.name,
+                "ranks": run.world_size,
+                "seed": run.config["seed"],
+                "started": run.raw["start_time"][:16].replace("T", " "),
+                "epochs": int(last.loc[run.name, "epoch"]),
+                "epoch_time_s": last.loc[run.name, "epoch_time_s"],
+                "val_accuracy": last.loc[run.name, "val_accuracy"],
+            }
+            for run in experiment.all_runs
+        ]
+    ).set_index("run")
 
 
 def runs_markdown(folder: Path) -> str:

@@ -18,13 +18,30 @@ from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
 from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import (ALLREDUCE_IN_FLIGHT_MS, STEP_MEDIAN_MS, counted, quantity_table, range_rows,
-                                      step_part_rows)
+from ddp_core.analysis.tables import (
+    ALLREDUCE_IN_FLIGHT_MS,
+    STEP_MEDIAN_MS,
+    counted,
+    quantity_table,
+    range_rows,
+    step_part_rows,
+)
 
 # The columns of `scaling_table` the prose quotes on one rank and on the most.
-RESULTS_COLUMNS = ["epoch_time_s", "step_time_s", "samples_per_s", "speedup", "efficiency", "cores_ideal",
-                   "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy",
-                   "optimizer_per_step_s", "peak_memory_mb"]
+RESULTS_COLUMNS = [
+    "epoch_time_s",
+    "step_time_s",
+    "samples_per_s",
+    "speedup",
+    "efficiency",
+    "cores_ideal",
+    "compute_per_step_s",
+    "comm_total_per_step_s",
+    "comm_exposed_per_step_s",
+    "final_val_accuracy",
+    "optimizer_per_step_s",
+    "peak_memory_mb",
+]
 
 
 def findings(experiment: Experiment, communication: pd.DataFrame | None = None) -> dict:
@@ -33,20 +50,26 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None = None) 
     table = scaling_table(experiment)
     first, largest = experiment.baseline, experiment.largest
     found = largest_findings(experiment) | {
-        "parameters": f"{first.parameters:,}", "world_sizes": ", ".join(map(str, table.index)),
-        "epochs": int(experiment.metrics["epoch"].max()), "device": f"{first.device_name} ({first.backend})",
+        "parameters": f"{first.parameters:,}",
+        "world_sizes": ", ".join(map(str, table.index)),
+        "epochs": int(experiment.metrics["epoch"].max()),
+        "device": f"{first.device_name} ({first.backend})",
         "warmup_phrase": "the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
         "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
-        "optimizer_growth_nmax": float(table.loc[largest, "optimizer_per_step_s"]
-                                       / table.loc[1, "optimizer_per_step_s"]),
+        "optimizer_growth_nmax": float(
+            table.loc[largest, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]
+        ),
         "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
         "eval_samples": first.config["eval_samples"],
         "accuracy_vs_chance_n1": against_chance(experiment, 1),
         "accuracy_vs_chance_nmax": against_chance(experiment, largest),
     }
     found["chance"], found["chance_bar"] = chance_bar(first)
-    found |= {f"{column}_{at}": float(table.loc[n, column])
-              for column in RESULTS_COLUMNS for at, n in (("n1", 1), ("nmax", largest))}
+    found |= {
+        f"{column}_{at}": float(table.loc[n, column])
+        for column in RESULTS_COLUMNS
+        for at, n in (("n1", 1), ("nmax", largest))
+    }
     for part in ("transfer", "waiting") if communication is not None else ():
         found[f"{part}_per_step_s_nmax"] = float(communication.loc[largest, f"{part}_s"])
     return found
@@ -82,8 +105,14 @@ def _plot_each_run(ax, metrics: pd.DataFrame, sizes: pd.Index, column: str) -> N
     size so that the repeats share a legend entry."""
     colors, labelled = {n: f"C{i}" for i, n in enumerate(sizes)}, set()
     for (n, _), rows in metrics.sort_values("epoch").groupby(["world_size", "run"]):
-        ax.plot(rows["epoch"], rows[column], "o-", color=colors[n], label=None if n in labelled else counted(n, "rank"),
-                alpha=0.8)
+        ax.plot(
+            rows["epoch"],
+            rows[column],
+            "o-",
+            color=colors[n],
+            label=None if n in labelled else counted(n, "rank"),
+            alpha=0.8,
+        )
         labelled.add(n)
     ax.set_xticks(sorted(metrics["epoch"].unique()))
 
@@ -110,13 +139,17 @@ def speedup_figure(experiment: Experiment):
     speed.bar(x - 0.27, table["speedup"], 0.27, yerr=error, capsize=4, label="measured (bar: range)")
     speed.bar(x, table["cores_ideal"], 0.27, color="darkgray", label="ideal for the compute the ranks had")
     speed.bar(x + 0.27, sizes, 0.27, color="lightgray", label="ideal with a device per rank (N)")
-    speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="speedup over one rank (T1 / TN)",
-              title="Speedup")
+    speed.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="speedup over one rank (T1 / TN)", title="Speedup")
     speed.legend(loc="upper left", fontsize=8)
     eff.bar(x, table["efficiency"] * 100, color="C1")
     eff.axhline(100, color="gray", linestyle="--", linewidth=1)
-    eff.set(xticks=x, xticklabels=sizes, xlabel="ranks", ylabel="efficiency: speedup / ranks (%)",
-            title="Parallel efficiency")
+    eff.set(
+        xticks=x,
+        xticklabels=sizes,
+        xlabel="ranks",
+        ylabel="efficiency: speedup / ranks (%)",
+        title="Parallel efficiency",
+    )
     fig.tight_layout()
     return fig
 
@@ -131,18 +164,26 @@ def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(7, 3.8))
     x = np.arange(len(table))
     timed = table["compute_per_step_s"] + table["data_per_step_s"] + table["comm_exposed_per_step_s"]
-    in_step = {"compute and data loading": (table["compute_per_step_s"] + table["data_per_step_s"], "C0"),
-               "exposed all-reduce": (table["comm_exposed_per_step_s"], "C3"),
-               "outside the timed phases": ((table["mean_step_s"] - timed).clip(lower=0), "C7")}
-    in_flight = {"all-reduce in flight: transfer (as benchmarked)": (communication["transfer_s"], "C2"),
-                 "all-reduce in flight: waiting (slowest rank, a core)": (communication["waiting_s"], "C8")}
+    in_step = {
+        "compute and data loading": (table["compute_per_step_s"] + table["data_per_step_s"], "C0"),
+        "exposed all-reduce": (table["comm_exposed_per_step_s"], "C3"),
+        "outside the timed phases": ((table["mean_step_s"] - timed).clip(lower=0), "C7"),
+    }
+    in_flight = {
+        "all-reduce in flight: transfer (as benchmarked)": (communication["transfer_s"], "C2"),
+        "all-reduce in flight: waiting (slowest rank, a core)": (communication["waiting_s"], "C8"),
+    }
     for offset, alpha, stack in ((-0.2, None, in_step), (0.2, 0.6, in_flight)):
         bottom = np.zeros(len(table))
         for label, (seconds, color) in stack.items():
             ax.bar(x + offset, seconds * 1e3, 0.38, bottom=bottom, color=color, alpha=alpha, label=label)
             bottom += seconds.to_numpy() * 1e3
-    ax.set(xticks=x, xticklabels=[counted(n, "rank") for n in table.index], ylabel="ms per step (mean)",
-           title="Where a step's time goes")
+    ax.set(
+        xticks=x,
+        xticklabels=[counted(n, "rank") for n in table.index],
+        ylabel="ms per step (mean)",
+        title="Where a step's time goes",
+    )
     fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
@@ -159,8 +200,17 @@ def accuracy_figure(experiment: Experiment):
 
 
 def print_scaling_table(experiment: Experiment) -> None:
-    columns = ["global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency", "compute_per_step_s",
-               "comm_total_per_step_s", "comm_exposed_per_step_s", "final_val_accuracy"]
+    columns = [
+        "global_batch_size",
+        "epoch_time_s",
+        "samples_per_s",
+        "speedup",
+        "efficiency",
+        "compute_per_step_s",
+        "comm_total_per_step_s",
+        "comm_exposed_per_step_s",
+        "final_val_accuracy",
+    ]
     print(scaling_table(experiment)[columns].to_string(float_format=lambda v: f"{v:.4g}"))
 
 

@@ -13,28 +13,53 @@ from ddp_core.analysis.comparisons import compare_times, steady_phases, study_fl
 from ddp_core.analysis.emulated import node_share, one_node_drift
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import MEAN_STEP_MS, difference_text, quantity_table, range_text
-from ddp_core.analysis.zero import (MODE_NAMES, SHARDED_MODES, block_parameters, collective_kind, counted_collectives,
-                                   gloo_sends, headline_findings, held_shares, memory_table, model_size, modes,
-                                   node_counts, one_node, speedup_table, time_comparisons)
+from ddp_core.analysis.zero import (
+    MODE_NAMES,
+    SHARDED_MODES,
+    block_parameters,
+    collective_kind,
+    counted_collectives,
+    gloo_sends,
+    headline_findings,
+    held_shares,
+    memory_table,
+    model_size,
+    modes,
+    node_counts,
+    one_node,
+    speedup_table,
+    time_comparisons,
+)
 from ddp_core.engine.model_cost import parameter_counts
 
-KIND_NAMES = {"parameters_bytes": "parameters", "gradients_bytes": "gradients",
-              "optimizer_state_bytes": "optimizer state"}
+KIND_NAMES = {
+    "parameters_bytes": "parameters",
+    "gradients_bytes": "gradients",
+    "optimizer_state_bytes": "optimizer state",
+}
 # Gradient bytes (4Ψ) a node sends a step, over (N-1)/N, by ZeRO's formula (Rajbhandari et al., section 7: DDP an
 # all-reduce, 2; ZeRO-1 and 2 a reduce-scatter and a gather, 2; ZeRO-3 a reduce-scatter and two gathers, 3); what
 # PyTorch's collectives on gloo send is counted (`counted_collectives`, `gloo_sends`).
-COLLECTIVE_KINDS = {"allreduce": "all-reduce", "broadcast": "broadcast", "allgather": "all-gather",
-                    "reduce_scatter": "reduce-scatter"}  # each kind of `collective_kind`, as a reader names it
+COLLECTIVE_KINDS = {
+    "allreduce": "all-reduce",
+    "broadcast": "broadcast",
+    "allgather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+}  # each kind of `collective_kind`, as a reader names it
 FORMULA_UNITS = {"none": 2, "zero1": 2, "zero2": 2, "zero3": 3}
 DEVICE_BYTES = 80e9  # an 80 GB GPU, the largest model each mode fits in it
 MB = 1e6
 
 
-MEMORY_COLUMNS = {f"{kind}_{side}": (f"{name.capitalize()}, {side} (MB)", "{:.1f}", 1 / MB)
-                  for kind, name in KIND_NAMES.items() for side in ("measured", "formula")} | {
+MEMORY_COLUMNS = {
+    f"{kind}_{side}": (f"{name.capitalize()}, {side} (MB)", "{:.1f}", 1 / MB)
+    for kind, name in KIND_NAMES.items()
+    for side in ("measured", "formula")
+} | {
     "gradients_kept_bytes_measured": ("Gradients kept between steps, measured (MB)", "{:.1f}", 1 / MB),
     "per_parameter_measured": ("Bytes a parameter, measured", "{:.1f}"),
-    "per_parameter_formula": ("Bytes a parameter, formula", "{:.1f}")}
+    "per_parameter_formula": ("Bytes a parameter, formula", "{:.1f}"),
+}
 
 
 def memory_markdown(study: dict[str, Experiment]) -> str:
@@ -52,8 +77,12 @@ def memory_figure(study: dict[str, Experiment]):
         bottom += heights
     formula = sum(table[f"{kind}_formula"] for kind in KIND_NAMES).to_numpy() / MB
     ax.hlines(formula, x - 0.4, x + 0.4, colors="black", linestyles="dashed", label="formula, all kinds")
-    ax.set(xticks=x, xticklabels=table.index, ylabel="MB a rank holds",
-           title=f"Training state of the largest rank, {int(table['ranks'].iloc[0])} nodes")
+    ax.set(
+        xticks=x,
+        xticklabels=table.index,
+        ylabel="MB a rank holds",
+        title=f"Training state of the largest rank, {int(table['ranks'].iloc[0])} nodes",
+    )
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
@@ -72,23 +101,34 @@ def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
         per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
         busiest = [max(sent) / np.mean(sent) for sent in (run.raw["network"]["sent_bytes"] for run in e.all_runs)]
         n, counted = e.largest, counted_collectives(e.baseline)
-        handed = {f"handed_{kind}": sum(entry["bytes"] for name, entry in counted.items()
-                                        if collective_kind(name) == kind) / gradient for kind in COLLECTIVE_KINDS}
-        rows[MODE_NAMES[mode]] = {"formula_units": FORMULA_UNITS[mode] * (n - 1) / n, **handed,
-                                  "gloo_units": gloo_sends(counted, n) / gradient,
-                                  "sent_units": per_step / gradient, "sent_mb": per_step / MB,
-                                  "busiest_over_mean": float(np.median(busiest))}
+        handed = {
+            f"handed_{kind}": sum(entry["bytes"] for name, entry in counted.items() if collective_kind(name) == kind)
+            / gradient
+            for kind in COLLECTIVE_KINDS
+        }
+        rows[MODE_NAMES[mode]] = {
+            "formula_units": FORMULA_UNITS[mode] * (n - 1) / n,
+            **handed,
+            "gloo_units": gloo_sends(counted, n) / gradient,
+            "sent_units": per_step / gradient,
+            "sent_mb": per_step / MB,
+            "busiest_over_mean": float(np.median(busiest)),
+        }
     return pd.DataFrame(rows).T.assign(over_gloo=lambda table: table["sent_units"] / table["gloo_units"])
 
 
-TRAFFIC_COLUMNS = {"formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
-                   **{f"handed_{kind}": (f"Whole size handed to {name}s, counted (fp32 gradients a step)", "{:.2f}")
-                      for kind, name in COLLECTIVE_KINDS.items()},
-                   "gloo_units": ("Sent for them by gloo's algorithms (fp32 gradients a step)", "{:.2f}"),
-                   "sent_units": ("Sent, mean of the links (fp32 gradients a step)", "{:.3f}"),
-                   "sent_mb": ("Sent, mean of the links (MB a step)", "{:.1f}"),
-                   "over_gloo": ("Sent over gloo's algorithms (ratio)", "{:.3f}"),
-                   "busiest_over_mean": ("Busiest link over the mean (ratio, whole run)", "{:.2f}")}
+TRAFFIC_COLUMNS = {
+    "formula_units": ("ZeRO's formula (fp32 gradients a step)", "{:.2f}"),
+    **{
+        f"handed_{kind}": (f"Whole size handed to {name}s, counted (fp32 gradients a step)", "{:.2f}")
+        for kind, name in COLLECTIVE_KINDS.items()
+    },
+    "gloo_units": ("Sent for them by gloo's algorithms (fp32 gradients a step)", "{:.2f}"),
+    "sent_units": ("Sent, mean of the links (fp32 gradients a step)", "{:.3f}"),
+    "sent_mb": ("Sent, mean of the links (MB a step)", "{:.1f}"),
+    "over_gloo": ("Sent over gloo's algorithms (ratio)", "{:.3f}"),
+    "busiest_over_mean": ("Busiest link over the mean (ratio, whole run)", "{:.2f}"),
+}
 
 
 def traffic_markdown(study: dict[str, Experiment]) -> str:
@@ -100,20 +140,31 @@ def fits_table(study: dict[str, Experiment]) -> pd.DataFrame:
     state divides evenly), and the largest model whose training state fits in DEVICE_BYTES at each, activations
     apart."""
     table = memory_table(study)
-    return pd.DataFrame({"per_parameter": table["per_parameter_measured"],
-                         "largest_billions": DEVICE_BYTES / table["per_parameter_measured"] / 1e9,
-                         "per_parameter_formula": table["per_parameter_formula"],
-                         "largest_billions_formula": DEVICE_BYTES / table["per_parameter_formula"] / 1e9})
+    return pd.DataFrame(
+        {
+            "per_parameter": table["per_parameter_measured"],
+            "largest_billions": DEVICE_BYTES / table["per_parameter_measured"] / 1e9,
+            "per_parameter_formula": table["per_parameter_formula"],
+            "largest_billions_formula": DEVICE_BYTES / table["per_parameter_formula"] / 1e9,
+        }
+    )
 
 
 def fits_markdown(study: dict[str, Experiment]) -> str:
     nodes, device = modes(study)["none"].largest, f"{DEVICE_BYTES / 1e9:.0f} GB"
-    return quantity_table(fits_table(study), {
-        "per_parameter": ("Bytes a parameter, this model", "{:.1f}"),
-        "largest_billions": (f"Largest model in {device}, shaped like this one (billions of parameters)", "{:.1f}"),
-        "per_parameter_formula": ("Bytes a parameter, formula", "{:.1f}"),
-        "largest_billions_formula": (f"Largest model in {device}, by the formula (billions of parameters)",
-                                     "{:.1f}")}, f"Mode, {nodes} nodes")
+    return quantity_table(
+        fits_table(study),
+        {
+            "per_parameter": ("Bytes a parameter, this model", "{:.1f}"),
+            "largest_billions": (f"Largest model in {device}, shaped like this one (billions of parameters)", "{:.1f}"),
+            "per_parameter_formula": ("Bytes a parameter, formula", "{:.1f}"),
+            "largest_billions_formula": (
+                f"Largest model in {device}, by the formula (billions of parameters)",
+                "{:.1f}",
+            ),
+        },
+        f"Mode, {nodes} nodes",
+    )
 
 
 def phase_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -122,17 +173,24 @@ def phase_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = {}
     for mode, e in modes(study, max(node_counts(study))).items():
         steady = steady_phases(e.metrics)
-        rows[MODE_NAMES[mode]] = {phase: (steady[f"{phase}_time_s"] / steady["steps"]).mean() * 1e3
-                                  for phase in ("forward", "backward", "optimizer")} | {
-            "step": steady["mean_step_s"].mean() * 1e3}
+        rows[MODE_NAMES[mode]] = {
+            phase: (steady[f"{phase}_time_s"] / steady["steps"]).mean() * 1e3
+            for phase in ("forward", "backward", "optimizer")
+        } | {"step": steady["mean_step_s"].mean() * 1e3}
     return pd.DataFrame(rows).T
 
 
 def phase_markdown(study: dict[str, Experiment]) -> str:
-    return quantity_table(phase_table(study), {
-        "step": (MEAN_STEP_MS, "{:.0f}"), "forward": ("Forward (ms)", "{:.0f}"),
-        "backward": ("Backward (ms)", "{:.0f}"), "optimizer": ("Optimizer step (ms)", "{:.0f}")},
-        f"Mode, {max(node_counts(study))} nodes")
+    return quantity_table(
+        phase_table(study),
+        {
+            "step": (MEAN_STEP_MS, "{:.0f}"),
+            "forward": ("Forward (ms)", "{:.0f}"),
+            "backward": ("Backward (ms)", "{:.0f}"),
+            "optimizer": ("Optimizer step (ms)", "{:.0f}"),
+        },
+        f"Mode, {max(node_counts(study))} nodes",
+    )
 
 
 def speedup_markdown(study: dict[str, Experiment]) -> str:
@@ -142,10 +200,12 @@ def speedup_markdown(study: dict[str, Experiment]) -> str:
     quantities = {}
     for n in counts:
         table[f"range_n{n}"] = list(map(range_text, table[f"speedup_low_n{n}"], table[f"speedup_high_n{n}"]))
-        quantities |= {f"speedup_n{n}": (f"Speedup over one node, {n} nodes", "{:.2f}"),
-                       f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
-                       f"efficiency_n{n}": (f"Efficiency (speedup over the nodes), {n} nodes", "{:.0%}"),
-                       f"verdict_n{n}": (f"Verdict, {n} nodes", "{}")}
+        quantities |= {
+            f"speedup_n{n}": (f"Speedup over one node, {n} nodes", "{:.2f}"),
+            f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
+            f"efficiency_n{n}": (f"Efficiency (speedup over the nodes), {n} nodes", "{:.0%}"),
+            f"verdict_n{n}": (f"Verdict, {n} nodes", "{}"),
+        }
     floor = {f"noise_floor_n{counts[-1]}": ("Noise floor (every number of nodes and the one node)", "{:.1%}")}
     return quantity_table(table, quantities | floor, turned=True)
 
@@ -156,11 +216,16 @@ def time_markdown(study: dict[str, Experiment]) -> str:
     rows, quantities = {MODE_NAMES[mode]: {} for mode in SHARDED_MODES}, {}
     for n, comparisons in time_comparisons(study).items():
         for mode, c in comparisons.items():
-            rows[MODE_NAMES[mode]] |= {f"ratio_n{n}": c.ratio, f"range_n{n}": range_text(c.low, c.high),
-                                       f"verdict_n{n}": c.says("faster", "slower")}
-        quantities |= {f"ratio_n{n}": (f"Time per sample over DDP's, {n} nodes", "{:.2f}"),
-                       f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
-                       f"verdict_n{n}": (f"Verdict, {n} nodes", "{}")}
+            rows[MODE_NAMES[mode]] |= {
+                f"ratio_n{n}": c.ratio,
+                f"range_n{n}": range_text(c.low, c.high),
+                f"verdict_n{n}": c.says("faster", "slower"),
+            }
+        quantities |= {
+            f"ratio_n{n}": (f"Time per sample over DDP's, {n} nodes", "{:.2f}"),
+            f"range_n{n}": (f"Range of the repeats, {n} nodes", "{}"),
+            f"verdict_n{n}": (f"Verdict, {n} nodes", "{}"),
+        }
     return quantity_table(pd.DataFrame(rows).T, quantities, turned=True)
 
 
@@ -177,25 +242,35 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     held, against_ddp, speedups = held_shares(memory), time_comparisons(study), speedup_table(study)
     floor = against_ddp[n]["zero1"].floor
     found = headline_findings(study) | {
-        "sharding_fewer_nodes": fewer, "sharding_parameters_m": parameters / 1e6,
+        "sharding_fewer_nodes": fewer,
+        "sharding_parameters_m": parameters / 1e6,
         "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
         "sharding_gradient_mb": 4 * parameters / MB,
-        "one_node_apart": one_node_drift(study)[node_share(one_node(study))], "sharding_time_floor": floor,
-        **{f"sharding_{key}": value for key, value in study_floor_power(study).items()
-           if key in ("found_10", "found_20")}}
+        "one_node_apart": one_node_drift(study)[node_share(one_node(study))],
+        "sharding_time_floor": floor,
+        **{
+            f"sharding_{key}": value
+            for key, value in study_floor_power(study).items()
+            if key in ("found_10", "found_20")
+        },
+    }
     for mode in SHARDED_MODES:
         name = MODE_NAMES[mode]
-        found |= {f"{mode}_held_share": held.loc[name, "measured"],
-                  f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
-                  f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"]}
+        found |= {
+            f"{mode}_held_share": held.loc[name, "measured"],
+            f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
+            f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"],
+        }
     for suffix, nodes in (("", n), ("_fewer", fewer)):
         zero1_against_zero2 = compare_times(by_mode["zero1"], by_mode["zero2"], nodes, nodes, floor=floor)
         found |= time_glue(f"zero1_against_zero2_time{suffix}", zero1_against_zero2) | {
-            f"sharded_slower{suffix}": sum(against_ddp[nodes][mode].verdict == "higher" for mode in SHARDED_MODES)}
+            f"sharded_slower{suffix}": sum(against_ddp[nodes][mode].verdict == "higher" for mode in SHARDED_MODES)
+        }
     # on the most nodes, `headline_findings` gives these
     found |= time_glue("sharding_zero3_time_fewer", against_ddp[fewer]["zero3"]) | {
         "sharding_ddp_speedup_fewer": speedups.loc["DDP", f"speedup_n{fewer}"],
-        "sharding_zero3_speedup_fewer": speedups.loc[MODE_NAMES["zero3"], f"speedup_n{fewer}"]}
+        "sharding_zero3_speedup_fewer": speedups.loc[MODE_NAMES["zero3"], f"speedup_n{fewer}"],
+    }
     phases = phase_table(study)
     last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
     losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
@@ -203,22 +278,26 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     loss_gap = max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES)
     tensors = parameter_counts(ddp.baseline.model)
     block_share = sum(block_parameters(tensors).values()) / parameters
-    found |= {"traffic_over_gloo": range_text(traffic["over_gloo"].min(), traffic["over_gloo"].max(), "{:.3f}", " to "),
-              "largest_tensor_share": max(tensors.values()) / parameters,
-              "root_share": 1 - block_share,
-              "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
-              / memory.loc["DDP", "optimizer_state_bytes_measured"],
-              "zero1_busiest_over_mean": traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
-              "ddp_busiest_over_mean": traffic.loc["DDP", "busiest_over_mean"],
-              "block_share": block_share,
-              "root_gradient_mb": 4 * parameters * (1 - block_share) / MB,
-              "zero1_optimizer_ms": phases.loc[MODE_NAMES["zero1"], "optimizer"],
-              "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
-              "ddp_forward_ms": phases.loc["DDP", "forward"],
-              "zero3_forward_ms": phases.loc[MODE_NAMES["zero3"], "forward"],
-              "sharding_loss_gap": loss_gap, "sharding_loss_gap_text": difference_text(loss_gap),
-              "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
-              "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
-              "ddp_rss_mb": rss["none"], "zero3_rss_mb": rss["zero3"],
-              "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20 / rss["none"]}
+    found |= {
+        "traffic_over_gloo": range_text(traffic["over_gloo"].min(), traffic["over_gloo"].max(), "{:.3f}", " to "),
+        "largest_tensor_share": max(tensors.values()) / parameters,
+        "root_share": 1 - block_share,
+        "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
+        / memory.loc["DDP", "optimizer_state_bytes_measured"],
+        "zero1_busiest_over_mean": traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
+        "ddp_busiest_over_mean": traffic.loc["DDP", "busiest_over_mean"],
+        "block_share": block_share,
+        "root_gradient_mb": 4 * parameters * (1 - block_share) / MB,
+        "zero1_optimizer_ms": phases.loc[MODE_NAMES["zero1"], "optimizer"],
+        "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
+        "ddp_forward_ms": phases.loc["DDP", "forward"],
+        "zero3_forward_ms": phases.loc[MODE_NAMES["zero3"], "forward"],
+        "sharding_loss_gap": loss_gap,
+        "sharding_loss_gap_text": difference_text(loss_gap),
+        "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
+        "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
+        "ddp_rss_mb": rss["none"],
+        "zero3_rss_mb": rss["zero3"],
+        "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20 / rss["none"],
+    }
     return found

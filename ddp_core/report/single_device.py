@@ -16,20 +16,31 @@ from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
-from ddp_core.analysis.tables import (counted, day, machine_text, measured_by, median_range, quantity_table,
-                                      range_text)
-from ddp_core.analysis.throughput import (RATIOS, VERDICT_COUNTS, configuration_verdicts, peak_tflops, precision_name,
-                                          ratio_table, throughput_table, verdict_table)
+from ddp_core.analysis.tables import counted, day, machine_text, measured_by, median_range, quantity_table, range_text
+from ddp_core.analysis.throughput import (
+    RATIOS,
+    VERDICT_COUNTS,
+    configuration_verdicts,
+    peak_tflops,
+    precision_name,
+    ratio_table,
+    throughput_table,
+    verdict_table,
+)
 
 
 def verdict_markdown(m: Measurement) -> str:
     table = verdict_table(m)
-    table["medians"] = [range_text(low, high, "{:.3f}", " to ") for low, high in zip(table["lowest_median"],
-                                                                                     table["highest_median"])]
-    table["floors"] = [range_text(low, high, "{:.1%}", " to ") for low, high in zip(table["lowest_floor"],
-                                                                                    table["highest_floor"])]
-    columns = {"medians": ("Median per configuration, lowest to highest", "{}"),
-               "floors": ("Noise floor per configuration, lowest to highest", "{}")}
+    table["medians"] = [
+        range_text(low, high, "{:.3f}", " to ") for low, high in zip(table["lowest_median"], table["highest_median"])
+    ]
+    table["floors"] = [
+        range_text(low, high, "{:.1%}", " to ") for low, high in zip(table["lowest_floor"], table["highest_floor"])
+    ]
+    columns = {
+        "medians": ("Median per configuration, lowest to highest", "{}"),
+        "floors": ("Noise floor per configuration, lowest to highest", "{}"),
+    }
     columns |= {outcome: (label, "{:.0f}") for outcome, label in VERDICT_COUNTS.items()}
     return quantity_table(table, columns, "Ratio, the first loop against the second (counts: configurations)")
 
@@ -40,11 +51,13 @@ def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
 
 def throughput_markdown(m: Measurement) -> str:
     on_gpu = m.info["device"] != "cpu"
-    columns = {"samples_per_s_plain": ("Plain loop (samples/s)", "{:,.1f}"),
-               "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:,.1f}"),
-               "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:,.1f}"),
-               "tflops": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}", 1 if on_gpu else 1e3),
-               "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.1f}", 100)}
+    columns = {
+        "samples_per_s_plain": ("Plain loop (samples/s)", "{:,.1f}"),
+        "samples_per_s_ddp_core": ("The project's trainer, timers off (samples/s)", "{:,.1f}"),
+        "samples_per_s_timed": ("The project's trainer, timers on (samples/s)", "{:,.1f}"),
+        "tflops": (f"Model compute ({'TFLOP/s' if on_gpu else 'GFLOP/s'})", "{:.3g}", 1 if on_gpu else 1e3),
+        "share_of_matmul": ("Share of the matrix-product rate (%)", "{:.1f}", 100),
+    }
     if peak_tflops(m):
         columns["mfu"] = ("MFU, of the bf16 datasheet peak (%)", "{:.1f}", 100)
     return quantity_table(_configuration_index(throughput_table(m)), columns, "Model, precision, batch (samples)")
@@ -55,11 +68,16 @@ def ratio_markdown(m: Measurement) -> str:
     were held against, so that every count of `verdict_markdown` can be read off a row."""
     table = ratio_table(m).join(configuration_verdicts(m))
     for name in RATIOS:
-        table[name] = [median_range(*values, "{:.3f}") + ("" if verdict == "no visible difference" else f": {verdict}")
-                       for *values, verdict in zip(table[f"{name}_median"], table[f"{name}_low"],
-                                                   table[f"{name}_high"], table[name])]
-    columns = {name: (f"{words} (median, range), and the verdict where the rule tells a difference", "{}")
-               for name, (_, _, words) in RATIOS.items()}
+        table[name] = [
+            median_range(*values, "{:.3f}") + ("" if verdict == "no visible difference" else f": {verdict}")
+            for *values, verdict in zip(
+                table[f"{name}_median"], table[f"{name}_low"], table[f"{name}_high"], table[name]
+            )
+        ]
+    columns = {
+        name: (f"{words} (median, range), and the verdict where the rule tells a difference", "{}")
+        for name, (_, _, words) in RATIOS.items()
+    }
     columns["floor"] = ("Noise floor (%)", "{:.1f}", 100)
     return quantity_table(_configuration_index(table), columns, "Model, precision, batch (samples)")
 
@@ -71,31 +89,50 @@ def measurement_label(m: Measurement) -> str:
 
 def measurements_markdown(measurements: list[Measurement]) -> str:
     """What each measurement ran on and with, a column each: the provenance and the ceilings its tables rest on."""
-    rows = {measurement_label(m): {
-        "device": m.info["device"], "cores": _cpu_text(m), "backend": m.info["backend"],
-        "torch": m.info["torch"] + (f", CUDA {m.info['cuda']}" if m.info.get("cuda") and m.info["device"] != "cpu"
-                                    else ""),
-        **measured_by(m.info), "rounds": m.epochs["round"].nunique(), "peak": peak_tflops(m),
-        "matmul": ", ".join(f"{tflops:.3g} in {precision_name(amp)}"
-                            for amp, tflops in m.info["matmul_tflops"].items())}
-        for m in measurements}
-    return quantity_table(pd.DataFrame(rows).T, {
-        "device": ("Device", "{}"), "cores": ("CPU cores and vector extensions", "{}"), "backend": ("Backend", "{}"),
-        "torch": ("PyTorch", "{}"), "measured_on": ("Measured on", "{}"), "commit": ("Code commit", "{}"),
-        "rounds": ("Timed epochs of each loop per configuration", "{}"),
-        "matmul": ("One large matrix product (TFLOP/s)", "{}"),
-        "peak": ("Datasheet's dense bf16 peak (TFLOP/s)", "{:g}")}, turned=True, column_names=list(rows))
+    rows = {
+        measurement_label(m): {
+            "device": m.info["device"],
+            "cores": _cpu_text(m),
+            "backend": m.info["backend"],
+            "torch": m.info["torch"]
+            + (f", CUDA {m.info['cuda']}" if m.info.get("cuda") and m.info["device"] != "cpu" else ""),
+            **measured_by(m.info),
+            "rounds": m.epochs["round"].nunique(),
+            "peak": peak_tflops(m),
+            "matmul": ", ".join(
+                f"{tflops:.3g} in {precision_name(amp)}" for amp, tflops in m.info["matmul_tflops"].items()
+            ),
+        }
+        for m in measurements
+    }
+    return quantity_table(
+        pd.DataFrame(rows).T,
+        {
+            "device": ("Device", "{}"),
+            "cores": ("CPU cores and vector extensions", "{}"),
+            "backend": ("Backend", "{}"),
+            "torch": ("PyTorch", "{}"),
+            "measured_on": ("Measured on", "{}"),
+            "commit": ("Code commit", "{}"),
+            "rounds": ("Timed epochs of each loop per configuration", "{}"),
+            "matmul": ("One large matrix product (TFLOP/s)", "{}"),
+            "peak": ("Datasheet's dense bf16 peak (TFLOP/s)", "{:g}"),
+        },
+        turned=True,
+        column_names=list(rows),
+    )
 
 
 def share_above_devices(measurements: list[Measurement]) -> str:
     """The measurements in which the model's own products outran the large one (a share of the matrix-product rate
     above 100 %), or "none of these devices"."""
-    return ", ".join(measurement_label(m) for m in measurements
-                     if (throughput_table(m)["share_of_matmul"] > 1).any()) or "none of these devices"
+    return (
+        ", ".join(measurement_label(m) for m in measurements if (throughput_table(m)["share_of_matmul"] > 1).any())
+        or "none of these devices"
+    )
 
 
-BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "two CPUs of the same name",
-                     "none": "not timed here"}
+BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "two CPUs of the same name", "none": "not timed here"}
 
 
 def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
@@ -109,13 +146,17 @@ def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
     if one.device_name != m.info["device_name"] or key not in table.index:
         return {"outcome": "none"}
     times = run_times(scaling).query("world_size == 1")
-    return {"outcome": "comparable" if one.raw.get("cpu_extensions") == m.info.get("cpu_extensions") else "other CPU",
-            "runs_device": machine_text(one.raw), "device": machine_text(m.info),
-            "configuration": f"{key[0]}, {precision_name(key[1])}, batch {key[2]}",
-            "runs_samples_per_s": 1 / times["time_per_sample_s"].median(), "repeats": counted(len(times), "repeat"),
-            "samples_per_s": table.loc[key, "samples_per_s_timed"],
-            "runs_measured_on": ", ".join(sorted({day(run.raw["start_time"]) for run in scaling.repeats[1]})),
-            "measured_on": day(m.info["start_time"])}
+    return {
+        "outcome": "comparable" if one.raw.get("cpu_extensions") == m.info.get("cpu_extensions") else "other CPU",
+        "runs_device": machine_text(one.raw),
+        "device": machine_text(m.info),
+        "configuration": f"{key[0]}, {precision_name(key[1])}, batch {key[2]}",
+        "runs_samples_per_s": 1 / times["time_per_sample_s"].median(),
+        "repeats": counted(len(times), "repeat"),
+        "samples_per_s": table.loc[key, "samples_per_s_timed"],
+        "runs_measured_on": ", ".join(sorted({day(run.raw["start_time"]) for run in scaling.repeats[1]})),
+        "measured_on": day(m.info["start_time"]),
+    }
 
 
 def _baseline(measurements: list[Measurement], scaling: Experiment) -> dict:
@@ -130,17 +171,40 @@ def baseline_markdown(measurements: list[Measurement], scaling: Experiment) -> s
     found = _baseline(measurements, scaling)
     if found["outcome"] == "none":
         return ""
-    sides = pd.DataFrame({
-        "runs": [found["runs_device"], found["configuration"], "IMDB text", found["runs_samples_per_s"],
-                 f"median of the {found['repeats']}' median steps", found["runs_measured_on"]],
-        "here": [found["device"], found["configuration"], "generated tokens", found["samples_per_s"],
-                 "timed epochs, timers on", found["measured_on"]]},
-        index=["device", "configuration", "data", "samples_per_s", "from", "measured_on"]).T
-    return quantity_table(sides, {"device": ("CPU (vector extensions)", "{}"),
-                                  "configuration": ("Model, precision, batch", "{}"),
-                                  "data": ("Data", "{}"), "samples_per_s": ("Throughput (samples/s)", "{:,.1f}"),
-                                  "from": ("Throughput from", "{}"), "measured_on": ("Measured on", "{}")},
-                          turned=True, column_names=["The strong-scaling study's 1-rank runs", "This chapter"])
+    sides = pd.DataFrame(
+        {
+            "runs": [
+                found["runs_device"],
+                found["configuration"],
+                "IMDB text",
+                found["runs_samples_per_s"],
+                f"median of the {found['repeats']}' median steps",
+                found["runs_measured_on"],
+            ],
+            "here": [
+                found["device"],
+                found["configuration"],
+                "generated tokens",
+                found["samples_per_s"],
+                "timed epochs, timers on",
+                found["measured_on"],
+            ],
+        },
+        index=["device", "configuration", "data", "samples_per_s", "from", "measured_on"],
+    ).T
+    return quantity_table(
+        sides,
+        {
+            "device": ("CPU (vector extensions)", "{}"),
+            "configuration": ("Model, precision, batch", "{}"),
+            "data": ("Data", "{}"),
+            "samples_per_s": ("Throughput (samples/s)", "{:,.1f}"),
+            "from": ("Throughput from", "{}"),
+            "measured_on": ("Measured on", "{}"),
+        },
+        turned=True,
+        column_names=["The strong-scaling study's 1-rank runs", "This chapter"],
+    )
 
 
 def baseline_outcome(measurements: list[Measurement], scaling: Experiment) -> str:
@@ -155,8 +219,9 @@ def _cpu_text(m: Measurement) -> str:
         return "–"
     missing = [name for name in CPU_EXTENSIONS if name not in extensions]
     has = f"with {', '.join(extensions)}" if extensions else "with none of"
-    return f"{m.info['cpu_count']} cores {has}" + (f"{' but no' if extensions else ''} {_or(missing)}"
-                                                  if missing else "")
+    return f"{m.info['cpu_count']} cores {has}" + (
+        f"{' but no' if extensions else ''} {_or(missing)}" if missing else ""
+    )
 
 
 def _or(names: list[str]) -> str:
@@ -174,18 +239,23 @@ def shown_profile(profiles: list[step_profile.StepProfile]) -> step_profile.Step
     return next((p for p in profiles if p.info["device"] == "cpu"), profiles[0])
 
 
-def benchmarks_findings(peer_measurements: list[peers.PeerMeasurement],
-                        profiles: list[step_profile.StepProfile]) -> dict:
+def benchmarks_findings(
+    peer_measurements: list[peers.PeerMeasurement], profiles: list[step_profile.StepProfile]
+) -> dict:
     """What the page says around the peers' table (`peers_`, the first device measured) and the step profile's
     (`step_profile_`, `shown_profile`): provenance, workload and, for the profile, its FLOP rates."""
-    return ({f"peers_{key}": value for key, value in peers.findings(peer_measurements[0]).items()}
-            | {f"step_profile_{key}": value for key, value in step_profile.findings(shown_profile(profiles)).items()})
+    return {f"peers_{key}": value for key, value in peers.findings(peer_measurements[0]).items()} | {
+        f"step_profile_{key}": value for key, value in step_profile.findings(shown_profile(profiles)).items()
+    }
 
 
 def print_summary(m: Measurement) -> None:
     print(measurements_markdown([m]))
-    print(_configuration_index(throughput_table(m)).drop(columns="flops_per_sample")
-          .to_string(float_format=lambda v: f"{v:.4g}"))
+    print(
+        _configuration_index(throughput_table(m))
+        .drop(columns="flops_per_sample")
+        .to_string(float_format=lambda v: f"{v:.4g}")
+    )
     print(verdict_table(m).to_string(float_format=lambda v: f"{v:.3f}"))
 
 

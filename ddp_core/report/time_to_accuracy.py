@@ -18,7 +18,6 @@ from ddp_core.analysis.verdict import compare, noise_floor
 from ddp_core.analysis.critical_batch import follows_rule, per_batch, rule_fit, runs_table
 
 
-
 def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
     """At the batch size whose learning rate was also tried at other values: a row per rate, its steps to the
     target over the repeats, and the rule's rate held against it (steps of the rule's runs over these, repeat by
@@ -38,9 +37,18 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
     for lr in steps.columns:
         mine = steps.loc[ran[lr], lr]
         missed = last.loc[ran[lr] & steps[lr].isna(), lr]
-        row = {"lr": lr, "times_rule": lr / rule_lr, "steps": mine.median(), "steps_low": mine.min(),
-               "steps_high": mine.max(), "reached": int(mine.notna().sum()), "runs": len(mine),
-               "missed_by": missed.max(), "ratio": math.nan, "outcome": "–"}
+        row = {
+            "lr": lr,
+            "times_rule": lr / rule_lr,
+            "steps": mine.median(),
+            "steps_low": mine.min(),
+            "steps_high": mine.max(),
+            "reached": int(mine.notna().sum()),
+            "runs": len(mine),
+            "missed_by": missed.max(),
+            "ratio": math.nan,
+            "outcome": "–",
+        }
         if lr != rule_lr:
             both = ran[lr] & ran[rule_lr]
             rule_steps, their_steps = steps.loc[both, rule_lr], steps.loc[both, lr]
@@ -48,9 +56,14 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
                 row["outcome"] = "not known: the rule's runs missed the target"
             else:  # a miss counted at its last evaluated step: at least that many
                 c = compare(rule_steps.tolist(), their_steps.fillna(last.loc[both, lr]).tolist(), floor)
-                row |= {"ratio": c.ratio, "outcome": c.says("fewer steps", "more steps") if their_steps.notna().all()
-                        else "fewer steps (a miss counted at its last step)" if c.verdict == "lower"
-                        else "not known: this rate missed the target"}
+                row |= {
+                    "ratio": c.ratio,
+                    "outcome": c.says("fewer steps", "more steps")
+                    if their_steps.notna().all()
+                    else "fewer steps (a miss counted at its last step)"
+                    if c.verdict == "lower"
+                    else "not known: this rate missed the target",
+                }
         rows.append(row)
     return pd.DataFrame(rows).assign(batch=batch, floor=floor)
 
@@ -62,25 +75,33 @@ def rule_outcome(neighbours: pd.DataFrame) -> str:
 
 
 NEIGHBOUR_COLUMNS = {
-    "lr": ("Learning rate", "{:g}"), "times_rule": ("Times the rule's", "{:g}"),
+    "lr": ("Learning rate", "{:g}"),
+    "times_rule": ("Times the rule's", "{:g}"),
     "steps_text": ("Steps to the target of the runs that reached it, median (range)", "{}"),
     "reached_text": ("Reached it", "{}"),
     "ratio": ("The rule's steps over these, median", "{:.2f}"),
-    "outcome": ("The rule's rate against this one, in steps to the target", "{}")}
+    "outcome": ("The rule's rate against this one, in steps to the target", "{}"),
+}
 
 
 def _steps_text(rows: pd.DataFrame) -> list[str]:
     """Each row's steps to the target, median (range), the median alone where the repeats agree (`median_range`),
     "–" where none reached it."""
-    return ["–" if not np.isfinite(median) else median_range(median, low, high, "{:.0f}", " to ")
-            for median, low, high in zip(rows["steps"], rows["steps_low"], rows["steps_high"])]
+    return [
+        "–" if not np.isfinite(median) else median_range(median, low, high, "{:.0f}", " to ")
+        for median, low, high in zip(rows["steps"], rows["steps_low"], rows["steps_high"])
+    ]
 
 
 def lr_neighbours_markdown(variants: dict[str, Experiment]) -> str:
     rows = lr_neighbours(variants)
-    rows = rows.assign(steps_text=_steps_text(rows),
-                       reached_text=[f"{r} of {n}" + (f" (missed: still short at step {m:.0f})" if m == m else "")
-                                     for r, n, m in zip(rows["reached"], rows["runs"], rows["missed_by"])])
+    rows = rows.assign(
+        steps_text=_steps_text(rows),
+        reached_text=[
+            f"{r} of {n}" + (f" (missed: still short at step {m:.0f})" if m == m else "")
+            for r, n, m in zip(rows["reached"], rows["runs"], rows["missed_by"])
+        ],
+    )
     return quantity_table(rows, NEIGHBOUR_COLUMNS)
 
 
@@ -100,21 +121,41 @@ def steps_figure(variants: dict[str, Experiment]):
     ax.plot(batches.index, batches["steps"], "-", color="C0", label="median over the repeats")
     for lr, group in table[~follows_rule(table)].groupby("lr"):
         higher = lr > batches.loc[group["batch"].iloc[0], "lr"]
-        ax.plot(group["batch"], group["steps"], "^" if higher else "v", color="C3" if higher else "C4", alpha=0.7,
-                label=f"learning rate {lr:g}, {'above' if higher else 'below'} the rule's")
+        ax.plot(
+            group["batch"],
+            group["steps"],
+            "^" if higher else "v",
+            color="C3" if higher else "C4",
+            alpha=0.7,
+            label=f"learning rate {lr:g}, {'above' if higher else 'below'} the rule's",
+        )
     grid = np.geomspace(batches.index.min(), batches.index.max(), 50)
     smallest = batches.index.min()
-    ax.plot(grid, batches.loc[smallest, "steps"] * smallest / grid, ":", color="gray",
-            label="perfect scaling (steps halve as the batch doubles)")
+    ax.plot(
+        grid,
+        batches.loc[smallest, "steps"] * smallest / grid,
+        ":",
+        color="gray",
+        label="perfect scaling (steps halve as the batch doubles)",
+    )
     if np.isfinite(fit["b_crit"]):
-        ax.plot(grid, predicted_steps(fit, grid), "--", color="C1",
-                label=f"fit: S = S_min + E_min/B, B_crit = {fit['b_crit']:.0f}")
+        ax.plot(
+            grid,
+            predicted_steps(fit, grid),
+            "--",
+            color="C1",
+            label=f"fit: S = S_min + E_min/B, B_crit = {fit['b_crit']:.0f}",
+        )
         ax.axvline(fit["b_crit"], color="C1", linewidth=1)
     b_simple = rule["b_simple"]
     ax.axvspan(b_simple.min(), b_simple.max(), color="C2", alpha=0.15)
     ax.axvline(b_simple.mean(), color="C2", linewidth=1, label=f"B_simple, mean {b_simple.mean():.0f} (band: range)")
-    ax.set(xscale="log", yscale="log", xlabel="global batch size B (samples per step)",
-           ylabel="optimizer steps to the target")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="global batch size B (samples per step)",
+        ylabel="optimizer steps to the target",
+    )
     ax.set_xticks(batches.index, [str(b) for b in batches.index])
     ax.minorticks_off()
     ax.legend(fontsize=7)
@@ -145,10 +186,18 @@ def time_to_target(table: pd.DataFrame) -> pd.DataFrame:
     _, fit = rule_fit(table)
     batches = per_batch(table)
     low, high = batches.index.min(), batches.index.max()
-    rows = [{"per_rank_batch": int(b), "ranks": int(n), "batch": int(n * b), "measured": low <= n * b <= high,
-             "step_s": projected_step(compute, exposed, n).item(), "steps": predicted_steps(fit, n * b).item()}
-            for b, compute, exposed in zip(batches["per_rank_batch"], batches["compute_s"], batches["exposed_s"])
-            for n in RANKS]
+    rows = [
+        {
+            "per_rank_batch": int(b),
+            "ranks": int(n),
+            "batch": int(n * b),
+            "measured": low <= n * b <= high,
+            "step_s": projected_step(compute, exposed, n).item(),
+            "steps": predicted_steps(fit, n * b).item(),
+        }
+        for b, compute, exposed in zip(batches["per_rank_batch"], batches["compute_s"], batches["exposed_s"])
+        for n in RANKS
+    ]
     return pd.DataFrame(rows).assign(seconds=lambda projection: projection["steps"] * projection["step_s"])
 
 
@@ -161,20 +210,28 @@ def time_to_target_table(table: pd.DataFrame) -> pd.DataFrame:
     measured = (rule["steps"] * rule["step_s"]).groupby(rule["per_rank_batch"]).median()
     batches = per_batch(table).set_index("per_rank_batch")
     ranks_at_crit = fit["b_crit"] / batches.index.to_numpy(float)
-    return pd.DataFrame({
-        "step_ms": batches["step_s"] * 1e3, "measured_s": measured, "ranks_at_crit": ranks_at_crit,
-        "seconds_at_crit": predicted_steps(fit, fit["b_crit"]).item()
-        * projected_step(batches["compute_s"], batches["exposed_s"], ranks_at_crit),
-        "floor_s": fit["s_min"] * (batches["compute_s"] + batches["exposed_s"] * 2 / ring_factor(2))},
+    return pd.DataFrame(
+        {
+            "step_ms": batches["step_s"] * 1e3,
+            "measured_s": measured,
+            "ranks_at_crit": ranks_at_crit,
+            "seconds_at_crit": predicted_steps(fit, fit["b_crit"]).item()
+            * projected_step(batches["compute_s"], batches["exposed_s"], ranks_at_crit),
+            "floor_s": fit["s_min"] * (batches["compute_s"] + batches["exposed_s"] * 2 / ring_factor(2)),
+        },
     ).rename_axis("per_rank_batch")
 
 
-TIME_COLUMNS = {"step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
-                "measured_s": ("Time to the target on 2 ranks: steps to it times the median step, median of the "
-                               "repeats (s)", "{:.1f}"),
-                "ranks_at_crit": ("Ranks at the critical batch", "{:.1f}"),
-                "seconds_at_crit": ("Time there, projected (s)", "{:.2f}"),
-                "floor_s": ("Floor as the ranks grow, extrapolated (s)", "{:.2f}")}
+TIME_COLUMNS = {
+    "step_ms": ("Median step on 2 ranks (ms)", "{:.0f}"),
+    "measured_s": (
+        "Time to the target on 2 ranks: steps to it times the median step, median of the repeats (s)",
+        "{:.1f}",
+    ),
+    "ranks_at_crit": ("Ranks at the critical batch", "{:.1f}"),
+    "seconds_at_crit": ("Time there, projected (s)", "{:.2f}"),
+    "floor_s": ("Floor as the ranks grow, extrapolated (s)", "{:.2f}"),
+}
 
 
 def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
@@ -195,8 +252,13 @@ def time_to_target_figure(variants: dict[str, Experiment]):
         runs = rule[rule["per_rank_batch"] == b]
         ax.plot(runs["ranks"], runs["steps"] * runs["step_s"], "o", color=f"C{i}", alpha=0.6)
         if np.isfinite(fit["b_crit"]):
-            ax.plot([at_crit.loc[b, "ranks_at_crit"]], [at_crit.loc[b, "seconds_at_crit"]], "s", color=f"C{i}",
-                    markerfacecolor="none")
+            ax.plot(
+                [at_crit.loc[b, "ranks_at_crit"]],
+                [at_crit.loc[b, "seconds_at_crit"]],
+                "s",
+                color=f"C{i}",
+                markerfacecolor="none",
+            )
     ax.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="time to the target (s), evaluations left out")
     ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
@@ -205,14 +267,20 @@ def time_to_target_figure(variants: dict[str, Experiment]):
     fig.tight_layout()
     return fig
 
-BATCH_COLUMNS = {"lr": ("Learning rate", "{:g}"), "eval_every": ("Evaluated every (steps)", "{:.0f}"),
-                 "steps_text": ("Steps to the target, median (range)", "{}"),
-                 "samples": ("Samples to it, median", "{:,.0f}"), "reached_text": ("Reached it", "{}"),
-                 "b_simple": ("Noise scale (samples), mean", "{:.0f}")}
+
+BATCH_COLUMNS = {
+    "lr": ("Learning rate", "{:g}"),
+    "eval_every": ("Evaluated every (steps)", "{:.0f}"),
+    "steps_text": ("Steps to the target, median (range)", "{}"),
+    "samples": ("Samples to it, median", "{:,.0f}"),
+    "reached_text": ("Reached it", "{}"),
+    "b_simple": ("Noise scale (samples), mean", "{:.0f}"),
+}
 
 
 def per_batch_markdown(variants: dict[str, Experiment]) -> str:
     rows = per_batch(runs_table(variants))
-    rows = rows.assign(steps_text=_steps_text(rows),
-                       reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])])
+    rows = rows.assign(
+        steps_text=_steps_text(rows), reached_text=[f"{r} of {n}" for r, n in zip(rows["reached"], rows["runs"])]
+    )
     return quantity_table(rows, BATCH_COLUMNS, "Global batch (samples)")

@@ -30,8 +30,19 @@ from ddp_core.launch.plan import ExperimentError, Placement, Plan, check_can_emu
 from ddp_core.launch.slurm import run_slurm
 from ddp_core.paths import REPO_ROOT, RESULTS_DIR
 from ddp_core.studies import wind_tunnel
-from ddp_core.studies.study_list import (STUDY_LIST, Run, SlurmPlacement, Study, StudyError, at_world_sizes,
-                                         interleaved, load_study_list, on_profile, on_slurm, select)
+from ddp_core.studies.study_list import (
+    STUDY_LIST,
+    Run,
+    SlurmPlacement,
+    Study,
+    StudyError,
+    at_world_sizes,
+    interleaved,
+    load_study_list,
+    on_profile,
+    on_slurm,
+    select,
+)
 
 RUN_NOTEBOOK = REPO_ROOT / "notebooks" / "run_experiment.md"
 NOTEBOOK_NAME = "run_experiment.ipynb"
@@ -109,12 +120,18 @@ def execute_run_notebook(run: Run, results_dir: str, kernel: RunKernel) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     failed = run_dir / NOTEBOOK_NAME.replace(".ipynb", ".failed.ipynb")
     try:
-        executed = papermill.execute_notebook(jupytext.read(RUN_NOTEBOOK), str(failed),
-                                              parameters=run.parameters(results_dir),
-                                              progress_bar=False, km=kernel.alive())
+        executed = papermill.execute_notebook(
+            jupytext.read(RUN_NOTEBOOK),
+            str(failed),
+            parameters=run.parameters(results_dir),
+            progress_bar=False,
+            km=kernel.alive(),
+        )
     except papermill.PapermillExecutionError as exc:
-        raise StudyError(f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
-                         f" (the notebook: {failed})") from None
+        raise StudyError(
+            f"run {run.folder} failed: {exc.ename}: {exc.evalue.splitlines()[0] if exc.evalue else ''}"
+            f" (the notebook: {failed})"
+        ) from None
     ran = [cell for cell in executed.cells if cell.cell_type == "code" and cell.execution_count is not None]
     for count, cell in enumerate(ran, 1):  # numbered as in a kernel of its own, which a user's papermill call starts
         cell.execution_count = count
@@ -142,12 +159,19 @@ def benchmark_on_slurm(study: Study, n: int, out: Path, extra_args: str) -> None
     """The all-reduce benchmark on `n` ranks as a Slurm job placed as the study's runs are, waited for."""
     run = next(run for run in study.runs() if run.world_size == n)
     parameters = run.parameters(str(out.parent))
-    plan = Plan(world_size=n, run_dir=out, train_args=shlex.split(extra_args), action="train",
-                placement=Placement.of(parameters))
+    plan = Plan(
+        world_size=n,
+        run_dir=out,
+        train_args=shlex.split(extra_args),
+        action="train",
+        placement=Placement.of(parameters),
+    )
     start = time.perf_counter()
     run_slurm(plan, module="ddp_core.bench.allreduce")
-    print(f"{study.name}: all-reduce benchmark on {n} ranks as a Slurm job: done in "
-          f"{time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"{study.name}: all-reduce benchmark on {n} ranks as a Slurm job: done in {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
 
 
 def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:
@@ -161,21 +185,29 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
             if study.slurm:
                 benchmark_on_slurm(study, n, out, extra_args)
             else:
-                run_quietly(f"{study.name}: all-reduce benchmark on {n} ranks",
-                            [*launch_command(n, "-m", "ddp_core.bench.allreduce"), "--out", str(out),
-                             *shlex.split(extra_args)])
+                run_quietly(
+                    f"{study.name}: all-reduce benchmark on {n} ranks",
+                    [*launch_command(n, "-m", "ddp_core.bench.allreduce"), "--out", str(out), *shlex.split(extra_args)],
+                )
         return
     for variant in study.variants if study.allreduce else ():
         for n in sorted(n for n in variant.world_sizes if n > 1 and not variant.models):  # the wind tunnel's: made
             out = Path(results_dir) / study.experiment(variant) / f"allreduce-n{n}"
             if not (out / "allreduce.csv").exists():
                 start = time.perf_counter()
-                wind_tunnel.benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, variant.link_rate,
-                                                 variant.cpus_per_node, out,
-                                                 [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)])
-                print(f"{study.experiment(variant)}: all-reduce benchmark on {n} ranks over "
-                      f"{n // study.ranks_per_node} emulated nodes: done in {time.perf_counter() - start:.0f} s",
-                      flush=True)
+                wind_tunnel.benchmark_on_cluster(
+                    n // study.ranks_per_node,
+                    study.ranks_per_node,
+                    variant.link_rate,
+                    variant.cpus_per_node,
+                    out,
+                    [*EMULATED_ALLREDUCE_ARGS, *shlex.split(extra_args)],
+                )
+                print(
+                    f"{study.experiment(variant)}: all-reduce benchmark on {n} ranks over "
+                    f"{n // study.ranks_per_node} emulated nodes: done in {time.perf_counter() - start:.0f} s",
+                    flush=True,
+                )
 
 
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
@@ -192,8 +224,9 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
                 continue
             if run.models:
                 if run.link_rate is None:
-                    run = wind_tunnel.dimensioned(run, wind_tunnel.calibrate(by_name[run.study], results_dir,
-                                                                             run.cpus_per_node))
+                    run = wind_tunnel.dimensioned(
+                        run, wind_tunnel.calibrate(by_name[run.study], results_dir, run.cpus_per_node)
+                    )
                 wind_tunnel.forecast_round(by_name[run.study], results_dir, run.cpus_per_node, run.repeat)
             start = time.perf_counter()
             execute_run_notebook(run, results_dir, kernel)
@@ -209,13 +242,15 @@ def can_run_here(studies: list[Study], launcher: str = "local") -> tuple[list[St
     emulated = [study for study in studies if study.ranks_per_node is not None]
     if emulated and launcher == "slurm":
         return [study for study in studies if study not in emulated], (
-            f"not submitting {', '.join(study.name for study in emulated)}: their nodes are emulated on one machine")
+            f"not submitting {', '.join(study.name for study in emulated)}: their nodes are emulated on one machine"
+        )
     try:
         if emulated:
             check_can_emulate(1, None)
     except ExperimentError as exc:
         return [study for study in studies if study not in emulated], (
-            f"not training {', '.join(study.name for study in emulated)}: {exc}")
+            f"not training {', '.join(study.name for study in emulated)}: {exc}"
+        )
     return studies, ""
 
 
@@ -240,7 +275,8 @@ def world_size(text: str) -> int:
         return positive_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of ranks (name the studies before --world-sizes)") from None
+            f"{text!r} is not a number of ranks (name the studies before --world-sizes)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,22 +285,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study-list", default=str(STUDY_LIST), help="the study list (default %(default)s)")
     parser.add_argument("--results-dir", default=RESULTS_DIR, help="where the studies' folders go")
     parser.add_argument("--allreduce-args", default="", help="more options for ddp_core.bench.allreduce")
-    parser.add_argument("--profile", default=None,
-                        help="base profile of every chosen study instead of its own (e.g. gpu); refused where a "
-                             "study's settings would override the profile's")
-    parser.add_argument("--world-sizes", nargs="+", type=world_size, metavar="N",
-                        help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
-                             "later call, which reuses these")
-    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
-                        help="local: every run on this machine; slurm: every run a job of slurm/ddp_train.sbatch, "
-                             "submitted and waited for in turn")
-    parser.add_argument("--ranks-per-node", type=positive_int, default=SlurmPlacement.ranks_per_node,
-                        help="slurm: the most ranks a job puts on a node (its GPUs); more take whole nodes "
-                             "(default %(default)s)")
-    parser.add_argument("--cpus-per-rank", type=positive_int, default=SlurmPlacement.cpus_per_rank,
-                        help="slurm: CPU cores a rank asks for (default %(default)s)")
-    parser.add_argument("--check", action="store_true",
-                        help="plan and check every run of the chosen studies, then stop: train nothing")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="base profile of every chosen study instead of its own (e.g. gpu); refused where a "
+        "study's settings would override the profile's",
+    )
+    parser.add_argument(
+        "--world-sizes",
+        nargs="+",
+        type=world_size,
+        metavar="N",
+        help="only the runs of N ranks (e.g. 1 on a machine with one GPU); the others are left to a "
+        "later call, which reuses these",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: every run on this machine; slurm: every run a job of slurm/ddp_train.sbatch, "
+        "submitted and waited for in turn",
+    )
+    parser.add_argument(
+        "--ranks-per-node",
+        type=positive_int,
+        default=SlurmPlacement.ranks_per_node,
+        help="slurm: the most ranks a job puts on a node (its GPUs); more take whole nodes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cpus-per-rank",
+        type=positive_int,
+        default=SlurmPlacement.cpus_per_rank,
+        help="slurm: CPU cores a rank asks for (default %(default)s)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="plan and check every run of the chosen studies, then stop: train nothing"
+    )
     try:
         args = parser.parse_args(argv)
         check_writable_folder(Path(args.results_dir), "--results-dir")
@@ -289,8 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddp_core.studies.run: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the run in flight, in a session of its own, got it too: it stops at a checkpoint
-        print("ddp_core.studies.run: stopped by Ctrl-C; run the same command to go on: it reuses every finished run "
-              "and continues a stopped one from its checkpoint", file=sys.stderr)
+        print(
+            "ddp_core.studies.run: stopped by Ctrl-C; run the same command to go on: it reuses every finished run "
+            "and continues a stopped one from its checkpoint",
+            file=sys.stderr,
+        )
         return 130
     return 0
 

@@ -24,8 +24,19 @@ from ddp_core.paths import REPO_ROOT
 
 STUDY_LIST = REPO_ROOT / "notebooks" / "studies.yml"
 GPU_STUDY_LIST = REPO_ROOT / "notebooks" / "studies-gpu.yml"  # the studies sized for the GPU profile
-STUDY_KEYS = {"title", "profile", "settings", "world_sizes", "repeats", "variants", "allreduce",
-              "ranks_per_node", "link_rate", "cpus_per_node", "ratio_tolerance"}
+STUDY_KEYS = {
+    "title",
+    "profile",
+    "settings",
+    "world_sizes",
+    "repeats",
+    "variants",
+    "allreduce",
+    "ranks_per_node",
+    "link_rate",
+    "cpus_per_node",
+    "ratio_tolerance",
+}
 VARIANT_KEYS = {"settings", "world_sizes", "link_rate", "cpus_per_node", "models"}
 
 
@@ -38,6 +49,7 @@ class SlurmPlacement:
     """How the runner's --launcher slurm places a run as a job: at most `ranks_per_node` ranks a node (a run of more
     takes world_size / ranks_per_node nodes), a GPU a rank where its profile trains on cuda, `cpus_per_rank` cores a
     rank. The site's partition, account and time limit are slurm/ddp_train.sbatch's."""
+
     ranks_per_node: int = 4
     cpus_per_rank: int = 4
 
@@ -63,14 +75,28 @@ class Run:
     def parameters(self, results_dir: str) -> dict:
         """The run notebook's parameters for this run, which are also `launch.plan.prepare`'s: the runner checks
         the run with them before anything trains, and papermill hands the same to the notebook."""
-        common = dict(world_size=self.world_size, profile=self.profile, overrides=self.settings, repeat=self.repeat,
-                      experiment=self.experiment, results_dir=results_dir)
+        common = dict(
+            world_size=self.world_size,
+            profile=self.profile,
+            overrides=self.settings,
+            repeat=self.repeat,
+            experiment=self.experiment,
+            results_dir=results_dir,
+        )
         if self.slurm:
             on_gpus = (load_profile(self.profile) | self.settings).get("device") == "cuda"
-            return common | dict(launcher="slurm", nodes=slurm_nodes(self.world_size, self.slurm),
-                                 slurm_gpus_per_rank=int(on_gpus), slurm_cpus_per_rank=self.slurm.cpus_per_rank)
-        return common | dict(launcher="local" if self.nodes is None else "emulated", nodes=self.nodes or 1,
-                             link_rate=self.link_rate, cpus_per_node=self.cpus_per_node)
+            return common | dict(
+                launcher="slurm",
+                nodes=slurm_nodes(self.world_size, self.slurm),
+                slurm_gpus_per_rank=int(on_gpus),
+                slurm_cpus_per_rank=self.slurm.cpus_per_rank,
+            )
+        return common | dict(
+            launcher="local" if self.nodes is None else "emulated",
+            nodes=self.nodes or 1,
+            link_rate=self.link_rate,
+            cpus_per_node=self.cpus_per_node,
+        )
 
 
 def slurm_nodes(world_size: int, placement: SlurmPlacement) -> int:
@@ -105,10 +131,24 @@ class Study:
 
     def runs(self) -> list[Run]:
         """Repeat by repeat, every variant and world size once per repeat (see `interleaved`)."""
-        return [Run(self.name, self.experiment(variant), self.profile, variant.settings, n, repeat,
-                    n // self.ranks_per_node if self.ranks_per_node else None, variant.link_rate,
-                    variant.cpus_per_node, variant.models, self.slurm)
-                for repeat in range(1, self.repeats + 1) for variant in self.variants for n in variant.world_sizes]
+        return [
+            Run(
+                self.name,
+                self.experiment(variant),
+                self.profile,
+                variant.settings,
+                n,
+                repeat,
+                n // self.ranks_per_node if self.ranks_per_node else None,
+                variant.link_rate,
+                variant.cpus_per_node,
+                variant.models,
+                self.slurm,
+            )
+            for repeat in range(1, self.repeats + 1)
+            for variant in self.variants
+            for n in variant.world_sizes
+        ]
 
     @property
     def modelled(self) -> bool:
@@ -128,8 +168,11 @@ def interleaved(studies: list[Study]) -> list[Run]:
 
 
 def _world_sizes(value, where: str) -> tuple[int, ...]:
-    if not (isinstance(value, list) and value and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                                                      for n in value)):
+    if not (
+        isinstance(value, list)
+        and value
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value)
+    ):
         raise StudyError(f"{where}: world_sizes must be a non-empty list of positive integers, got {value!r}")
     return tuple(value)
 
@@ -145,16 +188,18 @@ def parse_study(name: str, entry) -> Study:
     entry = _mapping(entry, where)
     unknown = set(entry) - STUDY_KEYS
     if unknown:
-        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a study has "
-                         f"{', '.join(sorted(STUDY_KEYS))}")
+        raise StudyError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a study has {', '.join(sorted(STUDY_KEYS))}"
+        )
     if "profile" not in entry or "title" not in entry:
         raise StudyError(f"{where}: needs a title and a profile")
     repeats = entry.get("repeats", 1)
     if not (isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1):
         raise StudyError(f"{where}: repeats must be a positive integer, got {repeats!r}")
     ranks_per_node = entry.get("ranks_per_node")
-    if ranks_per_node is not None and not (isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
-                                           and ranks_per_node >= 1):
+    if ranks_per_node is not None and not (
+        isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool) and ranks_per_node >= 1
+    ):
         raise StudyError(f"{where}: ranks_per_node must be a positive integer, got {ranks_per_node!r}")
     tolerance = entry.get("ratio_tolerance", Study.ratio_tolerance)
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 < tolerance < 1):
@@ -166,8 +211,10 @@ def parse_study(name: str, entry) -> Study:
         vwhere = f"{where}, variant {variant_name!r}" if variant_name else where
         variant = _mapping(variant or {}, vwhere)
         if set(variant) - VARIANT_KEYS:
-            raise StudyError(f"{vwhere}: unknown key(s) {', '.join(sorted(set(variant) - VARIANT_KEYS))}; "
-                             f"a variant has {', '.join(sorted(VARIANT_KEYS))}")
+            raise StudyError(
+                f"{vwhere}: unknown key(s) {', '.join(sorted(set(variant) - VARIANT_KEYS))}; "
+                f"a variant has {', '.join(sorted(VARIANT_KEYS))}"
+            )
         sizes = variant.get("world_sizes", study_sizes)
         if sizes is None:
             raise StudyError(f"{vwhere}: no world_sizes (give them to the study or to each variant)")
@@ -185,13 +232,24 @@ def parse_study(name: str, entry) -> Study:
             _check_models(models, link_rate, cpus_per_node, ranks_per_node, vwhere)
         variants.append(Variant(str(variant_name), settings, sizes, link_rate, cpus_per_node, models))
     for k, variant in enumerate(variants):
-        if variant.models and not any(not v.models and v.world_sizes == (1,)
-                                      and v.cpus_per_node == variant.cpus_per_node for v in variants[:k]):
-            raise StudyError(f"{where}, variant {variant.name!r}: a variant that models a configuration needs a "
-                             f"one-node variant (world_sizes [1]) of its cpus_per_node listed before it: its first "
-                             f"run measures the compute the wind tunnel sets the links by")
-    return Study(name, str(entry["title"]), str(entry["profile"]), repeats, tuple(variants),
-                 bool(entry.get("allreduce", False)), ranks_per_node, float(tolerance))
+        if variant.models and not any(
+            not v.models and v.world_sizes == (1,) and v.cpus_per_node == variant.cpus_per_node for v in variants[:k]
+        ):
+            raise StudyError(
+                f"{where}, variant {variant.name!r}: a variant that models a configuration needs a "
+                f"one-node variant (world_sizes [1]) of its cpus_per_node listed before it: its first "
+                f"run measures the compute the wind tunnel sets the links by"
+            )
+    return Study(
+        name,
+        str(entry["title"]),
+        str(entry["profile"]),
+        repeats,
+        tuple(variants),
+        bool(entry.get("allreduce", False)),
+        ranks_per_node,
+        float(tolerance),
+    )
 
 
 def _check_models(models, link_rate, cpus_per_node, ranks_per_node, where: str) -> None:
@@ -204,8 +262,10 @@ def _check_models(models, link_rate, cpus_per_node, ranks_per_node, where: str) 
     if link_rate is not None:
         raise StudyError(f"{where}: models sets the links' rate on this host; drop link_rate {link_rate!r}")
     if ranks_per_node != 1 or cpus_per_node is None:
-        raise StudyError(f"{where}: models needs one rank per node (ranks_per_node: 1) and nodes with compute of "
-                         f"their own (cpus_per_node)")
+        raise StudyError(
+            f"{where}: models needs one rank per node (ranks_per_node: 1) and nodes with compute of "
+            f"their own (cpus_per_node)"
+        )
 
 
 def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:
@@ -226,13 +286,16 @@ def at_world_sizes(studies: list[Study], sizes: list[int]) -> list[Study]:
     others later into the same folders, where the runner reuses what is finished."""
     kept = []
     for study in studies:
-        variants = tuple(replace(variant, world_sizes=tuple(n for n in variant.world_sizes if n in sizes))
-                         for variant in study.variants)
+        variants = tuple(
+            replace(variant, world_sizes=tuple(n for n in variant.world_sizes if n in sizes))
+            for variant in study.variants
+        )
         if any(variant.world_sizes for variant in variants):
             kept.append(replace(study, variants=tuple(variant for variant in variants if variant.world_sizes)))
     if not kept:
-        raise StudyError(f"no run of {', '.join(study.name for study in studies)} has "
-                         f"{' or '.join(map(str, sizes))} rank(s)")
+        raise StudyError(
+            f"no run of {', '.join(study.name for study in studies)} has {' or '.join(map(str, sizes))} rank(s)"
+        )
     return kept
 
 
@@ -245,12 +308,20 @@ def on_profile(studies: list[Study], profile: str) -> list[Study]:
     except UsageError as exc:
         raise StudyError(str(exc)) from None
     for study in studies:
-        clash = sorted({key for variant in study.variants for key, value in variant.settings.items()
-                        if key in sets and sets[key] != value})
+        clash = sorted(
+            {
+                key
+                for variant in study.variants
+                for key, value in variant.settings.items()
+                if key in sets and sets[key] != value
+            }
+        )
         if clash:
-            raise StudyError(f"study {study.name!r} sets {', '.join(clash)} for its own profile {study.profile!r}, "
-                             f"which profile {profile!r} sets too; run a study list sized for {profile!r} (make report "
-                             f"PROFILE=gpu uses {GPU_STUDY_LIST.relative_to(REPO_ROOT)})")
+            raise StudyError(
+                f"study {study.name!r} sets {', '.join(clash)} for its own profile {study.profile!r}, "
+                f"which profile {profile!r} sets too; run a study list sized for {profile!r} (make report "
+                f"PROFILE=gpu uses {GPU_STUDY_LIST.relative_to(REPO_ROOT)})"
+            )
     return [replace(study, profile=profile) for study in studies]
 
 
@@ -259,13 +330,23 @@ def on_slurm(studies: list[Study], placement: SlurmPlacement) -> list[Study]:
     cluster's, and a run of more ranks than a node holds must fill whole nodes: both refused in one line."""
     for study in studies:
         if study.ranks_per_node is not None:
-            raise StudyError(f"study {study.name!r} trains on nodes emulated on this machine: not on Slurm; name the "
-                             f"studies to submit (e.g. scaling)")
-        uneven = sorted({n for variant in study.variants for n in variant.world_sizes
-                         if n > placement.ranks_per_node and n % placement.ranks_per_node})
+            raise StudyError(
+                f"study {study.name!r} trains on nodes emulated on this machine: not on Slurm; name the "
+                f"studies to submit (e.g. scaling)"
+            )
+        uneven = sorted(
+            {
+                n
+                for variant in study.variants
+                for n in variant.world_sizes
+                if n > placement.ranks_per_node and n % placement.ranks_per_node
+            }
+        )
         if uneven:
-            raise StudyError(f"study {study.name!r}: {', '.join(map(str, uneven))} ranks do not fill whole nodes of "
-                             f"{placement.ranks_per_node}")
+            raise StudyError(
+                f"study {study.name!r}: {', '.join(map(str, uneven))} ranks do not fill whole nodes of "
+                f"{placement.ranks_per_node}"
+            )
     return [replace(study, slurm=placement) for study in studies]
 
 

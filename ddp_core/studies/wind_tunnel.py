@@ -47,8 +47,7 @@ from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.run_files import environment, now_iso, save_atomic
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.launchers import start
-from ddp_core.launch.plan import (ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, prepare_run,
-                                  rate_bits_per_s)
+from ddp_core.launch.plan import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, prepare_run, rate_bits_per_s
 from ddp_core.launch.plan import WIND_TUNNEL_FOLDER as FOLDER
 from ddp_core.studies.study_list import Run, Study, StudyError
 
@@ -72,14 +71,18 @@ def link_rate_for(target_ratio: float, rank_compute_s: float, fixed_s: float, wi
     `wire_bits` at that rate. Refused in one line where no rate between SLOWEST_RATE and FASTEST_RATE gives it."""
     target_s = rank_compute_s / target_ratio
     if target_s <= fixed_s:
-        raise StudyError(f"R = {target_ratio:.2f} needs the all-reduce of a step in {target_s * 1e3:.0f} ms, but on "
-                         f"this host it takes {fixed_s * 1e3:.0f} ms over any link: give the nodes a smaller "
-                         f"cpus_per_node (a longer step) or model another configuration")
+        raise StudyError(
+            f"R = {target_ratio:.2f} needs the all-reduce of a step in {target_s * 1e3:.0f} ms, but on "
+            f"this host it takes {fixed_s * 1e3:.0f} ms over any link: give the nodes a smaller "
+            f"cpus_per_node (a longer step) or model another configuration"
+        )
     rate = wire_bits / (target_s - fixed_s)
     if not SLOWEST_RATE <= rate <= FASTEST_RATE:
-        raise StudyError(f"R = {target_ratio:.2f} needs links of {rate / 1e6:,.1f} Mbit/s on this host, outside the "
-                         f"{SLOWEST_RATE / 1e6:g} Mbit/s to {FASTEST_RATE / 1e9:g} Gbit/s a link can be set to: "
-                         f"change cpus_per_node or model another configuration")
+        raise StudyError(
+            f"R = {target_ratio:.2f} needs links of {rate / 1e6:,.1f} Mbit/s on this host, outside the "
+            f"{SLOWEST_RATE / 1e6:g} Mbit/s to {FASTEST_RATE / 1e9:g} Gbit/s a link can be set to: "
+            f"change cpus_per_node or model another configuration"
+        )
     return rate
 
 
@@ -100,20 +103,28 @@ def benchmark_buckets(study: Study, n: int, link_rate: str, cpus: float, buckets
     """The buckets' all-reduces timed on n ranks of the study's nodes at `link_rate`, into `out` (made anew: an
     interrupted calibration starts again)."""
     shutil.rmtree(out, ignore_errors=True)
-    benchmark_on_cluster(n // study.ranks_per_node, study.ranks_per_node, link_rate, cpus, out,
-                         ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE])
+    benchmark_on_cluster(
+        n // study.ranks_per_node,
+        study.ranks_per_node,
+        link_rate,
+        cpus,
+        out,
+        ["--sizes", *map(str, buckets), "--seconds-per-size", SECONDS_PER_SIZE],
+    )
     return bucket_times(out, buckets)
 
 
-def benchmark_on_cluster(nodes: int, ranks_per_node: int, link_rate: str | None, cpus_per_node: float | None,
-                         out: Path, args: list[str]) -> None:
+def benchmark_on_cluster(
+    nodes: int, ranks_per_node: int, link_rate: str | None, cpus_per_node: float | None, out: Path, args: list[str]
+) -> None:
     """The all-reduce benchmark on the nodes the study trains on: their links and, where set, their CPU shares (gloo
     sums the buckets on the CPU)."""
     out.mkdir(parents=True, exist_ok=True)
     try:
         with EmulatedCluster(nodes, link_rate, cpus_per_node) as cluster:
-            leader, *others = cluster.launch(ranks_per_node, ["-m", "ddp_core.bench.allreduce", "--out", str(out),
-                                                              *args], out)
+            leader, *others = cluster.launch(
+                ranks_per_node, ["-m", "ddp_core.bench.allreduce", "--out", str(out), *args], out
+            )
             output = []
             for line in leader.stdout:
                 output.append(line)
@@ -157,8 +168,9 @@ def train_quietly(run: Run, results_dir: str) -> Path:
             print(f"{run.folder}: trained in {time.perf_counter() - began:.0f} s", flush=True)
     except ExperimentError as exc:
         tail = "\n".join(output.getvalue().strip().splitlines()[-10:])
-        raise StudyError(f"the wind tunnel's run {run.folder} failed: {exc}" + (f"; its last lines:\n{tail}" if tail
-                                                                                   else "")) from None
+        raise StudyError(
+            f"the wind tunnel's run {run.folder} failed: {exc}" + (f"; its last lines:\n{tail}" if tail else "")
+        ) from None
     return plan.run_dir
 
 
@@ -172,10 +184,14 @@ def node_compute(run_dir: Path, home: Path) -> dict:
         metrics, info = read_run(run_dir)
     except ResultsError as exc:
         raise StudyError(f"the wind tunnel needs its one-node run: {exc}") from None
-    return {"run": run_dir.relative_to(home).as_posix(), "start_time": info["start_time"],
-            "compute_per_step_s": float(steady_phases(metrics)["compute_per_step_s"].mean()),
-            "disturbed": node_disturbed(info), "model": info["model"],
-            "global_batch_size": info["global_batch_size"]}
+    return {
+        "run": run_dir.relative_to(home).as_posix(),
+        "start_time": info["start_time"],
+        "compute_per_step_s": float(steady_phases(metrics)["compute_per_step_s"].mean()),
+        "disturbed": node_disturbed(info),
+        "model": info["model"],
+        "global_batch_size": info["global_batch_size"],
+    }
 
 
 def set_aside(runs: list[dict], tolerance: float) -> list[str | None]:
@@ -183,9 +199,14 @@ def set_aside(runs: list[dict], tolerance: float) -> list[str | None]:
     is more than OUT_OF_LINE_TOLERANCES times the ratio tolerance off the median of all the runs (of the undisturbed
     ones alone, a single run could be that median)."""
     middle = float(np.median([run["compute_per_step_s"] for run in runs]))
-    return ["disturbed" if run["disturbed"] else
-            "out of line" if abs(run["compute_per_step_s"] / middle - 1) > OUT_OF_LINE_TOLERANCES * tolerance else None
-            for run in runs]
+    return [
+        "disturbed"
+        if run["disturbed"]
+        else "out of line"
+        if abs(run["compute_per_step_s"] / middle - 1) > OUT_OF_LINE_TOLERANCES * tolerance
+        else None
+        for run in runs
+    ]
 
 
 def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
@@ -201,15 +222,28 @@ def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
     counted = [run for run, why in zip(runs, reasons) if why is None]
     quiet = len(counted) >= CALIBRATION_RUNS
     if not quiet:
-        print(f"{study.name}: the one-node runs at {share:g} core did not agree in {MAX_CALIBRATION_RUNS} tries (other "
-              f"work on the machine?): the links are set by the median of them all, and the book says so", flush=True)
+        print(
+            f"{study.name}: the one-node runs at {share:g} core did not agree in {MAX_CALIBRATION_RUNS} tries (other "
+            f"work on the machine?): the links are set by the median of them all, and the book says so",
+            flush=True,
+        )
     compute_s = float(np.median([run["compute_per_step_s"] for run in (counted if quiet else runs)]))
-    return {"compute_per_step_s": compute_s, "quiet": quiet, "model": runs[0]["model"],
-            "out_of_line": OUT_OF_LINE_TOLERANCES * study.ratio_tolerance,
-            "global_batch_size": runs[0]["global_batch_size"],
-            "one_node_runs": [{"run": run["run"], "start_time": run["start_time"],
-                               "compute_per_step_s": run["compute_per_step_s"], "set_aside": why}
-                              for run, why in zip(runs, reasons)]}
+    return {
+        "compute_per_step_s": compute_s,
+        "quiet": quiet,
+        "model": runs[0]["model"],
+        "out_of_line": OUT_OF_LINE_TOLERANCES * study.ratio_tolerance,
+        "global_batch_size": runs[0]["global_batch_size"],
+        "one_node_runs": [
+            {
+                "run": run["run"],
+                "start_time": run["start_time"],
+                "compute_per_step_s": run["compute_per_step_s"],
+                "set_aside": why,
+            }
+            for run, why in zip(runs, reasons)
+        ],
+    }
 
 
 def recorded(study: Study, results_dir: str) -> dict | None:
@@ -230,8 +264,10 @@ def one_node_timeline(run_dir: Path):
 
     timeline = pd.read_csv(run_dir / "timeline.csv")
     if not timeline["what"].str.startswith(READY).any():
-        raise StudyError(f"{run_dir} has no moments at which its gradient buckets were ready (an older ddp_core made "
-                         f"it): delete it, and the runner trains it again")
+        raise StudyError(
+            f"{run_dir} has no moments at which its gradient buckets were ready (an older ddp_core made "
+            f"it): delete it, and the runner trains it again"
+        )
     return stretched(timeline, median_step(pd.read_csv(run_dir / "steps.csv")["step_time_s"]))
 
 
@@ -244,19 +280,28 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
     from ddp_core.analysis.similarity import SimilarityError, configuration
 
     home = Path(results_dir) / study.name
-    record = recorded(study, results_dir) or {"study": study.name, "tolerance": study.ratio_tolerance, "shares": {},
-                                              "variants": {}, "start_time": now_iso(),
-                                              **environment(torch.device("cpu"))}
+    record = recorded(study, results_dir) or {
+        "study": study.name,
+        "tolerance": study.ratio_tolerance,
+        "shares": {},
+        "variants": {},
+        "start_time": now_iso(),
+        **environment(torch.device("cpu")),
+    }
     if f"{share:g}" in record["shares"]:
         return record
     calibration = calibration_compute(study, share, results_dir)
-    compute_s, workload, global_batch = (calibration[key] for key in ("compute_per_step_s", "model",
-                                                                      "global_batch_size"))
+    compute_s, workload, global_batch = (
+        calibration[key] for key in ("compute_per_step_s", "model", "global_batch_size")
+    )
     buckets = bucket_sizes(workload)
     modelled = [variant for variant in study.variants if variant.models and variant.cpus_per_node == share]
     try:  # every target computed (and a missing measurement refused) before any node is made
-        targets = {(v.name, n): configuration(v.models).ratio(workload, global_batch, n)
-                   for v in modelled for n in v.world_sizes}
+        targets = {
+            (v.name, n): configuration(v.models).ratio(workload, global_batch, n)
+            for v in modelled
+            for n in v.world_sizes
+        }
     except SimilarityError as exc:
         raise StudyError(f"study {study.name!r}: {exc}") from None
     ranks = study.ranks_per_node
@@ -269,26 +314,43 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
             raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} nodes: {exc}") from None
     kept = ("compute_per_step_s", "quiet", "out_of_line", "one_node_runs")
     record["shares"][f"{share:g}"] = {key: calibration[key] for key in kept} | {
-        "bucket_bytes": buckets, "links": {str(n): link for n, link in links.items()}}
+        "bucket_bytes": buckets,
+        "links": {str(n): link for n, link in links.items()},
+    }
     dimensioned_first = {}  # (configuration, n): the variant whose links the others that model it share
     for variant in modelled:
         modelling = configuration(variant.models)
         entries = {}
-        record["variants"][variant.name] = {"models": variant.models, "configuration": modelling.name,
-                                            "source": modelling.source, "cpus_per_node": share, "by_nodes": entries}
+        record["variants"][variant.name] = {
+            "models": variant.models,
+            "configuration": modelling.name,
+            "source": modelling.source,
+            "cpus_per_node": share,
+            "by_nodes": entries,
+        }
         for n in variant.world_sizes:
             first = dimensioned_first.setdefault((variant.models, n), variant.name)
             if first != variant.name:  # the same cluster: its links, not a second draw of the benchmark's noise
-                entries[str(n)] = same_links(record["variants"][first]["by_nodes"][str(n)], first, variant.name, n,
-                                             home)
+                entries[str(n)] = same_links(
+                    record["variants"][first]["by_nodes"][str(n)], first, variant.name, n, home
+                )
                 continue
             start = time.perf_counter()
-            entries[str(n)] = entry = dimension(study, variant.name, n, targets[(variant.name, n)], compute_s / n,
-                                                NodeLinks(links[n], buckets, share), home)
-            print(f"{study.name}/{variant.name}: {n // ranks} nodes of {share:g} core model {modelling.name} at R = "
-                  f"{entry['target_ratio']:.2f}: links at {entry['link_rate']}, R achieved "
-                  f"{entry['achieved_ratio']:.2f} ({len(entry['tries'])} tries, {time.perf_counter() - start:.0f} s)",
-                  flush=True)
+            entries[str(n)] = entry = dimension(
+                study,
+                variant.name,
+                n,
+                targets[(variant.name, n)],
+                compute_s / n,
+                NodeLinks(links[n], buckets, share),
+                home,
+            )
+            print(
+                f"{study.name}/{variant.name}: {n // ranks} nodes of {share:g} core model {modelling.name} at R = "
+                f"{entry['target_ratio']:.2f}: links at {entry['link_rate']}, R achieved "
+                f"{entry['achieved_ratio']:.2f} ({len(entry['tries'])} tries, {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
     save_atomic(record | {"end_time": now_iso()}, home / WIND_TUNNEL_FILE)
     return record
 
@@ -308,9 +370,17 @@ def fit_link(points: list[tuple[float, float]], wire_bits: float) -> tuple[float
 def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path) -> dict:
     """The buckets' all-reduce on n ranks against the link rate (`fit_link`), from the benchmark at the two
     CALIBRATION_RATES."""
-    points = [(rate_bits_per_s(rate), sum(benchmark_buckets(study, n, rate, cpus, buckets,
-                                                            home / FOLDER / f"calibration-{cpus:g}core-n{n}-{rate}")))
-              for rate in CALIBRATION_RATES]
+    points = [
+        (
+            rate_bits_per_s(rate),
+            sum(
+                benchmark_buckets(
+                    study, n, rate, cpus, buckets, home / FOLDER / f"calibration-{cpus:g}core-n{n}-{rate}"
+                )
+            ),
+        )
+        for rate in CALIBRATION_RATES
+    ]
     fixed, bits = fit_link(points, ring_bits(buckets, n // study.ranks_per_node))
     return {"points": points, "fixed_s": fixed, "bits": bits}
 
@@ -324,30 +394,42 @@ def forecast_round(study: Study, results_dir: str, share: float, repeat: int) ->
     record = recorded(study, results_dir)
     calibrated = record["shares"][f"{share:g}"]
     sharded = {v.name for v in study.variants if v.settings.get("sharding", "none") != "none"}  # no DDP to replay
-    entries = [(name, int(n), entry) for name, variant in record["variants"].items()
-               if variant["cpus_per_node"] == share and name not in sharded for n, entry in variant["by_nodes"].items()
-               if repeat not in [ahead["repeat"] for ahead in entry.get("forecasts", [])]]
+    entries = [
+        (name, int(n), entry)
+        for name, variant in record["variants"].items()
+        if variant["cpus_per_node"] == share and name not in sharded
+        for n, entry in variant["by_nodes"].items()
+        if repeat not in [ahead["repeat"] for ahead in entry.get("forecasts", [])]
+    ]
     if not entries:
         return
     timeline = one_node_timeline(baseline_run(study, share, results_dir, repeat))
     for variant, n, entry in entries:
         step = replay_step(timeline, n, bucket_times(home / variant / f"allreduce-n{n}", calibrated["bucket_bytes"]))
-        entry.setdefault("forecasts", []).append({"repeat": repeat, "one_node_step_s": one_node_step_s(timeline),
-                                                  "step_s": step["step_s"], "exposed_s": step["exposed_s"],
-                                                  "at": now_iso()})
+        entry.setdefault("forecasts", []).append(
+            {
+                "repeat": repeat,
+                "one_node_step_s": one_node_step_s(timeline),
+                "step_s": step["step_s"],
+                "exposed_s": step["exposed_s"],
+                "at": now_iso(),
+            }
+        )
     save_atomic(record, home / WIND_TUNNEL_FILE)
 
 
 @dataclass(frozen=True)
 class NodeLinks:
     """What the calibration found for the links of n nodes of one CPU share: where a variant's tries start."""
+
     model: dict  # the all-reduce against the rate: fixed_s (A, what no rate removes) and bits (B, what the ring sends)
     buckets: list[int]  # the model's gradient buckets, in bytes, which each try benchmarks
     cpus: float  # each node's CPU share, in cores
 
 
-def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s: float, links: NodeLinks,
-              home: Path) -> dict:
+def dimension(
+    study: Study, variant: str, n: int, target: float, rank_compute_s: float, links: NodeLinks, home: Path
+) -> dict:
     """One variant at n ranks: its link rate, by the tries of the module's step 3, and the accepted benchmark moved to
     the variant's allreduce-n<n>."""
     bits, fixed_s, buckets, cpus = links.model["bits"], links.model["fixed_s"], links.buckets, links.cpus
@@ -360,16 +442,23 @@ def dimension(study: Study, variant: str, n: int, target: float, rank_compute_s:
         tries.append({"link_rate": rate, "fixed_s": fixed_s, "bits": bits, "allreduce_s": measured, "ratio": achieved})
         if abs(achieved / target - 1) <= study.ratio_tolerance:
             accept_benchmark(out, home / variant / f"allreduce-n{n}")
-            return {"target_ratio": target, "achieved_ratio": achieved, "link_rate": rate,
-                    "rank_compute_s": rank_compute_s, "tries": tries}
+            return {
+                "target_ratio": target,
+                "achieved_ratio": achieved,
+                "link_rate": rate,
+                "rank_compute_s": rank_compute_s,
+                "tries": tries,
+            }
         if measured > 2 * fixed_s:  # mostly on the links: B as the tries took it beyond A at their rates
             bits = float(np.mean([(t["allreduce_s"] - fixed_s) * rate_bits_per_s(t["link_rate"]) for t in tries]))
         else:
             fixed_s = float(np.mean([t["allreduce_s"] - bits / rate_bits_per_s(t["link_rate"]) for t in tries]))
-    raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
-                     f"{study.ratio_tolerance:.0%} in {MAX_TRIES} tries (the last: {tries[-1]['ratio']:.2f} at "
-                     f"{tries[-1]['link_rate']}; see {home / FOLDER}): other work on the machine? run again when it is "
-                     f"quiet (finished runs are kept), or widen the study's ratio_tolerance")
+    raise StudyError(
+        f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
+        f"{study.ratio_tolerance:.0%} in {MAX_TRIES} tries (the last: {tries[-1]['ratio']:.2f} at "
+        f"{tries[-1]['link_rate']}; see {home / FOLDER}): other work on the machine? run again when it is "
+        f"quiet (finished runs are kept), or widen the study's ratio_tolerance"
+    )
 
 
 def accept_benchmark(benchmark: Path, accepted: Path) -> None:
@@ -384,7 +473,8 @@ def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dic
     nodes study's sharded modes): its rate and benchmark, without its tries."""
     accept_benchmark(home / first / f"allreduce-n{n}", home / variant / f"allreduce-n{n}")
     return {key: entry[key] for key in ("target_ratio", "achieved_ratio", "link_rate", "rank_compute_s")} | {
-        "links_of": first}
+        "links_of": first
+    }
 
 
 def dimensioned(run: Run, record: dict | None) -> Run:
