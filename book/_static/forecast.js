@@ -11,15 +11,20 @@ document.addEventListener("DOMContentLoaded", function () {
   const show = (id, text) => { document.getElementById(id).textContent = text; };
   const digits = (value, n) => (value >= 100 ? value.toFixed(0) : value.toPrecision(n));
 
+  const refused = [];
   for (const key of keys) {  // each control offers the grid's values, opens on the default or the address's choice
     const select = control(key);
     for (const value of data.choices[key]) select.add(new Option(String(value), String(value)));
     const asked = new URLSearchParams(window.location.search).get(key);
     const offered = data.choices[key].map(String).includes(asked);
     select.value = offered ? asked : String(data.default[key]);
-    if (asked !== null && !offered) document.getElementById("f-refused").hidden = false;
+    if (asked !== null && !offered) {
+      refused.push(`${key}=${asked}`);
+      document.getElementById("f-refused").hidden = false;
+    }
     select.addEventListener("change", update);
   }
+  show("f-refused-keys", refused.join(", "));
 
   function draw(row) {  // one step: backward's span, and each bucket's all-reduce where the replay put it
     const svg = document.getElementById("forecast-step");

@@ -18,14 +18,23 @@ from ddp_core.analysis.cluster_forecast import (
     proportional_check,
 )
 from ddp_core.analysis.emulated import BASELINE, forecast_findings
+from ddp_core.analysis.gpu_measurements import forecast_findings as gpu_forecast_findings
 from ddp_core.analysis.gpu_measurements import load_gpu_results, mfu_findings
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, peak_gemm_flops_per_s
 from ddp_core.analysis.results import load_study
 from ddp_core.analysis.tables import quantity_table
 from ddp_core.analysis.throughput import precision_name
 
-# The choice the page opens with and the figure draws around: the large model at the nodes study's length.
-DEFAULT = {"preset": "large", "seq_len": 128, "batch_per_gpu": 32, "mfu": 0.2, "interconnect": "nvlink", "gpus": 4}
+# The choice the page opens with and the figure draws around: the large model with the most work per GPU the H200's
+# timelines measured (their check on the page is at 256 tokens), where dividing the step erred least.
+DEFAULT = {"preset": "large", "seq_len": 256, "batch_per_gpu": 64, "mfu": 0.2, "interconnect": "nvlink", "gpus": 4}
+
+
+# What the page quotes of the GPU chapter's forecast from one GPU's measured steps, for its caveat.
+MEASURED_FORECAST = tuple(
+    f"forecast_{key}"
+    for key in ("batch", "seq_len", "compute_over_ideal", "speedup_low", "speedup_high", "speedup_word")
+)
 
 
 def workload(results: Path) -> dict:
@@ -48,14 +57,25 @@ def grid_json(results: Path) -> str:
 def trust_findings(results: Path) -> dict:
     """What the page quotes beside its answer: the emulated nodes' forecasts against their runs (`forecast_findings`),
     how far dividing the whole batch's step overstated a measured GPU's speedup (`proportional_check`), its best MFU,
+    the GPU chapter's forecast from that GPU's measured steps at a small batch beside this page's at the same shape,
     the published peak, and the most GPUs each published all-reduce measured."""
     nodes = load_study(results / "nodes")
     check = proportional_check(load_timelines(results / "gpu_timeline"))
     over = check["divided_share"] / check["measured_share"]
     most = check.loc[over.idxmax()]
     gpu = load_gpu_results(results)
+    measured = gpu_forecast_findings(gpu, nodes)
     return (
         {f"nodes_{key}": value for key, value in forecast_findings(nodes).items()}
+        | {f"gpu_{key}": measured[key] for key in MEASURED_FORECAST}
+        | {
+            "page_at_measured": cluster_forecast(
+                Cluster(
+                    **DEFAULT | {"seq_len": measured["forecast_seq_len"], "batch_per_gpu": measured["forecast_batch"]}
+                ),
+                workload(results),
+            )["speedup"]
+        }
         | {
             "gpu_device": gpu.eager.info["device_name"],
             "gpu_best_mfu": mfu_findings(gpu)["best_mfu"],
@@ -71,7 +91,7 @@ def trust_findings(results: Path) -> dict:
 
 def speedup_figure(results: Path):
     """The forecast speedup against the GPUs, a line per model, over each interconnect, at the default's length,
-    batch a GPU and utilisation; dashed where the publication measured fewer GPUs."""
+    batch a GPU and utilisation (in its title); dashed where the publication measured fewer GPUs."""
     shape = workload(results)
     fig, axes = plt.subplots(1, len(INTERCONNECTS), figsize=(9, 3.4), sharey=True)
     for ax, interconnect in zip(axes, INTERCONNECTS):
@@ -92,6 +112,11 @@ def speedup_figure(results: Path):
         ax.yaxis.set_minor_formatter(NullFormatter())
     axes[0].set_ylabel("speedup over one GPU")
     axes[0].legend(fontsize=8)
+    fig.suptitle(
+        f"{DEFAULT['seq_len']} tokens, {DEFAULT['batch_per_gpu']} sequences a GPU, "
+        f"{DEFAULT['mfu']:.0%} of the A100's peak",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
