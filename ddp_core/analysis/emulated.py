@@ -34,6 +34,7 @@ from ddp_core.analysis.results import (
     borrowed_from,
     forecast,
     joined,
+    link_choice,
     link_label,
     measured_gbit_s,
     only,
@@ -100,12 +101,12 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
     SIMILARITY_EFFECT with runs this noisy (`verdict.error_rates` planting it in this test, `slower_speedup`)."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     share, links = node_share(study[BASELINE]), link_experiments(study)
-    twins = {record[v]["models"]: links[v] for v in study if v in record and v in links}
+    twins = {record[v].models: links[v] for v in study if v in record and v in links}
     rows = []
     for variant, tested in variant_experiments(study).items():
         if variant not in record or variant in links:
             continue
-        twin = twins[record[variant]["models"]]
+        twin = twins[record[variant].models]
         twin_sides, tested_sides = paired_sides(twin), paired_sides(tested)  # each side's runs read once
         twin_speedups, tested_speedups = speedup_comparisons(twin), speedup_comparisons(tested)
         for n in sorted(n for n in tested.repeats if n > 1 and n in twin.repeats):
@@ -121,7 +122,7 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 dict(
                     configuration=point_label(tested, n),
                     nodes=n,
-                    borrowed=record[variant]["configuration"],
+                    borrowed=record[variant].configuration,
                     share=share,
                     other_share=node_share(tested),
                     speedup=twin_speedups[n].ratio,
@@ -200,10 +201,9 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
         table, prediction = scaling_table(e), predict(e)
         for n in [n for n in table.index if n > 1]:
             row, predicted = table.loc[n], prediction.reindex([n]).iloc[0]  # all NaN where no benchmark at n
-            ahead = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
             rows.append(
                 dict(
-                    forecast_speedup=forecast(ahead).get("speedup", np.nan),
+                    forecast_speedup=forecast(link_choice(record, variant, n)).get("speedup", np.nan),
                     link=link_label(e),
                     point=point_label(e, n),
                     measured_gbit_s=measured_gbit_s(only(e, n)),
@@ -320,10 +320,10 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
     rows = []
     for variant, experiment in variant_experiments(study).items():
         own = run_times(experiment).set_index(["world_size", "repeat"])["step_time_s"]  # each round's run
-        for n, entry in record.get(variant, {}).get("by_nodes", {}).items():
-            n, ahead = int(n), forecast(entry)
+        for n, choice in (record[variant].by_nodes if variant in record else {}).items():
+            ahead = forecast(choice)
             runs, step = experiment.repeats[n], own[n].median()  # the runs' median step
-            rounds = [f for f in entry.get("forecasts", []) if f["repeat"] <= len(runs)]
+            rounds = [f for f in choice.forecasts if f["repeat"] <= len(runs)]
             before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
             within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
             rows.append(
@@ -392,12 +392,12 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
-        table, models = scaling_table(experiment), record.get(variant, {}).get("models")
+        table, models = scaling_table(experiment), record[variant].models if variant in record else None
         cluster, one = (CONFIGURATIONS[models] if models else None), experiment.baseline
         rate = experiment.all_runs[-1].raw["network"]["link_rate_gbit_s"]
         for n in [n for n in table.index if n > 1]:
             row = table.loc[n]
-            entry = record.get(variant, {}).get("by_nodes", {}).get(str(n), {})
+            choice = link_choice(record, variant, n)
             cluster_low, cluster_high = (
                 cluster.speedup_range(one.model, one.global_batch_size, n) if cluster else (np.nan, np.nan)
             )
@@ -414,9 +414,9 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                     modelled_batch=cluster.batch(one.global_batch_size) if cluster else np.nan,
                     cluster_low=cluster_low,
                     cluster_high=cluster_high,
-                    target_ratio=entry.get("target_ratio", np.nan),
-                    achieved_ratio=entry.get("achieved_ratio", np.nan),
-                    link_mbit_s=rate_bits_per_s(entry["link_rate"]) / 1e6 if entry else rate * 1e3 if rate else np.nan,
+                    target_ratio=choice.target_ratio if choice else np.nan,
+                    achieved_ratio=choice.achieved_ratio if choice else np.nan,
+                    link_mbit_s=rate_bits_per_s(choice.link_rate) / 1e6 if choice else rate * 1e3 if rate else np.nan,
                     **row[["speedup", "efficiency", "speedup_low", "speedup_high"]],
                     efficiency_low=row["speedup_low"] / n,
                     efficiency_high=row["speedup_high"] / n,
@@ -493,7 +493,8 @@ def similarity_findings(study: dict[str, Experiment]) -> dict:
     where the configurations' ratios come from ("none" where no variant models one)."""
     tunnel, one = read_wind_tunnel(study[BASELINE].folder.parent) or {}, study[BASELINE].baseline.raw
     calibrated = tunnel.get("shares", {}).get(f"{node_share(study[BASELINE]):g}")
-    modelled = {m["configuration"]: CONFIGURATIONS[m["models"]].source for m in tunnel.get("variants", {}).values()}
+    record = wind_tunnel_record(study[BASELINE].folder.parent)
+    modelled = {m.configuration: CONFIGURATIONS[m.models].source for m in record.values()}
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
     return {
         "tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
@@ -538,10 +539,10 @@ def nodes_figure(study: dict[str, Experiment]):
         curve = scaling_table(e).query("index > 1")
         error = [[0, *(curve["speedup"] - curve["speedup_low"])], [0, *(curve["speedup_high"] - curve["speedup"])]]
         speed.errorbar([1, *curve.index], [1, *curve["speedup"]], yerr=error, fmt="D-", capsize=3, color=f"C{i}")
-        ahead = record.get(variant, {}).get("by_nodes", {})
+        ahead = record[variant].by_nodes if variant in record else {}
         speed.plot(
-            [int(n) for n in ahead],
-            [forecast(entry)["speedup"] for entry in ahead.values()],
+            list(ahead),
+            [forecast(choice)["speedup"] for choice in ahead.values()],
             "s--",
             color=f"C{i}",
             alpha=0.6,

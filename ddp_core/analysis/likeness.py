@@ -9,17 +9,16 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.emulated import BASELINE, link_experiments, similarity_table
-from ddp_core.analysis.results import Experiment, wind_tunnel_record
+from ddp_core.analysis.results import Experiment, ModelledVariant, wind_tunnel_record
 from ddp_core.analysis.similarity import CONFIGURATIONS, PRESET, large_model
 from ddp_core.analysis.tables import median_range, noise_format
 from ddp_core.engine.model_cost import bucket_sizes
 
 
-def fixed_allreduce_ms(record: dict, variant: str, nodes: int) -> float:
+def fixed_allreduce_ms(record: dict[str, ModelledVariant], variant: str, nodes: int) -> float:
     """The all-reduce time of a step that no link rate takes away (latency, copies), as the wind tunnel estimated it
     on this machine for the rate it accepted (`record`: `wind_tunnel_record`)."""
-    entry = record[variant]["by_nodes"][str(nodes)]
-    return entry["tries"][-1]["fixed_s"] * 1e3
+    return record[variant].by_nodes[nodes].tries[-1]["fixed_s"] * 1e3
 
 
 def cluster_fixed_ms(models: str, workload: dict, nodes: int) -> float:
@@ -72,7 +71,7 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
                     bench_ratio=point["target_ratio"],
                     runs_ratio=np.nan,
                     exposed_share=np.nan,
-                    fixed_ms=cluster_fixed_ms(record[variant]["models"], one.model, most),
+                    fixed_ms=cluster_fixed_ms(record[variant].models, one.model, most),
                     quota_period_ms=np.nan,
                     speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast",
                 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from statistics import median
 
@@ -393,13 +393,50 @@ def rate_text(gbit_s: float) -> str:
     return f"{gbit_s:.3g} Gbit/s" if gbit_s >= 1 else f"{gbit_s * 1000:.3g} Mbit/s"
 
 
+@dataclass(frozen=True)
+class LinkChoice:
+    """The links the wind tunnel chose for a variant at N nodes: an entry of wind_tunnel.json's `by_nodes`."""
+
+    target_ratio: float  # R_N^bench of the cluster the variant models
+    achieved_ratio: float  # R_N^bench the accepted links reached on this machine
+    link_rate: str  # as tc takes it, e.g. "2123393kbit"
+    rank_compute_s: float  # one node's compute per step over N: what the ratio divides
+    tries: list[dict] = field(default_factory=list)  # each try's rate, link model (fixed_s, bits), all-reduce, ratio
+    forecasts: list[dict] = field(default_factory=list)  # each round's replayed step, before the round's runs
+    links_of: str | None = None  # the variant whose links it shares, where it models the same cluster
+
+
+@dataclass(frozen=True)
+class ModelledVariant:
+    """A variant whose links the wind tunnel set: the cluster it models and its links at each number of nodes."""
+
+    models: str  # a key of `similarity.CONFIGURATIONS`
+    configuration: str  # that cluster in words
+    source: str  # where that cluster's figures come from
+    cpus_per_node: float
+    by_nodes: dict[int, LinkChoice]
+
+    @classmethod
+    def from_json(cls, entry: dict) -> ModelledVariant:
+        return cls(
+            **{key: value for key, value in entry.items() if key != "by_nodes"},
+            by_nodes={int(n): LinkChoice(**choice) for n, choice in entry["by_nodes"].items()},
+        )
+
+
+def link_choice(record: dict[str, ModelledVariant], variant: str, nodes: int) -> LinkChoice | None:
+    """The links the wind tunnel chose for `variant` at `nodes` nodes (`record`: `wind_tunnel_record`); None where
+    it set none."""
+    return record[variant].by_nodes.get(nodes) if variant in record else None
+
+
 def link_label(experiment: Experiment) -> str:
     """What an experiment's links are set for: where the wind tunnel set them (`ddp_core.studies.wind_tunnel`), the
     compute-to-communication ratio they were set to at each number of nodes ("ratio 2.6", "ratios 5.1 and 1.6"),
     not the cluster that ratio is borrowed from (`borrowed_from`); else '1 Gbit/s' or 'unshaped'."""
     modelled = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name)
     if modelled:
-        targets = [entry["target_ratio"] for _, entry in sorted(modelled["by_nodes"].items(), key=lambda i: int(i[0]))]
+        targets = [choice.target_ratio for _, choice in sorted(modelled.by_nodes.items())]
         return ("ratio " if len(targets) == 1 else "ratios ") + " and ".join(f"{target:.2g}" for target in targets)
     rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
     return "unshaped" if rate is None else rate_text(rate)
@@ -408,13 +445,14 @@ def link_label(experiment: Experiment) -> str:
 def point_label(experiment: Experiment, nodes: int) -> str:
     """What an experiment's links were set for at `nodes` nodes: "ratio 5.1" where the wind tunnel set them, else
     `link_label`'s rate."""
-    entry = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name, {}).get("by_nodes", {})
-    return f"ratio {entry[str(nodes)]['target_ratio']:.2g}" if str(nodes) in entry else link_label(experiment)
+    choice = link_choice(wind_tunnel_record(experiment.folder.parent), experiment.folder.name, nodes)
+    return f"ratio {choice.target_ratio:.2g}" if choice else link_label(experiment)
 
 
 def borrowed_from(experiment: Experiment) -> str:
     """The real cluster whose compute-to-communication ratio the wind tunnel set an experiment's links to, or ""."""
-    return wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name, {}).get("configuration", "")
+    modelled = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name)
+    return modelled.configuration if modelled else ""
 
 
 def read_wind_tunnel(study_folder: Path) -> dict | None:
@@ -423,15 +461,16 @@ def read_wind_tunnel(study_folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def wind_tunnel_record(study_folder: Path) -> dict:
+def wind_tunnel_record(study_folder: Path) -> dict[str, ModelledVariant]:
     """The variants of a study whose links the wind tunnel set, by name; none: {}."""
-    return (read_wind_tunnel(study_folder) or {}).get("variants", {})
+    variants = (read_wind_tunnel(study_folder) or {}).get("variants", {})
+    return {name: ModelledVariant.from_json(entry) for name, entry in variants.items()}
 
 
-def forecast(entry: dict) -> dict:
-    """A variant's forecast at N nodes (an entry of wind_tunnel.json's `by_nodes`): the median over its rounds of
-    each round's forecast step and speedup over the round's one node; {} before any."""
-    rounds = pd.DataFrame(entry.get("forecasts", []))
+def forecast(choice: LinkChoice | None) -> dict:
+    """A variant's forecast at N nodes: the median over its rounds of each round's forecast step and speedup over the
+    round's one node; {} before any, or where the wind tunnel set no links."""
+    rounds = pd.DataFrame(choice.forecasts if choice else [])
     if rounds.empty:
         return {}
     return {"step_s": rounds["step_s"].median(), "speedup": (rounds["one_node_step_s"] / rounds["step_s"]).median()}

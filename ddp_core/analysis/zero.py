@@ -199,11 +199,11 @@ def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
         )
     first = next(iter(sharded.values()))
     record = wind_tunnel_record(first.folder.parent)
-    models, share = record[first.folder.name]["models"], node_share(first)
+    models, share = record[first.folder.name].models, node_share(first)
     ddp = {
         name: e
         for name, e in nodes.items()
-        if ddp_on_nodes(e) and record.get(name, {}).get("models") == models and node_share(e) == share
+        if ddp_on_nodes(e) and name in record and record[name].models == models and node_share(e) == share
     }
     alone = {name: e for name, e in nodes.items() if e.largest == 1 and node_share(e) == share}
     return alone | ddp | sharded
