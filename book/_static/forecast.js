@@ -47,7 +47,7 @@ document.addEventListener("DOMContentLoaded", function () {
     show("f-gpus", row.gpus);
     show("f-speedup", digits(row.speedup, 3));
     show("f-outcome", row.outcome);
-    show("f-efficiency", (100 * row.efficiency).toFixed(0) + "%");
+    show("f-efficiency", digits(100 * row.efficiency, 2) + "%");
     show("f-step", digits(row.step_ms, 3));
     show("f-whole", digits(row.whole_ms, 3));
     show("f-compute", digits(row.compute_ms, 3));
