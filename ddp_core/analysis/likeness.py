@@ -31,8 +31,8 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
     """For the fastest and the slowest links at the most nodes: the emulated nodes as measured and, where the wind
     tunnel set their links, the cluster whose ratio they borrow, a row each named in words. Columns: the model preset
     and global batch, R_N^bench (reached; the cluster's target), R_N and the exposed share f inside the runs, the
-    all-reduce time no link rate removes, the CPU quota's period, and the speedup over one (measured, with the
-    repeats' range; the cluster's own forecast range). NaN: not known for that side."""
+    all-reduce time no link rate removes, and the speedup over one (measured, with the repeats' range; the
+    cluster's own forecast range). NaN: not known for that side."""
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     links = list(link_experiments(study))
     points = similarity_table(study).query("variant in @links").set_index(["variant", "nodes"])
@@ -51,7 +51,6 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 runs_ratio=point["runs_ratio"],
                 exposed_share=point["exposed_share"],
                 fixed_ms=fixed_allreduce_ms(record, variant, most) if modelled else np.nan,
-                quota_period_ms=one.raw["network"]["cpu_period_ms"],
                 speedup=median_range(
                     point["speedup"],
                     point["speedup_low"],
@@ -72,7 +71,6 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
                     runs_ratio=np.nan,
                     exposed_share=np.nan,
                     fixed_ms=cluster_fixed_ms(record[variant].models, one.model, most),
-                    quota_period_ms=np.nan,
                     speedup=f"{point['cluster_low']:.2f} to {point['cluster_high']:.2f}, forecast",
                 )
             )
