@@ -91,23 +91,22 @@ def cluster_forecast(cluster: Cluster, workload: dict) -> dict:
     the GPU chapter's words (`forecast_word`); the whole batch's compute that breaks even; each bucket's all-reduce
     (start and end, ms) against backward's; whether the publication measured that many GPUs; and whether backward
     is long enough to hide all but the last bucket, the only way the last-bucket bound is reached."""
-    model, config = model_of(cluster, workload), configuration(cluster, workload)
+    model, config, n = model_of(cluster, workload), configuration(cluster, workload), cluster.gpus
+    shape = workload | {"max_len": cluster.seq_len}
     share_s = gpu_step_s(model, cluster.batch_per_gpu, cluster.mfu)
-    whole_s = gpu_step_s(model, cluster.batch_per_gpu * cluster.gpus, cluster.mfu)
-    allreduces = config.allreduces_s(workload | {"max_len": cluster.seq_len}, cluster.gpus)
+    whole_s = gpu_step_s(model, cluster.batch_per_gpu * n, cluster.mfu)
+    allreduces = config.allreduces_s(shape, n)
     step = replay_step(flops_timeline(model, share_s), 1, allreduces)
-    low, high = config.speedup_range(
-        workload | {"max_len": cluster.seq_len}, cluster.batch_per_gpu * cluster.gpus, cluster.gpus
-    )
-    n = cluster.gpus
+    low, high = config.speedup_range(shape, cluster.batch_per_gpu * n, n)
+    speedup = whole_s / step["step_s"]
     return {
         "step_ms": step["step_s"] * 1e3,
         "compute_ms": share_s * 1e3,
         "exposed_ms": step["exposed_s"] * 1e3,
         "comm_ms": sum(allreduces) * 1e3,
-        "speedup": whole_s / step["step_s"],
+        "speedup": speedup,
         "outcome": forecast_word(low, high),
-        "efficiency": whole_s / step["step_s"] / n,
+        "efficiency": speedup / n,
         "speedup_no_overlap": low,
         "speedup_last_bucket": high,
         "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3,

@@ -37,8 +37,10 @@ LAUNCHERS = ("local", "slurm", "emulated")
 NETWORK_FILE = "network.json"  # an emulated cluster's nodes and link, beside run.json
 WIND_TUNNEL_FILE = "wind_tunnel.json"  # a study's links set by similarity: what they model, target and achieved
 WIND_TUNNEL_FOLDER = "wind_tunnel"  # beside it, the wind tunnel's own measurements: its one-node runs, its benchmarks
-# The run notebook's parameters that say where its ranks go (`Placement`), besides its slurm_* ones.
+# The run notebook's parameters that say where its ranks go (`Placement`), and those of its Slurm options that a
+# study's run sets (`Run.parameters`), under the notebook's names.
 PLACEMENT_PARAMETERS = ("launcher", "nodes", "link_rate", "cpus_per_node", "max_restarts")
+SLURM_PARAMETERS = ("slurm_gpus_per_rank", "slurm_cpus_per_rank")
 
 
 class ExperimentError(Exception):
@@ -99,11 +101,7 @@ def run_dir_name(world_size: int, repeat: int = 1) -> str:
 
 def prepare_run(parameters: dict) -> Plan:
     """`prepare` from a run notebook's parameters (`Run.parameters`), its placement's among them."""
-    rest = {
-        name: value
-        for name, value in parameters.items()
-        if name not in PLACEMENT_PARAMETERS and not name.startswith("slurm_")
-    }
+    rest = {name: value for name, value in parameters.items() if name not in PLACEMENT_PARAMETERS + SLURM_PARAMETERS}
     return prepare(**rest, placement=Placement.of(parameters))
 
 

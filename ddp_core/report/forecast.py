@@ -62,7 +62,7 @@ def trust_findings(results: Path) -> dict:
     nodes = load_study(results / "nodes")
     check = proportional_check(load_timelines(results / "gpu_timeline"))
     over = check["divided_share"] / check["measured_share"]
-    most = check.loc[over.idxmax()]
+    worst = check.loc[over.idxmax()]
     gpu = load_gpu_results(results)
     measured = gpu_forecast_findings(gpu, nodes)
     return (
@@ -73,19 +73,19 @@ def trust_findings(results: Path) -> dict:
                 Cluster(
                     **DEFAULT | {"seq_len": measured["forecast_seq_len"], "batch_per_gpu": measured["forecast_batch"]}
                 ),
-                workload(results),
+                nodes[BASELINE].baseline.model,
             )["speedup"]
         }
         | {
             "gpu_device": gpu.eager.info["device_name"],
             "gpu_best_mfu": mfu_findings(gpu)["best_mfu"],
             "check_most_over": over.max(),
-            "check_batch": int(most["batch_per_gpu"]),
-            "check_seq_len": int(most["seq_len"]),
-            "check_precision": precision_name(most["amp"]),
+            "check_batch": int(worst["batch_per_gpu"]),
+            "check_seq_len": int(worst["seq_len"]),
+            "check_precision": precision_name(worst["amp"]),
             "peak_tflops": peak_gemm_flops_per_s() / 1e12,
         }
-        | {f"{name}_max_gpus": most for name, (_, most) in INTERCONNECTS.items()}
+        | {f"{name}_max_gpus": most_gpus for name, (_, most_gpus) in INTERCONNECTS.items()}
     )
 
 
