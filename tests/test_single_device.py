@@ -17,7 +17,7 @@ from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.nvlink_forecast import measured_forecast, nvlink_fit
 from ddp_core.analysis.results import Measurement, load_experiment, read_measurement
-from ddp_core.report.precision import crossref_findings
+from ddp_core.report.precision import CpuCrossref, crossref
 from ddp_core.analysis.throughput import (
     RATIOS,
     ratio_comparison,
@@ -361,13 +361,13 @@ def test_the_precision_study_says_whether_the_one_device_chapter_timed_its_cpu()
     same = replace(
         measured, info=measured.info | {"device_name": run.device_name, "cpu_extensions": run.raw["cpu_extensions"]}
     )
-    assert crossref_findings([same], run)["crossref_relation"] == "the same CPU"
+    assert crossref([same], run).relation == "the same CPU"
     other = replace(same, info=same.info | {"cpu_extensions": ["avx512_bf16"]})
-    found = crossref_findings([other], run)  # the reference's machines differ from one remaking to the next
-    assert found["crossref_relation"] == "two different CPUs" and found["crossref_cpu"].endswith(" (avx512_bf16)")
-    assert crossref_findings([other, same], run)["crossref_relation"] == "the same CPU"  # the run's CPU where measured
+    found = crossref([other], run)  # the reference's machines differ from one remaking to the next
+    assert found.relation == "two different CPUs" and found.cpu.endswith(" (avx512_bf16)")
+    assert crossref([other, same], run).relation == "the same CPU"  # the run's CPU where measured
     gpu = replace(same, info=same.info | {"device": "cuda:0", "device_name": "NVIDIA H100"})
-    assert crossref_findings([gpu], run) == {"crossref_cpu": "GPUs only", "crossref_relation": "not comparable"}
+    assert crossref([gpu], run) == CpuCrossref("GPUs only", "not comparable")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -18,7 +18,7 @@ import yaml
 from conftest import LEFT_OUT_OF_THE_TINY_REPORT, REPO, TINY_STUDIES, read_metrics, run_in_process
 from ddp_core.engine.config import global_batch_size, load_profile, parse_args
 from ddp_core.report import precision
-from ddp_core.analysis.comparisons import WARMUP_STEPS
+from ddp_core.analysis.comparisons import WARMUP_STEPS, compare_times
 from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.provenance import results_shown_findings, study_setup_findings
 from ddp_core.analysis.results import load_experiment, load_study
@@ -477,13 +477,14 @@ def test_the_cost_model_gives_a_rank_its_part_of_the_shared_cores_or_its_emulate
 
 def test_precision_ratio_is_bf16_over_fp32_median_step():
     folder = REFERENCE / "precision"
-    found = precision.precision_findings(load_study(folder))
+    study = load_study(folder)
+    found = precision.findings(study, [])
     ratio = paired_median(
         [time_per_sample(run) for run in repeats(folder / "bf16", 1)],
         [time_per_sample(run) for run in repeats(folder / "fp32", 1)],
     )
-    assert found["precision_time_ratio"] == pytest.approx(ratio)
-    assert found["precision_speed_value"].startswith(f"{ratio:.2f} (")
+    assert compare_times(study["bf16"], study["fp32"]).ratio == pytest.approx(ratio)
+    assert found.precision_speed.value.startswith(f"{ratio:.2f} (")
 
 
 def test_the_bucket_table_gives_each_settings_step_with_its_range_over_the_repeats():

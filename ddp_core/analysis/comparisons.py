@@ -8,7 +8,7 @@ this way on every page; the `*_phrase`/`*_sentence` helpers word the outcome for
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -202,16 +202,31 @@ def against_chance(experiment: Experiment, world_size: int) -> str:
     return "at chance in every repeat" if above == 0 else f"above chance in {above} of {len(accuracies)} repeats"
 
 
-def chance_glue(key: str, experiment: Experiment, world_size: int) -> dict:
-    """For a page's glue: the evaluation set's size, chance, the bar a guess rarely passes, and `against_chance`."""
+@dataclass(frozen=True)
+class Chance:
+    """Where a study's accuracy stands against guessing: the evaluation set's size, chance (1/classes), the bar a
+    guess rarely passes on that set, and `against_chance`."""
+
+    eval_samples: int | None
+    chance: float
+    chance_bar: float
+    vs_chance: str
+
+
+def chance_findings(experiment: Experiment, world_size: int) -> Chance:
+    """`Chance` of the runs at `world_size`."""
     run = experiment.repeats[world_size][0]
     chance, bar = chance_bar(run)
-    return {
-        f"{key}_eval_samples": run.config.get("eval_samples"),
-        f"{key}_chance": chance,
-        f"{key}_chance_bar": bar,
-        f"{key}_vs_chance": against_chance(experiment, world_size),
-    }
+    return Chance(run.config.get("eval_samples"), chance, bar, against_chance(experiment, world_size))
+
+
+def chance_glue(key: str, experiment: Experiment, world_size: int) -> dict:
+    """`chance_findings` for a page not yet given a record: each under `<key>_<field>`."""
+    return _keyed(key, chance_findings(experiment, world_size))
+
+
+def _keyed(key: str, record) -> dict:
+    return {f"{key}_{name}": value for name, value in asdict(record).items()}
 
 
 def accuracy_floor(*experiments: Experiment) -> float:
@@ -248,29 +263,61 @@ def compare_accuracies(
     return c
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A comparison as a sentence quotes it: its `value`, '0.85 (0.80 to 0.90 over 3 repeats)', and its `verdict`,
+    'faster (beyond the noise floor of 5.0%)' or why there is none."""
+
+    value: str
+    verdict: str
+
+
+def judged_times(c: Comparison) -> Judged:
+    """A ratio of times, A's over B's: A is 'faster' below 1 ("A took {value} times as long as B: {verdict}")."""
+    return Judged(c.value(), c.judged("faster", "slower"))
+
+
+def judged_accuracies(c: Comparison) -> Judged:
+    """A ratio of final accuracies, A's over B's: A's is 'higher' above 1."""
+    return Judged(c.value(), c.judged("lower", "higher"))
+
+
+def judged_speedup(c: Comparison) -> Judged:
+    """A speedup, T1/TN (`speedup_comparisons`): 'faster' above 1."""
+    return Judged(c.value(), c.judged("slower", "faster"))
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A ratio for a one-line finding: `shown`, to the digit its noise floor allows, and `word`, the bare verdict."""
+
+    shown: str
+    word: str
+
+
+def shown(c: Comparison, lower: str, higher: str) -> Shown:
+    """`Shown` of a comparison, its verdict in the sentence's words for a ratio below and above 1."""
+    return Shown(noise_format(c.ratio, c.floor).format(c.ratio), c.says(lower, higher))
+
+
 def accuracy_glue(key: str, c: Comparison) -> dict:
-    """A comparison of final accuracies for a page's glue: `<key>_value` and `<key>_verdict` ('higher (beyond the
-    noise floor of 2.0%)' or why there is none), for "A's accuracy is {value} times B's: {verdict}"."""
-    return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("lower", "higher")}
+    """`judged_accuracies` for a page not yet given a record."""
+    return _keyed(key, judged_accuracies(c))
 
 
 def speedup_glue(key: str, c: Comparison) -> dict:
-    """A speedup (T1/TN, `speedup_comparisons`) for a page's glue: `<key>_value` and `<key>_verdict` ('faster (beyond
-    the noise floor of 10.3%)', or why there is none)."""
-    return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("slower", "faster")}
+    """`judged_speedup` for a page not yet given a record."""
+    return _keyed(key, judged_speedup(c))
 
 
 def shown_glue(key: str, c: Comparison, lower: str, higher: str) -> dict:
-    """A ratio for a one-line finding: `<key>_shown`, written to the digit its noise floor allows, and `<key>_word`,
-    the bare verdict in the sentence's words."""
-    return {f"{key}_shown": noise_format(c.ratio, c.floor).format(c.ratio), f"{key}_word": c.says(lower, higher)}
+    """`shown` for a page not yet given a record."""
+    return _keyed(key, shown(c, lower, higher))
 
 
 def time_glue(key: str, c: Comparison) -> dict:
-    """A comparison of times for a page's glue: `<key>_value`, '0.85 (0.80 to 0.90 over 3 repeats)', and
-    `<key>_verdict`, 'faster (beyond the noise floor of 5.0%)' or why there is none; the page writes the sentence
-    around them ("A took {value} times as long per sample as B: {verdict}.")."""
-    return {f"{key}_value": c.value(), f"{key}_verdict": c.judged("faster", "slower")}
+    """`judged_times` for a page not yet given a record."""
+    return _keyed(key, judged_times(c))
 
 
 PLANTED_EFFECTS = [0.0, 0.05, 0.1, 0.2, 0.5]

@@ -6,6 +6,7 @@ Reads an `Experiment` (the studies overview: the study list and the book's resul
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -72,9 +73,18 @@ def origin(folder: Path) -> str:
     return "the shipped reference" if "reference" in folder.resolve().parts else "yours"
 
 
-def whose_findings(*experiments: Experiment) -> dict:
-    """Whose runs a page shows, for its first line: "yours" (made in this project or outside it) or "the shipped
-    reference", the days they were made and on what ("4 NVIDIA A100 GPUs", or a CPU with its cores)."""
+@dataclass(frozen=True)
+class Whose:
+    """Whose runs a page shows, for its first line: "yours" or "the shipped reference", the days they were made and
+    on what ("4 NVIDIA A100 GPUs", or a CPU with its cores)."""
+
+    whose: str
+    made_when: str
+    made_on: str
+
+
+def runs_shown(*experiments: Experiment) -> Whose:
+    """`Whose` of every run of `experiments`."""
     runs = [run for experiment in experiments for run in experiment.all_runs]
     origins = sorted({origin(experiment.folder) for experiment in experiments})
     days = sorted({day(run.raw["start_time"]) for run in runs})
@@ -87,11 +97,16 @@ def whose_findings(*experiments: Experiment) -> dict:
             for run in runs
         }
     )
-    return {
-        "whose": " and ".join(origins),
-        "made_when": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
-        "made_on": "; ".join(machines),
-    }
+    return Whose(
+        whose=" and ".join(origins),
+        made_when=days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
+        made_on="; ".join(machines),
+    )
+
+
+def whose_findings(*experiments: Experiment) -> dict:
+    """`runs_shown` for a page not yet given a record."""
+    return asdict(runs_shown(*experiments))
 
 
 def setup_findings(experiment: Experiment) -> dict:
@@ -232,23 +247,46 @@ def learning_curves_figure(metrics: pd.DataFrame, num_classes: int):
     return fig
 
 
-def study_setup_findings(*experiments: Experiment) -> dict:
+@dataclass(frozen=True)
+class StudySetup:
     """Where a study's runs ran and what they are, for the sentence with which every study page states its limits:
     how many runs, repeats of each configuration and epochs, on which processor and PyTorch, and whose runs."""
+
+    runs: str
+    repeats: str
+    epochs: str
+    device: str
+    cores: int
+    backend: str
+    torch: str
+    shown: str
+    whose: str
+    made_when: str
+    made_on: str
+
+
+def study_setup(*experiments: Experiment) -> StudySetup:
+    """`StudySetup` of every run of `experiments`."""
     runs = [run for experiment in experiments for run in experiment.all_runs]
     first = runs[0].raw
     epochs = sorted({int(epoch) for e in experiments for epoch in e.metrics.groupby("run")["epoch"].max()})
     repeats = sorted({len(runs) for experiment in experiments for runs in experiment.repeats.values()})
-    return {
-        "setup_runs": counted(len(runs), "run"),
-        "setup_repeats": " to ".join(map(str, repeats)),
-        "setup_epochs": " to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"),
-        "setup_device": first["device_name"],
-        "setup_cores": first["cpu_count"],
-        "setup_backend": first["backend"],
-        "setup_torch": first["torch"],
-        "setup_shown": " and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments})),
-    } | {f"setup_{key}": value for key, value in whose_findings(*experiments).items()}
+    return StudySetup(
+        runs=counted(len(runs), "run"),
+        repeats=" to ".join(map(str, repeats)),
+        epochs=" to ".join(map(str, epochs)) + (" epoch" if epochs == [1] else " epochs"),
+        device=first["device_name"],
+        cores=first["cpu_count"],
+        backend=first["backend"],
+        torch=first["torch"],
+        shown=" and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments})),
+        **asdict(runs_shown(*experiments)),
+    )
+
+
+def study_setup_findings(*experiments: Experiment) -> dict:
+    """`study_setup` for a page not yet given a record: each under `setup_<field>`."""
+    return {f"setup_{key}": value for key, value in asdict(study_setup(*experiments)).items()}
 
 
 def _span(values) -> str:

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import accuracy_glue, chance_glue, compare_accuracies, compare_times, time_glue
+from dataclasses import dataclass
+
+from ddp_core.analysis.comparisons import (
+    Chance,
+    Judged,
+    chance_findings,
+    compare_accuracies,
+    compare_times,
+    judged_accuracies,
+    judged_times,
+)
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.results import Experiment, Measurement
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import FINAL_ACCURACY, STEP_MEDIAN_MS, counted, cpu_relation, machine_text, quantity_table
@@ -38,33 +49,55 @@ def bf16_support(run) -> str:
     return "did not record its extensions" if extensions is None else "has no bf16 instructions"
 
 
-def precision_findings(study: dict[str, Experiment]) -> dict:
-    c = compare_times(study["bf16"], study["fp32"])
-    fp32 = study["fp32"].baseline
-    samples = fp32.config["eval_samples"]  # what an accuracy was measured on
-    return {
-        "precision_device": fp32.device_name,
-        "precision_bf16_support": bf16_support(fp32),
-        "precision_extensions": ", ".join(fp32.raw.get("cpu_extensions") or []) or "none",
-        "bf16_instructions": " and ".join(BF16_INSTRUCTIONS),
-        **time_glue("precision_speed", c),
-        "precision_time_ratio": float(c.ratio),
-        "precision_eval_set": "the whole evaluation split"
-        if samples is None
-        else counted(samples, "evaluation sample"),
-        **accuracy_glue("precision_accuracy", compare_accuracies(study["bf16"], study["fp32"])),
-        **chance_glue("precision", study["fp32"], 1),
-    }
+@dataclass(frozen=True)
+class CpuCrossref:
+    """Which CPU the One device chapter timed the two precisions on, and whether it is the runs' CPU."""
+
+    cpu: str
+    relation: str
 
 
-def crossref_findings(measurements: list[Measurement], run) -> dict:
-    """Which CPU the One device chapter timed the two precisions on (the CPU of `run`, a study's run, where it was
-    measured, else its first CPU; "GPUs only" where it measured none), and whether that is the run's CPU by name and
-    vector extensions: bf16's figures carry over only between the same CPU."""
+def crossref(measurements: list[Measurement], run) -> CpuCrossref:
+    """The CPU of `run`, a study's run, where the One device chapter measured it, else its first CPU ("GPUs only"
+    where it measured none). bf16's figures carry over only between the same CPU, by name and vector extensions."""
     cpus = sorted(
         (m for m in measurements if m.info["device"] == "cpu"),
         key=lambda m: cpu_relation(m.info, run.raw) != "the same CPU",
     )
     if not cpus:
-        return {"crossref_cpu": "GPUs only", "crossref_relation": "not comparable"}
-    return {"crossref_cpu": machine_text(cpus[0].info), "crossref_relation": cpu_relation(cpus[0].info, run.raw)}
+        return CpuCrossref("GPUs only", "not comparable")
+    return CpuCrossref(machine_text(cpus[0].info), cpu_relation(cpus[0].info, run.raw))
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the mixed-precision page quotes."""
+
+    precision_device: str
+    precision_bf16_support: str
+    precision_extensions: str
+    bf16_instructions: str
+    precision_speed: Judged
+    precision_eval_set: str
+    precision_accuracy: Judged
+    precision: Chance
+    crossref: CpuCrossref
+    setup: StudySetup
+
+
+def findings(study: dict[str, Experiment], measurements: list[Measurement]) -> Findings:
+    """bf16 against fp32 in time per sample and in accuracy, on the processor the runs had."""
+    fp32 = study["fp32"].baseline
+    samples = fp32.config["eval_samples"]  # what an accuracy was measured on
+    return Findings(
+        precision_device=fp32.device_name,
+        precision_bf16_support=bf16_support(fp32),
+        precision_extensions=", ".join(fp32.raw.get("cpu_extensions") or []) or "none",
+        bf16_instructions=" and ".join(BF16_INSTRUCTIONS),
+        precision_speed=judged_times(compare_times(study["bf16"], study["fp32"])),
+        precision_eval_set="the whole evaluation split" if samples is None else counted(samples, "evaluation sample"),
+        precision_accuracy=judged_accuracies(compare_accuracies(study["bf16"], study["fp32"])),
+        precision=chance_findings(study["fp32"], 1),
+        crossref=crossref(measurements, fp32),
+        setup=study_setup(*study.values()),
+    )
