@@ -49,6 +49,9 @@ TINY_SYNTHETIC = [
     ),
     "--no-progress",
 ]
+# Two short epochs: a test that reads the last epoch's timeline or compares two runs' curves needs two.
+TWO_SHORT_EPOCHS = to_args({"global_batch_size": 16, "train_samples": 64, "eval_samples": 32, "epochs": 2})
+SMALL_MODEL = to_args({"preset": "small", "vocab_size": 2000})  # its layers' gradient is beyond DDP's first bucket
 # The tiny profile without dropout on 128 samples: every run of these settings takes the same optimizer steps, so each
 # multi-node path (emulated nodes, a c10d rendezvous, Slurm on one node and on two) is held against one run of two
 # ranks on this machine (`two_local_ranks`).

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY_SYNTHETIC, run_training
+from conftest import SMALL_MODEL, TINY_SYNTHETIC, TWO_SHORT_EPOCHS, run_training
 
 
 def test_without_a_hook_ddp_averages_the_ranks_gradients_exactly(hooked):
@@ -44,21 +44,7 @@ def test_powersgd_sends_low_rank_gradients_after_two_plain_steps(hooked):
 def test_the_bucket_size_sets_how_many_allreduces_a_step_launches(tmp_path, isolated_env, bucket_cap_mb, allreduces):
     # Two epochs: timeline.csv draws a step of the last one. DDP's first step all-reduces every gradient in one bucket
     # (it forms its buckets in the order that step's gradients came in), so a one-epoch run may draw that step.
-    args = [
-        *TINY_SYNTHETIC,
-        "--global-batch-size",
-        16,
-        "--train-samples",
-        64,
-        "--eval-samples",
-        32,
-        "--epochs",
-        2,
-        "--bucket-cap-mb",
-        bucket_cap_mb,
-        "--out",
-        tmp_path / "run",
-    ]
+    args = [*TINY_SYNTHETIC, *TWO_SHORT_EPOCHS, "--bucket-cap-mb", bucket_cap_mb, "--out", tmp_path / "run"]
     run_training(args, cwd=tmp_path, env=isolated_env, nproc=2)
     launched = json.loads((tmp_path / "run" / "run.json").read_text())["allreduces_per_step"]
     if allreduces == "many":
@@ -77,21 +63,7 @@ def test_the_bucket_size_sets_how_many_allreduces_a_step_launches(tmp_path, isol
 @pytest.mark.slow
 def test_powersgd_on_gloo_trains_in_one_bucket_where_the_default_would_make_two(tmp_path, isolated_env):
     # the small model's layers are a gradient of 1.6 MiB: beyond DDP's 1 MiB first bucket
-    common = [
-        *TINY_SYNTHETIC,
-        "--preset",
-        "small",
-        "--vocab-size",
-        2000,
-        "--global-batch-size",
-        16,
-        "--train-samples",
-        64,
-        "--eval-samples",
-        32,
-        "--epochs",
-        2,
-    ]
+    common = [*TINY_SYNTHETIC, *SMALL_MODEL, *TWO_SHORT_EPOCHS]
     run_training([*common, "--out", tmp_path / "plain"], cwd=tmp_path, env=isolated_env, nproc=2)
     run_training(
         [*common, "--comm-hook", "powersgd", "--out", tmp_path / "powersgd"], cwd=tmp_path, env=isolated_env, nproc=2
@@ -108,21 +80,7 @@ def test_one_rank_notes_when_each_of_ddps_buckets_would_be_ready_as_many_as_two_
     tmp_path, isolated_env
 ):
     """The forecast replays a one-node step on N nodes from these moments: they must be DDP's own buckets."""
-    common = [
-        *TINY_SYNTHETIC,
-        "--preset",
-        "small",
-        "--vocab-size",
-        2000,
-        "--global-batch-size",
-        16,
-        "--train-samples",
-        64,
-        "--eval-samples",
-        32,
-        "--epochs",
-        2,
-    ]
+    common = [*TINY_SYNTHETIC, *SMALL_MODEL, *TWO_SHORT_EPOCHS]
     run_training([*common, "--out", tmp_path / "one"], cwd=tmp_path, env=isolated_env)
     run_training([*common, "--out", tmp_path / "two"], cwd=tmp_path, env=isolated_env, nproc=2)
     timeline = pd.read_csv(tmp_path / "one" / "timeline.csv").set_index("what")

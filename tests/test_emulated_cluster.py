@@ -183,19 +183,24 @@ def test_a_bad_cluster_is_refused_in_one_line_before_anything_starts(tmp_path, i
     assert not (tmp_path / "bad").exists() and nothing_left(os.getpid())
 
 
-def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
-    code = (
-        "from ddp_core.launch.plan import Placement, prepare\n"
-        "prepare(world_size=2, placement=Placement('emulated', nodes=2), results_dir='/tmp', experiment='x', "
-        "profile='tiny')"
-    )
-    proc = subprocess.run(
+def as_nobody(code: str) -> subprocess.CompletedProcess:
+    """Python `code` run in the repository as a user without root, its output captured."""
+    return subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
         cwd=REPO,
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
+
+
+def test_without_root_the_emulated_launcher_is_refused_in_one_line(tmp_path):
+    code = (
+        "from ddp_core.launch.plan import Placement, prepare\n"
+        "prepare(world_size=2, placement=Placement('emulated', nodes=2), results_dir='/tmp', experiment='x', "
+        "profile='tiny')"
+    )
+    proc = as_nobody(code)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].endswith("run as root (sudo), or use launcher='local'")
 
@@ -206,13 +211,7 @@ def test_without_root_the_study_runner_leaves_out_the_emulated_studies_and_says_
         "studies, why = can_run_here(list(load_study_list('tests/studies-tiny.yml').values()))\n"
         "print(' '.join(s.name for s in studies)); print(why)"
     )
-    proc = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-    )
+    proc = as_nobody(code)
     kept, why = proc.stdout.strip().splitlines()
     assert "nodes" not in kept.split() and "scaling" in kept.split()
     assert why.startswith("not training nodes: an emulated cluster creates")

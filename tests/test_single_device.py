@@ -132,11 +132,13 @@ def test_a_bad_option_is_refused_in_one_line_before_measuring(tmp_path, isolated
     assert not (tmp_path / "out").exists()
 
 
-def made_up(seconds: dict[str, list[float]], device_name: str = "NVIDIA H100 80GB HBM3") -> Measurement:
+def made_up(
+    seconds: dict[str, list[float]], device_name: str = "NVIDIA H100 80GB HBM3", preset: str = "large"
+) -> Measurement:
     """A measurement with the given seconds per loop and round, 100 samples per epoch."""
     rows = [
         dict(
-            preset="large",
+            preset=preset,
             amp="bf16",
             batch_size=64,
             seq_len=256,
@@ -202,27 +204,8 @@ def test_each_configuration_is_judged_against_its_own_noise_not_the_noisiest_con
         "timed": [0.8, 1.2, 1.0, 1.3],
         "ddp_of_one": [1.3, 0.8, 1.2, 1.0],
     }
-    rows = [
-        dict(
-            preset=preset,
-            amp="bf16",
-            batch_size=64,
-            seq_len=256,
-            flops_per_sample=2e12,
-            loop=loop,
-            round=r,
-            samples=100,
-            seconds=s,
-        )
-        for preset, seconds in (("large", steady), ("tiny", noisy))
-        for loop, per_round in seconds.items()
-        for r, s in enumerate(per_round)
-    ]
-    m = Measurement(
-        "made-up",
-        {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "matmul_tflops": {"bf16": 800.0}},
-        pd.DataFrame(rows),
-    )
+    large, tiny = made_up(steady), made_up(noisy, preset="tiny")
+    m = replace(large, epochs=pd.concat([large.epochs, tiny.epochs], ignore_index=True))
     assert ratio_comparison(m, "trainer", ("large", "bf16", 64)).says("slower", "faster") == "slower"
     assert ratio_comparison(m, "trainer", ("tiny", "bf16", 64)).says("slower", "faster") == "no visible difference"
     row = verdict_table(m).loc[RATIOS["trainer"][2]]

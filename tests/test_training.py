@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import TINY_SYNTHETIC, final_parameters, read_metrics
+from conftest import TINY_SYNTHETIC, TWO_SHORT_EPOCHS, final_parameters, read_metrics
 
 pytestmark = pytest.mark.slow  # every test here trains more than a few steps
 
@@ -34,19 +34,7 @@ def test_resume_after_one_epoch_reproduces_an_uninterrupted_run(train, tmp_path)
 
 
 def test_a_compiled_model_trains_as_the_eager_one_does(train, tmp_path):
-    common = [
-        *TINY_SYNTHETIC,
-        "--dropout",
-        "0",
-        "--global-batch-size",
-        16,
-        "--train-samples",
-        64,
-        "--eval-samples",
-        32,
-        "--epochs",
-        2,
-    ]
+    common = [*TINY_SYNTHETIC, "--dropout", "0", *TWO_SHORT_EPOCHS]
     train(*common, "--out", tmp_path / "eager")
     train(*common, "--compile", "--out", tmp_path / "compiled")
     for eager, compiled in zip(read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled"), strict=True):
