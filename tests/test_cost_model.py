@@ -95,16 +95,7 @@ def test_a_bucket_is_ready_when_backward_has_done_the_flops_of_its_parameters_an
     229,376 a block, 2 blocks and the head's 2*128: 459,008. The first bucket (1 MiB: 262,144 elements) closes,
     counting back from the head, at block 0's second feed-forward weight (264,066 elements): the head, block 1 and
     that weight, 256 + 229,376 + 65,536 FLOPs. The second holds the rest and the embeddings: ready at the end."""
-    small = {
-        "vocab_size": 20000,
-        "max_len": 128,
-        "num_classes": 2,
-        "d_model": 128,
-        "n_layers": 2,
-        "n_heads": 4,
-        "d_ff": 512,
-        "dropout": 0.1,
-    }
+    small = vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2))
     assert bucket_ready_shares(small) == pytest.approx([(256 + 229_376 + 65_536) / 459_008, 1.0])
 
 

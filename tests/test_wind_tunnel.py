@@ -14,6 +14,7 @@ import yaml
 
 from conftest import REPO, TINY_STUDIES, ddp_variants
 from ddp_core.engine.model_cost import bucket_sizes
+from ddp_core.engine.model_shape import ModelConfig
 from ddp_core.launch.emulated import leftovers
 from ddp_core.analysis.nvlink_forecast import forecast, nvlink_fit
 from ddp_core.analysis.similarity import CONFIGURATIONS, ETHERNET_FILE, H200_MEASUREMENT, large_model
@@ -22,16 +23,7 @@ from ddp_core.studies.study_list import StudyError, parse_study
 from ddp_core.studies.wind_tunnel import FASTEST_RATE, link_rate_for, ring_bits
 
 BUCKETS = [1_000_000, 10_000_000]
-WORKLOAD = {
-    "vocab_size": 20000,
-    "max_len": 128,
-    "num_classes": 2,
-    "d_model": 128,
-    "n_layers": 2,
-    "n_heads": 4,
-    "d_ff": 512,
-    "dropout": 0.1,
-}  # the small model of the nodes study
+WORKLOAD = vars(ModelConfig.from_preset("small", vocab_size=20000, max_len=128, num_classes=2))  # the nodes study's
 
 
 def test_a_ring_sends_twice_the_gradient_less_one_nth_of_it_from_each_node():
