@@ -265,26 +265,36 @@ def compare_accuracies(
 
 @dataclass(frozen=True)
 class Judged:
-    """A comparison as a sentence quotes it: its `value`, '0.85 (0.80 to 0.90 over 3 repeats)', and its `verdict`,
-    'faster (beyond the noise floor of 5.0%)' or why there is none."""
+    """A comparison as a page quotes it. `value` reads '0.85 (0.80 to 0.90 over 3 repeats)' and `verdict` 'faster
+    (beyond the noise floor of 5.0%)', or why there is none. A one-line finding takes `shown`, the ratio to the digit
+    its noise floor allows, and `word`, the bare verdict."""
 
     value: str
     verdict: str
+    shown: str
+    word: str
+
+
+def judged(c: Comparison, lower: str, higher: str) -> Judged:
+    """`Judged` of a comparison, its verdict in the sentence's words for a ratio below and above 1."""
+    return Judged(
+        c.value(), c.judged(lower, higher), noise_format(c.ratio, c.floor).format(c.ratio), c.says(lower, higher)
+    )
 
 
 def judged_times(c: Comparison) -> Judged:
     """A ratio of times, A's over B's: A is 'faster' below 1 ("A took {value} times as long as B: {verdict}")."""
-    return Judged(c.value(), c.judged("faster", "slower"))
+    return judged(c, "faster", "slower")
 
 
 def judged_accuracies(c: Comparison) -> Judged:
     """A ratio of final accuracies, A's over B's: A's is 'higher' above 1."""
-    return Judged(c.value(), c.judged("lower", "higher"))
+    return judged(c, "lower", "higher")
 
 
 def judged_speedup(c: Comparison) -> Judged:
     """A speedup, T1/TN (`speedup_comparisons`): 'faster' above 1."""
-    return Judged(c.value(), c.judged("slower", "faster"))
+    return judged(c, "slower", "faster")
 
 
 @dataclass(frozen=True)
@@ -302,12 +312,14 @@ def shown(c: Comparison, lower: str, higher: str) -> Shown:
 
 def accuracy_glue(key: str, c: Comparison) -> dict:
     """`judged_accuracies` for a page not yet given a record."""
-    return _keyed(key, judged_accuracies(c))
+    j = judged_accuracies(c)
+    return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
 
 
 def speedup_glue(key: str, c: Comparison) -> dict:
     """`judged_speedup` for a page not yet given a record."""
-    return _keyed(key, judged_speedup(c))
+    j = judged_speedup(c)
+    return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
 
 
 def shown_glue(key: str, c: Comparison, lower: str, higher: str) -> dict:
@@ -317,7 +329,8 @@ def shown_glue(key: str, c: Comparison, lower: str, higher: str) -> dict:
 
 def time_glue(key: str, c: Comparison) -> dict:
     """`judged_times` for a page not yet given a record."""
-    return _keyed(key, judged_times(c))
+    j = judged_times(c)
+    return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
 
 
 PLANTED_EFFECTS = [0.0, 0.05, 0.1, 0.2, 0.5]

@@ -3,12 +3,12 @@ chapter's runs when they ran on GPUs (the user's cluster), and else the emulated
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from ddp_core.analysis.comparisons import shown_glue, speedup_comparisons
+from ddp_core.analysis.comparisons import Judged, judged_speedup, speedup_comparisons
 from ddp_core.analysis.compute_ratio import rank_share_s
 from ddp_core.analysis.emulated import link_experiments
-from ddp_core.analysis.provenance import whose_findings
+from ddp_core.analysis.provenance import runs_shown
 from ddp_core.analysis.results import Experiment, point_label
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.tables import noise_format, range_text
@@ -39,10 +39,27 @@ def headline_runs(scaling: Experiment, nodes: dict[str, Experiment]) -> Headline
     return HeadlineRuns(fastest, "emulated nodes", f"over links set to {point_label(fastest, fastest.largest)}")
 
 
-def headline_findings(scaling: Experiment, nodes: dict[str, Experiment]) -> dict:
-    """At the headline's most processes: the speedup over one at its noise's precision, its range and verdict, and
-    which of two costs held it back most, in ms of the mean step: the exposed all-reduce, or the compute above one's
-    share of the batch."""
+@dataclass(frozen=True)
+class Headline:
+    """The first page's headline at its most processes: the speedup over one, and which of two costs held it back
+    most, in ms of the mean step. The costs are the exposed all-reduce and the compute above one's share."""
+
+    units: str
+    setting: str
+    most: int
+    speedup: Judged
+    speedup_range: str
+    efficiency: float
+    limit: str
+    limit_ms: float
+    step_ms: float
+    whose: str
+    made_when: str
+    made_on: str
+
+
+def headline(scaling: Experiment, nodes: dict[str, Experiment]) -> Headline:
+    """`Headline` of the headline's runs (`headline_runs`)."""
     runs = headline_runs(scaling, nodes)
     experiment, largest = runs.experiment, runs.experiment.largest
     comparison = speedup_comparisons(experiment)[largest]
@@ -52,15 +69,24 @@ def headline_findings(scaling: Experiment, nodes: dict[str, Experiment]) -> dict
     share = rank_share_s(table.loc[1, "compute_per_step_s"], experiment.baseline, experiment.runs[largest])
     costs = {EXPOSED: row["comm_exposed_per_step_s"], UNDIVIDED: max(row["compute_per_step_s"] - share, 0.0)}
     limit = max(costs, key=costs.get)
-    return {
-        "units": runs.units,
-        "setting": runs.setting,
-        "most": largest,
-        **shown_glue("speedup", comparison, "slower", "faster"),
-        "speedup_range": range_text(comparison.low, comparison.high, shown, " to "),
-        "efficiency": comparison.ratio / largest,
-        "limit": limit,
-        "limit_ms": costs[limit] * 1e3,
-        "step_ms": row["mean_step_s"] * 1e3,
-        **whose_findings(experiment),
+    return Headline(
+        units=runs.units,
+        setting=runs.setting,
+        most=largest,
+        speedup=judged_speedup(comparison),
+        speedup_range=range_text(comparison.low, comparison.high, shown, " to "),
+        efficiency=comparison.ratio / largest,
+        limit=limit,
+        limit_ms=costs[limit] * 1e3,
+        step_ms=row["mean_step_s"] * 1e3,
+        **asdict(runs_shown(experiment)),
+    )
+
+
+def headline_findings(scaling: Experiment, nodes: dict[str, Experiment]) -> dict:
+    """`headline` for a page not yet given a record."""
+    found = headline(scaling, nodes)
+    return {k: v for k, v in vars(found).items() if k != "speedup"} | {
+        "speedup_shown": found.speedup.shown,
+        "speedup_word": found.speedup.word,
     }

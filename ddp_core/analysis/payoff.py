@@ -5,6 +5,8 @@ it, and the key findings."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from ddp_core.analysis.comparisons import speedup_comparisons
 from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict
 from ddp_core.analysis.nvlink_forecast import nvlink_fit, peak_gemm_flops_per_s
@@ -42,9 +44,42 @@ def ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
     }
 
 
-def payoff_findings(experiment: Experiment) -> dict:
+@dataclass(frozen=True)
+class Payoff:
     """The theory's break-even against the measured R_N, whether the theory's verdict held, and how tokens, model
     size and hardware move R_N."""
+
+    n_model: int
+    exposed_fraction: float
+    break_even_ratio: float
+    ratio_n_model: float
+    theory_speedup: float
+    theory_side: str
+    theory_prediction: str
+    measured_speedup_value: str
+    theory_outcome: str
+    cost_model_speedup: float
+    ideal_consequence: str
+    cpu_gflops: float
+    cpu_bytes_per_kflop: float
+    gpu_bytes_per_kflop: float
+    link_per_flop_ratio: float
+    link_per_flop_word: str
+    fewest_cpu: str
+    fewest_gpu: str
+    most_cpu: str
+    tokens_spread_cpu: float
+    run_preset: str
+    run_embedding_share: float
+    smallest_embedding_share: float
+    smallest_embedding_preset: str
+    model_ratio_at_runs: float
+    allreduce_in_training_factor: float
+    allreduce_vs_benchmark_factor: float
+
+
+def payoff(experiment: Experiment) -> Payoff:
+    """`Payoff` of a study's runs at the most ranks with an all-reduce benchmark."""
     table = scaling_table(experiment)
     n, _ = benchmarked(experiment)
     one = experiment.baseline
@@ -66,35 +101,40 @@ def payoff_findings(experiment: Experiment) -> dict:
     predicts_gain = ratio > break_even_ratio
     measured = speedup_comparisons(experiment)[n]
     predicted = predict(experiment).loc[n]
-    return {
-        "n_model": n,
-        "exposed_fraction": exposed_fraction,
-        "break_even_ratio": break_even_ratio,
-        "ratio_n_model": ratio,
-        "theory_speedup": n * ratio / (ratio + exposed_fraction),
-        "theory_side": "above" if predicts_gain else "below",
-        "theory_prediction": "a speedup above 1" if predicts_gain else "a slowdown",
-        "measured_speedup_value": measured.value(),
-        "theory_outcome": theory_outcome(predicts_gain, measured),
-        "cost_model_speedup": float(predicted["predicted_speedup"]),
-        "ideal_consequence": "DDP would pay off" if predicts_gain else "DDP would not pay off",
-        "cpu_gflops": float(hardware[CPU][0] / 1e9),
-        "cpu_bytes_per_kflop": link_per_kflop[CPU],
-        "gpu_bytes_per_kflop": link_per_kflop[GPU],
-        "link_per_flop_ratio": max(link_per_kflop.values()) / min(link_per_kflop.values()),
-        "link_per_flop_word": "fewer" if link_per_kflop[CPU] >= link_per_kflop[GPU] else "more",
-        "fewest_cpu": fewest[CPU],
-        "fewest_gpu": fewest[GPU],
-        "most_cpu": most,
-        "tokens_spread_cpu": ratios[CPU, fewest[CPU]] / ratios[CPU, most],
-        "run_preset": one.config["preset"],
-        "run_embedding_share": embedding_share[one.config["preset"]],
-        "smallest_embedding_share": min(embedding_share.values()),
-        "smallest_embedding_preset": min(embedding_share, key=embedding_share.get),
-        "model_ratio_at_runs": float(model_ratio),
-        "allreduce_in_training_factor": float(model_ratio / ratio),
-        "allreduce_vs_benchmark_factor": float(predicted["measured_comm_s"] / predicted["predicted_comm_s"]),
-    }
+    return Payoff(
+        n_model=n,
+        exposed_fraction=exposed_fraction,
+        break_even_ratio=break_even_ratio,
+        ratio_n_model=ratio,
+        theory_speedup=n * ratio / (ratio + exposed_fraction),
+        theory_side="above" if predicts_gain else "below",
+        theory_prediction="a speedup above 1" if predicts_gain else "a slowdown",
+        measured_speedup_value=measured.value(),
+        theory_outcome=theory_outcome(predicts_gain, measured),
+        cost_model_speedup=float(predicted["predicted_speedup"]),
+        ideal_consequence="DDP would pay off" if predicts_gain else "DDP would not pay off",
+        cpu_gflops=float(hardware[CPU][0] / 1e9),
+        cpu_bytes_per_kflop=link_per_kflop[CPU],
+        gpu_bytes_per_kflop=link_per_kflop[GPU],
+        link_per_flop_ratio=max(link_per_kflop.values()) / min(link_per_kflop.values()),
+        link_per_flop_word="fewer" if link_per_kflop[CPU] >= link_per_kflop[GPU] else "more",
+        fewest_cpu=fewest[CPU],
+        fewest_gpu=fewest[GPU],
+        most_cpu=most,
+        tokens_spread_cpu=ratios[CPU, fewest[CPU]] / ratios[CPU, most],
+        run_preset=one.config["preset"],
+        run_embedding_share=embedding_share[one.config["preset"]],
+        smallest_embedding_share=min(embedding_share.values()),
+        smallest_embedding_preset=min(embedding_share, key=embedding_share.get),
+        model_ratio_at_runs=float(model_ratio),
+        allreduce_in_training_factor=float(model_ratio / ratio),
+        allreduce_vs_benchmark_factor=float(predicted["measured_comm_s"] / predicted["predicted_comm_s"]),
+    )
+
+
+def payoff_findings(experiment: Experiment) -> dict:
+    """`payoff` for a page not yet given a record."""
+    return asdict(payoff(experiment))
 
 
 def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:

@@ -10,15 +10,17 @@ that its parts add up to it: the first epoch of every run is left out, as it pay
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (
-    accuracy_glue,
+    Judged,
     compare_accuracies,
+    judged_accuracies,
+    judged_speedup,
     run_times,
-    shown_glue,
     speedup_comparisons,
-    speedup_glue,
     steady_phases,
 )
 from ddp_core.analysis.compute_ratio import compute_to_comm_ratio, cores_per_rank, rank_share_s
@@ -83,24 +85,52 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     return table
 
 
+@dataclass(frozen=True)
+class Largest:
+    """What the results chapter, the discussion and the first page each say of a study's runs, from one place. The
+    settings they share, and the speedup and final accuracy at the most ranks against one rank's. `placement` holds
+    for CPU ranks and GPUs alike ("shared one machine's 2 CPU cores")."""
+
+    preset: str
+    dataset: str
+    placement: str
+    global_batch: int
+    cpu_count: int
+    dropout: float
+    largest: int
+    threads_1: str
+    threads_nmax: str
+    speedup_nmax: Judged
+    accuracy_nmax: Judged
+
+
+def largest(experiment: Experiment) -> Largest:
+    """`Largest` of a study's runs."""
+    one, most = experiment.baseline, experiment.largest
+    return Largest(
+        preset=one.config["preset"],
+        dataset=in_words(one.config["dataset"]),
+        placement="each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores",
+        global_batch=one.global_batch_size,
+        cpu_count=one.cpu_count,
+        dropout=one.model["dropout"],
+        largest=most,
+        threads_1=counted(one.threads_per_rank, "thread"),
+        threads_nmax=counted(experiment.runs[most].threads_per_rank, "thread"),
+        speedup_nmax=judged_speedup(speedup_comparisons(experiment)[most]),
+        accuracy_nmax=judged_accuracies(compare_accuracies(experiment, experiment, most, 1)),
+    )
+
+
 def largest_findings(experiment: Experiment) -> dict:
-    """What the results chapter, the discussion and the first page each say of a study's runs, from one place: the
-    settings they share (model, data, batch, machine, dropout, threads a rank at one rank and at the most) and, at
-    the most ranks, the speedup over one rank and the final accuracy against one rank's, each with its verdict; and
-    where the ranks ran, in words that hold for CPU ranks and GPUs alike ("shared one machine's 2 CPU cores")."""
-    one, largest = experiment.baseline, experiment.largest
-    speedup = speedup_comparisons(experiment)[largest]
-    return {
-        "preset": one.config["preset"],
-        "dataset": in_words(one.config["dataset"]),
-        "placement": ("each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores"),
-        "global_batch": one.global_batch_size,
-        "cpu_count": one.cpu_count,
-        "dropout": one.model["dropout"],
-        "largest": largest,
-        "threads_1": counted(one.threads_per_rank, "thread"),
-        "threads_nmax": counted(experiment.runs[largest].threads_per_rank, "thread"),
-        **speedup_glue("speedup_nmax", speedup),
-        **shown_glue("speedup_nmax", speedup, "slower", "faster"),
-        **accuracy_glue("accuracy_nmax", compare_accuracies(experiment, experiment, largest, 1)),
+    """`largest` for a page not yet given a record."""
+    found = largest(experiment)
+    speedup, accuracy = found.speedup_nmax, found.accuracy_nmax
+    return {k: v for k, v in vars(found).items() if k not in ("speedup_nmax", "accuracy_nmax")} | {
+        "speedup_nmax_value": speedup.value,
+        "speedup_nmax_verdict": speedup.verdict,
+        "speedup_nmax_shown": speedup.shown,
+        "speedup_nmax_word": speedup.word,
+        "accuracy_nmax_value": accuracy.value,
+        "accuracy_nmax_verdict": accuracy.verdict,
     }
