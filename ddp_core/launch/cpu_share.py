@@ -1,33 +1,8 @@
 """A node's compute: a bounded share of this machine's CPU, so that N emulated nodes have N times the compute of one.
 
-Linux's CPU bandwidth control (CFS quotas) lets the processes of a control group run at most `quota` of CPU time in
-every `period` of wall time: a share of 0.25 with a 10 ms period is 2.5 ms of CPU per 10 ms, a quarter core however
-many threads want it. Each node of an emulated cluster gets such a group, as Mininet's CPU-limited hosts do
-(Handigol et al., CoNEXT 2012), so that 8 nodes of a quarter core on 2 cores are 8 times the compute of 1.
-
-The quota bounds a node's compute, not its communication. A node's group holds two: `compute`, with the quota, where
-its processes start, and `communication`, without one. When the quota starts, gloo's threads move to
-`communication` (found by name: its workers, which sum and send the buckets, and its transport's receive loop);
-the threads that run forward, backward and the optimizer stay under the quota, however many there are. So a
-bucket's all-reduce runs beside backward, as a GPU's collectives run on its links' engines beside its compute, and
-neither takes the other's time. With gloo's threads under the quota, each waited for the periods backward had
-spent: a bucket's all-reduce during backward took several times as long as alone, and a rank computed more than
-its share of the one node's work, which no forecast from one node's step and the all-reduce benchmark could see.
-
-A node's processes join its group when they start, but the quota holds only from `limit()` to `release()`: the
-launcher calls them when training starts (the trainer's rank 0 has its run directory, every rank has loaded torch,
-the data and its process group, whose threads then exist) and when the run's files are written, so that start-up
-and shutdown, seconds of imports and teardown that no timer measures, do not take four times as long at a quarter
-core.
-
-The period is short (PERIOD_US): a rank that used up its quota waits for the next period, and in a synchronous
-all-reduce its peers wait with it, so the longest stall, period x (1 - share), should stay small against a step.
-Its weight is high (WEIGHT), so that the nodes get their quota before other processes of the machine (the notebook
-kernel, the runner) get what is left: the quota, not the scheduler's fairness, sets their compute.
-
-Both cgroup versions: v1 (`cpu.cfs_quota_us` in the `cpu` hierarchy, usage from `cpuacct`, threads moved through
-`tasks`) and v2 (`cpu.max`, `cpu.stat`; the two children are threaded, threads moved through `cgroup.threads`).
-A group is named like the cluster's namespaces, so the sweep of a killed owner's leftovers finds it.
+Each node gets a control group with a CFS quota, as Mininet's CPU-limited hosts do (Handigol et al., CoNEXT 2012).
+The quota bounds a node's compute, not its communication: gloo's threads move to a sibling group without one. It holds
+only from `limit()` to `release()`, so start-up and shutdown are not slowed. Both cgroup v1 and v2 work.
 """
 
 from __future__ import annotations
@@ -38,7 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# A rank that used up its quota waits for the next period, and in a synchronous all-reduce its peers wait with it.
+# So the longest stall, period x (1 - share), should stay small against a step.
 PERIOD_US = 10_000  # a tenth of the kernel's default (benchmarks/cpu_period.py measures both)
+# A high weight gives the nodes their quota before other processes (the notebook kernel, the runner) get what is left:
+# the quota, not the scheduler's fairness, sets their compute.
 WEIGHT = 10_000  # v2 cpu.weight's maximum; v1 cpu.shares takes the same number (its default is 1024)
 MOUNTS = Path("/proc/self/mounts")
 GLOO_THREADS = ("pt_gloo", "gloo")  # the names of gloo's threads: "pt_gloo_runloop" (sums, sends), "gloo_tcp_loop"
@@ -50,8 +29,10 @@ class CpuShareError(Exception):
 
 @dataclass(frozen=True)
 class CpuController:
-    """Where node groups go: `quota_root` holds the quota (and, on v2, the usage); `usage_root` the usage."""
+    """Where node groups go: `quota_root` holds the quota, `usage_root` the usage. On v2 they are one folder."""
 
+    # v1: cpu.cfs_quota_us in the `cpu` hierarchy, usage from `cpuacct`, threads moved through `tasks`.
+    # v2: cpu.max and cpu.stat, the two children threaded, threads moved through `cgroup.threads`.
     version: int
     quota_root: Path
     usage_root: Path
@@ -131,12 +112,16 @@ def check_shares(nodes: int, cpus_per_node) -> None:
 
 
 class NodeCpu:
-    """One node's control group: its compute at most `cpus` cores of CPU time, its communication beside it; their
-    usage and the compute's throttling read back."""
+    """One node's control group: its compute held to `cpus` cores, its communication beside it without a quota. It
+    reads back their usage and the compute's throttling."""
 
+    # A bucket's all-reduce runs beside backward, as a GPU's collectives run on its links' engines beside its compute.
+    # With gloo's threads under the quota, each waited for the periods backward had spent. An all-reduce during
+    # backward then took several times as long as alone, which no forecast from one node's step could see.
     COMPUTE, COMMUNICATION = "compute", "communication"
 
     def __init__(self, controller: CpuController, name: str, cpus: float, period_us: int = PERIOD_US):
+        # `name` is the cluster's namespace name, so the sweep of a killed owner's leftovers finds the group
         self.controller, self.name, self.cpus, self.period_us = controller, name, cpus, period_us
         self.dirs = controller.folders(name)
         self.quota_dir = controller.quota_root / name / self.COMPUTE
@@ -160,9 +145,11 @@ class NodeCpu:
             (self.quota_dir.parent / "cpu.weight").write_text(str(WEIGHT))
 
     def limit(self) -> None:
-        """The quota from now on on the compute, gloo's threads moved to the communication; `stats` counts from
-        here."""
+        """Start the quota on the compute and move gloo's threads to the communication. `stats` counts from here."""
+        # The launcher calls this once training starts: every rank has loaded torch, the data and its process group,
+        # whose threads then exist. Start-up and shutdown, which no timer measures, would take 4x as long at 0.25 core.
         self._separate_communication()
+        # CFS: at most `quota` of CPU time per period, however many threads want it. 0.25 core is 2.5 ms per 10 ms.
         quota = round(self.cpus * self.period_us)
         if self.controller.version == 1:
             (self.quota_dir / "cpu.cfs_quota_us").write_text(str(quota))
@@ -171,6 +158,8 @@ class NodeCpu:
         self.at_limit, self.at_release = self._counters(), None
 
     def _separate_communication(self) -> None:
+        # gloo's threads, found by name: its workers, which sum and send the buckets, and its transport's receive loop.
+        # The threads of forward, backward and the optimizer stay under the quota, however many there are.
         threads = "tasks" if self.controller.version == 1 else "cgroup.threads"
         for folder in self.dirs:
             for thread in _words(folder / self.COMPUTE / threads):
@@ -181,7 +170,7 @@ class NodeCpu:
                     pass  # the thread ended since it was listed
 
     def release(self) -> None:
-        """No quota from now on; `stats` stays what it was here."""
+        """No quota from now on. `stats` stays what it was here."""
         self.at_release = self.stats()
         if self.controller.version == 1:
             (self.quota_dir / "cpu.cfs_quota_us").write_text("-1")
@@ -189,19 +178,19 @@ class NodeCpu:
             (self.quota_dir / "cpu.max").write_text(f"max {self.period_us}")
 
     def enter(self) -> None:
-        """Move the calling process into the compute (in a child before it executes); its children and threads
-        follow. On v2 a process joins the node's group, then its one thread the threaded `compute`."""
+        """Move the calling process into the compute, from a child before it executes. Its children and threads
+        follow."""
         pid = str(os.getpid())
         for folder in self.dirs:
             if self.controller.version == 1:
                 (folder / self.COMPUTE / "cgroup.procs").write_text(pid)
-            else:
+            else:  # the process joins the node's group, then its one thread the threaded `compute`
                 (folder / "cgroup.procs").write_text(pid)
                 (folder / self.COMPUTE / "cgroup.threads").write_text(pid)
 
     def stats(self) -> dict:
-        """From `limit` to `release` (or now): CPU seconds the compute used, the periods in which it ran, in how
-        many of them it was throttled, and for how long in all; and the CPU seconds of the communication."""
+        """CPU use from `limit` to `release`, or to now. It holds the compute's CPU seconds, periods and throttling,
+        and the communication's CPU seconds."""
         if self.at_release:
             return self.at_release
         now = self._counters()
@@ -232,20 +221,19 @@ def _stat(folder: Path) -> dict:
 
 
 def _subgroups(top: Path) -> list[Path]:
-    """The groups under `top`, deepest first. Another sweep (a test worker's, a cluster's own teardown) may remove
-    one while this walks the tree: then the walk starts again on what is left."""
+    """The groups under `top`, deepest first. If another sweep removes one during the walk, the walk starts again."""
     for _ in range(10):
         try:
             found = [p for p in top.rglob("*") if p.is_dir()] if top.exists() else []
             return sorted(found, key=lambda p: -len(p.parts))
-        except FileNotFoundError:
+        except FileNotFoundError:  # a test worker's sweep or a cluster's own teardown removed one
             continue
     return []
 
 
 def remove_group(controller: CpuController, name: str) -> None:
-    """Kill what still runs in the group, then remove it, its children first (the kernel refuses while a process is
-    in one)."""
+    """Kill what still runs in the group, then remove it, its children first."""
+    # the kernel refuses to remove a group while a process is in it
     for top in controller.folders(name):
         for folder in [*_subgroups(top), top]:
             for _ in range(50):

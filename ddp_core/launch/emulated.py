@@ -1,26 +1,13 @@
-"""A cluster emulated on this machine: nodes as Linux network namespaces joined by a bridge, each node's link
-capped at a chosen rate, so that DDP's communication crosses a network whose bandwidth the report can turn.
+"""A cluster emulated on this machine: nodes as network namespaces on a bridge, each node's link capped at a rate.
+
+DDP's communication then crosses a network whose bandwidth the report can turn.
 
     with EmulatedCluster(nodes=2, link_rate="100mbit") as cluster:
         leader, *others = cluster.launch(ranks_per_node=1, program=["-m", "ddp_core.train", ...], log_dir=out)
 
-Each node is what a cluster node is to torchrun: its own network stack (a namespace with one interface,
-`eth0`, at 198.18.0.<k+1>), its own hostname (`node<k>`, in a UTS namespace of its own) and a hosts file that
-names the others (`/etc/netns/<namespace>/hosts`, which `ip netns exec` mounts over /etc/hosts). Every node's
-`eth0` is one end of a veth pair whose other end sits on the cluster's bridge: a switch that never limits.
-The link's rate is a token bucket (`tc ... tbf`) on what each node sends, so a node sends at most that
-rate and, in a ring all-reduce, receives as much from its neighbour: a full-duplex link of that rate per node.
-`netem` (latency, loss) is absent from this machine's kernel, so the latency is that of the veth pair.
-
-With `cpus_per_node`, each node also has compute of its own: a CPU share enforced by the kernel's bandwidth
-control (`ddp_core/launch/cpu_share.py`), so that N nodes have N times the compute of one, as N machines would.
-
-Addresses come from 198.18.0.0/15, the range RFC 2544 sets aside for benchmarks; the namespaces have no route
-beyond their own subnet and the bridge has no address, so no packet leaves them.
-
-The cluster is torn down on every way out of its `with` block (end, error, Ctrl-C): processes still in its
-namespaces are killed, then the namespaces, the links, the hosts files and the CPU groups are removed. A cluster
-whose owner was killed (kill -9) is swept by the next one: the owner's process id is part of every name.
+Each node is what a cluster node is to torchrun: its own network stack, hostname and hosts file. With `cpus_per_node`,
+each node also gets a CPU share (`cpu_share.py`), so N nodes have N times the compute of one. The cluster is torn down
+on every way out of its `with` block. A cluster whose owner was killed is swept by the next one.
 """
 
 from __future__ import annotations
@@ -55,7 +42,9 @@ from ddp_core.launch.plan import (
     trainer_args,
 )
 
-SUBNET = "198.18.0"  # nodes are SUBNET.1, SUBNET.2, ...: RFC 2544's benchmarking range
+# Nodes are SUBNET.1, SUBNET.2, ... in RFC 2544's benchmarking range. The namespaces have no route beyond their subnet
+# and the bridge has no address, so no packet leaves them.
+SUBNET = "198.18.0"
 NETNS_ETC = Path("/etc/netns")
 PREFIX = "ddc"  # ddc<owner pid, 6 hex digits><sequence>: <=15 characters with the link suffixes (Linux's limit)
 NAME = re.compile(rf"^{PREFIX}(?P<owner>[0-9a-f]{{6}})[0-9a-z](?:-n\d+|br|v\d+)$")
@@ -124,7 +113,8 @@ def leftovers(owner_alive=_alive) -> dict[str, list[str]]:
 
 
 def sweep_leftovers() -> None:
-    """Remove what clusters of dead owners left (a kill -9 runs no teardown)."""
+    """Remove what clusters of dead owners left: a kill -9 runs no teardown."""
+    # the owner's process id is part of every name (PREFIX)
     left = leftovers()
     for namespace in set(left["namespaces"]) | set(left["hosts files"]):
         _remove_namespace(namespace)
@@ -142,8 +132,8 @@ def _burst_bytes(bits_per_s: float) -> int:
 
 
 class EmulatedCluster:
-    """`nodes` network namespaces on one bridge, each sending at most `link_rate` (None: unshaped) and, with
-    `cpus_per_node`, computing on at most that many cores (None: the machine's cores, shared)."""
+    """`nodes` network namespaces on one bridge, each sending at most `link_rate` and computing on `cpus_per_node`
+    cores. A None rate is unshaped, and None cores are the machine's, shared."""
 
     def __init__(
         self,
@@ -184,11 +174,13 @@ class EmulatedCluster:
         self.teardown()
 
     def _create(self) -> None:
+        # `ip netns exec` mounts /etc/netns/<namespace>/hosts over /etc/hosts: every node knows the others by name.
         hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(k)} node{k}\n" for k in range(self.nodes))
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("link", "set", self.bridge, "up")
         for node_cpu in self.cpu:
             node_cpu.create()
+        # eth0 in the node's namespace, its veth peer on the bridge: a switch that never limits
         for k in range(self.nodes):
             namespace, veth = self.namespace(k), f"{self.base}v{k}"
             (NETNS_ETC / namespace).mkdir(parents=True, exist_ok=True)
@@ -199,6 +191,8 @@ class EmulatedCluster:
             _ip("-n", namespace, "addr", "add", f"{self.address(k)}/24", "dev", "eth0")
             _ip("-n", namespace, "link", "set", "eth0", "up")
             _ip("-n", namespace, "link", "set", "lo", "up")
+            # A token bucket on what each node sends. In a ring all-reduce it receives as much from its neighbour: a
+            # full-duplex link of that rate. No netem in this machine's kernel: the latency is the veth pair's.
             if self.link_rate is not None:
                 rate = rate_bits_per_s(self.link_rate)
                 shaped = subprocess.run(
@@ -226,6 +220,7 @@ class EmulatedCluster:
                     raise ClusterError(f"tc could not shape the link to {self.link_rate}: {shaped.stderr.strip()}")
 
     def teardown(self) -> None:
+        # processes still in the namespaces are killed, then the namespaces, links, hosts files and CPU groups removed
         for k in range(self.nodes):
             _remove_namespace(self.namespace(k))
             _ip("link", "delete", f"{self.base}v{k}", check=False)
@@ -246,8 +241,7 @@ class EmulatedCluster:
             node_cpu.release()
 
     def sent_bytes(self) -> list[int]:
-        """Per node, the bytes its interface has sent so far (the kernel's counter of eth0 in its namespace): what
-        crossed its link, every protocol's headers included."""
+        """Per node, the bytes its eth0 has sent so far, every protocol's headers included."""
         sent = []
         for k in range(self.nodes):
             stats = json.loads(_ip("-n", self.namespace(k), "-s", "-j", "link", "show", "eth0").stdout)
@@ -255,12 +249,12 @@ class EmulatedCluster:
         return sent
 
     def cpu_use(self) -> dict:
-        """From `limit_cpu` to `release_cpu`: the seconds, and per node the CPU seconds it used, the periods it ran
-        in, and how often and how long in all it was throttled."""
+        """From `limit_cpu` to `release_cpu`: the seconds, and per node its CPU use and throttling."""
         return {"limited_wall_s": self.limited_s, "node_cpu": [node_cpu.stats() for node_cpu in self.cpu]}
 
     def command(self, k: int, argv: list[str]) -> list[str]:
         """`argv` run on node k: in its namespace, with its hostname, and gloo on its link."""
+        # the hostname node<k> is set in a UTS namespace of the node's own
         return [
             "ip",
             "netns",
@@ -286,7 +280,7 @@ class EmulatedCluster:
         return set(usable[k * share : (k + 1) * share])
 
     def start(self, k: int, argv: list[str], **popen) -> subprocess.Popen:
-        """`argv` started on node k, on its cores and in its CPU group; it receives SIGTERM if this process dies."""
+        """`argv` started on node k, on its cores and in its CPU group. It receives SIGTERM if this process dies."""
         cores = self.cores(k)
 
         def placed():
@@ -314,9 +308,9 @@ class EmulatedCluster:
         ]
 
     def rank(self, k: int, program: list[str]) -> list[str]:
-        """Node k's one rank, started without an agent in the environment torchrun gives a rank: a node of one rank
-        that is never restarted needs no agent, and an agent is one more interpreter importing torch on every node
-        (a third of an 8-node run's start-up on this project's 2-core machine)."""
+        """Node k's one rank, started without a torchrun agent but in the environment torchrun gives a rank. A node of
+        one rank that never restarts needs no agent."""
+        # an agent is one more interpreter importing torch on every node: a third of an 8-node run's start-up on 2 cores
         return [
             "env",
             f"RANK={k}",
@@ -338,10 +332,8 @@ class EmulatedCluster:
     def launch(
         self, ranks_per_node: int, program: list[str], log_dir: Path, max_restarts: int = 0
     ) -> list[subprocess.Popen]:
-        """`program` on every node (`node_command`): node 0's first, its output readable from its stdout (text), then
-        node k's, its output in log_dir/node<k>.log. As under torchrun, a node that fails ends the job: every other
-        node is stopped, so that none waits in a collective for a peer that is gone. The cluster's teardown kills
-        whichever still runs."""
+        """Start `program` on every node: node 0's output comes on its stdout, node k's goes to log_dir/node<k>.log.
+        As under torchrun, a node that fails ends the job, so that none waits in a collective for a lost peer."""
         others = []
         for k in range(1, self.nodes):
             with open(log_dir / f"node{k}.log", "w") as log:
@@ -362,17 +354,17 @@ class EmulatedCluster:
         )
         started = [leader, *others]
         self.first_failed = None
-        for k, proc in enumerate(started):
+        for k, proc in enumerate(started):  # a watch per node; the cluster's teardown kills whichever still runs
             threading.Thread(target=self._stop_all_if_failed, args=(k, started), daemon=True).start()
         return started
 
     def _stop_all_if_failed(self, k: int, started: list[subprocess.Popen]) -> None:
-        """Node k's watch: when it fails, it is the first that did unless one did before, and the others stop, given
-        STOP_GRACE_S to end by themselves first: a bad setting fails every rank, and only rank 0 says why."""
+        """Node k's watch: when it fails, record it as the first unless one failed before, then stop the others."""
         if started[k].wait() != 0:
             with _failure_lock:
                 if self.first_failed is None:
                     self.first_failed = k
+            # the others get STOP_GRACE_S to end by themselves: a bad setting fails every rank, and only rank 0 says why
             deadline = time.monotonic() + STOP_GRACE_S
             for other in started:
                 try:
@@ -381,12 +373,12 @@ class EmulatedCluster:
                     other.terminate()
 
     def wait(self, others: list[subprocess.Popen], log_dir: Path) -> None:
-        """Wait for nodes 1, 2, ... (after node 0 has finished); the node that failed first, named in one line (not
-        one that was stopped because it did), with the trainer's refusal where it refused."""
+        """Wait for nodes 1, 2, ... after node 0 has finished. A failure names the node that failed first, with the
+        trainer's refusal where it refused."""
         codes = [proc.wait() for proc in others]
         failed = [k for k, code in enumerate(codes, 1) if code != 0]
         if failed:
-            k = self.first_failed or failed[0]
+            k = self.first_failed or failed[0]  # not one that was stopped because another failed
             log = log_dir / f"node{k}.log"
             refusals = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(ERROR_PREFIX)]
             raise ClusterError(
@@ -426,11 +418,8 @@ class EmulatedCluster:
 
 
 def run_emulated(plan: Plan) -> bool:
-    """Train across an emulated cluster of `placement.nodes` nodes at its `link_rate`, the world size split evenly
-    among them: node 0's epoch lines are echoed, each other node's output goes to node<k>.log in the run directory,
-    and network.json records the nodes, the rate the link was set to and measured at before training, each node's
-    CPU share and, after training, the bytes each node's link sent while the run trained (start-up and evaluations
-    included), the CPU each node used and how often the kernel throttled it."""
+    """Train across an emulated cluster of `placement.nodes` nodes at its `link_rate`, the ranks split evenly.
+    Node 0's epoch lines are echoed, and network.json records the cluster beside the run."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
@@ -438,6 +427,7 @@ def run_emulated(plan: Plan) -> bool:
     where, ranks_per_node = plan.placement, plan.ranks_per_node
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     with EmulatedCluster(where.nodes, where.link_rate, where.cpus_per_node) as cluster:
+        # network.json, before training: the nodes, the rate the link was set to and measured at, each node's share
         measured = cluster.measure_link_gbit_s() if where.nodes > 1 else None
         rate = rate_bits_per_s(where.link_rate)
         network = {
@@ -476,7 +466,8 @@ def run_emulated(plan: Plan) -> bool:
             if leader.wait() == -signal.SIGTERM and cluster.first_failed:  # node 0 was stopped for another that failed
                 cluster.wait(others, plan.run_dir)
             raise
-        cluster.wait(others, plan.run_dir)
+        cluster.wait(others, plan.run_dir)  # each other node's output is in node<k>.log in the run directory
+        # after training: the bytes each link sent, start-up and evaluations included, and each node's CPU use
         network["sent_bytes"] = [after - before for before, after in zip(sent_before, cluster.sent_bytes())]
         if cluster.cpu and cluster.limited_s is not None:
             network |= cluster.cpu_use()

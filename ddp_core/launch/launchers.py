@@ -1,5 +1,7 @@
-"""Start a launch plan (`ddp_core.launch.plan.prepare`) with the launcher it names: each takes the plan alone and
-returns True when the run is finished (Slurm with `wait=False`: False, submitted)."""
+"""Start a launch plan with the launcher it names. Each takes the plan alone and returns True when the run is finished.
+
+Slurm with `wait=False` returns False: submitted, not finished.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Measure an emulated link: one node receives, another sends N bytes over TCP; the receiver prints Gbit/s.
+"""Measure an emulated link: one node receives, another sends N bytes over TCP, and the receiver prints Gbit/s.
+
+The rate counts TCP payload from the first byte received to the last. It is the link's rate less each packet's
+headers, about 4 % at an MTU of 1500.
 
     python -m ddp_core.launch.link_probe receive ADDRESS          # prints the payload rate it received
     python -m ddp_core.launch.link_probe send ADDRESS BYTES
-
-The rate counts TCP payload from the first byte received to the last, so it is the link's rate less the
-headers of each packet (about 4 % at an MTU of 1500).
 """
 
 import socket

@@ -1,6 +1,4 @@
-"""The local launcher: one experiment's plan (`ddp_core.launch.plan`) trained on this machine with torchrun (plain
-python for one rank), its lines echoed as it goes.
-"""
+"""The local launcher: one experiment's plan trained on this machine with torchrun, its lines echoed as it goes."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ from ddp_core.launch.plan import (
 
 
 def run_local(plan: Plan) -> bool:
-    """Train with torchrun (plain python for 1 rank), echoing each epoch's line. The trainer checks its settings
-    and data before it writes anything; a run it refuses fails here with its one error line. The trainer runs in a
-    session of its own, which Ctrl-C in a terminal or a notebook does not reach: the launcher passes it on once."""
+    """Train with torchrun, or plain python for 1 rank, echoing each epoch's line. A run the trainer refuses fails
+    here with its one error line."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not retraining")
         return True
@@ -37,7 +34,7 @@ def run_local(plan: Plan) -> bool:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
+        start_new_session=True,  # Ctrl-C in a terminal or a notebook does not reach it: the launcher passes it on once
         preexec_fn=stop_with_parent if sys.platform == "linux" else None,
     ) as proc:
         try:
@@ -48,10 +45,10 @@ def run_local(plan: Plan) -> bool:
 
 
 def stop_interrupted(proc: subprocess.Popen) -> NoReturn:
-    """Ctrl-C: SIGINT to the trainer (torchrun sends it on to every rank), which stops at the end of its step with a
-    checkpoint and says so in one line, echoed; then exit status 130, as for any program Ctrl-C ended. Torchrun's
-    own report of the signal (a traceback, exit status 1) stays in the output that is not echoed."""
-    proc.send_signal(signal.SIGINT)
+    """Ctrl-C: the trainer stops at the end of its step with a checkpoint and says so. Then exit status 130, as for
+    any program Ctrl-C ended."""
+    proc.send_signal(signal.SIGINT)  # torchrun sends it on to every rank
+    # torchrun's own report of the signal, a traceback and exit status 1, stays in the output that is not echoed
     with contextlib.suppress(ExperimentError):
         follow_trainer(proc)
     raise SystemExit(128 + signal.SIGINT)

@@ -1,11 +1,8 @@
-"""One experiment configuration's launch plan, which every launcher takes (`local.run_local`, `emulated.run_emulated`,
-`slurm`): each parameter checked before any process starts, so a bad value fails the run notebook's first cell with
-one line (an emulated cluster's nodes, link rate and CPU share too, and whether this machine can make it), and what
-to do with the run directory decided. A run's settings are a profile (`notebooks/profiles/NAME.yml`, fields of
-`TrainConfig`) plus overrides, checked with the trainer's own parser. A run directory that already holds the same
-finished run is reused (papermill can re-execute the notebook without retraining), an interrupted one is resumed,
-and one with other settings is never touched. Also what the launchers share: the trainer's command line, printed as
-a shell would take it, and following its output.
+"""One run's launch plan, which every launcher takes (`local`, `emulated`, `slurm`): checked before any process starts.
+
+A bad value then fails the run notebook's first cell with one line. The plan also decides what to do with the run
+directory. A finished run is reused, an interrupted one resumed, and one with other settings never touched. The module
+also holds what the launchers share: the trainer's command line, printed as a shell takes it, and following its output.
 """
 
 from __future__ import annotations
@@ -66,7 +63,9 @@ class Placement:
     nodes: int = 1  # launchers "slurm" and "emulated": the nodes the ranks are spread over, evenly
     link_rate: str | None = None  # launcher "emulated": each node's link rate, None unshaped
     cpus_per_node: float | None = None  # launcher "emulated": each node's CPU share in cores, None the shared cores
-    max_restarts: int = 0  # times torchrun starts the ranks again after one failed
+    # times torchrun starts the ranks again after one failed, from the last checkpoint: for a run that must finish,
+    # not one that is measured, since the restart's time is not in its epochs
+    max_restarts: int = 0
     slurm: SlurmOptions = field(default_factory=SlurmOptions)  # launcher "slurm"
 
     @classmethod
@@ -115,12 +114,7 @@ def prepare(
     overrides: dict | None = None,
     repeat=1,
 ) -> Plan:
-    """Check every parameter and decide what to do with the run directory; starts nothing.
-
-    Repeat k of a configuration trains with seed + k - 1: repeats show how far the timings and the
-    accuracy move from run to run, the yardstick the report holds every difference against.
-    With max_restarts, torchrun starts the ranks again when one fails, and they continue from the run's last
-    checkpoint: a run that must finish, not one that is measured (the restart's time is not in its epochs)."""
+    """Check every parameter and decide what to do with the run directory, starting nothing."""
     check_placement(world_size, repeat, placement)
     args, cfg = run_settings(profile, overrides, repeat, world_size)
     run_dir = Path(results_dir) / experiment / run_dir_name(world_size, repeat)
@@ -131,8 +125,7 @@ def prepare(
 
 
 def check_placement(world_size, repeat, placement: Placement) -> None:
-    """Where and how often the run goes, each checked before anything is read: one line for the first that is
-    wrong."""
+    """Check where and how often the run goes, before anything is read. The first wrong value fails in one line."""
     launcher, nodes, slurm = placement.launcher, placement.nodes, placement.slurm
     if not _int_at_least(world_size, 1):
         raise ExperimentError(f"world_size must be a positive integer, got {world_size!r}")
@@ -160,14 +153,16 @@ def check_placement(world_size, repeat, placement: Placement) -> None:
         raise ExperimentError(
             f"cpus_per_node sets the compute of an emulated cluster's nodes; launcher {launcher!r} has none"
         )
-    if launcher == "emulated":
+    if launcher == "emulated":  # its nodes, link rate and CPU share, and whether this machine can make it
         check_can_emulate(nodes, placement.link_rate, placement.cpus_per_node)
 
 
 def run_settings(profile: str, overrides: dict | None, repeat: int, world_size: int) -> tuple[list[str], TrainConfig]:
-    """The trainer's arguments (profile, overrides, repeat k's seed) and the config its parser makes of them."""
+    """The trainer's arguments and the config its own parser makes of them."""
     try:
-        settings = load_profile(profile) | (overrides or {})
+        settings = load_profile(profile) | (overrides or {})  # notebooks/profiles/NAME.yml: fields of TrainConfig
+        # Repeat k trains with seed + k - 1: repeats show how far timings and accuracy move from run to run, the
+        # yardstick the report holds every difference against.
         args = to_args(settings | {"seed": settings.get("seed", 0) + repeat - 1})
         return args, parse_args(args, world_size=world_size)
     except UsageError as exc:
@@ -175,9 +170,8 @@ def run_settings(profile: str, overrides: dict | None, repeat: int, world_size: 
 
 
 def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, placement: Placement) -> str:
-    """What a run directory asks for: "train" (empty), "reuse" (this run, finished), "resume" (this run, with a
-    checkpoint) or "interrupted" (this run, none); refused when it holds another run, or one on another emulated
-    cluster than `placement` asks for."""
+    """What a run directory asks for: "train", "reuse", "resume" or "interrupted". A directory holding another run,
+    or one on another emulated cluster, is refused."""
     if not (run_dir / "run.json").exists():
         return "train"
     try:
@@ -204,12 +198,13 @@ def run_dir_action(run_dir: Path, cfg: TrainConfig, world_size: int, placement: 
             f"each; choose another experiment name"
         )
     if info.get("end_time") and info["config"]["epochs"] >= cfg.epochs:
-        return "reuse"
+        return "reuse"  # papermill can re-execute the notebook without retraining
+    # this run, unfinished: resumed from its checkpoint, or "interrupted" before its first one
     return "resume" if (run_dir / CHECKPOINT_NAME).exists() else "interrupted"
 
 
 def check_gpu_launch(launcher: str, cfg: TrainConfig, world_size: int) -> None:
-    """A run for GPUs: on Slurm, a torch with CUDA on this login node; locally, enough GPUs visible here."""
+    """Check a run for GPUs: on Slurm, a torch with CUDA on this login node, and locally, enough GPUs visible here."""
     if launcher == "slurm":
         check_cuda_build()
     if launcher == "local":
@@ -248,10 +243,10 @@ def refuse_interrupted(plan: Plan) -> None:
 
 
 def launch_command(world_size: int, *program: str, max_restarts: int = 0, torchrun: bool = False) -> list[str]:
-    """`python PROGRAM` on `world_size` ranks of this machine: plain python for 1 rank, torchrun for more, when it
-    is to restart the ranks after a failure, or when asked (a program that needs torchrun's environment at 1 rank
-    too). PROGRAM is `-m MODULE` or a script; by default the trainer."""
+    """`python PROGRAM` on `world_size` ranks of this machine. PROGRAM is `-m MODULE` or a script, by default the
+    trainer."""
     program = program or ("-m", "ddp_core.train")
+    # plain python for 1 rank; torchrun for more, to restart the ranks, or for a program that needs its environment
     if world_size == 1 and not max_restarts and not torchrun:
         return [sys.executable, *program]
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
@@ -267,9 +262,9 @@ def launch_command(world_size: int, *program: str, max_restarts: int = 0, torchr
 
 
 def stop_with_parent() -> None:
-    """Linux: SIGTERM to the trainer when the process that started it (the notebook's kernel) dies. A kernel runs
-    in a session of its own, so an interrupted `make report` (Ctrl-C, a killed job) would otherwise leave the
-    trainer running, still writing into the run directory that the next attempt resumes."""
+    """Linux: SIGTERM to the trainer when the process that started it dies. Otherwise an interrupted `make report`
+    leaves the trainer writing into the run directory the next attempt resumes."""
+    # The notebook's kernel runs in a session of its own: a Ctrl-C or a killed job does not reach the trainer.
     import ctypes
     import signal
 
@@ -280,8 +275,8 @@ OPTION = re.compile(r"-[^\d.]")  # an option word (not a negative number)
 
 
 def shell_command(words: list[str], width: int = 80) -> str:
-    """`words` as the shell command line that the run prints: `$ `, the words quoted, an option and its value
-    never apart, and lines continued with ` \\` so that none passes `width` characters unless one option does."""
+    """`words` as the shell command line that the run prints, quoted, each option beside its value. Lines continue
+    with ` \\` so that none passes `width` characters unless one option does."""
     groups: list[str] = []
     for word in words:
         if groups and not OPTION.match(word):
@@ -321,9 +316,8 @@ ALLREDUCE_READY_LINE = "bench_allreduce: every rank is ready"
 
 
 def follow_trainer(proc: subprocess.Popen, on_start=None, on_finish=None) -> None:
-    """Echo the trainer's own lines (epochs, run directory) as they come, calling `on_start` at its run directory's
-    line and `on_finish` once its files are written; raise its one error line if it refused, or the end of its
-    output if it failed otherwise."""
+    """Echo the trainer's own lines as they come, calling `on_start` and `on_finish` at the lines that frame the run.
+    Raise its one error line if it refused, or its output's end if it failed otherwise."""
     tail, refusal = deque(maxlen=20), None
     for line in proc.stdout:
         tail.append(line.rstrip())
@@ -356,7 +350,7 @@ class ClusterError(ExperimentError):
 
 
 def rate_bits_per_s(link_rate: str | None) -> float | None:
-    """Bits per second of a tc rate such as "100mbit" or "2.5gbit"; None (unshaped) stays None."""
+    """Bits per second of a tc rate such as "100mbit" or "2.5gbit". None, an unshaped link, stays None."""
     if link_rate is None:
         return None
     match = RATE.match(str(link_rate))
@@ -369,8 +363,8 @@ def rate_bits_per_s(link_rate: str | None) -> float | None:
 
 
 def check_can_emulate(nodes: int, link_rate: str | None, cpus_per_node: float | None = None) -> None:
-    """Refuse, before anything is created, what cannot work here: not root, no ip/tc/unshare, a bad rate, a CPU share
-    that is not positive or that the machine's cores cannot give every node, no writable CPU controller."""
+    """Refuse, before anything is created, an emulated cluster this machine cannot make. It checks root, the tools,
+    the rate, the CPU shares and a writable CPU controller."""
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"an emulated cluster has 1 to {MAX_NODES} nodes, got {nodes!r}")
     rate_bits_per_s(link_rate)

@@ -1,11 +1,8 @@
 """Submit a run to Slurm with `slurm/ddp_train.sbatch`, wait for it, and report how it really ended.
 
-The job's final state comes from Slurm's records (`squeue` while it is queued or running, then
-`sacct`, or `sacct -c` where only job completion logging is on, or `scontrol show job`), never
-from an exit code alone: `sbatch --wait` returns 0 for a job cancelled while pending.
-The job id is kept in the run directory, so running the notebook again attaches to a job that is
-still queued or running instead of submitting it twice. A job that Slurm requeues (its time limit near,
-or preempted) keeps its id and continues the same run from its checkpoint: it is followed to its end.
+The final state comes from Slurm's records, never from an exit code alone: `sbatch --wait` returns 0 for a job
+cancelled while pending. The job id is kept in the run directory, so running the notebook again attaches to a queued
+job instead of submitting it twice. A requeued job keeps its id and continues from its checkpoint.
 """
 
 from __future__ import annotations
@@ -64,8 +61,10 @@ def sbatch_command(plan: Plan) -> list[str]:
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(state, exit code) of a job, e.g. ("RUNNING", ""), ("FAILED", "1:0"); ("UNKNOWN", "") if Slurm forgot it.
-    Of a requeued job, the records may hold every attempt in turn: its state is the last one's."""
+    """(state, exit code) of a job, e.g. ("RUNNING", "") or ("FAILED", "1:0"), and ("UNKNOWN", "") if Slurm forgot
+    it. A requeued job's state is its last attempt's."""
+    # squeue while it is queued or running, then sacct, or sacct -c where only job completion logging is on, then
+    # scontrol show job
     queued = _slurm("squeue", "--noheader", "--jobs", job_id, "--format=%T")
     if queued.returncode == 0 and queued.stdout.strip():
         return queued.stdout.split()[0], ""
@@ -80,7 +79,7 @@ def job_state(job_id: str) -> tuple[str, str]:
             for fields in (line.split("|") for line in done.stdout.splitlines())
             if len(fields) == 3 and fields[0] == job_id
         ]
-        if attempts:
+        if attempts:  # a requeued job's records may hold every attempt in turn
             return attempts[-1][1].split()[0], attempts[-1][2]
     shown = _slurm("scontrol", "show", "job", job_id)
     fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
@@ -88,16 +87,16 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 
 def attempts_started(log: Path) -> int:
-    """How many times the batch script has started: each attempt of a requeued job says so in the job's log, which
-    it appends to."""
+    """How many times the batch script has started. Each attempt of a requeued job says so in the job's log."""
     try:
-        return len(ATTEMPT_LINE.findall(log.read_text(errors="replace")))
+        return len(ATTEMPT_LINE.findall(log.read_text(errors="replace")))  # each attempt appends to the same log
     except OSError:
         return 0
 
 
 def wait_for(job_id: str, poll_s: float, log: Path) -> tuple[str, str]:
     """Poll until the job has left the queue and Slurm has recorded how it ended, through its requeues."""
+    # Slurm requeues a job near its time limit or when preempted: it continues the same run from its checkpoint
     last_state, last_attempt = None, 1
     while True:
         state, exit_code = job_state(job_id)
@@ -126,9 +125,8 @@ def failure_report(run_dir: Path, job_id: str, lines: int = 15) -> str:
 
 
 def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
-    """Submit (or attach to) the run's job as the placement's `slurm` asks for it; with its `wait`, block until it
-    ends. True when the run is finished. `module` is what the job's ranks run: the trainer, or the all-reduce
-    benchmark."""
+    """Submit the run's job, or attach to it, and with the placement's `wait` block until it ends. True when the run
+    is finished. `module` is what the ranks run: the trainer or the all-reduce benchmark."""
     if plan.action == "reuse":
         print(f"{plan.run_dir} already holds this finished run: reusing it, not resubmitting")
         return True
@@ -165,9 +163,8 @@ def run_slurm(plan: Plan, module: str = "ddp_core.train") -> bool:
 
 
 def check_submission(argv: list[str]) -> int:
-    """`python -m ddp_core.launch.slurm WORLD_SIZE RUN_DIR [trainer options]`: the trainer's own checks of a job's
-    options at its world size, which slurm/submit-*.sh run before anything is queued; a job refused only once it has
-    its GPUs would have waited in the queue for nothing."""
+    """Run the trainer's own checks of a job's options: `python -m ddp_core.launch.slurm WORLD_SIZE RUN_DIR [...]`.
+    The scripts slurm/submit-*.sh run it before queueing, since a job refused on its GPUs has queued for nothing."""
     world_size, run_dir, *options = argv
     try:
         parse_args([*options, "--out", run_dir], world_size=int(world_size))

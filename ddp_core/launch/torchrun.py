@@ -1,10 +1,10 @@
-"""torchrun, stopped as the trainer stops: on Ctrl-C (or SIGTERM) the ranks finish their step, checkpoint, and rank 0
-says in one line where it stopped and how to continue; this leaves out what torchrun's agent adds to that (its log
-lines about the signal, then its traceback) and exits as a program ended by the signal does (130 for Ctrl-C).
+"""torchrun, stopped as the trainer stops, without the agent's own noise about the signal.
+
+On Ctrl-C or SIGTERM the ranks finish their step and checkpoint, and rank 0 says where it stopped and how to continue.
+This leaves out the agent's log lines and traceback about the signal, and exits as a program ended by the signal does.
+Its options are torchrun's, and everything else it prints, it prints as torchrun does.
 
     ddp-torchrun --standalone --nproc-per-node 4 -m ddp_core.train --dataset imdb ...
-
-Its options are torchrun's (torch.distributed.run); everything else it prints, it prints as torchrun does.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun(argv)
     except SignalException as exc:
-        return 128 + int(exc.sigval)
+        return 128 + int(exc.sigval)  # 130 for Ctrl-C
     return 0
 
 
