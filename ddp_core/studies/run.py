@@ -5,13 +5,9 @@
     python -m ddp_core.studies.run scaling --profile gpu     # the strong-scaling study on this node's GPUs
     python -m ddp_core.studies.run --check                   # every run checked and planned; none trains
 
-The runs train round by round: round k is repeat k of every chosen study, variant and world size, so
-that the runs the report compares alternate in time (each run.json has its start time). Every run of the chosen
-studies is planned and checked first (its settings by the trainer's own parser, its folder for a different run
-already there; the all-reduce benchmark's options by its own), so a bad entry fails in one line before anything
-trains. Then each run executes `notebooks/run_experiment.md` with papermill, the executed notebook saved in the
-run's folder: a finished run with its notebook is skipped, a finished one without is reused by the notebook, an
-interrupted one resumed from its checkpoint.
+The runs train round by round, so that the runs the report compares alternate in time. Every run is planned and
+checked first, so a bad entry fails in one line before anything trains. Each run executes `notebooks/run_experiment.md`
+with papermill, and the executed notebook is saved in the run's folder.
 """
 
 from __future__ import annotations
@@ -54,7 +50,8 @@ EMULATED_ALLREDUCE_ARGS = ["--max-bytes", str(16 * 2**20), "--seconds-per-size",
 
 
 def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
-    """Every run checked and planned; a modelled run with the rate the wind tunnel chose, once it has chosen."""
+    """Check and plan every run, a modelled one with the rate the wind tunnel chose once it has chosen."""
+    # The trainer's own parser checks the settings, and the plan refuses a folder that holds a different run.
     records = {study.name: wind_tunnel.recorded(study, results_dir) for study in studies if study.modelled}
     planned = []
     for run in interleaved(studies):
@@ -69,19 +66,17 @@ def plan_runs(studies: list[Study], results_dir: str) -> list[tuple[Run, Plan]]:
 
 
 def kernel_on_unix_sockets(folder: str):
-    """The notebook kernel's settings: its channels on Unix sockets in `folder`, not on TCP ports. A TCP kernel is
-    given ports that were free when they were chosen and binds them later; another process (another kernel, a
-    trainer's connections) sometimes takes one first: 'Address already in use', and that channel is dead."""
+    """The notebook kernel's settings: its channels on Unix sockets in `folder`, not on TCP ports. A TCP kernel binds
+    its ports after they were chosen, and another process sometimes takes one first."""
+    # "Address already in use", from another kernel or a trainer's connections, and that channel is dead
     from traitlets.config import Config
 
     return Config({"KernelManager": {"transport": "ipc", "ip": f"{folder}/kernel"}})
 
 
 class RunKernel:
-    """One notebook kernel for every run of a `make report`: a kernel's start and the report's imports in it cost
-    seconds, paid once instead of per run (93 runs). Each run's notebook assigns every variable it reads before
-    reading it, from its parameters on, so a run sees nothing of the one before; a kernel that died is started
-    anew before the next run."""
+    """One notebook kernel for every run of a `make report`: its start and imports cost seconds, paid once, not 93
+    times. Each run's notebook assigns every variable before reading it, so a run sees nothing of the one before."""
 
     def __init__(self, sockets: str):
         from jupyter_client.manager import KernelManager
@@ -89,7 +84,7 @@ class RunKernel:
         self.manager = KernelManager(kernel_name="python3", config=kernel_on_unix_sockets(sockets))
 
     def alive(self):
-        if not self.manager.is_alive():
+        if not self.manager.is_alive():  # a kernel that died is started anew before the next run
             if self.manager.has_kernel:
                 self.manager.cleanup_resources()
             self.manager.start_kernel(extra_arguments=QUIET_KERNEL)
@@ -111,7 +106,7 @@ def run_kernel():
 
 
 def execute_run_notebook(run: Run, results_dir: str, kernel: RunKernel) -> None:
-    """The run notebook, executed by papermill into the run's folder; a failure leaves it as *.failed.ipynb."""
+    """Execute the run notebook with papermill into the run's folder. A failure leaves it as *.failed.ipynb."""
     import jupytext
     import nbformat
     import papermill
@@ -146,7 +141,7 @@ def execute_run_notebook(run: Run, results_dir: str, kernel: RunKernel) -> None:
 
 
 def run_quietly(label: str, command: list[str]) -> None:
-    """A benchmark as one progress line with its time; its own output is shown only when it fails."""
+    """Run a benchmark as one progress line with its time. Its own output is shown only when it fails."""
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -175,8 +170,8 @@ def benchmark_on_slurm(study: Study, n: int, out: Path, extra_args: str) -> None
 
 
 def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None:
-    """The all-reduce benchmark at each world size above 1 of the study: on this machine or as a Slurm job, or for
-    an emulated study on each variant's links (results/<study>/<variant>/allreduce-n<N>)."""
+    """Run the all-reduce benchmark at each world size above 1 of the study. It runs here, as a Slurm job, or on each
+    emulated variant's links."""
     if study.ranks_per_node is None:
         for n in study.allreduce_world_sizes:
             out = Path(results_dir) / study.name / f"allreduce-n{n}"
@@ -192,7 +187,7 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
         return
     for variant in study.variants if study.allreduce else ():
         for n in sorted(n for n in variant.world_sizes if n > 1 and not variant.models):  # the wind tunnel's: made
-            out = Path(results_dir) / study.experiment(variant) / f"allreduce-n{n}"
+            out = Path(results_dir) / study.experiment(variant) / f"allreduce-n{n}"  # results/<study>/<variant>/...
             if not (out / "allreduce.csv").exists():
                 start = time.perf_counter()
                 wind_tunnel.benchmark_on_cluster(
@@ -211,22 +206,24 @@ def benchmark_allreduce(study: Study, results_dir: str, extra_args: str) -> None
 
 
 def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = "") -> None:
-    """Every run, round by round; the variants that model configurations on nodes of one share are calibrated (the
-    wind tunnel) when the first of them is to train, after the one-node run of that share that round 1 trains
-    before them, and forecast in each round before the first of them trains in it."""
+    """Train every run, round by round, then the all-reduce benchmarks. Modelled variants are calibrated when the
+    first of them trains, and forecast each round before their runs."""
     planned = plan_runs(studies, results_dir)
     by_name = {study.name: study for study in studies}
     with run_kernel() as kernel:
+        # Round k is repeat k of every chosen study, variant and world size; each run.json has its start time.
         for i, (run, plan) in enumerate(planned, 1):
             label = f"[{i}/{len(planned)}] {run.folder}"
+            # A finished run with its notebook is skipped. The notebook reuses one without, and resumes a stopped one.
             if plan.action == "reuse" and (plan.run_dir / NOTEBOOK_NAME).exists():
                 print(f"{label}: done before, reused", flush=True)
                 continue
             if run.models:
-                if run.link_rate is None:
+                if run.link_rate is None:  # after the one-node run of its share, which round 1 trains before them
                     run = wind_tunnel.dimensioned(
                         run, wind_tunnel.calibrate(by_name[run.study], results_dir, run.cpus_per_node)
                     )
+                # before the first of the share's modelled variants trains in this round
                 wind_tunnel.forecast_round(by_name[run.study], results_dir, run.cpus_per_node, run.repeat)
             start = time.perf_counter()
             execute_run_notebook(run, results_dir, kernel)
@@ -236,9 +233,8 @@ def run_studies(studies: list[Study], results_dir: str, allreduce_args: str = ""
 
 
 def can_run_here(studies: list[Study], launcher: str = "local") -> tuple[list[Study], str]:
-    """The studies this machine (or, under `launcher` slurm, its cluster) can run, and why the others cannot: those on
-    an emulated cluster need root and iproute2 here, and are no cluster's. A user who did not name them gets the
-    rest, and the book shows their reference runs."""
+    """The studies this machine can run, or its cluster under `launcher` slurm, and why the others cannot. Emulated
+    studies need root and iproute2 here, and never run on a cluster."""
     emulated = [study for study in studies if study.ranks_per_node is not None]
     if emulated and launcher == "slurm":
         return [study for study in studies if study not in emulated], (
@@ -255,15 +251,14 @@ def can_run_here(studies: list[Study], launcher: str = "local") -> tuple[list[St
 
 
 def check_allreduce_args(extra_args: str, studies: list[Study]) -> None:
-    """The all-reduce benchmark's extra options, checked as the benchmark checks them (after the options of an
-    emulated cluster's benchmark too, where a study has one) before the first run trains: the benchmarks run after
-    every run."""
+    """Check the all-reduce benchmark's extra options as the benchmark does, before the first run trains. The
+    benchmarks run after every run, too late to refuse them."""
     from ddp_core.bench.allreduce import parse_args
 
     emulated = any(study.ranks_per_node is not None and study.allreduce for study in studies)
     with tempfile.TemporaryDirectory() as folder:
         try:
-            for base in ([], EMULATED_ALLREDUCE_ARGS) if emulated else ([],):
+            for base in ([], EMULATED_ALLREDUCE_ARGS) if emulated else ([],):  # after an emulated benchmark's too
                 parse_args([*base, "--out", f"{folder}/allreduce", *shlex.split(extra_args)])
         except (ValueError, UsageError) as exc:
             raise StudyError(f"--allreduce-args {extra_args!r}: {exc}") from None
@@ -325,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         check_writable_folder(Path(args.results_dir), "--results-dir")
         studies = select(load_study_list(args.study_list), args.studies)
-        if not args.studies:  # a study named on the command line is refused in one line instead
+        # A user who names no studies gets those this machine can run, and the book shows the others' reference runs.
+        # A study named on the command line is refused in one line instead.
+        if not args.studies:
             studies, skipped = can_run_here(studies, args.launcher)
             if skipped:
                 print(f"ddp_core.studies.run: {skipped}; the book shows their reference runs", flush=True)

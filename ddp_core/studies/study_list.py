@@ -1,14 +1,10 @@
 """The study list, `notebooks/studies.yml`, read into typed entries and expanded into runs.
 
-One list drives both sides of the report: `ddp_core.studies.run` trains each study's runs into
-results/<study>/..., and the book's study pages load the same folders by the same names. A study
-is a base profile, the settings it changes, and either one set of runs over world sizes (folder
-results/<study>) or several named variants (results/<study>/<variant>), each repeated with other
-seeds; the runs train round by round, repeat k of everything in round k. A study with
-`ranks_per_node` trains on an emulated cluster (`ddp_core.launch.emulated`), its variants' `link_rate`
-setting the links, or `models` naming the real configuration whose compute-to-communication ratio the links are
-set to reach on this host (`ddp_core.studies.wind_tunnel`). Everything is checked when
-the list is read, so a bad entry fails in one line before any run starts.
+One list drives both sides of the report: `ddp_core.studies.run` trains results/<study>/..., and the book's study
+pages load the same folders. A study is a base profile, the settings it changes, and runs over world sizes, perhaps in
+named variants, each repeated with other seeds. A study with `ranks_per_node` trains on an emulated cluster, its links
+set by `link_rate` or by `models` (`ddp_core.studies.wind_tunnel`). Everything is checked when the list is read, so a
+bad entry fails in one line before any run starts.
 """
 
 from __future__ import annotations
@@ -46,9 +42,8 @@ class StudyError(Exception):
 
 @dataclass(frozen=True)
 class SlurmPlacement:
-    """How the runner's --launcher slurm places a run as a job: at most `ranks_per_node` ranks a node (a run of more
-    takes world_size / ranks_per_node nodes), a GPU a rank where its profile trains on cuda, `cpus_per_rank` cores a
-    rank. The site's partition, account and time limit are slurm/ddp_train.sbatch's."""
+    """How the runner's --launcher slurm places a run as a job: at most `ranks_per_node` ranks a node. Each rank gets
+    `cpus_per_rank` cores, and a GPU on cuda. The site's partition, account and time limit are the sbatch script's."""
 
     ranks_per_node: int = 4
     cpus_per_rank: int = 4
@@ -57,7 +52,7 @@ class SlurmPlacement:
 @dataclass(frozen=True)
 class Run:
     study: str
-    experiment: str  # folder under the results: <study> or <study>/<variant>
+    experiment: str  # folder under the results: <study>, or <study>/<variant> for a study with named variants
     profile: str
     settings: dict
     world_size: int
@@ -65,7 +60,9 @@ class Run:
     nodes: int | None = None  # an emulated cluster's nodes (None: the ranks run on this machine)
     link_rate: str | None = None  # the emulated links' rate (None: unshaped)
     cpus_per_node: float | None = None  # the emulated nodes' CPU share (None: the machine's cores, shared)
-    models: str | None = None  # the configuration the links model (ddp_core.analysis.similarity); its rate set later
+    # the real configuration (ddp_core.analysis.similarity) whose compute-to-communication ratio the links are set to
+    # reach on this host; the wind tunnel sets their rate later
+    models: str | None = None
     slurm: SlurmPlacement | None = None  # set: a Slurm job, not a process of this machine
 
     @property
@@ -73,8 +70,8 @@ class Run:
         return f"{self.experiment}/{run_dir_name(self.world_size, self.repeat)}"
 
     def parameters(self, results_dir: str) -> dict:
-        """The run notebook's parameters for this run, which are also `launch.plan.prepare`'s: the runner checks
-        the run with them before anything trains, and papermill hands the same to the notebook."""
+        """The run notebook's parameters for this run, which are also `launch.plan.prepare`'s. The runner checks the
+        run with them, and papermill hands the same ones to the notebook."""
         common = dict(
             world_size=self.world_size,
             profile=self.profile,
@@ -161,9 +158,8 @@ class Study:
 
 
 def interleaved(studies: list[Study]) -> list[Run]:
-    """The runs of several studies in the order they train: round k runs repeat k of every study, variant and
-    world size, so the runs a sentence compares alternate in time. A slow quarter of an hour on a shared
-    machine then slows one repeat of each side, not one side."""
+    """The runs of several studies in training order, round k running repeat k of everything. The runs a sentence
+    compares then alternate in time, so a slow quarter-hour on a shared machine slows one repeat of each side."""
     return sorted((run for study in studies for run in study.runs()), key=lambda run: run.repeat)
 
 
@@ -253,15 +249,14 @@ def parse_study(name: str, entry) -> Study:
 
 
 def _check_models(models, link_rate, cpus_per_node, ranks_per_node, where: str) -> None:
-    """A modelled variant: a known configuration, one rank on each node with a CPU share of its own (R_N compares
-    one node's compute with its link), and no link rate of its own (the wind tunnel sets it)."""
+    """Check a modelled variant: a known configuration, one rank per node with a CPU share, and no link rate."""
     from ddp_core.analysis.similarity import CONFIGURATIONS
 
     if models not in CONFIGURATIONS:
         raise StudyError(f"{where}: models {models!r} is no configuration; they are: {', '.join(CONFIGURATIONS)}")
-    if link_rate is not None:
+    if link_rate is not None:  # the wind tunnel sets it
         raise StudyError(f"{where}: models sets the links' rate on this host; drop link_rate {link_rate!r}")
-    if ranks_per_node != 1 or cpus_per_node is None:
+    if ranks_per_node != 1 or cpus_per_node is None:  # R_N compares one node's compute with its link
         raise StudyError(
             f"{where}: models needs one rank per node (ranks_per_node: 1) and nodes with compute of "
             f"their own (cpus_per_node)"
@@ -282,8 +277,8 @@ def load_study_list(path: str | Path = STUDY_LIST) -> dict[str, Study]:
 
 
 def at_world_sizes(studies: list[Study], sizes: list[int]) -> list[Study]:
-    """The studies' runs of `sizes` ranks only: a machine with one GPU trains the 1-rank runs, a node with four the
-    others later into the same folders, where the runner reuses what is finished."""
+    """The studies' runs of `sizes` ranks only. A one-GPU machine can train the 1-rank runs, and a four-GPU node the
+    rest later, into the same folders that the runner reuses."""
     kept = []
     for study in studies:
         variants = tuple(
@@ -300,9 +295,8 @@ def at_world_sizes(studies: list[Study], sizes: list[int]) -> list[Study]:
 
 
 def on_profile(studies: list[Study], profile: str) -> list[Study]:
-    """The studies on another base profile (`--profile gpu`). A study whose settings would override one the profile
-    sets (a CPU-sized study's train_samples under a GPU profile) is refused: that profile needs a study list sized
-    for it, not a silent mix of the two."""
+    """The studies on another base profile, e.g. `--profile gpu`. A study whose settings override the profile's is
+    refused: that profile needs a study list sized for it."""
     try:
         sets = load_profile(profile)
     except UsageError as exc:
@@ -316,7 +310,7 @@ def on_profile(studies: list[Study], profile: str) -> list[Study]:
                 if key in sets and sets[key] != value
             }
         )
-        if clash:
+        if clash:  # e.g. a CPU-sized study's train_samples under a GPU profile: not a silent mix of the two
             raise StudyError(
                 f"study {study.name!r} sets {', '.join(clash)} for its own profile {study.profile!r}, "
                 f"which profile {profile!r} sets too; run a study list sized for {profile!r} (make report "
@@ -326,10 +320,10 @@ def on_profile(studies: list[Study], profile: str) -> list[Study]:
 
 
 def on_slurm(studies: list[Study], placement: SlurmPlacement) -> list[Study]:
-    """The studies with every run a Slurm job placed as `placement` says. Emulated nodes are this machine's, not a
-    cluster's, and a run of more ranks than a node holds must fill whole nodes: both refused in one line."""
+    """The studies with every run a Slurm job placed as `placement` says. Emulated studies, and runs that do not
+    fill whole nodes, are refused in one line."""
     for study in studies:
-        if study.ranks_per_node is not None:
+        if study.ranks_per_node is not None:  # emulated nodes are this machine's, not a cluster's
             raise StudyError(
                 f"study {study.name!r} trains on nodes emulated on this machine: not on Slurm; name the "
                 f"studies to submit (e.g. scaling)"
@@ -351,7 +345,7 @@ def on_slurm(studies: list[Study], placement: SlurmPlacement) -> list[Study]:
 
 
 def select(studies: dict[str, Study], names: list[str]) -> list[Study]:
-    """The named studies in list order; no names: all of them."""
+    """The named studies in list order, or all of them when none is named."""
     unknown = [n for n in names if n not in studies]
     if unknown:
         raise StudyError(f"no study {', '.join(map(repr, unknown))}; the studies are: {', '.join(studies)}")

@@ -1,35 +1,15 @@
-"""The emulated cluster dimensioned by similarity: before a modelled variant trains, its links' rate is chosen on this
-host so that its compute-to-communication ratio R_N^bench equals the real configuration's
-(`ddp_core.analysis.similarity`) within the study's ratio_tolerance. A link set in Mbit/s models one cluster on one
-CPU and another on a CPU twice as fast; a link set by R_N models the same cluster on both.
+"""The wind tunnel: it sets each modelled variant's link rate on this host to match the real configuration's R_N.
 
-R_N^bench = (T_c/N) / T_comm: T_c is one node's compute per step at its CPU share, T_comm the all-reduce of the
-model's gradient buckets as `ddp_core.bench.allreduce` times them over the variant's links and nodes. The calibration,
-its files in results/<study>/wind_tunnel/ and its record in wind_tunnel.json beside them:
+R_N^bench = (T_c/N) / T_comm, as `ddp_core.analysis.similarity` defines it. T_c is one node's compute per step at
+its CPU share. T_comm is the all-reduce of the gradient buckets over the variant's links and nodes. A rate fixed in
+Mbit/s models another cluster on a CPU twice as fast. A rate set by R_N models the same cluster on both.
 
-1. T_c: the median compute per step (over the steady epochs, as every page takes it) of CALIBRATION_RUNS runs of the
-   study's one-node variant at the variant's share, trained for this into the wind tunnel's folder. A run that got
-   less than its share, ran beside other work, or computed out of line with the others is set aside and another
-   trained, so that one disturbed run cannot set every link (`calibration_compute`);
-2. per number of nodes N, the buckets' all-reduce T(r) = A + B/r against the links' rate r, from the benchmark at two
-   rates (CALIBRATION_RATES): A is the part no rate changes (gloo's latency and sums on a node's share, the kernel's
-   work on the links), B the bits a node sends as the links carry them (a ring sends 2(N-1)/N of every byte);
-3. per variant and N, the rate r at which T(r) = T* = (T_c/N) / R_target, r = B / (T* - A). The benchmark at r
-   gives the R achieved; where it misses by more than the tolerance, near the target, where the two calibration rates'
-   line misses what the links do, the part that took most of the try's time is taken anew and r set again, at most
-   MAX_TRIES times: B, as the tries' time beyond A at their rates, where the links took most of it (far below the
-   calibration rates, where a bit costs less than between them: a B that stayed too large crept towards the target
-   by a few per cent a try); else A, as what each try left beside B/r. Each the mean over the tries so far, so that
-   one benchmark's noise is not a new A or B; variants that model the same configuration on the same nodes (the
-   nodes study's sharded modes and its DDP) share the first one's links;
-4. the forecast of each variant's step on N nodes, once per round (`forecast_round`), after the round's one-node run
-   of the share and before any of the variants' runs of that round: that one node's median step replayed on N
-   nodes with the accepted benchmark's all-reduces (`ddp_core.analysis.replay`), its timeline stretched to the run's
-   median step, the statistic the runs on N nodes are measured by. A round is forecast from its own one node as its
-   speedup is measured over it: on this machine one node's repeats, minutes apart, ran up to a third apart.
-The accepted benchmark becomes the variant's allreduce-n<N>, which the cost model reads as before. A target this host
-cannot reach (the all-reduce over the fastest link still too long, or the rate beyond what a link can be set to) is
-refused in one line before any of the variant's nodes are made.
+The steps, recorded in results/<study>/wind_tunnel.json:
+
+1. T_c, one node's compute per step, from one-node runs (`calibration_compute`).
+2. T(r) = A + B/r, the all-reduce time against the link rate r, per number of nodes (`link_model`).
+3. The rate that meets each variant's target R, found by tries (`dimension`).
+4. Each round's forecast of every variant's step on N nodes (`forecast_round`).
 """
 
 from __future__ import annotations
@@ -62,13 +42,15 @@ OUT_OF_LINE_TOLERANCES = 2  # a run whose compute is more ratio tolerances than 
 
 
 def ring_bits(buckets: list[int], nodes: int) -> float:
-    """W: the bits each node sends in a ring all-reduce of the buckets, 2(N-1)/N of every byte."""
+    """W: the bits each node sends in a ring all-reduce of the buckets."""
+    # a ring sends 2(N-1)/N of every byte
     return sum(2 * (nodes - 1) / nodes * size * 8 for size in buckets)
 
 
 def link_rate_for(target_ratio: float, rank_compute_s: float, fixed_s: float, wire_bits: float) -> float:
-    """The link rate (bits/s) at which the all-reduce takes (T_c/N)/R_target: the fixed part `fixed_s` and
-    `wire_bits` at that rate. Refused in one line where no rate between SLOWEST_RATE and FASTEST_RATE gives it."""
+    """The link rate in bits/s at which the all-reduce takes T* = (T_c/N) / R_target. Refused in one line where no
+    rate a link can be set to gives it."""
+    # Step 3: T(r) = A + B/r = T* gives r = B / (T* - A), with A `fixed_s` and B `wire_bits`.
     target_s = rank_compute_s / target_ratio
     if target_s <= fixed_s:
         raise StudyError(
@@ -100,9 +82,8 @@ def bucket_times(out: Path, buckets: list[int]) -> list[float]:
 
 
 def benchmark_buckets(study: Study, n: int, link_rate: str, cpus: float, buckets: list[int], out: Path) -> list[float]:
-    """The buckets' all-reduces timed on n ranks of the study's nodes at `link_rate`, into `out` (made anew: an
-    interrupted calibration starts again)."""
-    shutil.rmtree(out, ignore_errors=True)
+    """Time the buckets' all-reduces on n ranks of the study's nodes at `link_rate`, into `out`."""
+    shutil.rmtree(out, ignore_errors=True)  # made anew: an interrupted calibration starts again
     benchmark_on_cluster(
         n // study.ranks_per_node,
         study.ranks_per_node,
@@ -117,8 +98,8 @@ def benchmark_buckets(study: Study, n: int, link_rate: str, cpus: float, buckets
 def benchmark_on_cluster(
     nodes: int, ranks_per_node: int, link_rate: str | None, cpus_per_node: float | None, out: Path, args: list[str]
 ) -> None:
-    """The all-reduce benchmark on the nodes the study trains on: their links and, where set, their CPU shares (gloo
-    sums the buckets on the CPU)."""
+    """Run the all-reduce benchmark on the nodes the study trains on, with their links and CPU shares. The shares
+    matter because gloo sums the buckets on the CPU."""
     out.mkdir(parents=True, exist_ok=True)
     try:
         with EmulatedCluster(nodes, link_rate, cpus_per_node) as cluster:
@@ -144,13 +125,13 @@ def one_node_run(study: Study, share: float) -> Run:
 
 
 def baseline_run(study: Study, share: float, results_dir: str, repeat: int = 1) -> Path:
-    """Repeat `repeat` of the study's one-node variant on nodes of `share` cores, which each round trains before the
-    variants it serves (the study list makes sure): the one node its round is forecast from."""
+    """Repeat `repeat` of the study's one-node variant at `share` cores: the run its round is forecast from. The study
+    list makes sure each round trains it before the variants it serves."""
     return Path(results_dir) / replace(one_node_run(study, share), repeat=repeat).folder
 
 
 def calibration_run(study: Study, share: float, repeat: int) -> Run:
-    """Repeat `repeat` of the one-node variant, trained into the wind tunnel's folder to measure T_c: the study's own
+    """Repeat `repeat` of the one-node variant, trained into the wind tunnel's folder to measure T_c. The study's own
     one-node runs stay in their rounds."""
     run = one_node_run(study, share)
     return replace(run, experiment=f"{study.name}/{FOLDER}/{run.experiment.split('/', 1)[1]}", repeat=repeat)
@@ -175,8 +156,8 @@ def train_quietly(run: Run, results_dir: str) -> Path:
 
 
 def node_compute(run_dir: Path, home: Path) -> dict:
-    """A one-node run's compute per step over its steady epochs (as the pages take it), and whether it counts: a run
-    that got less than its share or ran beside more work than a quiet machine does is `disturbed`."""
+    """A one-node run's compute per step over its steady epochs, as the pages take it, and whether it counts. A run
+    that got less than its share or ran beside other work is `disturbed`."""
     from ddp_core.analysis.comparisons import steady_phases
     from ddp_core.analysis.results import ResultsError, node_disturbed, read_run
 
@@ -195,9 +176,8 @@ def node_compute(run_dir: Path, home: Path) -> dict:
 
 
 def set_aside(runs: list[dict], tolerance: float) -> list[str | None]:
-    """Why each one-node run cannot set the links, None where it can: "disturbed", or "out of line" where its compute
-    is more than OUT_OF_LINE_TOLERANCES times the ratio tolerance off the median of all the runs (of the undisturbed
-    ones alone, a single run could be that median)."""
+    """Why each one-node run cannot set the links: "disturbed" or "out of line", None where it can."""
+    # the median of all the runs: of the undisturbed ones alone, a single run could be that median
     middle = float(np.median([run["compute_per_step_s"] for run in runs]))
     return [
         "disturbed"
@@ -210,10 +190,12 @@ def set_aside(runs: list[dict], tolerance: float) -> list[str | None]:
 
 
 def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
-    """T_c at `share` (module docstring, step 1): one-node runs trained until CALIBRATION_RUNS of them count, at most
-    MAX_CALIBRATION_RUNS; past that (a busy machine) the median of them all, with `quiet` false."""
+    """Step 1: T_c at `share`, the median compute per step of the one-node runs that count. Runs are set aside so that
+    one disturbed run cannot set every link."""
     home = Path(results_dir) / study.name
     runs = []
+    # Train until CALIBRATION_RUNS runs count, at most MAX_CALIBRATION_RUNS. A run that got less than its share, ran
+    # beside other work, or computed out of line with the others is set aside, and another trained.
     for repeat in range(1, MAX_CALIBRATION_RUNS + 1):
         runs.append(node_compute(train_quietly(calibration_run(study, share, repeat), results_dir), home))
         reasons = set_aside(runs, study.ratio_tolerance)
@@ -221,7 +203,7 @@ def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
             break
     counted = [run for run, why in zip(runs, reasons) if why is None]
     quiet = len(counted) >= CALIBRATION_RUNS
-    if not quiet:
+    if not quiet:  # a busy machine: the median of all the runs, recorded with `quiet` false
         print(
             f"{study.name}: the one-node runs at {share:g} core did not agree in {MAX_CALIBRATION_RUNS} tries (other "
             f"work on the machine?): the links are set by the median of them all, and the book says so",
@@ -254,8 +236,7 @@ def recorded(study: Study, results_dir: str) -> dict | None:
 
 
 def one_node_timeline(run_dir: Path):
-    """The one-node run's median step with the moments its gradient buckets were ready (what the forecast replays),
-    stretched to the run's median step over its steps after the warm-up (`replay.stretched`)."""
+    """The one-node run's median step with the moments its gradient buckets were ready, which the forecast replays."""
     import pandas as pd
 
     from ddp_core.analysis.comparisons import median_step
@@ -268,13 +249,13 @@ def one_node_timeline(run_dir: Path):
             f"{run_dir} has no moments at which its gradient buckets were ready (an older ddp_core made "
             f"it): delete it, and the runner trains it again"
         )
+    # stretched to the run's median step after warm-up, the statistic the runs on N nodes are measured by
     return stretched(timeline, median_step(pd.read_csv(run_dir / "steps.csv")["step_time_s"]))
 
 
 def calibrate(study: Study, results_dir: str, share: float) -> dict:
-    """The study's wind_tunnel.json with every variant on nodes of `share` cores dimensioned, by the steps of the
-    module's docstring: made once per share (the runs reuse it, as they reuse a finished run), when the first such
-    variant is to train."""
+    """Dimension every variant on nodes of `share` cores and return the study's wind_tunnel.json. It is made once
+    per share, when the first such variant is to train, and reused after."""
     import torch
 
     from ddp_core.analysis.similarity import SimilarityError, configuration
@@ -290,7 +271,7 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
     }
     if f"{share:g}" in record["shares"]:
         return record
-    calibration = calibration_compute(study, share, results_dir)
+    calibration = calibration_compute(study, share, results_dir)  # step 1
     compute_s, workload, global_batch = (
         calibration[key] for key in ("compute_per_step_s", "model", "global_batch_size")
     )
@@ -306,7 +287,7 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
         raise StudyError(f"study {study.name!r}: {exc}") from None
     ranks = study.ranks_per_node
     sizes = sorted({n for v in modelled for n in v.world_sizes})
-    links = {n: link_model(study, n, buckets, share, home) for n in sizes}
+    links = {n: link_model(study, n, buckets, share, home) for n in sizes}  # step 2
     for (variant, n), target in targets.items():  # every target within reach, before a variant's nodes are made
         try:
             link_rate_for(target, compute_s / n, links[n]["fixed_s"], links[n]["bits"])
@@ -317,6 +298,8 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
         "bucket_bytes": buckets,
         "links": {str(n): link for n, link in links.items()},
     }
+    # Step 3, per variant and N. Variants that model the same configuration on the same nodes share the first one's
+    # links: the nodes study's sharded modes and its DDP.
     dimensioned_first = {}  # (configuration, n): the variant whose links the others that model it share
     for variant in modelled:
         modelling = configuration(variant.models)
@@ -356,19 +339,20 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
 
 
 def fit_link(points: list[tuple[float, float]], wire_bits: float) -> tuple[float, float]:
-    """T(r) = A + B/r through (rate in bits/s, seconds) points by least squares: A, the part no rate changes, and B,
-    the bits the ring sends as the links carry them. B is never taken below `wire_bits` (noise that makes a slower
-    link look faster is not physics); A then is the points' mean remainder, and never below 0."""
+    """Fit T(r) = A + B/r through (rate in bits/s, seconds) points by least squares, and return (A, B)."""
+    # A: what no rate changes, gloo's latency and sums on a node's share and the kernel's work on the links.
+    # B: the bits the ring sends, as the links carry them.
     inverse = np.array([1 / rate for rate, _ in points])
     seconds = np.array([time for _, time in points])
     bits, fixed = np.polyfit(inverse, seconds, 1)
+    # B below the ring's bits is noise that makes a slower link look faster, not physics: A is then the mean remainder.
     if bits < wire_bits:
         bits, fixed = wire_bits, float(np.mean(seconds - wire_bits * inverse))
     return max(0.0, float(fixed)), float(bits)
 
 
 def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path) -> dict:
-    """The buckets' all-reduce on n ranks against the link rate (`fit_link`), from the benchmark at the two
+    """Step 2: the buckets' all-reduce on n ranks against the link rate, fitted from the benchmark at the two
     CALIBRATION_RATES."""
     points = [
         (
@@ -386,8 +370,8 @@ def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path
 
 
 def forecast_round(study: Study, results_dir: str, share: float, repeat: int) -> None:
-    """Each variant on nodes of `share` cores that trains with DDP (the replay's) forecast for round `repeat` (module
-    docstring, step 4), into wind_tunnel.json with the moment it was written; nothing where it is already."""
+    """Step 4: forecast each DDP variant's step on nodes of `share` cores for round `repeat`, into wind_tunnel.json.
+    It runs after the round's one-node run and before the round's variants train."""
     from ddp_core.analysis.replay import one_node_step_s, replay_step
 
     home = Path(results_dir) / study.name
@@ -401,10 +385,11 @@ def forecast_round(study: Study, results_dir: str, share: float, repeat: int) ->
         for n, entry in variant["by_nodes"].items()
         if repeat not in [ahead["repeat"] for ahead in entry.get("forecasts", [])]
     ]
-    if not entries:
+    if not entries:  # already forecast
         return
+    # The round's own one node, as its speedup is measured over it: here one node's repeats ran up to a third apart.
     timeline = one_node_timeline(baseline_run(study, share, results_dir, repeat))
-    for variant, n, entry in entries:
+    for variant, n, entry in entries:  # the one node's median step replayed on n nodes with the accepted all-reduces
         step = replay_step(timeline, n, bucket_times(home / variant / f"allreduce-n{n}", calibrated["bucket_bytes"]))
         entry.setdefault("forecasts", []).append(
             {
@@ -430,9 +415,10 @@ class NodeLinks:
 def dimension(
     study: Study, variant: str, n: int, target: float, rank_compute_s: float, links: NodeLinks, home: Path
 ) -> dict:
-    """One variant at n ranks: its link rate, by the tries of the module's step 3, and the accepted benchmark moved to
-    the variant's allreduce-n<n>."""
+    """Step 3 for one variant at n ranks: find its link rate by tries, and keep the accepted benchmark."""
     bits, fixed_s, buckets, cpus = links.model["bits"], links.model["fixed_s"], links.buckets, links.cpus
+    # Near the target, the line through the two calibration rates can miss what the links do. Each miss beyond the
+    # tolerance takes anew the part, A or B, that took most of the try's time, and sets the rate again.
     tries = []
     for attempt in range(1, MAX_TRIES + 1):
         rate = tc_rate(link_rate_for(target, rank_compute_s, fixed_s, bits))
@@ -441,7 +427,7 @@ def dimension(
         achieved = rank_compute_s / measured
         tries.append({"link_rate": rate, "fixed_s": fixed_s, "bits": bits, "allreduce_s": measured, "ratio": achieved})
         if abs(achieved / target - 1) <= study.ratio_tolerance:
-            accept_benchmark(out, home / variant / f"allreduce-n{n}")
+            accept_benchmark(out, home / variant / f"allreduce-n{n}")  # the cost model reads it, as any benchmark
             return {
                 "target_ratio": target,
                 "achieved_ratio": achieved,
@@ -449,9 +435,11 @@ def dimension(
                 "rank_compute_s": rank_compute_s,
                 "tries": tries,
             }
+        # Each a mean over the tries so far, so that one benchmark's noise is not a new A or B.
         if measured > 2 * fixed_s:  # mostly on the links: B as the tries took it beyond A at their rates
+            # Far below the calibration rates a bit costs less: a B kept too large crept to the target by a few % a try.
             bits = float(np.mean([(t["allreduce_s"] - fixed_s) * rate_bits_per_s(t["link_rate"]) for t in tries]))
-        else:
+        else:  # A as what each try left beside B/r
             fixed_s = float(np.mean([t["allreduce_s"] - bits / rate_bits_per_s(t["link_rate"]) for t in tries]))
     raise StudyError(
         f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
@@ -469,8 +457,8 @@ def accept_benchmark(benchmark: Path, accepted: Path) -> None:
 
 
 def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dict:
-    """Variant `first`'s links at n nodes for `variant`, which models the same configuration on the same nodes (the
-    nodes study's sharded modes): its rate and benchmark, without its tries."""
+    """Give `variant` the links of `first` at n nodes, which model the same configuration on the same nodes. It
+    takes their rate and benchmark, without the tries."""
     accept_benchmark(home / first / f"allreduce-n{n}", home / variant / f"allreduce-n{n}")
     return {key: entry[key] for key in ("target_ratio", "achieved_ratio", "link_rate", "rank_compute_s")} | {
         "links_of": first
@@ -478,6 +466,6 @@ def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dic
 
 
 def dimensioned(run: Run, record: dict | None) -> Run:
-    """`run` with the link rate the wind tunnel chose for its variant and world size; unchanged before it chose."""
+    """`run` with the link rate the wind tunnel chose for its variant and world size. It is unchanged before then."""
     modelled = (record or {}).get("variants", {}).get(run.experiment.split("/", 1)[1])
     return replace(run, link_rate=modelled["by_nodes"][str(run.world_size)]["link_rate"]) if modelled else run
