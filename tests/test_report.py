@@ -403,6 +403,19 @@ def test_the_measured_gradient_profile_is_when_the_one_nodes_buckets_were_ready_
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
+def test_the_wind_tunnels_file_reads_back_as_the_record_it_was_written_from(project, tmp_path):
+    """One place writes and reads wind_tunnel.json: a field the reader dropped or renamed would change the file."""
+    from ddp_core.engine.wind_tunnel_file import read_wind_tunnel
+
+    folder = project / "results" / "nodes"
+    record = read_wind_tunnel(folder)
+    assert record.variants and all(isinstance(n, int) for v in record.variants.values() for n in v.by_nodes)
+    record.save(tmp_path)
+    written = json.loads((folder / "wind_tunnel.json").read_text())
+    assert json.loads((tmp_path / "wind_tunnel.json").read_text()) == written
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tiny link study runs on emulated nodes, which need root")
 def test_the_similarity_test_sets_a_configuration_on_slower_nodes_against_the_same_on_faster_ones(project):
     """At tiny scale (steps of milliseconds, shorter than a node's quota period) the speedups need not agree; what
     holds at any scale: both shares reach the configuration's ratio, the slower nodes get slower links for it, and

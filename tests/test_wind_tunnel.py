@@ -15,6 +15,7 @@ import yaml
 from conftest import REPO, TINY_STUDIES, ddp_variants
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.engine.model_shape import ModelConfig
+from ddp_core.engine.wind_tunnel_file import LinkModel
 from ddp_core.launch.emulated import leftovers
 from ddp_core.analysis.nvlink_forecast import forecast, nvlink_fit
 from ddp_core.analysis.similarity import CONFIGURATIONS, ETHERNET_FILE, H200_MEASUREMENT, large_model
@@ -171,22 +172,22 @@ def test_a_slow_one_node_run_is_set_aside_before_it_sets_the_links_and_another_t
     tiny["variants"] = {"one_node": {"world_sizes": [1]}, "a100s": {"models": "a100_ethernet", "world_sizes": [2]}}
     study, results = parse_study("nodes", tiny), str(tmp_path / "results")
     first = calibration_compute(study, 0.5, results)
-    assert len(first["one_node_runs"]) >= CALIBRATION_RUNS
-    planted = tmp_path / "results" / "nodes" / first["one_node_runs"][0]["run"]
+    assert len(first.runs) >= CALIBRATION_RUNS
+    planted = tmp_path / "results" / "nodes" / first.runs[0].run
     metrics = pd.read_csv(planted / "metrics.csv")
     for column in ("forward_time_s", "backward_time_s", "optimizer_time_s"):
         metrics[column] *= 4  # a run whose node computed at a quarter of its speed
     metrics.to_csv(planted / "metrics.csv", index=False)
 
     again = calibration_compute(study, 0.5, results)
-    runs = again["one_node_runs"]
-    assert runs[0]["set_aside"] is not None  # the planted run: out of line (or disturbed, on a busy machine)
-    counted = [run for run in runs if run["set_aside"] is None]
+    runs = again.runs
+    assert runs[0].set_aside is not None  # the planted run: out of line (or disturbed, on a busy machine)
+    counted = [run for run in runs if run.set_aside is None]
     assert len(counted) >= CALIBRATION_RUNS or len(runs) == MAX_CALIBRATION_RUNS  # others trained in its place
-    others = [run["compute_per_step_s"] for run in runs[1:]]
-    assert min(others) <= again["compute_per_step_s"] <= max(others)  # the links' compute is not the slow run's
-    if again["quiet"]:
-        assert again["compute_per_step_s"] == pytest.approx(np.median([run["compute_per_step_s"] for run in counted]))
+    others = [run.compute_per_step_s for run in runs[1:]]
+    assert min(others) <= again.compute_per_step_s <= max(others)  # the links' compute is not the slow run's
+    if again.quiet:
+        assert again.compute_per_step_s == pytest.approx(np.median([run.compute_per_step_s for run in counted]))
 
 
 def test_the_reference_nodes_study_shows_each_configurations_target_and_what_the_nodes_reached():
@@ -344,7 +345,7 @@ def test_the_rate_search_reaches_the_target_within_a_few_tries_where_the_calibra
     monkeypatch.setattr(wind_tunnel, "accept_benchmark", lambda benchmark, accepted: None)
     rank_compute_s, target = 0.0063, 0.23  # the all-reduce must take 27 ms
     study = SimpleNamespace(name="nodes", ratio_tolerance=0.05)
-    links = wind_tunnel.NodeLinks({"fixed_s": 0.0018, "bits": 8e5}, [54792], 0.25)
+    links = wind_tunnel.NodeLinks(LinkModel([], fixed_s=0.0018, bits=8e5), [54792], 0.25)
     found = wind_tunnel.dimension(study, "a100_ethernet", 2, target, rank_compute_s, links, tmp_path)
-    assert found["achieved_ratio"] == pytest.approx(target, rel=study.ratio_tolerance)
-    assert len(found["tries"]) <= 3
+    assert found.achieved_ratio == pytest.approx(target, rel=study.ratio_tolerance)
+    assert len(found.tries) <= 3

@@ -22,7 +22,7 @@ from statistics import median
 import pandas as pd
 
 from ddp_core.engine.run_files import LINK_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STATE_COLUMNS, STEPS_COLUMNS
-from ddp_core.launch.plan import WIND_TUNNEL_FILE
+from ddp_core.engine.wind_tunnel_file import WIND_TUNNEL_FILE
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
 NOT_SETTINGS = ("out", "data_dir", "cache_dir", "check", "progress", "resume")

@@ -32,7 +32,7 @@ from ddp_core.launch.cpu_share import CpuShareError, check_shares, find_controll
 
 LAUNCHERS = ("local", "slurm", "emulated")
 NETWORK_FILE = "network.json"  # an emulated cluster's nodes and link, beside run.json
-WIND_TUNNEL_FILE = "wind_tunnel.json"  # a study's links set by similarity: what they model, target and achieved
+
 WIND_TUNNEL_FOLDER = "wind_tunnel"  # beside it, the wind tunnel's own measurements: its one-node runs, its benchmarks
 # The run notebook's parameters that say where its ranks go (`Placement`), and those of its Slurm options that a
 # study's run sets (`Run.parameters`), under the notebook's names.

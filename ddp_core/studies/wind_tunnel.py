@@ -24,10 +24,21 @@ from pathlib import Path
 import numpy as np
 
 from ddp_core.engine.model_cost import bucket_sizes
-from ddp_core.engine.run_files import environment, now_iso, save_atomic
+from ddp_core.engine.run_files import environment, now_iso
+from ddp_core.engine.wind_tunnel_file import (
+    LinkChoice,
+    LinkModel,
+    LinkTry,
+    ModelledVariant,
+    OneNodeRun,
+    RoundForecast,
+    ShareCalibration,
+    WindTunnelRecord,
+    read_wind_tunnel,
+)
 from ddp_core.launch.emulated import EmulatedCluster
 from ddp_core.launch.launchers import start
-from ddp_core.launch.plan import ALLREDUCE_READY_LINE, WIND_TUNNEL_FILE, ExperimentError, prepare_run, rate_bits_per_s
+from ddp_core.launch.plan import ALLREDUCE_READY_LINE, ExperimentError, prepare_run, rate_bits_per_s
 from ddp_core.launch.plan import WIND_TUNNEL_FOLDER as FOLDER
 from ddp_core.studies.study_list import Run, Study, StudyError
 
@@ -189,7 +200,18 @@ def set_aside(runs: list[dict], tolerance: float) -> list[str | None]:
     ]
 
 
-def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
+@dataclass(frozen=True)
+class OneNodeCompute:
+    """Step 1's answer: T_c at a share, the runs it came from, and the workload they trained."""
+
+    compute_per_step_s: float
+    quiet: bool  # False where the runs did not agree and T_c is the median of them all
+    runs: list[OneNodeRun]
+    model: dict
+    global_batch_size: int
+
+
+def calibration_compute(study: Study, share: float, results_dir: str) -> OneNodeCompute:
     """Step 1: T_c at `share`, the median compute per step of the one-node runs that count. Runs are set aside so that
     one disturbed run cannot set every link."""
     home = Path(results_dir) / study.name
@@ -209,29 +231,20 @@ def calibration_compute(study: Study, share: float, results_dir: str) -> dict:
             f"work on the machine?): the links are set by the median of them all, and the book says so",
             flush=True,
         )
-    compute_s = float(np.median([run["compute_per_step_s"] for run in (counted if quiet else runs)]))
-    return {
-        "compute_per_step_s": compute_s,
-        "quiet": quiet,
-        "model": runs[0]["model"],
-        "out_of_line": OUT_OF_LINE_TOLERANCES * study.ratio_tolerance,
-        "global_batch_size": runs[0]["global_batch_size"],
-        "one_node_runs": [
-            {
-                "run": run["run"],
-                "start_time": run["start_time"],
-                "compute_per_step_s": run["compute_per_step_s"],
-                "set_aside": why,
-            }
+    return OneNodeCompute(
+        compute_per_step_s=float(np.median([run["compute_per_step_s"] for run in (counted if quiet else runs)])),
+        quiet=quiet,
+        runs=[
+            OneNodeRun(run["run"], run["start_time"], run["compute_per_step_s"], set_aside=why)
             for run, why in zip(runs, reasons)
         ],
-    }
+        model=runs[0]["model"],
+        global_batch_size=runs[0]["global_batch_size"],
+    )
 
 
-def recorded(study: Study, results_dir: str) -> dict | None:
+def recorded(study: Study, results_dir: str) -> WindTunnelRecord | None:
     """The study's wind_tunnel.json, None before its calibration."""
-    from ddp_core.analysis.results import read_wind_tunnel
-
     return read_wind_tunnel(Path(results_dir) / study.name)
 
 
@@ -253,7 +266,7 @@ def one_node_timeline(run_dir: Path):
     return stretched(timeline, median_step(pd.read_csv(run_dir / "steps.csv")["step_time_s"]))
 
 
-def calibrate(study: Study, results_dir: str, share: float) -> dict:
+def calibrate(study: Study, results_dir: str, share: float) -> WindTunnelRecord:
     """Dimension every variant on nodes of `share` cores and return the study's wind_tunnel.json. It is made once
     per share, when the first such variant is to train, and reused after."""
     import torch
@@ -261,20 +274,13 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
     from ddp_core.analysis.similarity import SimilarityError, configuration
 
     home = Path(results_dir) / study.name
-    record = recorded(study, results_dir) or {
-        "study": study.name,
-        "tolerance": study.ratio_tolerance,
-        "shares": {},
-        "variants": {},
-        "start_time": now_iso(),
-        **environment(torch.device("cpu")),
-    }
-    if f"{share:g}" in record["shares"]:
+    record = recorded(study, results_dir) or WindTunnelRecord(
+        study.name, study.ratio_tolerance, start_time=now_iso(), machine=environment(torch.device("cpu"))
+    )
+    if share in record.shares:
         return record
     calibration = calibration_compute(study, share, results_dir)  # step 1
-    compute_s, workload, global_batch = (
-        calibration[key] for key in ("compute_per_step_s", "model", "global_batch_size")
-    )
+    compute_s, workload, global_batch = calibration.compute_per_step_s, calibration.model, calibration.global_batch_size
     buckets = bucket_sizes(workload)
     modelled = [variant for variant in study.variants if variant.models and variant.cpus_per_node == share]
     try:  # every target computed (and a missing measurement refused) before any node is made
@@ -290,36 +296,32 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
     links = {n: link_model(study, n, buckets, share, home) for n in sizes}  # step 2
     for (variant, n), target in targets.items():  # every target within reach, before a variant's nodes are made
         try:
-            link_rate_for(target, compute_s / n, links[n]["fixed_s"], links[n]["bits"])
+            link_rate_for(target, compute_s / n, links[n].fixed_s, links[n].bits)
         except StudyError as exc:
             raise StudyError(f"study {study.name!r}, variant {variant!r} at {n} nodes: {exc}") from None
-    kept = ("compute_per_step_s", "quiet", "out_of_line", "one_node_runs")
-    record["shares"][f"{share:g}"] = {key: calibration[key] for key in kept} | {
-        "bucket_bytes": buckets,
-        "links": {str(n): link for n, link in links.items()},
-    }
+    record.shares[share] = ShareCalibration(
+        compute_per_step_s=compute_s,
+        quiet=calibration.quiet,
+        out_of_line=OUT_OF_LINE_TOLERANCES * study.ratio_tolerance,
+        one_node_runs=calibration.runs,
+        bucket_bytes=buckets,
+        links=links,
+    )
     # Step 3, per variant and N. Variants that model the same configuration on the same nodes share the first one's
     # links: the nodes study's sharded modes and its DDP.
     dimensioned_first = {}  # (configuration, n): the variant whose links the others that model it share
     for variant in modelled:
         modelling = configuration(variant.models)
-        entries = {}
-        record["variants"][variant.name] = {
-            "models": variant.models,
-            "configuration": modelling.name,
-            "source": modelling.source,
-            "cpus_per_node": share,
-            "by_nodes": entries,
-        }
+        entries = record.variants[variant.name] = ModelledVariant(
+            variant.models, modelling.name, modelling.source, cpus_per_node=share
+        )
         for n in variant.world_sizes:
             first = dimensioned_first.setdefault((variant.models, n), variant.name)
             if first != variant.name:  # the same cluster: its links, not a second draw of the benchmark's noise
-                entries[str(n)] = same_links(
-                    record["variants"][first]["by_nodes"][str(n)], first, variant.name, n, home
-                )
+                entries.by_nodes[n] = same_links(record.variants[first].by_nodes[n], first, variant.name, n, home)
                 continue
             start = time.perf_counter()
-            entries[str(n)] = entry = dimension(
+            entries.by_nodes[n] = entry = dimension(
                 study,
                 variant.name,
                 n,
@@ -330,11 +332,12 @@ def calibrate(study: Study, results_dir: str, share: float) -> dict:
             )
             print(
                 f"{study.name}/{variant.name}: {n // ranks} nodes of {share:g} core model {modelling.name} at R = "
-                f"{entry['target_ratio']:.2f}: links at {entry['link_rate']}, R achieved "
-                f"{entry['achieved_ratio']:.2f} ({len(entry['tries'])} tries, {time.perf_counter() - start:.0f} s)",
+                f"{entry.target_ratio:.2f}: links at {entry.link_rate}, R achieved "
+                f"{entry.achieved_ratio:.2f} ({len(entry.tries)} tries, {time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-    save_atomic(record | {"end_time": now_iso()}, home / WIND_TUNNEL_FILE)
+    record.end_time = now_iso()
+    record.save(home)
     return record
 
 
@@ -351,7 +354,7 @@ def fit_link(points: list[tuple[float, float]], wire_bits: float) -> tuple[float
     return max(0.0, float(fixed)), float(bits)
 
 
-def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path) -> dict:
+def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path) -> LinkModel:
     """Step 2: the buckets' all-reduce on n ranks against the link rate, fitted from the benchmark at the two
     CALIBRATION_RATES."""
     points = [
@@ -366,7 +369,7 @@ def link_model(study: Study, n: int, buckets: list[int], cpus: float, home: Path
         for rate in CALIBRATION_RATES
     ]
     fixed, bits = fit_link(points, ring_bits(buckets, n // study.ranks_per_node))
-    return {"points": points, "fixed_s": fixed, "bits": bits}
+    return LinkModel(points, fixed, bits)
 
 
 def forecast_round(study: Study, results_dir: str, share: float, repeat: int) -> None:
@@ -376,47 +379,41 @@ def forecast_round(study: Study, results_dir: str, share: float, repeat: int) ->
 
     home = Path(results_dir) / study.name
     record = recorded(study, results_dir)
-    calibrated = record["shares"][f"{share:g}"]
+    calibrated = record.shares[share]
     sharded = {v.name for v in study.variants if v.settings.get("sharding", "none") != "none"}  # no DDP to replay
     entries = [
-        (name, int(n), entry)
-        for name, variant in record["variants"].items()
-        if variant["cpus_per_node"] == share and name not in sharded
-        for n, entry in variant["by_nodes"].items()
-        if repeat not in [ahead["repeat"] for ahead in entry.get("forecasts", [])]
+        (name, n, entry)
+        for name, variant in record.variants.items()
+        if variant.cpus_per_node == share and name not in sharded
+        for n, entry in variant.by_nodes.items()
+        if repeat not in [ahead.repeat for ahead in entry.forecasts]
     ]
     if not entries:  # already forecast
         return
     # The round's own one node, as its speedup is measured over it: here one node's repeats ran up to a third apart.
     timeline = one_node_timeline(baseline_run(study, share, results_dir, repeat))
     for variant, n, entry in entries:  # the one node's median step replayed on n nodes with the accepted all-reduces
-        step = replay_step(timeline, n, bucket_times(home / variant / f"allreduce-n{n}", calibrated["bucket_bytes"]))
-        entry.setdefault("forecasts", []).append(
-            {
-                "repeat": repeat,
-                "one_node_step_s": one_node_step_s(timeline),
-                "step_s": step["step_s"],
-                "exposed_s": step["exposed_s"],
-                "at": now_iso(),
-            }
+        step = replay_step(timeline, n, bucket_times(home / variant / f"allreduce-n{n}", calibrated.bucket_bytes))
+        entry.forecasts.append(
+            RoundForecast(repeat, one_node_step_s(timeline), step["step_s"], step["exposed_s"], at=now_iso())
         )
-    save_atomic(record, home / WIND_TUNNEL_FILE)
+    record.save(home)
 
 
 @dataclass(frozen=True)
 class NodeLinks:
     """What the calibration found for the links of n nodes of one CPU share: where a variant's tries start."""
 
-    model: dict  # the all-reduce against the rate: fixed_s (A, what no rate removes) and bits (B, what the ring sends)
+    model: LinkModel  # the all-reduce against the rate
     buckets: list[int]  # the model's gradient buckets, in bytes, which each try benchmarks
     cpus: float  # each node's CPU share, in cores
 
 
 def dimension(
     study: Study, variant: str, n: int, target: float, rank_compute_s: float, links: NodeLinks, home: Path
-) -> dict:
+) -> LinkChoice:
     """Step 3 for one variant at n ranks: find its link rate by tries, and keep the accepted benchmark."""
-    bits, fixed_s, buckets, cpus = links.model["bits"], links.model["fixed_s"], links.buckets, links.cpus
+    bits, fixed_s, buckets, cpus = links.model.bits, links.model.fixed_s, links.buckets, links.cpus
     # Near the target, the line through the two calibration rates can miss what the links do. Each miss beyond the
     # tolerance takes anew the part, A or B, that took most of the try's time, and sets the rate again.
     tries = []
@@ -425,26 +422,20 @@ def dimension(
         out = home / FOLDER / f"{variant}-n{n}-try{attempt}"
         measured = sum(benchmark_buckets(study, n, rate, cpus, buckets, out))
         achieved = rank_compute_s / measured
-        tries.append({"link_rate": rate, "fixed_s": fixed_s, "bits": bits, "allreduce_s": measured, "ratio": achieved})
+        tries.append(LinkTry(rate, fixed_s, bits, allreduce_s=measured, ratio=achieved))
         if abs(achieved / target - 1) <= study.ratio_tolerance:
             accept_benchmark(out, home / variant / f"allreduce-n{n}")  # the cost model reads it, as any benchmark
-            return {
-                "target_ratio": target,
-                "achieved_ratio": achieved,
-                "link_rate": rate,
-                "rank_compute_s": rank_compute_s,
-                "tries": tries,
-            }
+            return LinkChoice(target, achieved, rate, rank_compute_s, tries=tries)
         # Each a mean over the tries so far, so that one benchmark's noise is not a new A or B.
         if measured > 2 * fixed_s:  # mostly on the links: B as the tries took it beyond A at their rates
             # Far below the calibration rates a bit costs less: a B kept too large crept to the target by a few % a try.
-            bits = float(np.mean([(t["allreduce_s"] - fixed_s) * rate_bits_per_s(t["link_rate"]) for t in tries]))
+            bits = float(np.mean([(t.allreduce_s - fixed_s) * rate_bits_per_s(t.link_rate) for t in tries]))
         else:  # A as what each try left beside B/r
-            fixed_s = float(np.mean([t["allreduce_s"] - bits / rate_bits_per_s(t["link_rate"]) for t in tries]))
+            fixed_s = float(np.mean([t.allreduce_s - bits / rate_bits_per_s(t.link_rate) for t in tries]))
     raise StudyError(
         f"study {study.name!r}, variant {variant!r} at {n} ranks: R = {target:.2f} not reached within "
-        f"{study.ratio_tolerance:.0%} in {MAX_TRIES} tries (the last: {tries[-1]['ratio']:.2f} at "
-        f"{tries[-1]['link_rate']}; see {home / FOLDER}): other work on the machine? run again when it is "
+        f"{study.ratio_tolerance:.0%} in {MAX_TRIES} tries (the last: {tries[-1].ratio:.2f} at "
+        f"{tries[-1].link_rate}; see {home / FOLDER}): other work on the machine? run again when it is "
         f"quiet (finished runs are kept), or widen the study's ratio_tolerance"
     )
 
@@ -456,16 +447,14 @@ def accept_benchmark(benchmark: Path, accepted: Path) -> None:
     shutil.copytree(benchmark, accepted)
 
 
-def same_links(entry: dict, first: str, variant: str, n: int, home: Path) -> dict:
+def same_links(entry: LinkChoice, first: str, variant: str, n: int, home: Path) -> LinkChoice:
     """Give `variant` the links of `first` at n nodes, which model the same configuration on the same nodes. It
     takes their rate and benchmark, without the tries."""
     accept_benchmark(home / first / f"allreduce-n{n}", home / variant / f"allreduce-n{n}")
-    return {key: entry[key] for key in ("target_ratio", "achieved_ratio", "link_rate", "rank_compute_s")} | {
-        "links_of": first
-    }
+    return LinkChoice(entry.target_ratio, entry.achieved_ratio, entry.link_rate, entry.rank_compute_s, links_of=first)
 
 
-def dimensioned(run: Run, record: dict | None) -> Run:
+def dimensioned(run: Run, record: WindTunnelRecord | None) -> Run:
     """`run` with the link rate the wind tunnel chose for its variant and world size. It is unchanged before then."""
-    modelled = (record or {}).get("variants", {}).get(run.experiment.split("/", 1)[1])
-    return replace(run, link_rate=modelled["by_nodes"][str(run.world_size)]["link_rate"]) if modelled else run
+    modelled = record.variants.get(run.experiment.split("/", 1)[1]) if record else None
+    return replace(run, link_rate=modelled.by_nodes[run.world_size].link_rate) if modelled else run
