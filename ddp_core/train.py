@@ -3,19 +3,8 @@
     python -m ddp_core.train --dataset imdb --global-batch-size 64                      # 1 process
     torchrun --nproc-per-node 4 -m ddp_core.train --dataset imdb --global-batch-size 64 # 4 ranks
 
-Synchronous data-parallel SGD: every rank holds the same model, trains on its own shard of each
-global batch, and DDP averages the gradients across ranks during backward, so each optimizer step
-equals one step on the whole global batch. A 1-rank run uses no process group and no DDP wrapper:
-it is the plain baseline that speedups are measured against.
-
-Read `run` first: it is the whole job, one named step per line; the steps follow it in the order
-they are called. The parts they use (settings, placement, model, data, timers, run files, stopping on
-a signal) live in `ddp_core/engine/`.
-
-A run checkpoints at the end of every epoch, every --checkpoint-every-steps steps inside one, and when
-it is told to stop (SIGTERM: a time limit, a preemption, torchrun stopping its ranks; SIGINT: Ctrl-C). The
-same command continues it from there exactly: each rank resumes at the same sample with the same random
-state and the same partial sums of its metrics as if it had never stopped.
+Read `run` first: it is the whole job, one named step per line, and the steps follow in the order it calls them.
+The parts they use live in `ddp_core/engine/`. A stopped run continues exactly when given the same command again.
 """
 
 from __future__ import annotations
@@ -101,20 +90,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def continue_command(argv: list[str] | None, cfg: TrainConfig, run_dir: Path) -> str:
-    """The command that continues a stopped run, on one line: its arguments as given, plus its run directory where
-    they named none (they would start another run), launched as before (this node's ranks under torchrun)."""
+    """The command that continues a stopped run, on one line, launched as before."""
+    # The arguments as given, plus the run directory where they named none: without it they would start another run.
     args = [*(sys.argv[1:] if argv is None else argv), *([] if cfg.out else ["--out", str(run_dir)])]
     world, local = (int(os.environ.get(name, "1")) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))
     rendezvous = ["--standalone"] if world == local else [f"--nnodes={world // local}", "..."]  # ...: no rank knows it
     torchrun = os.environ.get(LAUNCHER_VARIABLE, "torchrun")  # ddp-torchrun sets it (ddp_core.launch.torchrun)
-    launch = [torchrun, *rendezvous, f"--nproc-per-node={local}"] if world > 1 else ["python"]
+    launch = [torchrun, *rendezvous, f"--nproc-per-node={local}"] if world > 1 else ["python"]  # this node's ranks
     return shlex.join([*launch, "-m", "ddp_core.train", *args])
 
 
 def train(cfg: TrainConfig, stop: StopRequest) -> None:
     rt = resolve_runtime(cfg)
     place_process(rt)
-    if rt.distributed:
+    if rt.distributed:  # one rank has no process group: the plain baseline that speedups are measured against
         init_process_group(rt)
     stop.join(rt)
     try:
@@ -127,9 +116,9 @@ def train(cfg: TrainConfig, stop: StopRequest) -> None:
 
 
 def init_process_group(rt: Runtime) -> None:
-    """The process group, its keys in the store kept apart per torchrun attempt. When torchrun restarts the ranks
-    after a failure, it hands them the store of the failed attempt, where the dead ranks' addresses still stand
-    (torch 2.13): gloo would try to connect to them and fail ("Connection refused"), and the restart with it."""
+    """The process group, its keys in the store kept apart per torchrun attempt."""
+    # A restart after a failure gets the failed attempt's store, where the dead ranks' addresses still stand (torch
+    # 2.13). gloo would connect to them and fail ("Connection refused"), and the restart with it.
     store, rank, world_size = next(dist.rendezvous("env://"))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group(
@@ -184,7 +173,7 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
         val_loss, val_accuracy, _ = evaluations.last
         row = metrics_row(training, epoch, done, sent)
         step_rows = steps_rows(epoch, done.step_times, rt)
-        snapshot = state.checkpoint(epoch, cfg, rt)
+        snapshot = state.checkpoint(epoch, cfg, rt)  # every epoch's end
         if rt.leader:
             append_rows(out / "metrics.csv", [row], METRICS_COLUMNS)
             append_rows(out / "steps.csv", step_rows, STEPS_COLUMNS)
@@ -240,8 +229,8 @@ def batch_plan(cfg: TrainConfig, rt: Runtime, data: EncodedData) -> BatchPlan:
 
 @dataclass
 class EpochProgress:
-    """This rank's part of an epoch so far: the steps done, the partial sums its row of metrics.csv is made of, and
-    where its random numbers stand. A mid-epoch checkpoint holds one for each rank."""
+    """This rank's part of an epoch so far: steps, partial sums of its metrics and its random state. A mid-epoch
+    checkpoint holds one per rank, so each resumes as if it had never stopped."""
 
     steps: int = 0
     loss_sum: float = 0.0  # summed training loss of this rank's samples
@@ -263,9 +252,8 @@ class EpochProgress:
         grad_sq: tuple[float, float],
         rng: dict | None = None,
     ) -> EpochProgress:
-        """This progress followed by what the current attempt did since it began (`timed`: its timer's summary,
-        `grad_sq`: its gradient noise sums)."""
-        phases, step_times = timed
+        """This progress followed by what the current attempt did since it began."""
+        phases, step_times = timed  # the timer's summary; `grad_sq` holds the gradient noise sums
         return EpochProgress(
             steps,
             loss_sum.item(),
@@ -280,8 +268,8 @@ class EpochProgress:
 
 
 class Evaluations:
-    """Evaluations on the evaluation set, each a row of evals.csv: at the end of every epoch, every --eval-every-steps
-    optimizer steps inside them, and none after the first that reaches --target-accuracy (the run ends there)."""
+    """Evaluations on the evaluation set, each a row of evals.csv. They come at every epoch's end and every
+    --eval-every-steps steps, until one reaches --target-accuracy and the run ends."""
 
     def __init__(
         self, state: TrainingState, data: EncodedData, batch: BatchPlan, cfg: TrainConfig, rt: Runtime, out: Path | None
@@ -295,8 +283,8 @@ class Evaluations:
         return every is not None and self.state.scheduler.last_epoch % every == 0
 
     def run(self, epoch: int) -> float:
-        """Evaluate now and record it; returns the seconds it took. Every rank evaluates its part and all of them get
-        the same accuracy, so they agree on the target without another message."""
+        """Evaluate now, record it and return the seconds it took. All ranks get the same accuracy, so they agree on
+        the target without another message."""
         start = time.perf_counter()
         val_loss, val_accuracy = evaluate(self.state.model, self.data, self.batch.micro, self.rt, self.state.autocast)
         self.last = (val_loss, val_accuracy, time.perf_counter() - start)
@@ -361,7 +349,7 @@ class TrainingState:
         return torch.autocast(self.device_type, dtype=dtype, enabled=self.amp != "off")
 
     def checkpoint(self, epoch: int, cfg: TrainConfig, rt: Runtime) -> dict:
-        """The whole state (gathered to rank 0 where it is sharded: every rank calls it; rank 0 saves it)."""
+        """The whole state, gathered to rank 0 where it is sharded. Every rank calls it, and rank 0 saves it."""
         model_state, optimizer_state = whole_state(self.model, self.optimizer, self.sharding)
         return {
             "model": model_state,
@@ -381,8 +369,8 @@ def model_config(cfg: TrainConfig, num_classes: int) -> ModelConfig:
 
 
 def lr_factor(warmup_steps: int):
-    """Linear warm-up, then decay as 1/sqrt(step). The schedule has no horizon, so a run resumed with
-    more --epochs follows exactly the schedule it would have followed had it asked for them at the start."""
+    """Linear warm-up, then decay as 1/sqrt(step). It has no horizon, so a run resumed with more --epochs follows
+    the schedule it would have had anyway."""
     warmup = max(1, warmup_steps)
     return lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
 
@@ -397,8 +385,8 @@ def report_check(state: TrainingState, data: EncodedData, rt: Runtime) -> None:
 
 
 def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> tuple[int, EpochProgress | None]:
-    """Load the run's last checkpoint into `state`; returns the first epoch still to train, and this rank's progress
-    in it when the checkpoint was written inside it."""
+    """Load the run's last checkpoint into `state`. It returns the first epoch still to train, and this rank's
+    progress in it where the checkpoint was written inside it."""
     path = Path(cfg.out) / CHECKPOINT_NAME
     try:
         ckpt = torch.load(path, map_location=rt.device, weights_only=False)
@@ -434,8 +422,7 @@ def restore_checkpoint(state: TrainingState, cfg: TrainConfig, rt: Runtime) -> t
 def save_mid_epoch_checkpoint(
     state: TrainingState, epoch: int, progress: EpochProgress, out: Path | None, cfg: TrainConfig, rt: Runtime
 ) -> None:
-    """A checkpoint inside `epoch`: the model and optimizer as they are, and every rank's progress, which rank 0
-    gathers. Every rank waits until it is on disk: a rank that exited first would have torchrun stop the others."""
+    """A checkpoint inside `epoch`: the model and optimizer as they are, and every rank's progress."""
     ranks = [asdict(progress)]
     if rt.distributed:
         ranks = [None] * rt.world_size
@@ -444,14 +431,14 @@ def save_mid_epoch_checkpoint(
     if rt.leader:
         save_atomic(snapshot | {"in_epoch": {"epoch": epoch, "ranks": ranks}}, out / CHECKPOINT_NAME)
     if rt.distributed:
-        dist.barrier()
+        dist.barrier()  # until it is on disk: a rank that exited first would have torchrun stop the others
 
 
 def open_run_dir(
     cfg: TrainConfig, rt: Runtime, state: TrainingState, first_epoch: int, batch: BatchPlan, resuming: bool
 ):
-    """The run directory with its run.json (provenance) written, and the run's tracker; a resumed run
-    forgets the rows it will redo."""
+    """The run directory with its run.json (provenance) written, and the run's tracker. A resumed run forgets the
+    rows it will redo."""
     out = Path(cfg.out) if cfg.out else new_run_dir(cfg, rt.world_size)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.csv", "steps.csv"):  # rows of epochs after the checkpoint are redone
@@ -497,20 +484,20 @@ def new_run_dir(cfg: TrainConfig, world_size: int) -> Path:
 
 
 def measures_noise(cfg: TrainConfig, rt: Runtime) -> bool:
-    """Whether the run measures the gradient noise scale: see ddp_core/engine/noise_scale.py for where it cannot."""
+    """Whether the run measures the gradient noise scale, which needs two batch sizes and their exact, unscaled
+    average."""
     return (
         cfg.noise_scale
-        and rt.distributed
-        and cfg.comm_hook != "powersgd"
-        and cfg.amp != "fp16"
+        and rt.distributed  # one rank has one batch size
+        and cfg.comm_hook != "powersgd"  # its average is a low-rank approximation
+        and cfg.amp != "fp16"  # the loss scale multiplies every gradient and changes between steps
         and cfg.sharding not in FSDP_MODES
     )
 
 
 def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer: EpochTimer, noise: GradientNoise):
-    """DDP around the model on more than one rank, with the run's bucket size and communication hook, each
-    bucket's all-reduce timed by `timer` and, where the run measures the noise scale, its gradients' squared norms
-    taken by `noise`; the bare model on one rank, where `timer` notes when each of DDP's buckets would be ready."""
+    """DDP around the model on more than one rank, with the run's bucket size and communication hook. On one rank,
+    the bare model, where `timer` notes when each of DDP's buckets would be ready."""
     if not rt.distributed:
         if timer.enabled:
             parameters = list(model.parameters())
@@ -519,6 +506,8 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
         return model
     if cfg.sharding in FSDP_MODES:
         return model  # FSDP2 reduce-scatters the gradients itself (sharded in TrainingState.create)
+    # Synchronous data-parallel SGD: DDP averages the gradients across ranks during backward, so each optimizer step
+    # equals one on the whole global batch.
     # Gradients as views into DDP's buckets: backward writes each gradient where its all-reduce reads it, instead
     # of DDP copying every gradient into its bucket and the averaged one back.
     ddp_model = DistributedDataParallel(
@@ -529,7 +518,7 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
     )
     state, hook = communication_hook(cfg)
     if timer.enabled:
-        hook = timer.timed(hook)
+        hook = timer.timed(hook)  # each bucket's all-reduce timed
     if measures_noise(cfg, rt):
         hook = noise.measured(hook)  # outermost: the norms are taken outside the all-reduce's timed span
     if hook is not default_hooks.allreduce_hook:
@@ -538,10 +527,10 @@ def wrap_ddp(model: TransformerClassifier, cfg: TrainConfig, rt: Runtime, timer:
 
 
 def bucket_cap_mb(cfg: TrainConfig, rt: Runtime, model: TransformerClassifier) -> float | None:
-    """The run's bucket size; PowerSGD on gloo gets one bucket. PyTorch's PowerSGD issues its second all-reduce from
-    the first one's callback, on another thread than the next bucket's all-reduce, and gloo ranks can then receive
-    the two in different orders (a collective mismatch that aborts the run); with one bucket nothing else is in
-    flight."""
+    """The run's bucket size, except that PowerSGD on gloo gets one bucket."""
+    # PyTorch's PowerSGD issues its second all-reduce from the first one's callback, on another thread than the next
+    # bucket's. gloo ranks can then receive the two in different orders, a mismatch that aborts the run. One bucket
+    # leaves nothing else in flight.
     if cfg.comm_hook != "powersgd" or rt.backend != "gloo":
         return cfg.bucket_cap_mb
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
@@ -554,19 +543,20 @@ def bucket_cap_mb(cfg: TrainConfig, rt: Runtime, model: TransformerClassifier) -
 
 
 def communication_hook(cfg: TrainConfig):
-    """(state, hook) that DDP calls with each gradient bucket. `none` averages the fp32 gradients; fp16 and bf16
-    send half the bytes and round every gradient; PowerSGD (Vogels et al., 2019) sends two rank-r factors of each
-    gradient matrix and keeps the error it made for the next step. PowerSGD compresses from the third step on, after
-    the two plain all-reduces PyTorch requires (its default waits 1000 steps, longer than a run here)."""
+    """(state, hook) that DDP calls with each gradient bucket, as --comm-hook asks."""
+    # fp16 and bf16 send half the bytes and round every gradient.
     if cfg.comm_hook == "fp16":
         return None, default_hooks.fp16_compress_hook
     if cfg.comm_hook == "bf16":
         return None, default_hooks.bf16_compress_hook
     if cfg.comm_hook == "powersgd":
+        # PowerSGD (Vogels et al., 2019) sends two rank-r factors of each gradient matrix and keeps its error for the
+        # next step. It compresses from the third step, after the two plain all-reduces PyTorch requires. Its
+        # default waits 1000 steps, longer than a run here.
         return powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=cfg.powersgd_rank, start_powerSGD_iter=2, random_seed=cfg.seed
         ), powerSGD_hook.powerSGD_hook
-    return None, default_hooks.allreduce_hook
+    return None, default_hooks.allreduce_hook  # none: the average of the fp32 gradients
 
 
 @dataclass
@@ -590,10 +580,8 @@ class Training:
 
 
 def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> EpochProgress:
-    """One pass over this rank's shard, or what is left of it after `done` (a mid-epoch checkpoint's progress), or
-    up to the evaluation inside it that reached the target. Checkpoints inside the epoch every
-    --checkpoint-every-steps steps, and when the ranks agree to stop (then raises Stopped). Whether a loss was not
-    finite is checked on the device: it costs no synchronisation."""
+    """One pass over this rank's shard, or what a mid-epoch checkpoint's progress `done` left of it. It ends early at
+    an evaluation that reaches the target, and raises Stopped when the ranks agree to stop."""
     cfg, rt, state, batch, timer, noise = (
         training.cfg,
         training.rt,
@@ -648,6 +636,7 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
             )
         training.census.between_steps()
         loss_sum += step_loss
+        # Checked on the device: it costs no synchronisation.
         first_bad_step = torch.where(torch.isfinite(step_loss), first_bad_step, first_bad_step.clamp(max=step))
         if step + 1 < batch.steps and evaluations.due():
             with timer.phase("eval"):
@@ -656,6 +645,7 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
                 steps = step + 1
                 break
         stopping = stop.agreed()
+        # A checkpoint every --checkpoint-every-steps steps, and when the ranks agree to stop.
         if stopping or (step + 1 < batch.steps and checkpoint_due(state, cfg)):
             so_far = done.then(
                 step + 1,
@@ -682,8 +672,8 @@ def train_epoch(training: Training, epoch: int, done: EpochProgress | None) -> E
 
 
 def checkpoint_due(state: TrainingState, cfg: TrainConfig) -> bool:
-    """Whether the optimizer step just taken is one --checkpoint-every-steps asks a checkpoint after (counted over
-    the run, as the learning-rate schedule counts them)."""
+    """Whether the optimizer step just taken is one --checkpoint-every-steps asks a checkpoint after. Steps count over
+    the run, as the learning-rate schedule counts them."""
     return cfg.checkpoint_every_steps is not None and state.scheduler.last_epoch % cfg.checkpoint_every_steps == 0
 
 
@@ -699,7 +689,7 @@ def stop_if_diverged(epoch: int, first_bad_step: int, batch: BatchPlan, rt: Runt
 
 
 def batches(data_ids: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, batch_size: int, device):
-    """Full micro-batches of this rank's indices, moved to the device; the token ids stay int32, which the embedding
+    """Full micro-batches of this rank's indices, moved to the device. The token ids stay int32, which the embedding
     takes as they are."""
     for start in range(0, len(indices) - batch_size + 1, batch_size):
         idx = indices[start : start + batch_size]
@@ -709,14 +699,14 @@ def batches(data_ids: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
 def train_step(
     model, micro_batches, grad_accum: int, timer: EpochTimer, optimizer, scheduler, scaler, autocast
 ) -> torch.Tensor:
-    """One optimizer step over `grad_accum` micro-batches; DDP all-reduces the gradients on the last one only.
-    Returns the summed (not averaged) loss of the step's samples, left on the device."""
+    """One optimizer step over `grad_accum` micro-batches. It returns the summed, not averaged, loss of the step's
+    samples, left on the device."""
     timer.begin_step()
     loss_sum = 0.0
     for k in range(grad_accum):
         with timer.phase("data"):
             ids, labels = next(micro_batches)
-        with gradient_sync(model, k == grad_accum - 1):
+        with gradient_sync(model, k == grad_accum - 1):  # the gradients are all-reduced on the last one only
             with timer.phase("forward"), autocast():
                 loss = F.cross_entropy(model(ids).float(), labels)
             with timer.phase("backward"):
@@ -731,9 +721,9 @@ def train_step(
 
 
 def gradient_sync(model, sync: bool):
-    """Whether this backward communicates the gradients: on a step's last micro-batch only. DDP skips its all-reduce
-    inside `no_sync`, FSDP2 its reduce-scatter while `set_requires_gradient_sync(False)`; one rank has nothing to
-    skip."""
+    """Whether this backward communicates the gradients: on a step's last micro-batch only."""
+    # DDP skips its all-reduce inside `no_sync`, FSDP2 its reduce-scatter while `set_requires_gradient_sync(False)`.
+    # One rank has nothing to skip.
     if is_fsdp(model):
         model.set_requires_gradient_sync(sync)
     if sync or not isinstance(model, DistributedDataParallel):
@@ -743,13 +733,13 @@ def gradient_sync(model, sync: bool):
 
 @torch.no_grad()
 def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -> tuple[float, float]:
-    """Loss and accuracy over the WHOLE evaluation set: each rank takes every world_size-th sample, no padding. Under
-    FSDP2 every rank runs as many forward passes (each gathers the parameters with all the others): a rank whose
-    part is done passes one sample more and counts nothing of it."""
+    """Loss and accuracy over the WHOLE evaluation set. Each rank takes every world_size-th sample, unpadded."""
     model.eval()
     indices = torch.arange(rt.rank, len(data.eval_labels), rt.world_size)
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     correct = torch.zeros((), dtype=torch.float64, device=rt.device)
+    # Under FSDP2 every rank runs as many forward passes, since each gathers the parameters with all the others.
+    # A rank whose part is done passes one sample more and counts nothing of it.
     most = math.ceil(len(data.eval_labels) / rt.world_size)  # the largest part, a rank's
     for start in range(0, most if is_fsdp(model) else len(indices), batch_size):
         idx = indices[start : start + batch_size]
@@ -768,13 +758,13 @@ def evaluate(model, data: EncodedData, batch_size: int, rt: Runtime, autocast) -
 
 
 def metrics_row(training: Training, epoch: int, done: EpochProgress, sent_bytes: float) -> dict:
-    """The epoch's row of metrics.csv: phases and loss averaged over the ranks; times, peak memory and training state
-    (by kind) of the largest rank; the bytes its link sent in the epoch's steps (`sent_bytes`) as the mean; the last
-    evaluation; and the gradient noise scale from the squared norms over ranks and steps (empty where not measured).
-    An epoch that continued from a mid-epoch checkpoint says so (`resumes`); its time is that of its steps."""
+    """The epoch's row of metrics.csv, reduced over the ranks, with the last evaluation. An epoch continued from a
+    mid-epoch checkpoint says so in `resumes`, and its time is that of its steps."""
     cfg, rt, batch = training.cfg, training.rt, training.batch
     val_loss, val_accuracy, eval_time = training.evaluations.last
     local_sq, averaged_sq = done.grad_sq
+    # Sums over the ranks: the phases and the bytes each link sent in the epoch's steps become means, the loss a mean
+    # per sample. The squared norms, summed over ranks and steps, give the noise scale.
     summed = all_reduce(
         {
             "phases": list(done.phases.values()),
@@ -787,6 +777,8 @@ def metrics_row(training: Training, epoch: int, done: EpochProgress, sent_bytes:
         rt,
     )
     state_bytes = training.census.largest
+    # Times, peak memory and training state by kind: the largest rank's. ZeRO-1 shards whole parameters, so the
+    # ranks' shards differ in size.
     largest = all_reduce(
         {
             "epoch_time_s": done.seconds,
@@ -822,17 +814,17 @@ def metrics_row(training: Training, epoch: int, done: EpochProgress, sent_bytes:
     row.update(
         noise_scale(summed["local_sq"], summed["averaged_sq"], done.steps, rt.world_size, batch.micro * cfg.grad_accum)
         if measures_noise(cfg, rt)
-        else dict.fromkeys(NOISE_COLUMNS, math.nan)
+        else dict.fromkeys(NOISE_COLUMNS, math.nan)  # empty where not measured
     )
     return row
 
 
 def steps_rows(epoch: int, steps: dict[str, list[float]], rt: Runtime) -> list[dict]:
-    """The epoch's rows of steps.csv, each step's times averaged over the ranks (one all-reduce per epoch). The ranks
-    meet at every step's all-reduce, so they take the same steps in time; where each rank's step begins and ends
-    varies, and a maximum over ranks per step would add that jitter up to more than the epoch took."""
+    """The epoch's rows of steps.csv, each step's times averaged over the ranks in one all-reduce."""
     if not steps["step_time_s"]:  # the timers were off
         return []
+    # The mean, not the maximum: the ranks meet at every step's all-reduce, so they take the same steps in time. Where
+    # each rank's step begins and ends varies, and a per-step maximum would add that jitter up past the epoch's time.
     mean = {
         name: [value / rt.world_size for value in values]
         for name, values in all_reduce(steps, dist.ReduceOp.SUM, rt).items()
@@ -844,8 +836,8 @@ def steps_rows(epoch: int, steps: dict[str, list[float]], rt: Runtime) -> list[d
 
 
 def all_reduce(values: dict[str, float | list[float]], op, rt: Runtime) -> dict[str, float | list[float]]:
-    """Named values, each a number or a list of them, reduced over the ranks in one collective and given back by
-    name: a new value needs no index shifted."""
+    """Named values, each a number or a list of them, reduced over the ranks in one collective. They come back by
+    name, so a new value needs no index shifted."""
     if not rt.distributed:
         return values
     flat = [x for value in values.values() for x in (value if isinstance(value, list) else [value])]
@@ -860,7 +852,7 @@ def all_reduce(values: dict[str, float | list[float]], op, rt: Runtime) -> dict[
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak allocated CUDA memory this epoch on a GPU; on a CPU the process's peak resident set size."""
+    """Peak allocated CUDA memory this epoch on a GPU, or on a CPU the process's peak resident set size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -2,10 +2,7 @@
 
     torchrun --nproc-per-node N -m ddp_core.bench.allreduce --out results/report/allreduce-n2
 
-For each size S (bytes of float32 gradient), after warm-up iterations, the mean time t of one
-`all_reduce` over timed iterations (the slowest rank's), and nccl-tests' bandwidths
-(doc/PERFORMANCE.md): algbw = S / t and busbw = algbw * 2(N-1)/N. Writes `allreduce.csv` and
-`allreduce.json` (provenance) into --out; an existing --out is never overwritten.
+It writes `allreduce.csv` and `allreduce.json`, the provenance, into --out. An existing --out is never overwritten.
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ def time_allreduce(tensor: torch.Tensor, iterations: int) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The benchmark's options, checked before any process group starts: the study runner checks the options it will
+    """The benchmark's options, checked before any process group starts. The study runner checks the options it will
     pass here before its first run trains."""
     parser = OneLineParser(prog="torchrun ... -m ddp_core.bench.allreduce", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for allreduce.csv and allreduce.json")
@@ -102,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         print(ALLREDUCE_READY_LINE, flush=True)
     rows = []
     try:
+        # Per size S, bytes of float32 gradient: warm-up, then the slowest rank's mean time t of one all_reduce.
         for size in opts.sizes or sizes(opts.min_bytes, opts.max_bytes):
             tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
             probe = time_allreduce(tensor, opts.warmup)
             iterations = max(3, min(1000, int(opts.seconds_per_size / max(probe, 1e-7))))
             seconds = time_allreduce(tensor, iterations)
+            # nccl-tests' bandwidths (doc/PERFORMANCE.md): algbw = S / t and busbw = algbw * 2(N-1)/N.
             algbw = size / seconds / 1e9
             rows.append(
                 dict(

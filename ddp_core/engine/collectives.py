@@ -1,12 +1,8 @@
-"""The bytes one step hands to each collective, counted where PyTorch dispatches them. DDP's reducer, ZeRO-1's
-broadcasts and FSDP2's gathers and reduce-scatters all reach the process group through the `c10d` operators, so a
-dispatch mode sees each of them once, whoever issued it, in C++ or in Python. The mode sees every other operator of
-the step too, which slows that step several times over: the trainer counts one step only (--count-collectives), the
-third: DDP rebuilds its buckets in the order backward filled them at the second, and broadcasts the new order.
+"""The bytes one step hands to each collective, counted where PyTorch dispatches them.
 
-A collective's size is the tensor it is about, whole: the tensors an all-reduce or a broadcast carries, the output an
-all-gather fills, the input a reduce-scatter splits. What a node sends for it depends on the algorithm
-(`ddp_core.analysis.zero` turns one into the other for gloo's)."""
+DDP, ZeRO-1 and FSDP2 all reach the process group through the `c10d` operators. A dispatch mode therefore sees each
+collective once, whether C++ or Python issued it.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +12,16 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# The mode sees every other operator too and slows its step several times over, so one step is counted.
+# The third: at the second, DDP rebuilds its buckets in the order backward filled them and broadcasts that order.
 COUNTED_STEP = 3
 UNCOUNTED = ("barrier", "monitored_barrier_")  # c10d operators that carry no data
 
 
 def collective_bytes(name: str, args) -> int:
-    """The size of a `c10d` collective called with `args`, in bytes (see the module's docstring): its first argument
-    (the tensors an all-reduce or a broadcast carries, the output an all-gather fills), a reduce-scatter's second
-    (the input it splits)."""
+    """The size in bytes of a `c10d` collective called with `args`: the whole tensor it is about."""
+    # An all-reduce's or a broadcast's tensors and an all-gather's output come first; a reduce-scatter's input second.
+    # What a node sends depends on the algorithm: `ddp_core.analysis.zero` converts one into the other for gloo's.
     tensors = args[1] if "reduce_scatter" in name else args[0]
     return sum(t.numel() * t.element_size() for t in _flatten(tensors))
 
@@ -51,8 +49,8 @@ class _Counting(TorchDispatchMode):
 
 
 class CollectiveCensus:
-    """Counts the collectives of the COUNTED_STEP-th step this process trains when `enabled`: `counted` is then
-    {operator: {"calls", "bytes"}}, None before (and in a run of fewer steps)."""
+    """Counts the collectives of this process's COUNTED_STEP-th step when `enabled`. Then `counted` maps each operator
+    to its calls and bytes. Before that step, and in shorter runs, it is None."""
 
     def __init__(self, enabled: bool):
         self.enabled, self.counted, self.steps = enabled, None, 0

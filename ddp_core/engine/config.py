@@ -1,13 +1,7 @@
 """The settings of a training run: one typed, documented field each, from which everything else derives.
 
-`TrainConfig` is the single source of every setting's default, allowed values and meaning. The
-command line of `ddp_core.train` is generated from it (`build_parser`), the notebook's profiles
-(`notebooks/profiles/*.yml`) name its fields and are checked against them (`load_profile`), and
-the book's methods chapter prints what a run used.
-
-Every check that needs no data and no process group happens here, so that a bad command fails
-in a fraction of a second with one line, before torchrun has started anything expensive and
-before a run directory exists.
+`TrainConfig` is the single source of every setting's default, allowed values and meaning. Every check that needs no
+data and no process group happens here, so a bad command fails at once with one line.
 """
 
 from __future__ import annotations
@@ -44,15 +38,15 @@ ERROR_PREFIX = "ddp_core.train: error:"  # starts the trainer's one line; the la
 
 
 def setting(default, help: str, *, resumable: bool = False, env: str | None = None, group: str | None = None):
-    """A field of `TrainConfig`.
-
-    resumable: may differ between a run and its `--resume` (it does not change what is trained).
-    env: environment variable that supplies the command line's default.
-    group: settings of one group are mutually exclusive and exactly one is required.
-    """
+    """A field of `TrainConfig`, with its help text. A resumable one may differ between a run and its `--resume`,
+    since it does not change what is trained."""
+    # env: the environment variable that supplies the command line's default.
+    # group: settings of one group are mutually exclusive, and exactly one of them is required.
     return field(default=default, metadata=dict(help=help, resumable=resumable, env=env, group=group))
 
 
+# The trainer's command line is generated from TrainConfig (`build_parser`). The profiles in notebooks/profiles/
+# name its fields and are checked against them (`load_profile`). The book's methods chapter prints what a run used.
 @dataclass
 class TrainConfig:
     dataset: Literal["imdb", "ag_news", "synthetic"] = setting("imdb", "which data to classify")
@@ -185,7 +179,7 @@ def _flag(name: str) -> str:
 
 
 def _value_type(annotation) -> tuple[type, tuple | None]:
-    """(type, choices) of a field: the type of `int | None` is int; a Literal's values are its choices."""
+    """(type, choices) of a field. The type of `int | None` is int, and a Literal's values are its choices."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) is Literal:
         return type(args[0]), tuple(args)
@@ -227,7 +221,7 @@ def world_size_from_env() -> int:
 
 
 def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> TrainConfig:
-    """The checked config; `world_size` defaults to torchrun's WORLD_SIZE (a launcher may check ahead of it)."""
+    """The checked config. `world_size` defaults to torchrun's WORLD_SIZE, since a launcher may check ahead of it."""
     ns = build_parser().parse_args(argv)
     cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in fields(TrainConfig)})
     validate(cfg, world_size if world_size is not None else world_size_from_env())
@@ -235,7 +229,7 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> 
 
 
 def to_args(settings: dict) -> list[str]:
-    """The command line that sets `settings` (field name -> value); switches for the boolean fields."""
+    """The command line that sets `settings`, field name -> value. The boolean fields become switches."""
     by_name = {f.name: f for f in fields(TrainConfig)}
     args = []
     for name, value in settings.items():
@@ -291,14 +285,14 @@ def global_batch_size(cfg: TrainConfig, world_size: int) -> int:
 
 
 def steps_per_epoch(cfg: TrainConfig, world_size: int, train_samples: int) -> int:
-    """Optimizer steps in one pass over `train_samples`, every step full: the trainer's batch plan, and the check
-    of a run's length before it starts. Refuses a run that makes no step, or whose checkpoint interval is longer
-    than the run (it would never checkpoint inside an epoch, which the interval asks for)."""
+    """Optimizer steps in one pass over `train_samples`, every step full. It refuses a run that makes no step, or
+    whose checkpoint interval is longer than the run."""
     steps = train_samples // world_size // micro_batch_size(cfg, world_size) // cfg.grad_accum
     if steps == 0:
         raise UsageError(
             f"{train_samples} training samples make no full step of global batch {global_batch_size(cfg, world_size)}"
         )
+    # Such a run would never checkpoint inside an epoch, which the interval asks for.
     if cfg.checkpoint_every_steps is not None and cfg.checkpoint_every_steps >= steps * cfg.epochs:
         raise UsageError(
             f"--checkpoint-every-steps {cfg.checkpoint_every_steps} is not shorter than the run "
@@ -320,6 +314,8 @@ def check_writable_folder(folder: Path, option: str) -> None:
 
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
+    # Before torchrun has started anything expensive and before a run directory exists: a bad command fails in a
+    # fraction of a second.
     positive = [
         "vocab_size",
         "seq_len",
@@ -392,13 +388,13 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
 
 
 def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
-    """A new run needs a directory that holds no other run; a resumed one needs its checkpoint and, once finished, more
-    epochs. The same command continues its own unfinished run: from the last checkpoint (a run stopped by a time
-    limit, requeued by Slurm or restarted by torchrun runs its command again), or from the start if it stopped before
-    any checkpoint."""
+    """A new run needs a directory that holds no other run. A resumed one needs its checkpoint and, once finished,
+    more epochs. The same command continues its own unfinished run."""
     out = Path(cfg.out)
     check_writable_folder(out, "--out")
     trained = finished_epochs(out)
+    # Resuming a finished run with no more epochs would train nothing, yet write its run.json and its machine record
+    # anew.
     if cfg.resume and trained is not None and cfg.epochs <= trained:
         raise UsageError(
             f"--resume: {out} holds a finished run of {trained} epoch(s), which --epochs {cfg.epochs} "
@@ -411,13 +407,14 @@ def check_run_dir(cfg: TrainConfig, world_size: int) -> None:
         )
     if cfg.resume or not ((out / "run.json").exists() or (out / "metrics.csv").exists()):
         return
+    # A run stopped by a time limit, requeued by Slurm or restarted by torchrun runs its command again. It continues
+    # from its last checkpoint, or from the start if it stopped before any.
     if not is_unfinished(out, cfg, world_size):
         raise UsageError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
 
 
 def finished_epochs(out: Path) -> int | None:
-    """The epochs a finished run in `out` asked for; None where it holds no finished run. Resuming it with no more
-    epochs would train nothing and write its run.json anew, the machine's record of its training among it."""
+    """The epochs a finished run in `out` asked for, or None where it holds no finished run."""
     try:
         info = json.loads((out / "run.json").read_text())
         return info["config"]["epochs"] if info["end_time"] else None
@@ -426,8 +423,8 @@ def finished_epochs(out: Path) -> int | None:
 
 
 def continues_run(cfg: TrainConfig) -> bool:
-    """Whether this run continues one from its checkpoint: asked to (--resume), or its own unfinished run, which
-    `check_run_dir` let through."""
+    """Whether this run continues one from its checkpoint: asked to with --resume, or its own unfinished run."""
+    # Without --resume, a checkpoint is of this run's own unfinished run: `check_run_dir` let it through.
     return cfg.resume or (cfg.out is not None and (Path(cfg.out) / CHECKPOINT_NAME).is_file())
 
 

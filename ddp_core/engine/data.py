@@ -1,8 +1,6 @@
 """Datasets as encoded tensors: real text through Hugging Face `datasets`, or a synthetic task.
 
-Text is tokenized once per node: local rank 0 encodes the data and writes the tensors to a cache
-file named by everything they depend on; the other ranks wait at a barrier and then read that
-file. Epochs index tensors and never touch text again.
+Text is tokenized once per node and cached. Epochs index tensors and never touch text again.
 """
 
 from __future__ import annotations
@@ -47,14 +45,14 @@ def tokenize(text: str) -> list[str]:
 
 
 def build_vocab(texts: list[str], vocab_size: int) -> dict[str, int]:
-    """The most frequent words of the training texts; ties broken alphabetically, so it is deterministic."""
+    """The most frequent words of the training texts, ties broken alphabetically so that it is deterministic."""
     counts = Counter(word for text in texts for word in tokenize(text))
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: vocab_size - 2]
     return {word: i + 2 for i, (word, _) in enumerate(ranked)}
 
 
 def encode(texts: list[str], vocab: dict[str, int], seq_len: int) -> torch.Tensor:
-    """Token ids truncated or padded to seq_len; an empty text becomes one unknown token."""
+    """Token ids truncated or padded to seq_len. An empty text becomes one unknown token."""
     ids = np.full((len(texts), seq_len), PAD_ID, dtype=np.int32)
     for row, text in enumerate(texts):
         tokens = [vocab.get(word, UNK_ID) for word in tokenize(text)[:seq_len]] or [UNK_ID]
@@ -173,7 +171,7 @@ def _class_number(value) -> int | None:
 
 
 def check_rows(ds, num_classes: int, source: str) -> None:
-    """Every row has a non-empty text and a label that is a class number 0..C-1; `source` names the file."""
+    """Every row has a non-empty text and a label that is a class number 0..C-1. `source` names the file."""
     missing = {"text", "label"} - set(ds.column_names)
     if missing:
         raise UsageError(
@@ -252,6 +250,7 @@ def synthetic_task(cfg: TrainConfig) -> EncodedData:
 
 
 def cache_path(cfg: TrainConfig, sources: dict) -> Path:
+    # The cache file is named by everything the tensors depend on.
     key = dict(
         dataset=cfg.dataset,
         sources=sources,
@@ -268,7 +267,7 @@ def cache_path(cfg: TrainConfig, sources: dict) -> Path:
 
 
 def _cached_tensors(cfg: TrainConfig) -> dict[str, torch.Tensor]:
-    """The encoded tensors from the token cache; encoded and cached first when the cache is missing or unreadable."""
+    """The encoded tensors from the token cache, encoded and cached first where it is missing or unreadable."""
     path = cache_path(cfg, source_fingerprint(cfg))
     if path.exists():
         try:
@@ -301,12 +300,12 @@ def source_fingerprint(cfg: TrainConfig) -> dict:
 
 
 def load_data(cfg: TrainConfig, local_rank: int = 0) -> EncodedData:
-    """Encoded tensors for this run; in a process group every rank gets them, tokenized once per node."""
+    """Encoded tensors for this run, for every rank of a process group, tokenized once per node."""
     if cfg.dataset == "synthetic":
         return synthetic_task(cfg)
     distributed = dist.is_available() and dist.is_initialized()
     error, tensors = None, None
-    if local_rank == 0:
+    if local_rank == 0:  # encodes and writes the cache; the other local ranks read it after the barrier
         try:
             tensors = _cached_tensors(cfg)
         except UsageError as exc:

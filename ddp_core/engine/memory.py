@@ -1,18 +1,7 @@
-"""What one rank holds of the training state, by kind, counted from the tensors themselves: the bytes of every
-distinct storage behind the parameters, the gradients and the optimizer's state (activations apart). A sharded
-tensor (FSDP2's DTensor) counts its rank's part, padding included; views sharing a storage count it once.
+"""What one rank holds of the training state, by kind, counted from the tensors' own storages.
 
-The moments that tell the sharding modes apart (`ddp_core.engine.sharding`):
-- the parameters at their most: under DDP and ZeRO-1 every rank's whole copy; under FSDP2 (ZeRO-2, ZeRO-3) the
-  rank's shards of every parameter plus the parameters gathered whole at that moment, counted as each of FSDP2's
-  units starts its forward (its own gathered, and its parents' still gathered: ZeRO-3 holds the root's parameters,
-  the embedding and the head, beside one block's; ZeRO-2 all of them, from forward to the end of backward);
-- just before the optimizer steps, the gradients: DDP's buckets (the gradients are views into them), a shard under
-  FSDP2; and the optimizer's state, whole under DDP, 1/N of it under every ZeRO;
-- between steps, the gradients still held: DDP keeps its buckets from step to step, FSDP2 frees its shards.
-Each is the largest the rank saw in the epoch; the run writes the largest over the ranks (ZeRO-1 gives each rank
-whole parameters, so its shards differ in size). Not counted: a gradient whole for the moment before FSDP2 reduces
-it to a shard, and a collective's buffers.
+It counts at the moments that tell the sharding modes apart (`ddp_core.engine.sharding`), keeping the epoch's largest.
+Activations, a collective's buffers and the whole gradient FSDP2 holds briefly before reducing it are not counted.
 """
 
 from __future__ import annotations
@@ -26,8 +15,8 @@ from ddp_core.engine.sharding import is_fsdp, is_sharded
 
 
 def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (a DTensor: its local part; None: nothing)."""
-    seen = {}
+    """Bytes of the distinct storages behind `tensors`, so views sharing a storage count it once."""
+    seen = {}  # None counts nothing; a DTensor, FSDP2's shard, counts its local part, padding included
     for tensor in tensors:
         if tensor is None:
             continue
@@ -44,8 +33,8 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def gradient_bytes(model: nn.Module) -> int:
-    """The gradients this rank holds: DDP's buckets, which it keeps from step to step (its gradients are views into
-    them, `gradient_as_bucket_view`), else the parameters' gradients."""
+    """The bytes of gradients this rank holds: DDP's buckets, else the parameters' gradients."""
+    # DDP keeps its buckets from step to step, and its gradients are views into them (`gradient_as_bucket_view`).
     if isinstance(model, DistributedDataParallel):
         sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
         return sum(int(size) for size in sizes.split(",") if size.strip())
@@ -53,14 +42,17 @@ def gradient_bytes(model: nn.Module) -> int:
 
 
 class StateCensus:
-    """The epoch's largest bytes of each kind (STATE_COLUMNS) one rank held at the module docstring's moments. It
-    counts every step: a pass over some tensors' storages, microseconds against a step."""
+    """The epoch's largest bytes of each kind in STATE_COLUMNS that one rank held. It counts every step, since a pass
+    over some storages costs microseconds against a step."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
         self.largest = dict.fromkeys(STATE_COLUMNS, 0)
         self.gathered = 0  # the most bytes of FSDP2's parameters seen whole at once
+        # The parameters at their most. Under DDP and ZeRO-1 that is every rank's whole copy.
         model.register_forward_hook(lambda *_: self._note("parameters_bytes", storage_bytes(model.parameters())))
+        # Under FSDP2, the shards plus what is gathered whole as each unit starts its forward: its own and its parents'.
+        # ZeRO-3 then holds the root's embedding and head beside one block's; ZeRO-2 holds all, until backward ends.
         for unit in (m for m in model.modules() if is_fsdp(m)):  # after FSDP2's own hook has gathered
             unit.register_forward_pre_hook(lambda *_: self._note_gathered())
         optimizer.register_step_pre_hook(lambda *_: self._before_step())
@@ -79,8 +71,10 @@ class StateCensus:
     def _before_step(self) -> None:
         # Under FSDP2 every parameter is a shard here; the ones gathered earlier were held beside their shards.
         self._note("parameters_bytes", storage_bytes(self.model.parameters()) + self.gathered)
-        self._note("gradients_bytes", gradient_bytes(self.model))
+        self._note("gradients_bytes", gradient_bytes(self.model))  # DDP's buckets, or a shard under FSDP2
+        # The optimizer's state: whole under DDP, 1/N of it under every ZeRO.
         self._note("optimizer_state_bytes", storage_bytes(optimizer_state(self.optimizer)))
 
     def between_steps(self) -> None:
+        # DDP keeps its buckets from step to step; FSDP2 frees its gradient shards.
         self._note("gradients_kept_bytes", gradient_bytes(self.model))

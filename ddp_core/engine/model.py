@@ -1,12 +1,6 @@
 """A pre-LN transformer encoder that classifies a padded token sequence.
 
-Padding never changes a prediction: padded keys are masked out of attention and the sequence
-representation is the mean over real tokens only. Token id 0 is padding; the ids may be int32 or int64.
-
-Dropout acts on the embeddings and on each residual branch, not on the attention probabilities: no fused
-attention kernel on a CPU takes dropout, so attention dropout sent every step through the unfused path, which
-builds the batch x heads x length x length matrix of probabilities and a random mask as large, and cost two
-thirds of attention's time (the One device chapter profiles a step).
+Padding never changes a prediction. Token id 0 is padding, and the ids may be int32 or int64.
 """
 
 from __future__ import annotations
@@ -31,12 +25,15 @@ class EncoderBlock(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln_ff = nn.LayerNorm(cfg.d_model)
         self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+        # Dropout on the embeddings and each residual branch, not on the attention probabilities: no fused CPU
+        # attention kernel takes dropout. The unfused path builds batch x heads x length x length probabilities and a
+        # mask as large, which cost two thirds of attention's time (the One device chapter profiles a step).
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(self.ln_attn(x)).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :])
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :])  # padded keys masked out
         x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(batch, length, width)))
         return x + self.drop(self.ff(self.ln_ff(x)))
 
@@ -61,7 +58,7 @@ class TransformerClassifier(nn.Module):
         for block in self.blocks:
             x = block(x, attend)
         x = self.ln_out(x)
-        weights = attend.unsqueeze(-1).to(x.dtype)
+        weights = attend.unsqueeze(-1).to(x.dtype)  # the mean over real tokens only
         pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         return self.head(pooled)
 

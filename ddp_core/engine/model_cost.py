@@ -1,8 +1,7 @@
-"""What the model costs to train, from its shapes alone: its training FLOPs and the gradient buckets DDP
-all-reduces. Facts of the model, kept beside it, that the benchmarks and the report's cost model both use.
+"""What the model costs to train, from its shapes alone: its training FLOPs and DDP's gradient buckets.
 
-A model is given as its `ModelConfig` fields (a run's `model` in run.json); nothing is built, and torch is
-not imported (`model_shape.parameter_shapes`).
+The benchmarks and the report's cost model both use these facts. A model is given as its `ModelConfig` fields, as in
+a run's run.json, so nothing is built and torch is not imported.
 """
 
 from __future__ import annotations
@@ -38,8 +37,9 @@ def preset_configs(model_config: dict) -> dict[str, dict]:
 
 
 def bucket_indices(counts: list[int]) -> list[int]:
-    """The bucket DDP puts each parameter in (1 for the first all-reduced), given the parameters' element counts in
-    the order the model registers them: parameters in reverse order, a bucket closed as soon as it reaches its cap."""
+    """The bucket DDP puts each parameter in, 1 for the first all-reduced. `counts` are the parameters' element
+    counts in the order the model registers them."""
+    # DDP fills buckets from the last parameter back and closes each one as soon as it reaches its cap.
     indices, current, cap, bucket = [], 0, FIRST_BUCKET_BYTES, 1
     for count in reversed(counts):
         indices.append(bucket)
@@ -59,12 +59,11 @@ def bucket_sizes(model_config: dict) -> list[int]:
 
 
 def bucket_ready_shares(model_config: dict) -> list[float]:
-    """The share of backward's FLOPs done when each of DDP's buckets is complete, bucket 1 first, where a GPU's
-    backward time follows its FLOPs: backward reaches the parameters in the reverse of their registration, a Linear
-    weight costing in proportion to its elements and a layer's attention scores costing at its qkv weight
-    (`training_flops`'s terms); embeddings and vectors cost none. The last bucket holds the first parameters
-    registered, the embeddings: it is complete only when backward ends, whatever its share of the bytes."""
+    """The share of backward's FLOPs done when each of DDP's buckets is complete, bucket 1 first. It models a GPU,
+    whose backward time follows its FLOPs."""
     shapes = parameter_shapes(ModelConfig(**model_config))
+    # `training_flops`'s terms: a Linear weight costs its elements, and a layer's attention scores cost at its qkv
+    # weight. Embeddings and vectors cost none.
     attention = 2 * model_config["max_len"] * model_config["d_model"]  # 4 T d per token against 2 per weight
     flops = [
         prod(shape) * (len(shape) == 2 and name not in EMBEDDINGS) + attention * name.endswith(".qkv.weight")
@@ -72,6 +71,8 @@ def bucket_ready_shares(model_config: dict) -> list[float]:
     ]
     buckets = bucket_indices([prod(shape) for shape in shapes.values()])
     done, ready = 0, {}
+    # Backward reaches the parameters in reverse registration order. The last bucket holds the embeddings, registered
+    # first, so it is complete only when backward ends, whatever its share of the bytes.
     for cost, bucket in zip(reversed(flops), reversed(buckets)):
         done += cost
         ready[bucket] = done  # the bucket's last parameter reached so far
@@ -79,14 +80,12 @@ def bucket_ready_shares(model_config: dict) -> list[float]:
 
 
 def training_flops(model_config: dict, tokens: int) -> float:
-    """FLOPs of forward and backward over `tokens` tokens (padding included: it is computed too).
-
-    Forward: 2 per weight of every Linear per token, and 4 T d per layer per token for the attention
-    scores and the weighted values; backward twice the forward. Embedding lookups cost no FLOPs, but
-    their gradient is all-reduced like any other, which is why embedding-heavy models communicate
-    much for little compute.
-    """
+    """FLOPs of forward and backward over `tokens` tokens, padding included since it is computed too."""
     shapes = parameter_shapes(ModelConfig(**model_config))
+    # Forward: 2 per Linear weight per token. Embedding lookups cost none, yet their gradients are all-reduced like
+    # any other: embedding-heavy models communicate much for little compute.
     linear_weights = sum(prod(shape) for name, shape in shapes.items() if len(shape) == 2 and name not in EMBEDDINGS)
+    # The attention scores and the weighted values: 4 T d per layer per token.
     attention = 4 * model_config["n_layers"] * model_config["max_len"] * model_config["d_model"]
+    # Backward costs twice the forward.
     return 3 * tokens * (2 * linear_weights + attention)

@@ -1,8 +1,7 @@
 """The model's shape as plain numbers: its presets, its config and every parameter's shape.
 
-Kept apart from the model (`model.py`) so that whatever only counts (the report's FLOPs and DDP's buckets
-for presets it never trains) does not import torch: a book page that costs a model then starts in a fraction
-of the time. The tests hold `parameter_shapes` to the real model's parameters.
+It is kept apart from `model.py` so that code that only counts, such as the report's FLOPs, does not import torch.
+A book page that costs a model then starts in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -39,7 +38,8 @@ class ModelConfig:
 
 
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of `TransformerClassifier(cfg)` by name, in the order the model registers them."""
+    """Every parameter of `TransformerClassifier(cfg)` by name, in the order the model registers them. The tests hold
+    it to the real model's parameters."""
     d, ff = cfg.d_model, cfg.d_ff
     block = {
         "ln_attn.weight": (d,),

@@ -1,9 +1,7 @@
 """The files of a run directory: `metrics.csv`, `steps.csv`, `run.json` and `checkpoint.pt`.
 
-Each is written so that a run killed at any moment leaves valid files: CSV rows are flushed and
-fsynced as they are appended, and whole files are replaced atomically (write, then rename).
-The report reads these files too, so torch is imported only where a checkpoint or provenance is written:
-a book page that imported it would spend two seconds of its build doing so.
+A run killed at any moment leaves valid files. The report reads them too, so torch is imported only where a checkpoint
+or provenance is written.
 """
 
 from __future__ import annotations
@@ -64,13 +62,14 @@ READY = "gradients ready, bucket "  # a timeline row of one rank: when DDP's buc
 
 
 def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
-    """Append rows (an epoch's) to a CSV file; they are on disk when this returns."""
+    """Append rows, an epoch's, to a CSV file. They are on disk when this returns."""
     new_file = not path.exists()
     with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         if new_file:
             writer.writeheader()
         writer.writerows({name: row[name] for name in columns} for row in rows)
+        # Flushed and synced before returning, so a run killed later keeps these rows.
         f.flush()
         os.fsync(f.fileno())
 
@@ -92,11 +91,12 @@ def drop_rows_after(path: Path, last: int, column: str = "epoch") -> None:
 
 
 def save_atomic(obj, path: Path) -> None:
+    # Write, then rename: a run killed meanwhile leaves the previous file whole.
     tmp = path.with_suffix(path.suffix + ".tmp")
     if path.suffix == ".json":
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     else:
-        import torch
+        import torch  # here only: a book page that imported it would spend two seconds of its build doing so
 
         torch.save(obj, tmp)
     os.replace(tmp, path)
@@ -107,15 +107,13 @@ def now_iso() -> str:
 
 
 def git_commit() -> str | None:
-    """The commit of the ddp_core checkout, with `-dirty` when its tracked files have uncommitted changes.
-    Results kept in the repository (reference/) are output, not code: they do not count. A copy of the checkout
-    without its .git folder (sent to a GPU machine, say) has no commit of its own: DDP_CORE_GIT_COMMIT names the
-    one it was copied from."""
+    """The commit of the ddp_core checkout, with `-dirty` when its tracked files have uncommitted changes."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # Results kept in reference/ are output, not code: their changes do not make the checkout dirty.
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reference"],
             cwd=here,
@@ -124,6 +122,7 @@ def git_commit() -> str | None:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
+        # A copy without .git, sent to a GPU machine say, is told the commit it was copied from.
         return os.environ.get("DDP_CORE_GIT_COMMIT")
     return commit + ("-dirty" if dirty else "")
 
@@ -214,9 +213,8 @@ class MachineClock:
 
 
 def machine_activity(start: MachineClock, end: MachineClock, run_cpu_s: float) -> dict:
-    """What the machine did while a run trained: the CPU time of its own processes (`run_cpu_s`, every rank's),
-    that of everything else, the time the hypervisor stole, and the load at the end. A run disturbed by other work
-    shows here, where its epoch times only look slow."""
+    """What the machine did while a run trained: the run's CPU time, everything else's, the stolen time and the load.
+    A run disturbed by other work shows here, where its epoch times only look slow."""
     wall = end.wall_s - start.wall_s
     busy = end.busy_s - start.busy_s
     load_1min, load_5min, _ = (float(v) for v in Path("/proc/loadavg").read_text().split()[:3])
@@ -232,9 +230,8 @@ def machine_activity(start: MachineClock, end: MachineClock, run_cpu_s: float) -
 
 
 def link_sent_bytes() -> float:
-    """What the interface gloo sends on (GLOO_SOCKET_IFNAME, which an emulated node sets to its link) has sent so
-    far, from its kernel counter; NaN where gloo was given no interface."""
-    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    """Bytes sent so far on the interface gloo uses, from its kernel counter. It is NaN where gloo was given none."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")  # an emulated node sets it to its link
     try:
         return float(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text()) if interface else math.nan
     except OSError:

@@ -1,7 +1,7 @@
 """Where a process sits in the job and what it runs on: rank, device, backend and CPU threads.
 
-Each of these is decided here and only here; the trainer, the launchers and the benchmarks call
-these functions rather than deciding again.
+Each is decided here only. The trainer, the launchers and the benchmarks call these functions rather than deciding
+again.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""What each rank keeps of the model's training state (`--sharding`), after ZeRO (Rajbhandari et al., SC 2020):
+"""What each rank keeps of the model's training state (`--sharding`), after ZeRO (Rajbhandari et al., SC 2020).
 
-- none: every rank holds all of it, parameters, gradients and AdamW's two moments (DDP);
-- zero1: the optimizer's state in 1/N shards, each rank stepping its own parameters and broadcasting them
-  (DDP with PyTorch's `ZeroRedundancyOptimizer`);
-- zero2: the gradients too, reduce-scattered instead of all-reduced, the parameters kept whole between forward
-  and backward (FSDP2's `fully_shard(reshard_after_forward=False)`);
-- zero3: the parameters as well, all-gathered for each block's forward and again for its backward (FSDP2).
+- none: all of it on every rank (DDP).
+- zero1: the optimizer's state in 1/N shards (DDP with `ZeroRedundancyOptimizer`).
+- zero2: the gradients too (FSDP2).
+- zero3: the parameters as well (FSDP2).
 
-FSDP2 shards each encoder block on its own, then the rest of the model (the embeddings and the head, the root's
-unit), so that under ZeRO-3 a rank holds whole at most the root's parameters and one block's. A checkpoint holds
-the whole state whatever the mode, gathered to rank 0, so that a run resumes from it exactly and its weights read
-like any other run's; gathering it is a collective that every rank joins.
+A checkpoint holds the whole state in every mode, so a run resumes exactly and its weights read like any other run's.
 """
 
 from __future__ import annotations
@@ -27,26 +22,29 @@ from ddp_core.engine.config import FSDP_MODES
 
 
 def is_fsdp(module: nn.Module) -> bool:
-    """Whether FSDP2 wraps `module`; nothing does where FSDP2 was never imported."""
+    """Whether FSDP2 wraps `module`. Nothing does where FSDP2 was never imported."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` is a DTensor (one of FSDP2's shards); none is where DTensor was never imported."""
+    """Whether `tensor` is a DTensor, one of FSDP2's shards. None is where DTensor was never imported."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def shard_model(model: nn.Module, sharding: str, device: torch.device) -> nn.Module:
-    """The model with its parameters sharded among the ranks where the mode shards them (in place), over a mesh of
-    the ranks' own device type: left to itself, FSDP2 takes a CUDA mesh wherever CUDA is present, also for ranks that
-    train on the CPU beside a GPU they do not use."""
+    """The model, its parameters sharded in place among the ranks where the mode shards them."""
     if sharding in FSDP_MODES:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # A mesh of the ranks' own device type: left to itself, FSDP2 takes a CUDA mesh wherever CUDA is present,
+        # even for ranks that train on the CPU beside a GPU they do not use.
         mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        # Each block is a unit of its own, then the root holds the rest: under ZeRO-3 a rank holds whole at most the
+        # root's parameters and one block's. zero3 gathers a block's for its forward and again for its backward;
+        # zero2 keeps them whole in between, its gradients reduce-scattered instead of all-reduced.
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=sharding == "zero3")
         # The root (embeddings, head) stays gathered from forward to backward in both modes, as FSDP2 leaves a root
@@ -56,13 +54,13 @@ def shard_model(model: nn.Module, sharding: str, device: torch.device) -> nn.Mod
 
 
 def adamw(model: nn.Module, sharding: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW over the model's parameters (its shards of them under FSDP2), its state sharded under zero1.
-
-    The fused AdamW updates every parameter in one pass per tensor (a few kernels on a GPU) instead of a dozen
-    elementwise operations over it: a CPU's default, the per-tensor loop, took 4-5 times as long."""
+    """AdamW over the model's parameters, its shards of them under FSDP2, with its state sharded under zero1."""
+    # Fused: one pass per tensor, a few kernels on a GPU, instead of a dozen elementwise operations. A CPU's default,
+    # the per-tensor loop, took 4-5 times as long.
     if sharding == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
+        # Each rank steps the parameters its shard of the state covers and broadcasts them to the others.
         return ZeroRedundancyOptimizer(
             model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay, fused=True
         )
@@ -70,8 +68,8 @@ def adamw(model: nn.Module, sharding: str, lr: float, weight_decay: float) -> to
 
 
 def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharding: str) -> tuple[dict, dict | None]:
-    """The model's and the optimizer's state as one rank would hold them without sharding: on rank 0 (elsewhere
-    the optimizer's is None, and under FSDP2 both are empty). Every rank must call it."""
+    """The model's and the optimizer's state as one rank would hold them without sharding, on rank 0. Elsewhere the
+    optimizer's is None, and under FSDP2 both are empty. Every rank must call it, since gathering is a collective."""
     if sharding in FSDP_MODES:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

@@ -86,7 +86,7 @@ class Clock:
         self.origin = self.now()
 
     def seconds(self, stamp) -> float:
-        """Seconds since `reset()`; on a GPU valid only after the device was synchronised."""
+        """Seconds since `reset()`. On a GPU it is valid only after the device was synchronised."""
         if not self.cuda:
             return stamp - self.origin
         return self.origin.elapsed_time(stamp) / 1000.0
@@ -127,8 +127,8 @@ class EpochTimer:
             self.step_starts.append(self.clock.now())
 
     def gradient_ready(self, bucket: int) -> None:
-        """A gradient of DDP's bucket `bucket` is ready (on one rank, where no DDP forms the buckets): the last call of
-        a step for each bucket is when the whole bucket was ready, when DDP would hand it to its all-reduce."""
+        """A gradient of DDP's bucket `bucket` is ready, on one rank where no DDP forms the buckets."""
+        # A step's last call for a bucket marks the whole bucket ready: when DDP would hand it to its all-reduce.
         if self.enabled:
             self.ready_per_step[-1][bucket] = self.clock.now()
 
@@ -153,11 +153,10 @@ class EpochTimer:
         return len(self.comm_spans_per_step[-1]) if timed else None
 
     def summary(self) -> tuple[dict[str, float], dict[str, list[float]]]:
-        """Of the steps since `begin_epoch` (all of the epoch's at its end, those so far at a mid-epoch checkpoint):
-        seconds per phase, plus `comm_total_s` and `comm_exposed_s` (0 when no hook ran: one rank; NaN where the
-        collectives are not timed: FSDP2); and per
-        step, `step_time_s` and `comm_exposed_s` (empty lists when the timers are off)."""
-        if not self.enabled:
+        """Seconds per phase with `comm_total_s` and `comm_exposed_s`, and each step's `step_time_s` and
+        `comm_exposed_s`. It covers the steps since `begin_epoch`: the epoch's at its end, those so far at a mid-epoch
+        checkpoint."""
+        if not self.enabled:  # NaN totals, and no steps
             totals = {f"{name}_time_s": float("nan") for name in PHASES} | {
                 "comm_total_s": float("nan"),
                 "comm_exposed_s": float("nan"),
@@ -169,6 +168,7 @@ class EpochTimer:
         totals = {f"{name}_time_s": sum(sec(b) - sec(a) for a, b in self.phase_spans[name]) for name in PHASES}
         step_spans = [[(sec(a), sec(b)) for a, b in spans] for spans in self.comm_spans_per_step]
         totals["comm_total_s"] = union_length([span for spans in step_spans for span in spans])
+        # 0 where no hook ran: one rank.
         exposed = [max(b for _, b in spans) - max(a for a, _ in spans) if spans else 0.0 for spans in step_spans]
         totals["comm_exposed_s"] = sum(exposed)
         step_ends = [sec(end) for _, end in self.phase_spans["optimizer"]]
@@ -180,7 +180,7 @@ class EpochTimer:
             ],
             "comm_exposed_s": exposed,
         }
-        if not self.communication:
+        if not self.communication:  # FSDP2: no hook times the collectives
             totals["comm_total_s"] = totals["comm_exposed_s"] = float("nan")
             steps["comm_exposed_s"] = [float("nan")] * len(steps["step_time_s"])
         times = steps["step_time_s"]
@@ -189,9 +189,9 @@ class EpochTimer:
         return totals, steps
 
     def _timeline(self, step: int, buckets: list[tuple[float, float]]) -> list[dict]:
-        """The phases and each bucket's all-reduce of optimizer step `step`, in seconds from its start, or on one rank
-        when each bucket's gradients were ready: what a timeline of one step draws (rows of timeline.csv), and what
-        a replay of the step on N ranks starts from (`ddp_core.analysis.replay`)."""
+        """The rows of timeline.csv: optimizer step `step`'s phases and each bucket's all-reduce, in seconds from its
+        start. On one rank it holds when each bucket's gradients were ready instead. `ddp_core.analysis.replay` replays
+        the step on N ranks from it."""
         if step < 0:
             return []
         sec = self.clock.seconds
