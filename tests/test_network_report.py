@@ -22,13 +22,13 @@ def test_compression_accuracy_is_read_against_a_model_that_learned_nothing(loss,
 def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_inside_the_repeats():
     from conftest import REPO
     from ddp_core.analysis.emulated import link_table
-    from ddp_core.report.nodes import link_findings
+    from ddp_core.report.nodes import findings
     from ddp_core.analysis.results import load_study
 
     study = load_study(REPO / "reference" / "nodes")
-    table, found = link_table(study), link_findings(study)
+    table, found = link_table(study), findings(study, REPO / "reference" / "cpu_period")
     worst = table.loc[table["prediction_error"].abs().idxmax()]
-    assert (found["worst_prediction_error"], found["worst_prediction_nodes"], found["worst_prediction_link"]) == (
+    assert (found.worst_prediction.error, found.worst_prediction.nodes, found.worst_prediction.link) == (
         worst["prediction_error"],
         worst["world_size"],
         worst["point"],
@@ -36,4 +36,4 @@ def test_the_nodes_page_names_the_prediction_that_missed_most_and_counts_those_i
     inside = (table["speedup_low"] <= table["predicted_speedup"]) & (
         table["predicted_speedup"] <= table["speedup_high"]
     )
-    assert (found["predictions_inside"], found["predictions"]) == (inside.sum(), len(table))
+    assert (found.predictions_inside, found.predictions) == (inside.sum(), len(table))

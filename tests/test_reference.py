@@ -273,7 +273,7 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     """The nodes page's similarity test compares two speedups, each a ratio of two noisy steps: its chance to find a
     true 10 % difference is the rule's on that comparison: planted in the slower nodes' step on N nodes, held against
     the floor of every configuration of both sides for a ratio of four runs, as the test itself is."""
-    from ddp_core.analysis.emulated import SIMILARITY_EFFECT, similarity_test_findings, similarity_test_table
+    from ddp_core.analysis.emulated import SIMILARITY_EFFECT, similarity_test, similarity_test_table
     from ddp_core.analysis.verdict import error_rates, noise_floor
 
     folder = REPO / "reference" / "nodes"
@@ -302,9 +302,7 @@ def test_the_similarity_tests_chance_to_find_a_difference_is_that_of_the_test_it
     assert row["finds_effect"] == pytest.approx(expected, abs=0.05)
     assert row["floor"] == pytest.approx(noise_floor(repeats, runs=4))  # the verdict's floor: four runs a ratio
     twin = json.loads((folder / "wind_tunnel.json").read_text())["variants"]["a100_nvlink"]["by_nodes"]["4"]
-    assert similarity_test_findings(load_study(folder))["similarity_setting"] == (
-        f"4 nodes, links set to ratio {twin['target_ratio']:.2g}"
-    )
+    assert similarity_test(load_study(folder)).setting == f"4 nodes, links set to ratio {twin['target_ratio']:.2g}"
 
 
 @pytest.fixture(scope="module")
@@ -386,7 +384,7 @@ def test_no_word_of_a_pdf_table_runs_into_the_next_column(clone):
 
 
 def test_the_headline_is_the_emulated_nodes_fastest_link_and_names_what_cost_it_most():
-    from ddp_core.analysis.emulated import link_experiments, nodes_findings
+    from ddp_core.analysis.emulated import headline, link_experiments
     from ddp_core.analysis.headline import EXPOSED, headline_findings
     from ddp_core.analysis.speedups import scaling_table
 
@@ -395,7 +393,7 @@ def test_the_headline_is_the_emulated_nodes_fastest_link_and_names_what_cost_it_
     fastest = next(iter(link_experiments(nodes).values()))
     n, one = fastest.largest, fastest.baseline
     assert (found["units"], found["most"]) == ("emulated nodes", n)
-    assert found["speedup_shown"] == nodes_findings(nodes)["fastest_speedup_shown"]
+    assert found["speedup_shown"] == headline(nodes).fastest.speedup_shown
     table = scaling_table(fastest)
     exposed = table.loc[n, "comm_exposed_per_step_s"]  # below the all-reduce in flight: backward hid some of it
     undivided = table.loc[n, "compute_per_step_s"] - table.loc[1, "compute_per_step_s"] * (

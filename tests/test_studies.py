@@ -505,7 +505,7 @@ def test_the_bucket_table_gives_each_settings_step_with_its_range_over_the_repea
 
 def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repeat():
     from ddp_core.analysis.cpu_period import STUDY_PERIOD_MS, load_periods, period_table
-    from ddp_core.report.nodes import period_findings
+    from ddp_core.report.nodes import quota_periods
 
     folder = REFERENCE / "cpu_period"
     table = period_table(load_periods(folder)).set_index("period_ms")
@@ -538,13 +538,13 @@ def test_the_quota_periods_step_is_held_against_the_studys_period_repeat_by_repe
                 ]
             ).mean()
         )
-    found = period_findings(folder)
-    said = found["period_comparisons"]
+    found = quota_periods(folder)
+    said = found.comparisons
     made = [
         json.loads((run / "run.json").read_text()) for p in (5, 10, 100) for run in repeats(folder / f"period-{p}ms", 4)
     ]
-    assert found["period_commits"].split(", ") == sorted({info["git_commit"][:10] for info in made})
-    assert found["period_dates"].split(", ") == sorted({info["start_time"][:10] for info in made})
+    assert found.commits.split(", ") == sorted({info["git_commit"][:10] for info in made})
+    assert found.dates.split(", ") == sorted({info["start_time"][:10] for info in made})
     assert said.startswith(f"at 5 ms, {paired_median(steps[5], steps[10]):.2f} (") and "at 100 ms, " in said
     assert "at 10 ms" not in said
 

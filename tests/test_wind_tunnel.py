@@ -224,7 +224,7 @@ def test_each_forecast_was_written_before_the_run_it_forecast_and_its_error_is_a
     median over the runs of each run's median step after the warm-up, read from steps.csv; each round's forecast
     written before that round's run started."""
     from ddp_core.analysis.comparisons import WARMUP_STEPS
-    from ddp_core.analysis.emulated import FORECAST_BAR, forecast_findings
+    from ddp_core.analysis.emulated import FORECAST_BAR, forecasts
     from ddp_core.analysis.results import load_study
 
     folder = REPO / "reference" / "nodes"
@@ -240,21 +240,21 @@ def test_each_forecast_was_written_before_the_run_it_forecast_and_its_error_is_a
             forecast = pd.Series([ahead["step_s"] for ahead in entry["forecasts"]]).median()
             errors[(variant, modelled["configuration"], int(n))] = forecast / pd.Series(medians).median() - 1
             rounds += [ahead["step_s"] / medians[ahead["repeat"] - 1] - 1 for ahead in entry["forecasts"]]
-    found = forecast_findings(load_study(folder))
-    assert found["forecast_error_range"] == f"{min(errors.values()):+.0%} to {max(errors.values()):+.0%}"
-    assert found["forecasts"] == len(errors)
-    assert found["forecasts_within"] == sum(abs(error) <= FORECAST_BAR for error in errors.values())
-    assert found["forecast_rounds"] == len(rounds)
-    assert found["forecast_rounds_within"] == sum(abs(error) <= FORECAST_BAR for error in rounds)
+    found = forecasts(load_study(folder))
+    assert found.error_range == f"{min(errors.values()):+.0%} to {max(errors.values()):+.0%}"
+    assert found.count == len(errors)
+    assert found.within == sum(abs(error) <= FORECAST_BAR for error in errors.values())
+    assert found.rounds == len(rounds)
+    assert found.rounds_within == sum(abs(error) <= FORECAST_BAR for error in rounds)
     negative = sum(error < 0 for error in errors.values())
-    assert found["forecast_errors"] in {f"{negative} of {len(errors)} negative", "all negative", "all positive"}
+    assert found.errors in {f"{negative} of {len(errors)} negative", "all negative", "all positive"}
 
 
 def test_each_rounds_forecast_is_held_against_its_own_rounds_run_not_the_median(tmp_path):
     """The reference's forecasts replaced by 8 % under each round's own run: every round within the bar, though
     some runs lie far enough from their configuration's median that 8 % under them is more than 10 % under it."""
     from ddp_core.analysis.comparisons import WARMUP_STEPS
-    from ddp_core.analysis.emulated import FORECAST_BAR, forecast_findings
+    from ddp_core.analysis.emulated import FORECAST_BAR, forecasts
     from ddp_core.analysis.results import load_study
 
     folder = tmp_path / "nodes"
@@ -270,8 +270,8 @@ def test_each_rounds_forecast_is_held_against_its_own_rounds_run_not_the_median(
                 off_the_median.append(ahead["step_s"] / pd.Series(medians).median() - 1 < -FORECAST_BAR)
     (folder / "wind_tunnel.json").write_text(json.dumps(record))
     assert any(off_the_median)
-    found = forecast_findings(load_study(folder))
-    assert found["forecast_rounds_within"] == found["forecast_rounds"] == len(off_the_median)
+    found = forecasts(load_study(folder))
+    assert found.rounds_within == found.rounds == len(off_the_median)
 
 
 def test_the_signs_of_errors_are_counted_in_outcome_words():

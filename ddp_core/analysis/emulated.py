@@ -8,6 +8,8 @@ A study is `results.load_study`'s dict of variant -> `Experiment`; `BASELINE` is
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -15,7 +17,8 @@ import pandas as pd
 from ddp_core.analysis.comparisons import (
     POWER_DRAWS,
     SPEEDUP_RUNS,
-    chance_glue,
+    Chance,
+    chance_findings,
     compare_speedups,
     paired_sides,
     run_times,
@@ -160,34 +163,28 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
 SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 10 % of each other
 
 
-def similarity_test_findings(study: dict[str, Experiment]) -> dict:
-    """The similarity test's first comparison for the key findings: the configuration and nodes, the shares, the ratio
-    of the speedups with its range, how far from 1 its farthest round lay (what the test can show: agreement within
-    that), the verdict and the chance to detect SIMILARITY_EFFECT; "not run" and empty
-    numbers where the study has no variant on nodes of another share."""
+@dataclass(frozen=True)
+class SimilarityTest:
+    """The similarity test's first comparison, as the key findings quote it: its configuration and nodes, the ratio
+    of the speedups on the two shares with its range, and the verdict."""
+
+    setting: str
+    value: str
+    verdict: str
+
+
+def similarity_test(study: dict[str, Experiment]) -> SimilarityTest:
+    """`SimilarityTest` of `similarity_test_table`'s first row; "none" and "not run" where the study has no variant
+    on nodes of another share."""
     table = similarity_test_table(study)
     if table.empty:
-        return {
-            "similarity_verdict": "not run",
-            "similarity_value": "none",
-            "similarity_share": "none",
-            "similarity_other_share": "none",
-            "similarity_power": np.nan,
-            "similarity_effect": SIMILARITY_EFFECT,
-            "similarity_setting": "none",
-            "similarity_within": np.nan,
-        }
+        return SimilarityTest(setting="none", value="none", verdict="not run")
     row = table.iloc[0]
-    return {
-        "similarity_share": f"{row['share']:g}",
-        "similarity_other_share": f"{row['other_share']:g}",
-        "similarity_setting": f"{counted(int(row['nodes']), 'node')}, links set to {row['configuration']}",
-        "similarity_value": median_range(row["ratio"], row["low"], row["high"], between=" to "),
-        "similarity_verdict": row["verdict"],
-        "similarity_power": row["finds_effect"],
-        "similarity_within": max(abs(row["low"] - 1), abs(row["high"] - 1)),
-        "similarity_effect": SIMILARITY_EFFECT,
-    }
+    return SimilarityTest(
+        setting=f"{counted(int(row['nodes']), 'node')}, links set to {row['configuration']}",
+        value=median_range(row["ratio"], row["low"], row["high"], between=" to "),
+        verdict=row["verdict"],
+    )
 
 
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -230,82 +227,127 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def nodes_findings(study: dict[str, Experiment]) -> dict:
-    """The numbers of the headline: each node's share, the runs of sharded modes (the sharding chapter's), the
-    speedup and efficiency of the fastest and the slowest link at the most nodes, with their ranges and the verdict
-    word, its links' setting in words ("links set to ratio 2.6", "unshaped links"), a step's compute against one
-    node's / N and its exposed all-reduce; and at how many of the (link, nodes) points the theory's break-even called
-    the speedup's side of 1 right (a speedup above 1 where R_N > f/(N-1))."""
+@dataclass(frozen=True)
+class LinkEnd:
+    """The fastest or the slowest link at the most nodes, as the headline quotes it: its setting in words, the
+    speedup over one node to the digit its noise floor allows with its range and verdict, the tests' power to find
+    a true 10 % difference, the efficiency, and the step's parts (means over the steady epochs)."""
+
+    setting: str
+    speedup_shown: str
+    speedup_range: str
+    verdict: str
+    floor: float
+    power: float
+    efficiency: float
+    compute_inflation: float
+    exposed_ms: float
+    step_ms: float
+    comm_ms: float
+    benchmark_ms: float
+
+
+def link_end(experiment: Experiment, table: pd.DataFrame, setting: str, nodes: int) -> LinkEnd:
+    """`LinkEnd` of a link's runs on `nodes` nodes, from `link_table` and its setting in words (`similarity_table`)."""
+    row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), nodes)]
+    comparison = speedup_comparisons(experiment)[nodes]
+    shown = noise_format(row["speedup"], comparison.floor)
+    return LinkEnd(
+        setting=setting,
+        speedup_shown=shown.format(row["speedup"]),
+        speedup_range=range_text(row["speedup_low"], row["speedup_high"], shown, " to "),
+        verdict=comparison.says("slower", "faster"),
+        floor=comparison.floor,
+        power=study_floor_power({"": experiment})["found_10"],
+        efficiency=row["efficiency"],
+        compute_inflation=row["compute_per_step_s"] / row["predicted_compute_s"],
+        exposed_ms=row["comm_exposed_per_step_s"] * 1e3,
+        step_ms=row["mean_step_s"] * 1e3,
+        comm_ms=row["comm_total_per_step_s"] * 1e3,
+        benchmark_ms=row["predicted_comm_s"] * 1e3,
+    )
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The emulated nodes' headline and what it rests on, which the nodes page quotes and the key findings, the
+    discussion and the results chapter quote after it: the nodes and their runs, the limits that call a run disturbed,
+    the fastest and the slowest link at the most nodes, and the theory's break-even against the speedups."""
+
+    cpus_per_node: float
+    cpu_period_ms: float
+    most_nodes: int
+    node_counts: str
+    global_batch: int
+    train_samples: int
+    epochs: int
+    share_got: float
+    stolen_limit: float
+    others_limit: float
+    runs_each: str
+    ideal_cores: float
+    sharded_runs: int
+    cores: int
+    spare_cores: float
+    one_node: Chance
+    prediction_errors: str
+    fastest: LinkEnd
+    slowest: LinkEnd
+    compute_inflation_range: str
+    points: int
+    faster_points: int
+    break_even_held: int
+
+
+def headline(study: dict[str, Experiment]) -> Headline:
+    """`Headline` of the study: a step's compute against one node's / N over the links at the most nodes, the signs
+    of the cost model's errors, and at how many (link, nodes) points the speedup was above 1 exactly where
+    R_N > f/(N-1)."""
     table, links = link_table(study), link_experiments(study)
     most = int(table["world_size"].max())
-    points = similarity_table(study).set_index(["variant", "nodes"])
+    settings = similarity_table(study).set_index(["variant", "nodes"])["setting"]
     one = study[BASELINE].baseline
-    network = one.raw["network"]
+    share = one.raw["network"]["cpus_per_node"]
     nodes = sorted({n for experiment in study.values() for n in experiment.repeats})
     inflation = (table["compute_per_step_s"] / table["predicted_compute_s"])[table["world_size"] == most]
-    found = {
-        "cpus_per_node": network["cpus_per_node"],
-        "cpu_period_ms": network["cpu_period_ms"],
-        "most_nodes": most,
-        "node_counts": f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}",
-        "global_batch": one.global_batch_size,
-        "train_samples": one.config["train_samples"],
-        "epochs": one.config["epochs"],
-        "share_got": SHARE_GOT,
-        "stolen_limit": STOLEN,
-        "others_limit": EMULATED_OTHER_CORES,
-        "runs_each": counted(len(study[BASELINE].all_runs), "run"),
-        "ideal_cores": network["cpus_per_node"] * most,
-        "sharded_runs": sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
-        "cores": one.cpu_count,
-        "spare_cores": one.cpu_count - network["cpus_per_node"] * most,
-        "whose": origin(study[BASELINE].folder),
-        **chance_glue("one_node", study[BASELINE], 1),
-        "prediction_errors": signs(table["prediction_error"]),
-    }
-    for end, variant in (("fastest", list(links)[0]), ("slowest", list(links)[-1])):
-        experiment, point = links[variant], points.loc[(variant, most)]
-        row = table.set_index(["link", "world_size"]).loc[(link_label(experiment), most)]
-        comparison = speedup_comparisons(experiment)[most]
-        shown = noise_format(row["speedup"], comparison.floor)
-        found |= {
-            f"{end}_{key}": value
-            for key, value in {
-                "speedup_shown": shown.format(row["speedup"]),
-                "floor": comparison.floor,
-                "power": study_floor_power({"": experiment})["found_10"],
-                "setting": point["setting"],
-                "speedup_range": range_text(row["speedup_low"], row["speedup_high"], shown, " to "),
-                "efficiency": row["efficiency"],
-                "compute_inflation": row["compute_per_step_s"] / row["predicted_compute_s"],
-                "exposed_ms": row["comm_exposed_per_step_s"] * 1e3,
-                "step_ms": row["mean_step_s"] * 1e3,
-                "comm_ms": row["comm_total_per_step_s"] * 1e3,
-                "benchmark_ms": row["predicted_comm_s"] * 1e3,
-                "verdict": comparison.says("slower", "faster"),
-            }.items()
-        }
+    fastest, slowest = list(links)[0], list(links)[-1]  # `link_experiments` puts the fastest first
     theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
-    return found | {
-        "compute_inflation_range": f"{inflation.min():.2f} to {inflation.max():.2f}",
-        "points": len(table),
-        "faster_points": int((table["speedup"] > 1).sum()),
-        "break_even_held": int(((table["speedup"] > 1) == theory_says_faster).sum()),
-    }
+    return Headline(
+        cpus_per_node=share,
+        cpu_period_ms=one.raw["network"]["cpu_period_ms"],
+        most_nodes=most,
+        node_counts=f"{', '.join(map(str, nodes[:-1]))} and {nodes[-1]}",
+        global_batch=one.global_batch_size,
+        train_samples=one.config["train_samples"],
+        epochs=one.config["epochs"],
+        share_got=SHARE_GOT,
+        stolen_limit=STOLEN,
+        others_limit=EMULATED_OTHER_CORES,
+        runs_each=counted(len(study[BASELINE].all_runs), "run"),
+        ideal_cores=share * most,
+        sharded_runs=sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
+        cores=one.cpu_count,
+        spare_cores=one.cpu_count - share * most,
+        one_node=chance_findings(study[BASELINE], 1),
+        prediction_errors=signs(table["prediction_error"]),
+        fastest=link_end(links[fastest], table, settings[(fastest, most)], most),
+        slowest=link_end(links[slowest], table, settings[(slowest, most)], most),
+        compute_inflation_range=f"{inflation.min():.2f} to {inflation.max():.2f}",
+        points=len(table),
+        faster_points=int((table["speedup"] > 1).sum()),
+        break_even_held=int(((table["speedup"] > 1) == theory_says_faster).sum()),
+    )
 
 
 def headline_findings(study: dict[str, Experiment]) -> dict:
-    """`nodes_findings`, `efficiency_findings`, `similarity_test_findings`, `similarity_findings` (the machine) and
-    `forecast_findings` named `nodes_<name>`, as the pages that quote the headline beside their own findings glue
-    them."""
-    found = (
-        nodes_findings(study)
-        | efficiency_findings(study)
-        | similarity_test_findings(study)
-        | similarity_findings(study)
-        | forecast_findings(study)
-    )
-    return {f"nodes_{key}": value for key, value in found.items()}
+    """`headline` and `forecast_findings` for the pages not yet given a record, each under `nodes_` and its name on
+    the nodes page, with whose runs they are (`nodes_whose`)."""
+    found = headline(study)
+    records = {"one_node": found.one_node, "fastest": found.fastest, "slowest": found.slowest}
+    values = {key: value for key, value in vars(found).items() if key not in records}
+    values |= {f"{name}_{key}": value for name, record in records.items() for key, value in asdict(record).items()}
+    values |= forecast_findings(study) | {"whose": origin(study[BASELINE].folder)}
+    return {f"nodes_{key}": value for key, value in values.items()}
 
 
 FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step measured
@@ -341,22 +383,46 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def forecast_findings(study: dict[str, Experiment]) -> dict:
-    """Over the wind tunnel's forecasts (`forecast_table`): how many, how many within FORECAST_BAR of the step
-    measured, their range and sign; and how far apart the repeats of one node ran at each share (`one_node_drift`)."""
+@dataclass(frozen=True)
+class Forecasts:
+    """The wind tunnel's forecasts against their runs (`forecast_table`): the goal, how many forecasts and how many
+    within it, the same per round against its own round's run, and the errors' signs and range."""
+
+    bar: float
+    count: int
+    within: int
+    rounds: int
+    rounds_within: int
+    errors: str
+    error_range: str
+
+
+def forecasts(study: dict[str, Experiment]) -> Forecasts:
+    """`Forecasts` of the study's variants whose links the wind tunnel set."""
     table = forecast_table(study)
     errors = table["error"]
+    return Forecasts(
+        bar=FORECAST_BAR,
+        count=len(table),
+        within=int((errors.abs() <= FORECAST_BAR).sum()),
+        rounds=int(table["rounds"].sum()),
+        rounds_within=int(table["rounds_within"].sum()),
+        errors=signs(errors),
+        error_range=f"{errors.min():+.0%} to {errors.max():+.0%}",
+    )
+
+
+def forecast_findings(study: dict[str, Experiment]) -> dict:
+    """`forecasts` for a page not yet given a record, by the names the nodes page once gave them."""
+    found = forecasts(study)
     return {
-        "forecast_bar": FORECAST_BAR,
-        "forecasts": len(table),
-        "forecasts_within": int((errors.abs() <= FORECAST_BAR).sum()),
-        "forecast_rounds": int(table["rounds"].sum()),
-        "forecast_rounds_within": int(table["rounds_within"].sum()),
-        "forecast_errors": signs(errors),
-        "forecast_error_range": f"{errors.min():+.0%} to {errors.max():+.0%}",
-        "one_node_repeats_apart": " and ".join(
-            f"{apart:.0%} at {share:g} core" for share, apart in sorted(one_node_drift(study).items(), reverse=True)
-        ),
+        "forecast_bar": found.bar,
+        "forecasts": found.count,
+        "forecasts_within": found.within,
+        "forecast_rounds": found.rounds,
+        "forecast_rounds_within": found.rounds_within,
+        "forecast_errors": found.errors,
+        "forecast_error_range": found.error_range,
     }
 
 
@@ -461,52 +527,71 @@ def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return table.assign(of_theory=table["efficiency"] / table["theory_efficiency"])
 
 
-def efficiency_findings(study: dict[str, Experiment]) -> dict:
-    """How far the points reach the theory's curve: the efficiency measured over the curve's at the same x, its
-    median and range over the points (below 1: under the curve)."""
+@dataclass(frozen=True)
+class Curve:
+    """How far the points reach the theory's curve: how many points, and the efficiency measured over the curve's at
+    the same x, its median and range over the points (below 1: under the curve)."""
+
+    points: int
+    reached: float
+    reached_range: str
+
+
+def curve(study: dict[str, Experiment]) -> Curve:
+    """`Curve` of `efficiency_table`'s points."""
     reached = efficiency_table(study)["of_theory"]
-    return {
-        "curve_points": len(reached),
-        "curve_reached": reached.median(),
-        "curve_reached_range": f"{reached.min():.0%} to {reached.max():.0%}",
+    return Curve(len(reached), reached.median(), f"{reached.min():.0%} to {reached.max():.0%}")
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """How the wind tunnel set the links on this machine: one node's compute per step with the CPU, the one-node
+    runs it set the links by (how many counted, their range in ms, those set aside with why, or "none"), the bar a
+    run's compute had to keep to, whether the machine was quiet, the study's own one-node runs' range, the tolerance
+    every target was held to, and where the configurations' ratios come from ("none" where no variant models one)."""
+
+    compute_ms: float
+    runs_counted: int
+    runs_range: str
+    set_aside: str
+    out_of_line: float
+    quiet: str
+    compute_range: str
+    cpu: str
+    cpu_extensions: str
+    tolerance: float
+    sources: str
+
+
+def tunnel(study: dict[str, Experiment]) -> Tunnel:
+    """`Tunnel` from wind_tunnel.json at the one node's share, or the study's own one-node runs where it has none."""
+    record, one = read_wind_tunnel(study[BASELINE].folder.parent) or {}, study[BASELINE].baseline.raw
+    calibrated = record.get("shares", {}).get(f"{node_share(study[BASELINE]):g}")
+    modelled = {
+        m.configuration: CONFIGURATIONS[m.models].source
+        for m in wind_tunnel_record(study[BASELINE].folder.parent).values()
     }
-
-
-def calibration_runs(runs: list[dict]) -> dict:
-    """The one-node runs the wind tunnel set the links by (wind_tunnel.json): how many counted, the range of their
-    compute per step in ms, and those it set aside with why, or "none"."""
-    counted = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]]
-    return {
-        "tunnel_runs_counted": len(counted),
-        "tunnel_runs_range": f"{min(counted, default=np.nan):,.0f} to {max(counted, default=np.nan):,.0f}",
-        "tunnel_set_aside": ", ".join(
+    repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
+    runs = calibrated["one_node_runs"] if calibrated else []
+    kept = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]]
+    return Tunnel(
+        compute_ms=calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
+        runs_counted=len(kept),
+        runs_range=f"{min(kept, default=np.nan):,.0f} to {max(kept, default=np.nan):,.0f}",
+        set_aside=", ".join(
             f"{run['run']} ({run['set_aside']}, {run['compute_per_step_s'] * 1e3:,.0f} ms)"
             for run in runs
             if run["set_aside"]
         )
         or "none",
-    }
-
-
-def similarity_findings(study: dict[str, Experiment]) -> dict:
-    """One node's compute per step on this machine, the CPU, the tolerance the wind tunnel held every target to and
-    where the configurations' ratios come from ("none" where no variant models one)."""
-    tunnel, one = read_wind_tunnel(study[BASELINE].folder.parent) or {}, study[BASELINE].baseline.raw
-    calibrated = tunnel.get("shares", {}).get(f"{node_share(study[BASELINE]):g}")
-    record = wind_tunnel_record(study[BASELINE].folder.parent)
-    modelled = {m.configuration: CONFIGURATIONS[m.models].source for m in record.values()}
-    repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
-    return {
-        "tunnel_compute_ms": calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
-        **calibration_runs(calibrated["one_node_runs"] if calibrated else []),
-        "tunnel_out_of_line": calibrated["out_of_line"] if calibrated else np.nan,
-        "tunnel_quiet": "quiet" if not calibrated or calibrated["quiet"] else "busy",
-        "tunnel_compute_range": f"{repeats.min():,.0f} to {repeats.max():,.0f}",
-        "tunnel_cpu": one["device_name"],
-        "tunnel_cpu_extensions": ", ".join(one.get("cpu_extensions") or ["none recorded"]),
-        "tunnel_tolerance": tunnel.get("tolerance", np.nan),
-        "tunnel_sources": "; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none",
-    }
+        out_of_line=calibrated["out_of_line"] if calibrated else np.nan,
+        quiet="quiet" if not calibrated or calibrated["quiet"] else "busy",
+        compute_range=f"{repeats.min():,.0f} to {repeats.max():,.0f}",
+        cpu=one["device_name"],
+        cpu_extensions=", ".join(one.get("cpu_extensions") or ["none recorded"]),
+        tolerance=record.get("tolerance", np.nan),
+        sources="; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none",
+    )
 
 
 def nodes_figure(study: dict[str, Experiment]):

@@ -7,6 +7,7 @@ the prediction is the prediction chapter's cost model fed the all-reduce benchma
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -21,16 +22,28 @@ from ddp_core.analysis.emulated import (
     BASELINE,
     FORECAST_BAR,
     SIMILARITY_EFFECT,
+    Curve,
+    Forecasts,
+    Headline,
+    SimilarityTest,
+    Tunnel,
+    curve,
     ddp_on_nodes,
     efficiency_table,
     forecast_table,
+    forecasts,
+    headline,
     link_experiments,
     link_table,
+    one_node_drift,
     similarity_table,
+    similarity_test,
     similarity_test_table,
+    tunnel,
     variant_experiments,
     variant_label,
 )
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.results import (
     Experiment,
     link_label,
@@ -93,30 +106,38 @@ LINK_ROWS = {
 }
 
 
-def link_markdown(study: dict[str, Experiment], world_size: int) -> str:
-    """The table at one world size, a column per link."""
-    table = link_table(study).query("world_size == @world_size")
-    return quantity_table(table, LINK_ROWS, turned=True, column_names=list(table["point"]))
-
-
-def link_findings(study: dict[str, Experiment]) -> dict:
+def link_markdown(study: dict[str, Experiment]) -> str:
+    """A table per world size, a column per link."""
     table = link_table(study)
+    return "\n\n".join(
+        quantity_table(rows, LINK_ROWS, turned=True, column_names=list(rows["point"]))
+        for _, rows in table.groupby("world_size")
+    )
+
+
+def links_measured(study: dict[str, Experiment]) -> str:
+    """The rate measured before the runs on each link and number of nodes, in words."""
+    return "; ".join(
+        f"{variant_label(e, study, n)} at {n} nodes, {rate_text(measured_gbit_s(only(e, n)))}"
+        for e in variant_experiments(study).values()
+        for n in e.repeats
+        if n > 1
+    )
+
+
+@dataclass(frozen=True)
+class WorstPrediction:
+    """The cost model's prediction that missed the measured speedup most: its error, nodes and link."""
+
+    error: float
+    nodes: int
+    link: str
+
+
+def worst_prediction(table: pd.DataFrame) -> WorstPrediction:
+    """`WorstPrediction` of `link_table`'s points."""
     worst = table.loc[table["prediction_error"].abs().idxmax()]
-    inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
-    return {
-        "links_measured": "; ".join(
-            f"{variant_label(e, study, n)} at {n} nodes, {rate_text(measured_gbit_s(only(e, n)))}"
-            for e in variant_experiments(study).values()
-            for n in e.repeats
-            if n > 1
-        ),
-        "worst_prediction_error": worst["prediction_error"],
-        "worst_prediction_nodes": int(worst["world_size"]),
-        "worst_prediction_link": worst["point"],
-        "predictions_inside": int(inside.sum()),
-        "predictions": len(table),
-        "link_world_sizes": [int(n) for n in sorted(table["world_size"].unique())],
-    }
+    return WorstPrediction(worst["prediction_error"], int(worst["world_size"]), worst["point"])
 
 
 def forecast_markdown(study: dict[str, Experiment]) -> str:
@@ -287,22 +308,30 @@ def gradient_ready_figure(study: dict[str, Experiment]):
     return fig
 
 
-def gradient_ready_findings(study: dict[str, Experiment]) -> dict:
+@dataclass(frozen=True)
+class LastBucket:
     """The share of the gradient's bytes in the last bucket, complete only as backward ends (the share of the
-    all-reduce no backward can hide), of the study's model and of the large one; and the share f of the all-reduce
-    the runs left exposed, lowest and highest over the links and numbers of nodes."""
+    all-reduce no backward can hide): of the study's model and of the large one the configurations train."""
+
+    small: float
+    large: float
+
+
+def last_bucket(study: dict[str, Experiment]) -> LastBucket:
+    """`LastBucket` of `gradient_ready_table`'s first and last profile."""
     last = gradient_ready_table(study).groupby("model", sort=False)["last_bucket_bytes"].first()
+    return LastBucket(last.iloc[0], last.iloc[-1])
+
+
+def exposed_share_range(study: dict[str, Experiment]) -> str:
+    """The share f of the all-reduce the runs left exposed, lowest to highest over the links and numbers of nodes."""
     exposed = [
         share
         for e in variant_experiments(study).values()
         for n, share in scaling_table(e)["exposed_share"].items()
         if n > 1
     ]
-    return {
-        "last_bucket_small": last.iloc[0],
-        "last_bucket_large": last.iloc[-1],
-        "exposed_share_range": f"{min(exposed):.0%} to {max(exposed):.0%}",
-    }
+    return f"{min(exposed):.0%} to {max(exposed):.0%}"
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
@@ -396,17 +425,78 @@ def period_markdown(folder: Path) -> str:
     )
 
 
-def period_findings(folder: Path) -> dict:
-    """`period_table` for the page: each other period's step against the study's, '100 ms: 0.93 (0.79 to 0.94
-    over 3 repeats) times as long, within the noise ...'."""
+@dataclass(frozen=True)
+class QuotaPeriods:
+    """The quota period's runs (`period_table`): the code commits and days that made them, and each other period's
+    step against the study's, '100 ms: 0.93 (0.79 to 0.94 over 3 repeats) times as long, within the noise ...'."""
+
+    commits: str
+    dates: str
+    comparisons: str
+
+
+def quota_periods(folder: Path) -> QuotaPeriods:
+    """`QuotaPeriods` of the runs in `folder`."""
     periods = load_periods(folder)
     table = period_table(periods).query("period_ms != @STUDY_PERIOD_MS")
     made = [measured_by(e.baseline.raw) for e in periods.values()]
-    return {
-        "study_period_ms": STUDY_PERIOD_MS,
-        "period_commits": ", ".join(sorted({run["commit"] for run in made})),
-        "period_dates": ", ".join(sorted({run["measured_on"] for run in made})),
-        "period_comparisons": "; ".join(
+    return QuotaPeriods(
+        commits=", ".join(sorted({run["commit"] for run in made})),
+        dates=", ".join(sorted({run["measured_on"] for run in made})),
+        comparisons="; ".join(
             f"at {row.period_ms} ms, {row.value} times as long: {row.verdict}" for row in table.itertuples()
         ),
-    }
+    )
+
+
+def one_node_repeats_apart(study: dict[str, Experiment]) -> str:
+    """How far apart the one node's repeats ran at each share (`one_node_drift`), largest share first."""
+    drift = sorted(one_node_drift(study).items(), reverse=True)
+    return " and ".join(f"{apart:.0%} at {share:g} core" for share, apart in drift)
+
+
+@dataclass(frozen=True)
+class Findings(Headline):
+    """What the emulated nodes page quotes: the headline, its fields under the names the pages that quote it after
+    `nodes_` give them too, and how the runs bear it out."""
+
+    tunnel: Tunnel
+    links_measured: str
+    curve: Curve
+    similarity: SimilarityTest
+    forecast: Forecasts
+    one_node_repeats_apart: str
+    worst_prediction: WorstPrediction
+    predictions: int
+    predictions_inside: int
+    last_bucket: LastBucket
+    exposed_share_range: str
+    study_period_ms: int
+    period: QuotaPeriods
+    disturbed: str
+    setup: StudySetup
+
+
+def findings(study: dict[str, Experiment], periods: Path) -> Findings:
+    """The study's findings, with those of the quota period's runs in the folder `periods`; a prediction is inside
+    where the cost model's speedup lies within the range of the repeats."""
+    table = link_table(study)
+    inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
+    return Findings(
+        **vars(headline(study)),
+        tunnel=tunnel(study),
+        links_measured=links_measured(study),
+        curve=curve(study),
+        similarity=similarity_test(study),
+        forecast=forecasts(study),
+        one_node_repeats_apart=one_node_repeats_apart(study),
+        worst_prediction=worst_prediction(table),
+        predictions=len(table),
+        predictions_inside=int(inside.sum()),
+        last_bucket=last_bucket(study),
+        exposed_share_range=exposed_share_range(study),
+        study_period_ms=STUDY_PERIOD_MS,
+        period=quota_periods(periods),
+        disturbed=disturbed_runs(study),
+        setup=study_setup(*study.values()),
+    )
