@@ -29,6 +29,7 @@ from ddp_core.analysis.comparisons import (
 )
 from ddp_core.analysis.cost_model import predict
 from ddp_core.analysis.provenance import origin
+from ddp_core.engine.wind_tunnel_file import read_wind_tunnel
 from ddp_core.analysis.results import (
     EMULATED_OTHER_CORES,
     SHARE_GOT,
@@ -42,7 +43,6 @@ from ddp_core.analysis.results import (
     measured_gbit_s,
     only,
     point_label,
-    read_wind_tunnel,
     wind_tunnel_record,
 )
 from ddp_core.analysis.similarity import CONFIGURATIONS
@@ -365,9 +365,9 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
         for n, choice in (record[variant].by_nodes if variant in record else {}).items():
             ahead = forecast(choice)
             runs, step = experiment.repeats[n], own[n].median()  # the runs' median step
-            rounds = [f for f in choice.forecasts if f["repeat"] <= len(runs)]
-            before = sum(f["at"] < runs[f["repeat"] - 1].raw["start_time"] for f in rounds)
-            within = sum(abs(f["step_s"] / own[(n, f["repeat"])] - 1) <= FORECAST_BAR for f in rounds)
+            rounds = [f for f in choice.forecasts if f.repeat <= len(runs)]
+            before = sum(f.at < runs[f.repeat - 1].raw["start_time"] for f in rounds)
+            within = sum(abs(f.step_s / own[(n, f.repeat)] - 1) <= FORECAST_BAR for f in rounds)
             rows.append(
                 dict(
                     link=variant_label(experiment, study, n),
@@ -565,31 +565,26 @@ class Tunnel:
 
 def tunnel(study: dict[str, Experiment]) -> Tunnel:
     """`Tunnel` from wind_tunnel.json at the one node's share, or the study's own one-node runs where it has none."""
-    record, one = read_wind_tunnel(study[BASELINE].folder.parent) or {}, study[BASELINE].baseline.raw
-    calibrated = record.get("shares", {}).get(f"{node_share(study[BASELINE]):g}")
-    modelled = {
-        m.configuration: CONFIGURATIONS[m.models].source
-        for m in wind_tunnel_record(study[BASELINE].folder.parent).values()
-    }
+    record, one = read_wind_tunnel(study[BASELINE].folder.parent), study[BASELINE].baseline.raw
+    calibrated = record.shares.get(node_share(study[BASELINE])) if record else None
+    modelled = {m.configuration: CONFIGURATIONS[m.models].source for m in (record.variants if record else {}).values()}
     repeats = steady_phases(study[BASELINE].metrics).groupby("run")["compute_per_step_s"].mean() * 1e3
-    runs = calibrated["one_node_runs"] if calibrated else []
-    kept = [run["compute_per_step_s"] * 1e3 for run in runs if not run["set_aside"]]
+    runs = calibrated.one_node_runs if calibrated else []
+    kept = [run.compute_per_step_s * 1e3 for run in runs if not run.set_aside]
     return Tunnel(
-        compute_ms=calibrated["compute_per_step_s"] * 1e3 if calibrated else repeats.median(),
+        compute_ms=calibrated.compute_per_step_s * 1e3 if calibrated else repeats.median(),
         runs_counted=len(kept),
         runs_range=f"{min(kept, default=np.nan):,.0f} to {max(kept, default=np.nan):,.0f}",
         set_aside=", ".join(
-            f"{run['run']} ({run['set_aside']}, {run['compute_per_step_s'] * 1e3:,.0f} ms)"
-            for run in runs
-            if run["set_aside"]
+            f"{run.run} ({run.set_aside}, {run.compute_per_step_s * 1e3:,.0f} ms)" for run in runs if run.set_aside
         )
         or "none",
-        out_of_line=calibrated["out_of_line"] if calibrated else np.nan,
-        quiet="quiet" if not calibrated or calibrated["quiet"] else "busy",
+        out_of_line=calibrated.out_of_line if calibrated else np.nan,
+        quiet="quiet" if not calibrated or calibrated.quiet else "busy",
         compute_range=f"{repeats.min():,.0f} to {repeats.max():,.0f}",
         cpu=one["device_name"],
         cpu_extensions=", ".join(one.get("cpu_extensions") or ["none recorded"]),
-        tolerance=record.get("tolerance", np.nan),
+        tolerance=record.tolerance if record else np.nan,
         sources="; ".join(f"{name}: {source}" for name, source in modelled.items()) or "none",
     )
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.emulated import BASELINE, link_experiments, similarity_table
-from ddp_core.analysis.results import Experiment, ModelledVariant, wind_tunnel_record
+from ddp_core.analysis.results import Experiment, wind_tunnel_record
+from ddp_core.engine.wind_tunnel_file import ModelledVariant
 from ddp_core.analysis.similarity import CONFIGURATIONS, PRESET, large_model
 from ddp_core.analysis.tables import median_range, noise_format
 from ddp_core.engine.model_cost import bucket_sizes
@@ -18,7 +19,7 @@ from ddp_core.engine.model_cost import bucket_sizes
 def fixed_allreduce_ms(record: dict[str, ModelledVariant], variant: str, nodes: int) -> float:
     """The all-reduce time of a step that no link rate takes away (latency, copies), as the wind tunnel estimated it
     on this machine for the rate it accepted (`record`: `wind_tunnel_record`)."""
-    return record[variant].by_nodes[nodes].tries[-1]["fixed_s"] * 1e3
+    return record[variant].by_nodes[nodes].tries[-1].fixed_s * 1e3
 
 
 def cluster_fixed_ms(models: str, workload: dict, nodes: int) -> float:

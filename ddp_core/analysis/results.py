@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from statistics import median
 
 import pandas as pd
 
 from ddp_core.engine.run_files import LINK_COLUMNS, METRICS_COLUMNS, NOISE_COLUMNS, STATE_COLUMNS, STEPS_COLUMNS
-from ddp_core.engine.wind_tunnel_file import WIND_TUNNEL_FILE
+from ddp_core.engine.wind_tunnel_file import LinkChoice, ModelledVariant, read_wind_tunnel
 
 # Settings that say where a run kept its files or how it was started, not what it trained.
 NOT_SETTINGS = ("out", "data_dir", "cache_dir", "check", "progress", "resume")
@@ -393,37 +393,6 @@ def rate_text(gbit_s: float) -> str:
     return f"{gbit_s:.3g} Gbit/s" if gbit_s >= 1 else f"{gbit_s * 1000:.3g} Mbit/s"
 
 
-@dataclass(frozen=True)
-class LinkChoice:
-    """The links the wind tunnel chose for a variant at N nodes: an entry of wind_tunnel.json's `by_nodes`."""
-
-    target_ratio: float  # R_N^bench of the cluster the variant models
-    achieved_ratio: float  # R_N^bench the accepted links reached on this machine
-    link_rate: str  # as tc takes it, e.g. "2123393kbit"
-    rank_compute_s: float  # one node's compute per step over N: what the ratio divides
-    tries: list[dict] = field(default_factory=list)  # each try's rate, link model (fixed_s, bits), all-reduce, ratio
-    forecasts: list[dict] = field(default_factory=list)  # each round's replayed step, before the round's runs
-    links_of: str | None = None  # the variant whose links it shares, where it models the same cluster
-
-
-@dataclass(frozen=True)
-class ModelledVariant:
-    """A variant whose links the wind tunnel set: the cluster it models and its links at each number of nodes."""
-
-    models: str  # a key of `similarity.CONFIGURATIONS`
-    configuration: str  # that cluster in words
-    source: str  # where that cluster's figures come from
-    cpus_per_node: float
-    by_nodes: dict[int, LinkChoice]
-
-    @classmethod
-    def from_json(cls, entry: dict) -> ModelledVariant:
-        return cls(
-            **{key: value for key, value in entry.items() if key != "by_nodes"},
-            by_nodes={int(n): LinkChoice(**choice) for n, choice in entry["by_nodes"].items()},
-        )
-
-
 def link_choice(record: dict[str, ModelledVariant], variant: str, nodes: int) -> LinkChoice | None:
     """The links the wind tunnel chose for `variant` at `nodes` nodes (`record`: `wind_tunnel_record`); None where
     it set none."""
@@ -455,16 +424,10 @@ def borrowed_from(experiment: Experiment) -> str:
     return modelled.configuration if modelled else ""
 
 
-def read_wind_tunnel(study_folder: Path) -> dict | None:
-    """A study's wind_tunnel.json (`ddp_core.studies.wind_tunnel`), None where no variant's links were set by it."""
-    path = study_folder / WIND_TUNNEL_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def wind_tunnel_record(study_folder: Path) -> dict[str, ModelledVariant]:
     """The variants of a study whose links the wind tunnel set, by name; none: {}."""
-    variants = (read_wind_tunnel(study_folder) or {}).get("variants", {})
-    return {name: ModelledVariant.from_json(entry) for name, entry in variants.items()}
+    record = read_wind_tunnel(study_folder)
+    return record.variants if record else {}
 
 
 def forecast(choice: LinkChoice | None) -> dict:
