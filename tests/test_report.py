@@ -281,9 +281,9 @@ def test_gradient_accumulation_and_ddp_train_the_same_model_as_one_batch(project
     losses = {name: metrics_of(folder / name / run)[["train_loss", "val_loss"]] for name, run in runs.items()}
     worst = max(float((losses[name] - losses["one_batch"]).abs().max().max()) for name in runs)
     assert worst < 1e-4
-    found = grad_accum.accumulation_findings(load_study(folder))
-    assert found["accum_loss_gap"] == pytest.approx(worst)
-    assert found["accum_same_model"] == "the same model"
+    study = load_study(folder)
+    assert grad_accum.loss_gap(grad_accum.accumulation_table(study)) == pytest.approx(worst)
+    assert grad_accum.findings(study).accum_same_model == "the same model"
 
 
 def test_the_runs_page_lists_each_run_with_its_seed_and_its_last_epoch_as_its_csv_wrote_it():
@@ -312,7 +312,8 @@ def test_the_accumulation_page_gives_loss_gaps_at_float_rounding_as_the_power_of
     """The reference runs' losses agree to float rounding: the page and its table say how small the gap is ('1e-7',
     'below 1e-7'), not its digits (3.2e-08, 2.0e-08), and the table's first variant, against itself, reads 0."""
     study = load_study(REPO / "reference" / "grad_accum")
-    gaps = grad_accum.accumulation_table(study)["max_train_loss_gap"]
+    table = grad_accum.accumulation_table(study)
+    gaps = table["max_train_loss_gap"]
     header, alignment, *rows = grad_accum.accumulation_markdown(study).splitlines()
     row = next(
         [cell.strip() for cell in line.strip("|").split("|")] for line in rows if "Largest training-loss gap" in line
@@ -322,9 +323,8 @@ def test_the_accumulation_page_gives_loss_gaps_at_float_rounding_as_the_power_of
         bound = re.fullmatch(r"below (1e-\d+)", cell)
         assert bound and float(bound[1]) / 10 < gap <= float(bound[1]), cell
     assert all(cell.strip().endswith(":") for cell in alignment.strip("|").split("|")[1:])  # numbers: right-aligned
-    found = grad_accum.accumulation_findings(study)
-    bound = re.fullmatch(r"1e-\d+", found["accum_loss_gap_text"])
-    assert bound and float(bound[0]) / 10 < found["accum_loss_gap"] <= float(bound[0])
+    bound = re.fullmatch(r"1e-\d+", grad_accum.findings(study).accum_loss_gap_text)
+    assert bound and float(bound[0]) / 10 < grad_accum.loss_gap(table) <= float(bound[0])
 
 
 @pytest.mark.parametrize("name", [name for name in STUDIES if name != "scaling"])

@@ -3,11 +3,22 @@ and on several ranks, the same model to float32's order of sums."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import chance_glue, compare_times, final_accuracies, run_times, time_floor, time_glue
+from ddp_core.analysis.comparisons import (
+    Chance,
+    Judged,
+    chance_findings,
+    compare_times,
+    final_accuracies,
+    judged_times,
+    run_times,
+    time_floor,
+)
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.results import Experiment
 from ddp_core.analysis.tables import FINAL_ACCURACY, difference_text, quantity_table
 
@@ -64,21 +75,45 @@ def accumulation_markdown(study: dict[str, Experiment]) -> str:
 SAME_MODEL_TOLERANCE = 1e-3
 
 
-def accumulation_findings(study: dict[str, Experiment]) -> dict:
+def loss_gap(table: pd.DataFrame) -> float:
+    """The largest gap of any variant's training or validation loss to the first variant's (`accumulation_table`):
+    how far from one computation the variants' models lie."""
+    return float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the gradient-accumulation page quotes."""
+
+    accum_reference: str
+    accum_loss_gap_text: str
+    accum_tolerance: float
+    accum_same_model: str
+    accum_within_rounding: str
+    accum_ddp_ranks: int
+    accum: Chance
+    accum_time: Judged
+    accum_ddp_time: Judged
+    setup: StudySetup
+
+
+def findings(study: dict[str, Experiment]) -> Findings:
+    """Whether the three ways of forming the batch trained the same model, and what accumulating and DDP cost in
+    time against one batch at once, on one floor for both comparisons."""
     table = accumulation_table(study)
-    gap = float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
+    gap = loss_gap(table)
     same = gap <= SAME_MODEL_TOLERANCE
     one_batch, accumulated, ddp = (study[variant] for variant in table.index)
-    floor = time_floor(*study.values())  # one floor for both comparisons of the page
-    return {
-        "accum_reference": table.index[0].replace("_", " "),  # the variant's name in words, as the table's columns
-        "accum_loss_gap": gap,
-        "accum_loss_gap_text": difference_text(gap),
-        "accum_tolerance": SAME_MODEL_TOLERANCE,
-        "accum_same_model": "the same model" if same else "different models",
-        "accum_within_rounding": "within" if same else "beyond",
-        "accum_ddp_ranks": ddp.largest,
-        **chance_glue("accum", one_batch, 1),
-        **time_glue("accum_time", compare_times(accumulated, one_batch, floor=floor)),
-        **time_glue("accum_ddp_time", compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)),
-    }
+    floor = time_floor(*study.values())
+    return Findings(
+        accum_reference=table.index[0].replace("_", " "),  # the variant's name in words, as the table's columns
+        accum_loss_gap_text=difference_text(gap),
+        accum_tolerance=SAME_MODEL_TOLERANCE,
+        accum_same_model="the same model" if same else "different models",
+        accum_within_rounding="within" if same else "beyond",
+        accum_ddp_ranks=ddp.largest,
+        accum=chance_findings(one_batch, 1),
+        accum_time=judged_times(compare_times(accumulated, one_batch, floor=floor)),
+        accum_ddp_time=judged_times(compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)),
+        setup=study_setup(*study.values()),
+    )
