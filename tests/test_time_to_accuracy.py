@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from ddp_core.analysis import critical_batch as cb
-from ddp_core.analysis.critical_batch import critical_batch_findings
+from ddp_core.analysis.critical_batch import critical_batch_study
 from ddp_core.report import time_to_accuracy as tta
 from ddp_core.analysis.results import load_study
 from ddp_core.analysis.critical_batch import critical_batch, steps_to_target
@@ -87,19 +87,19 @@ def test_each_run_s_steps_to_target_are_read_from_its_evaluations_and_b_simple_f
 
 
 def test_a_run_that_missed_the_target_is_shown_as_missing_it_and_left_out_of_the_fit(study):
-    before = critical_batch_findings(load_study(study))
-    missed = next(p for p in run_dirs(study) if p.parent.name == f"b{before['tta_smallest']}")
+    before = critical_batch_study(load_study(study))
+    missed = next(p for p in run_dirs(study) if p.parent.name == f"b{before.smallest}")
     evals = pd.read_csv(missed / "evals.csv")
     evals.assign(val_accuracy=0.3).to_csv(missed / "evals.csv", index=False)
     variants = load_study(study)
-    after = critical_batch_findings(variants)
-    assert after["tta_unreached"] == before["tta_unreached"] + 1
+    after = critical_batch_study(variants)
+    assert after.unreached == before.unreached + 1
     smallest = cb.per_batch(cb.runs_table(variants)).iloc[0]
     assert smallest["reached"] == smallest["runs"] - 1
     table = cb.runs_table(variants)
     rule = table[cb.follows_rule(table)].dropna(subset=["steps"])
     slope, intercept = np.polyfit(1 / rule["batch"], rule["steps"], 1, w=1 / rule["steps"])
-    assert after["tta_b_crit"] == pytest.approx(slope / intercept)
+    assert after.b_crit == pytest.approx(slope / intercept)
 
 
 def test_the_rule_s_neighbours_are_the_runs_off_the_square_root_rule_and_a_better_neighbour_fails_the_rule(study):
@@ -142,11 +142,11 @@ def test_the_critical_batch_s_interval_comes_from_resampled_seeds_and_holds_the_
     rule = table[cb.follows_rule(table)]
     fit = critical_batch(rule["batch"], rule["steps"])
     interval = cb.critical_batch_interval(rule, draws=300)
-    assert interval["b_crit_low"] <= fit["b_crit"] <= interval["b_crit_high"]
+    assert interval.b_crit.low <= fit["b_crit"] <= interval.b_crit.high
     # one seed a batch leaves nothing to resample: the interval is the fit itself
     single = cb.critical_batch_interval(rule.groupby("batch").head(1), draws=50)
     alone = critical_batch(*rule.groupby("batch").head(1)[["batch", "steps"]].T.to_numpy())
-    assert single["b_crit_low"] == pytest.approx(alone["b_crit"]) == single["b_crit_high"]
+    assert single.b_crit.low == pytest.approx(alone["b_crit"]) == single.b_crit.high
 
 
 def test_the_fit_is_least_squares_in_relative_error():

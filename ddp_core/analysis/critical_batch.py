@@ -13,6 +13,7 @@ through the measured (1/B, S) gives S_min (its intercept) and E_min (its slope).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -48,7 +49,23 @@ def critical_batch(batch_sizes, steps) -> dict[str, float]:
 DRAWS = 2000  # resamples of the seeds in `critical_batch_interval`
 
 
-def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> dict[str, float]:
+@dataclass(frozen=True)
+class Bounds:
+    """A range's two ends: a fitted value's 2.5th and 97.5th percentiles over the seeds' resamples, or a ratio's."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class FitInterval:
+    """How far B_crit and S_min move with the seeds (`critical_batch_interval`)."""
+
+    b_crit: Bounds
+    s_min: Bounds
+
+
+def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> FitInterval:
     """How far B_crit and S_min move with the seeds: the runs of each batch size resampled with replacement and
     fitted again; the 2.5th and 97.5th percentiles over the draws (NaN fits, with no bend, left out)."""
     rng = np.random.default_rng(seed)
@@ -62,12 +79,11 @@ def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int =
     )
     bent = fits[np.isfinite(fits["b_crit"])]
     if bent.empty:
-        return dict.fromkeys(["b_crit_low", "b_crit_high", "s_min_low", "s_min_high"], math.nan)
-    return {
-        f"{fitted}_{side}": float(np.percentile(bent[fitted], q))
-        for fitted in ("b_crit", "s_min")
-        for side, q in (("low", 2.5), ("high", 97.5))
-    }
+        return FitInterval(Bounds(math.nan, math.nan), Bounds(math.nan, math.nan))
+    b_crit, s_min = (
+        Bounds(*(float(np.percentile(bent[fitted], q)) for q in (2.5, 97.5))) for fitted in ("b_crit", "s_min")
+    )
+    return FitInterval(b_crit=b_crit, s_min=s_min)
 
 
 def _evals(experiment: Experiment, run: str) -> pd.DataFrame:
@@ -158,7 +174,54 @@ def per_batch(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
+@dataclass(frozen=True)
+class BatchEnds:
+    """A quantity of `per_batch` at the smallest and the largest global batch measured."""
+
+    smallest: float
+    largest: float
+
+
+@dataclass(frozen=True)
+class CriticalBatchStudy:
+    """What the time-to-accuracy study found: the target and how it was measured, the batches and runs, the steps
+    and samples to the target at the two ends, McCandlish's fit with its interval over the seeds, and the noise
+    scale the runs measured against it."""
+
+    target: float
+    chance: float
+    preset: str
+    dataset: str
+    eval_samples: int
+    target_se: float
+    ranks: int
+    smallest: int
+    largest: int
+    lr_at_32: float
+    unreached: int
+    runs: int
+    samples: BatchEnds
+    steps: BatchEnds
+    s_min: float
+    e_min: float
+    b_crit: float
+    b_crit_low: float
+    b_crit_high: float
+    s_min_low: float
+    s_min_high: float
+    b_crit_against_range: str
+    b_simple: float
+    b_simple_low: float
+    b_simple_high: float
+    b_crit_over_b_simple: float
+    ratio: Bounds
+    b_crit_against_b_simple: str
+    rule_unreached: int
+    rule_runs: int
+
+
+def critical_batch_study(variants: dict[str, Experiment]) -> CriticalBatchStudy:
+    """`CriticalBatchStudy` of the study's runs: the fit and the noise scale over the runs at the rule's rate."""
     table = runs_table(variants)
     batches = per_batch(table)
     rule, fit = rule_fit(table)
@@ -167,41 +230,58 @@ def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
     target, evaluated = first.config["target_accuracy"], first.config["eval_samples"]
     noise = rule["b_simple"]
     smallest, largest = batches.index.min(), batches.index.max()
-    return {
-        "tta_target": target,
-        "tta_chance": 1 / first.model["num_classes"],
-        "tta_preset": first.config["preset"],
-        "tta_dataset": in_words(first.config["dataset"]),
-        "tta_eval_samples": evaluated,
-        "tta_target_se": math.sqrt(target * (1 - target) / evaluated),
-        "tta_ranks": int(table["ranks"].iloc[0]),
-        "tta_smallest": int(smallest),
-        "tta_largest": int(largest),
-        "tta_lr_at_32": float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
-        "tta_unreached": int(table["steps"].isna().sum()),
-        "tta_runs": len(table),
-        **{
-            f"tta_{column}_{end}": float(batches.loc[batch, column])
-            for column in ("samples", "steps")
-            for end, batch in (("smallest", smallest), ("largest", largest))
-        },
-        **{f"tta_{key}": value for key, value in fit.items()},
-        "tta_b_simple": float(noise.mean()),
-        "tta_b_simple_low": float(noise.min()),
-        "tta_b_simple_high": float(noise.max()),
-        "tta_b_crit_over_b_simple": fit["b_crit"] / float(noise.mean()),
-        "tta_rule_unreached": int(rule["steps"].isna().sum()),
-        "tta_rule_runs": len(rule),
-        **{f"tta_{key}": value for key, value in interval.items()},
-        "tta_b_crit_against_range": "past the largest batch measured"
+    ends = {
+        column: BatchEnds(*(float(batches.loc[b, column]) for b in (smallest, largest)))
+        for column in ("samples", "steps")
+    }
+    return CriticalBatchStudy(
+        target=target,
+        chance=1 / first.model["num_classes"],
+        preset=first.config["preset"],
+        dataset=in_words(first.config["dataset"]),
+        eval_samples=evaluated,
+        target_se=math.sqrt(target * (1 - target) / evaluated),
+        ranks=int(table["ranks"].iloc[0]),
+        smallest=int(smallest),
+        largest=int(largest),
+        lr_at_32=float(rule["lr"].iloc[0] * math.sqrt(32 / rule["batch"].iloc[0])),
+        unreached=int(table["steps"].isna().sum()),
+        runs=len(table),
+        samples=ends["samples"],
+        steps=ends["steps"],
+        s_min=fit["s_min"],
+        e_min=fit["e_min"],
+        b_crit=fit["b_crit"],
+        b_crit_low=interval.b_crit.low,
+        b_crit_high=interval.b_crit.high,
+        s_min_low=interval.s_min.low,
+        s_min_high=interval.s_min.high,
+        b_crit_against_range="past the largest batch measured"
         if fit["b_crit"] > largest
         else "below the smallest batch measured"
         if fit["b_crit"] < smallest
         else "inside the range measured",
-        **{f"tta_ratio_{end}": interval[f"b_crit_{end}"] / float(noise.mean()) for end in ("low", "high")},
-        "tta_b_crit_against_b_simple": "larger than every noise scale measured"
-        if interval["b_crit_low"] > noise.max()
+        b_simple=float(noise.mean()),
+        b_simple_low=float(noise.min()),
+        b_simple_high=float(noise.max()),
+        b_crit_over_b_simple=fit["b_crit"] / float(noise.mean()),
+        ratio=Bounds(interval.b_crit.low / float(noise.mean()), interval.b_crit.high / float(noise.mean())),
+        b_crit_against_b_simple="larger than every noise scale measured"
+        if interval.b_crit.low > noise.max()
         else "smaller than every noise scale measured"
-        if interval["b_crit_high"] < noise.min()
+        if interval.b_crit.high < noise.min()
         else "not told apart from the noise scale",
-    }
+        rule_unreached=int(rule["steps"].isna().sum()),
+        rule_runs=len(rule),
+    )
+
+
+def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
+    """`critical_batch_study` for a page not yet given a record: each under `tta_<field>`, a pair's ends under
+    `tta_<field>_<end>`."""
+    found = {}
+    for name, value in asdict(critical_batch_study(variants)).items():
+        found |= (
+            {f"tta_{name}_{end}": v for end, v in value.items()} if isinstance(value, dict) else {f"tta_{name}": value}
+        )
+    return found

@@ -5,6 +5,7 @@ over ranks, and the per-batch table, over the runs and the critical batch size o
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -12,10 +13,18 @@ import pandas as pd
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.results import Experiment
 from ddp_core.analysis.tables import median_range, quantity_table
 from ddp_core.analysis.verdict import compare, noise_floor
-from ddp_core.analysis.critical_batch import follows_rule, per_batch, rule_fit, runs_table
+from ddp_core.analysis.critical_batch import (
+    CriticalBatchStudy,
+    critical_batch_study,
+    follows_rule,
+    per_batch,
+    rule_fit,
+    runs_table,
+)
 
 
 def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
@@ -72,6 +81,29 @@ def rule_outcome(neighbours: pd.DataFrame) -> str:
     """'held' where no tried neighbour reached the target in fewer steps than the rule's rate, beyond the noise;
     'did not hold' where one did."""
     return "did not hold" if (neighbours["outcome"] == "more steps").any() else "held"
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the time-to-accuracy page quotes."""
+
+    tta: CriticalBatchStudy
+    tta_rule_outcome: str
+    tta_neighbours_batch: int
+    tta_neighbours_floor: float
+    setup: StudySetup
+
+
+def findings(variants: dict[str, Experiment]) -> Findings:
+    """The critical batch the study found, and whether the learning-rate rule held at the neighbours' batch."""
+    neighbours = lr_neighbours(variants)
+    return Findings(
+        tta=critical_batch_study(variants),
+        tta_rule_outcome=rule_outcome(neighbours),
+        tta_neighbours_batch=int(neighbours["batch"].iloc[0]),
+        tta_neighbours_floor=neighbours["floor"].iloc[0],
+        setup=study_setup(*variants.values()),
+    )
 
 
 NEIGHBOUR_COLUMNS = {
