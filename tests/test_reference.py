@@ -51,27 +51,28 @@ def test_the_shipped_single_device_measurements_name_their_device_and_the_clean_
 
 
 def test_the_bucket_page_gives_each_drawn_step_beside_its_runs_median_step():
-    from ddp_core.report.bucket_size import bucket_findings
+    from ddp_core.report.bucket_size import findings
 
     folder = REPO / "reference" / "bucket_size"
-    found = bucket_findings(load_study(folder))
+    found = findings(load_study(folder))
     for variant in ("one_bucket", "default_buckets", "one_mib_buckets"):
         run = folder / variant / "n2"  # repeat 1, the lowest seed, whose median step the page draws
-        assert found[f"{variant}_drawn_ms"] == pytest.approx(pd.read_csv(run / "timeline.csv")["end_s"].max() * 1e3)
+        drawn = getattr(found, variant)
+        assert drawn.drawn_ms == pytest.approx(pd.read_csv(run / "timeline.csv")["end_s"].max() * 1e3)
         steps = pd.read_csv(run / "steps.csv")["step_time_s"]
-        assert found[f"{variant}_median_ms"] == pytest.approx(steps.iloc[WARMUP_STEPS:].median() * 1e3)
+        assert drawn.median_ms == pytest.approx(steps.iloc[WARMUP_STEPS:].median() * 1e3)
 
 
 @pytest.mark.parametrize(
-    "study, findings, variant", [("bucket_size", "bucket", "default_buckets"), ("compression", "compression", "fp32")]
+    "study, prefix, variant", [("bucket_size", "bucket", "default_buckets"), ("compression", "compression", "fp32")]
 )
-def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_its_compute(study, findings, variant):
+def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_its_compute(study, prefix, variant):
     """The links of these studies are set in Mbit/s, so their verdicts belong to the CPU they ran on: the page says
     the all-reduce in flight a step over the step's compute, means over every repeat's epochs after the first."""
     from importlib import import_module
 
     folder = REPO / "reference" / study
-    found = getattr(import_module(f"ddp_core.report.{study}"), f"{findings}_findings")(load_study(folder))
+    found = import_module(f"ddp_core.report.{study}").findings(load_study(folder))
     later = pd.concat(pd.read_csv(run / "metrics.csv") for run in (folder / variant).glob("n2*")).query("epoch > 1")
     per_step = lambda column: (later[column] / later["steps"]).mean()  # noqa: E731
     compute = (
@@ -80,7 +81,7 @@ def test_a_study_on_links_set_in_mbit_s_says_how_its_all_reduce_weighed_against_
         - per_step("comm_exposed_s")
         + per_step("optimizer_time_s")
     )
-    assert found[f"{findings}_comm_over_compute"] == pytest.approx(per_step("comm_total_s") / compute)
+    assert getattr(found, f"{prefix}_comm_over_compute") == pytest.approx(per_step("comm_total_s") / compute)
 
 
 NODES = REPO / "reference" / "nodes"

@@ -3,18 +3,22 @@ much of them backward hides."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (
+    Judged,
     at_world_size,
     comm_over_compute,
     compare_times,
+    judged_times,
     run_times,
     time_floor,
-    time_glue,
 )
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import ALLREDUCE_IN_FLIGHT_MS, STEP_RANGE_MS, in_words, quantity_table, step_part_rows
 
@@ -48,26 +52,62 @@ def bucket_markdown(study: dict[str, Experiment]) -> str:
     return quantity_table(bucket_table(study), BUCKET_ROWS, turned=True)
 
 
-def bucket_findings(study: dict[str, Experiment]) -> dict:
+@dataclass(frozen=True)
+class DrawnStep:
+    """How long the step a variant's timeline draws took, beside its run's median step: one step is an example, not
+    a measure."""
+
+    drawn_ms: float
+    median_ms: float
+
+
+def drawn_step(experiment: Experiment) -> DrawnStep:
+    """`DrawnStep` of the step `timeline_figure` draws: rank 0's of repeat 1, at the study's world size."""
+    run = experiment.repeats[experiment.largest][0]
+    return DrawnStep(
+        drawn_ms=_timeline(experiment)["end_s"].max() * 1e3,
+        median_ms=run_times(experiment).set_index("run").loc[run.name, "step_time_s"] * 1e3,
+    )
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the bucket-size page quotes."""
+
+    bucket_nodes: int
+    bucket_link: str
+    bucket_preset: str
+    bucket_parameters: str
+    bucket_vocabulary: str
+    bucket_comm_over_compute: float
+    one_bucket_time: Judged
+    one_mib_buckets_time: Judged
+    default_buckets: DrawnStep
+    one_bucket: DrawnStep
+    one_mib_buckets: DrawnStep
+    setup: StudySetup
+
+
+def findings(study: dict[str, Experiment]) -> Findings:
+    """One bucket and 1 MiB buckets against PyTorch's default in time per sample, on one floor for both, with the
+    model and link they ran over and the step each variant's timeline draws."""
     default = study["default_buckets"]
     n = default.largest
     floor = time_floor(*study.values())
-    found = {
-        "bucket_nodes": n,
-        "bucket_link": link_label(default),
-        "bucket_preset": default.baseline.config["preset"],
-        "bucket_parameters": f"{default.baseline.parameters:,}",
-        "bucket_vocabulary": f"{default.baseline.config['vocab_size']:,}",
-        "bucket_comm_over_compute": comm_over_compute(at_world_size(default, n)),
-    }
-    for variant in ("one_bucket", "one_mib_buckets"):
-        found |= time_glue(variant, compare_times(study[variant], default, n, n, floor=floor))
-    # How long each plotted step took against its run's median step: one step is an example, not a measure.
-    for variant, e in study.items():
-        run = e.repeats[e.largest][0]
-        found[f"{variant}_drawn_ms"] = _timeline(e)["end_s"].max() * 1e3
-        found[f"{variant}_median_ms"] = run_times(e).set_index("run").loc[run.name, "step_time_s"] * 1e3
-    return found
+    return Findings(
+        bucket_nodes=n,
+        bucket_link=link_label(default),
+        bucket_preset=default.baseline.config["preset"],
+        bucket_parameters=f"{default.baseline.parameters:,}",
+        bucket_vocabulary=f"{default.baseline.config['vocab_size']:,}",
+        bucket_comm_over_compute=comm_over_compute(at_world_size(default, n)),
+        one_bucket_time=judged_times(compare_times(study["one_bucket"], default, n, n, floor=floor)),
+        one_mib_buckets_time=judged_times(compare_times(study["one_mib_buckets"], default, n, n, floor=floor)),
+        default_buckets=drawn_step(default),
+        one_bucket=drawn_step(study["one_bucket"]),
+        one_mib_buckets=drawn_step(study["one_mib_buckets"]),
+        setup=study_setup(*study.values()),
+    )
 
 
 def _timeline(experiment: Experiment) -> pd.DataFrame:

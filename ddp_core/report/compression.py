@@ -3,20 +3,24 @@ and in accuracy."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ddp_core.analysis.comparisons import (
+    Judged,
     accuracy_floor,
-    accuracy_glue,
     at_world_size,
     comm_over_compute,
     compare_accuracies,
     compare_times,
+    judged_accuracies,
+    judged_times,
     time_floor,
-    time_glue,
 )
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, link_label
 from ddp_core.analysis.tables import (
@@ -47,27 +51,62 @@ def compression_markdown(study: dict[str, Experiment]) -> str:
     return quantity_table(compression_table(study), COMPRESSION_ROWS, turned=True)
 
 
-def compression_findings(study: dict[str, Experiment]) -> dict:
+@dataclass(frozen=True)
+class AgainstFp32:
+    """A hook's time per sample and final accuracy against fp32's, on the study's world size."""
+
+    time: Judged
+    accuracy: Judged
+
+
+def against_fp32(study: dict[str, Experiment], variant: str, time_noise: float, accuracy_noise: float) -> AgainstFp32:
+    """`AgainstFp32` of `variant`, against the floors every hook's comparison shares."""
+    e, base = study[variant], study["fp32"]
+    n = base.largest
+    return AgainstFp32(
+        time=judged_times(compare_times(e, base, n, n, floor=time_noise)),
+        accuracy=judged_accuracies(compare_accuracies(e, base, n, n, floor=accuracy_noise)),
+    )
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the compression page quotes."""
+
+    compression_nodes: int
+    compression_link: str
+    compression_steps: int
+    powersgd_rank: int
+    compression_train_loss: float
+    compression_guess_loss: float
+    compression_learned: str
+    compression_comm_over_compute: float
+    fp16: AgainstFp32
+    powersgd: AgainstFp32
+    setup: StudySetup
+
+
+def findings(study: dict[str, Experiment]) -> Findings:
+    """fp16 and PowerSGD against fp32, with whether the runs trained long enough for their accuracies to say
+    anything."""
     base = study["fp32"]
     n = base.largest
-    time_noise, accuracy_noise = time_floor(*study.values()), accuracy_floor(*study.values())
+    noise = time_floor(*study.values()), accuracy_floor(*study.values())
     parts = at_world_size(base, n)  # its runs' steps read once
     loss, classes = parts["final_train_loss"], base.baseline.model["num_classes"]
-    found = {
-        "compression_nodes": n,
-        "compression_link": link_label(base),
-        "compression_steps": int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
-        "powersgd_rank": study["powersgd"].baseline.config["powersgd_rank"],
-        "compression_train_loss": loss,
-        "compression_guess_loss": float(np.log(classes)),
-        "compression_learned": learned(loss, classes),
-        "compression_comm_over_compute": comm_over_compute(parts),
-    }
-    for variant in ("fp16", "powersgd"):
-        e = study[variant]
-        found |= time_glue(f"{variant}_time", compare_times(e, base, n, n, floor=time_noise))
-        found |= accuracy_glue(f"{variant}_accuracy", compare_accuracies(e, base, n, n, floor=accuracy_noise))
-    return found
+    return Findings(
+        compression_nodes=n,
+        compression_link=link_label(base),
+        compression_steps=int(base.metrics.query("run == @base.runs[@n].name")["steps"].sum()),
+        powersgd_rank=study["powersgd"].baseline.config["powersgd_rank"],
+        compression_train_loss=loss,
+        compression_guess_loss=float(np.log(classes)),
+        compression_learned=learned(loss, classes),
+        compression_comm_over_compute=comm_over_compute(parts),
+        fp16=against_fp32(study, "fp16", *noise),
+        powersgd=against_fp32(study, "powersgd", *noise),
+        setup=study_setup(*study.values()),
+    )
 
 
 def learned(train_loss: float, classes: int) -> str:
