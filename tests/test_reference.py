@@ -124,12 +124,13 @@ def test_the_sharding_page_takes_each_modes_bytes_a_step_and_its_state_from_its_
 def test_the_sharding_page_gives_the_modes_loss_gap_to_ddp_as_the_power_of_ten_it_lies_within():
     """The modes' final losses differ from DDP's at float rounding: the page says how small, '1e-8', not 9.9e-09."""
     from ddp_core.analysis.zero import sharding_runs
-    from ddp_core.report.sharding import sharding_findings
+    from ddp_core.report.sharding import findings, loss_gap
 
-    found = sharding_findings(sharding_runs(load_study(NODES)))
-    bound = re.fullmatch(r"1e-\d+", found["sharding_loss_gap_text"])
-    assert bound, found["sharding_loss_gap_text"]
-    assert float(bound[0]) / 10 < found["sharding_loss_gap"] <= float(bound[0])
+    study = sharding_runs(load_study(NODES))
+    text = findings(study).sharding_loss_gap_text
+    bound = re.fullmatch(r"1e-\d+", text)
+    assert bound, text
+    assert float(bound[0]) / 10 < loss_gap(study) <= float(bound[0])
 
 
 def test_the_sharding_page_reads_the_nodes_studys_modes_with_the_ddp_and_one_node_of_their_links_and_share(tmp_path):
@@ -251,11 +252,11 @@ def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_
 def test_the_sharding_page_says_how_far_apart_its_one_node_repeats_ran():
     """The drift each round's speedup carries: the one node's slowest median step over its fastest, less 1."""
     from ddp_core.analysis.zero import sharding_runs
-    from ddp_core.report.sharding import sharding_findings
+    from ddp_core.report.sharding import findings
 
-    found = sharding_findings(sharding_runs(load_study(NODES)))
+    found = findings(sharding_runs(load_study(NODES)))
     medians = repeat_medians(NODES / "one_node", 1)
-    assert found["one_node_apart"] == pytest.approx(max(medians) / min(medians) - 1)
+    assert found.one_node_apart == pytest.approx(max(medians) / min(medians) - 1)
 
 
 def test_the_methods_chapter_gives_each_studys_steps_a_run_from_its_csvs():

@@ -18,9 +18,11 @@ the key findings.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, shown_glue, time_floor, time_glue
+from ddp_core.analysis.comparisons import compare_times, judged_times, shown, time_floor
 from ddp_core.analysis.emulated import ddp_on_nodes, node_share
 from ddp_core.analysis.results import (
     Experiment,
@@ -224,24 +226,60 @@ def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
-def headline_findings(study: dict[str, Experiment]) -> dict:
-    """What the key findings say of sharding, and the sharding page with them: ZeRO-3's share of DDP's training state
-    a rank (measured, and by ZeRO's formula), its time per sample against DDP's, on the most nodes and the
-    configuration their links model, and its speedup and DDP's over one node there with their verdicts."""
+@dataclass(frozen=True)
+class TimeAgainstDdp:
+    """ZeRO-3's time per sample against DDP's: `value` and `verdict` as a sentence quotes it in full (`Judged`),
+    `shown` and `word` as a one-line finding does (`Shown`)."""
+
+    value: str
+    verdict: str
+    shown: str
+    word: str
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What the key findings say of sharding, and the sharding page with them: the most nodes, their link and the
+    configuration it models, DDP's and ZeRO-3's speedups over one node there with their verdicts, ZeRO-3's share of
+    DDP's training state a rank (measured, and by ZeRO's formula) and its time per sample against DDP's."""
+
+    nodes: int
+    link: str
+    setting: str
+    ddp_speedup: float
+    ddp_speedup_verdict: str
+    zero3_speedup: float
+    zero3_speedup_verdict: str
+    zero3_held_share: float
+    zero3_formula_share: float
+    zero3_time: TimeAgainstDdp
+
+
+def headline(study: dict[str, Experiment]) -> Headline:
+    """`Headline` of the sharding runs (`sharding_runs`), on the most nodes."""
     zero3 = held_shares(memory_table(study)).loc[MODE_NAMES["zero3"]]
     n = max(node_counts(study))
     speedups, ddp, zero3_name = speedup_table(study), MODE_NAMES["none"], MODE_NAMES["zero3"]
     zero3_time = time_comparisons(study)[n]["zero3"]
-    return {
-        "sharding_nodes": n,
-        "sharding_link": link_label(modes(study)["none"]),
-        "sharding_setting": point_label(modes(study)["none"], n),
-        "sharding_ddp_speedup": speedups.loc[ddp, f"speedup_n{n}"],
-        "sharding_ddp_speedup_verdict": speedups.loc[ddp, f"verdict_n{n}"],
-        "sharding_zero3_speedup": speedups.loc[zero3_name, f"speedup_n{n}"],
-        "sharding_zero3_speedup_verdict": speedups.loc[zero3_name, f"verdict_n{n}"],
-        "sharding_zero3_held_share": zero3["measured"],
-        "sharding_zero3_formula_share": zero3["formula"],
-        **time_glue("sharding_zero3_time", zero3_time),
-        **shown_glue("sharding_zero3_time", zero3_time, "faster", "slower"),
+    return Headline(
+        nodes=n,
+        link=link_label(modes(study)["none"]),
+        setting=point_label(modes(study)["none"], n),
+        ddp_speedup=speedups.loc[ddp, f"speedup_n{n}"],
+        ddp_speedup_verdict=speedups.loc[ddp, f"verdict_n{n}"],
+        zero3_speedup=speedups.loc[zero3_name, f"speedup_n{n}"],
+        zero3_speedup_verdict=speedups.loc[zero3_name, f"verdict_n{n}"],
+        zero3_held_share=zero3["measured"],
+        zero3_formula_share=zero3["formula"],
+        zero3_time=TimeAgainstDdp(**asdict(judged_times(zero3_time)), **asdict(shown(zero3_time, "faster", "slower"))),
+    )
+
+
+def headline_findings(study: dict[str, Experiment]) -> dict:
+    """`headline` for a page not yet given a record: each under `sharding_<field>`, ZeRO-3's time under
+    `sharding_zero3_time_<field>`."""
+    found = asdict(headline(study))
+    time = found.pop("zero3_time")
+    return {f"sharding_{name}": value for name, value in found.items()} | {
+        f"sharding_zero3_time_{name}": value for name, value in time.items()
     }

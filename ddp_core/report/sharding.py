@@ -5,22 +5,26 @@ study's sharded variants with the DDP and one node they share links and nodes wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, steady_phases, study_floor_power, time_glue
+from ddp_core.analysis.comparisons import Judged, compare_times, judged_times, steady_phases, study_floor_power
 from ddp_core.analysis.emulated import node_share, one_node_drift
+from ddp_core.analysis.provenance import StudySetup, study_setup
 from ddp_core.analysis.results import Experiment, last_epochs
 from ddp_core.analysis.tables import MEAN_STEP_MS, difference_text, quantity_table, range_text
 from ddp_core.analysis.zero import (
     MODE_NAMES,
     SHARDED_MODES,
+    Headline,
     block_parameters,
     collective_kind,
     counted_collectives,
     gloo_sends,
-    headline_findings,
+    headline,
     held_shares,
     memory_table,
     model_size,
@@ -229,11 +233,71 @@ def time_markdown(study: dict[str, Experiment]) -> str:
     return quantity_table(pd.DataFrame(rows).T, quantities, turned=True)
 
 
-def sharding_findings(study: dict[str, Experiment]) -> dict:
-    """Numbers and verdicts the page glues: the key findings' (`headline_findings`: the nodes, the link, ZeRO-3's
-    against DDP's on the most nodes), the model; each mode's memory and traffic against DDP's,
-    its speedup over one node (`speedup_table`) and its time per sample against DDP's (`time_comparisons`); ZeRO-1's
-    against ZeRO-2's, on the same floor."""
+def loss_gap(study: dict[str, Experiment]) -> float:
+    """The largest gap of a sharded mode's final training losses to DDP's, repeat by repeat: how far from DDP's
+    computation the modes' models lie."""
+    losses = {mode: last_epochs(e.metrics)["train_loss"].to_numpy() for mode, e in modes(study).items()}
+    return max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES)
+
+
+@dataclass(frozen=True)
+class AgainstDdp:
+    """A sharded mode's training state a rank, its links' bytes a step and the largest model it fits, each over
+    DDP's."""
+
+    held_share: float
+    traffic_ratio: float
+    fits_ratio: float
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the sharding page quotes."""
+
+    sharding: Headline
+    sharding_fewer_nodes: int
+    sharding_parameters_m: float
+    sharding_ddp_mb: float
+    sharding_gradient_mb: float
+    one_node_apart: float
+    sharding_time_floor: float
+    sharding_found_10: float
+    sharding_found_20: float
+    zero1: AgainstDdp
+    zero2: AgainstDdp
+    zero3: AgainstDdp
+    zero1_against_zero2_time: Judged
+    zero1_against_zero2_time_fewer: Judged
+    sharded_slower: int
+    sharded_slower_fewer: int
+    sharding_zero3_time_fewer: Judged
+    sharding_ddp_speedup_fewer: float
+    sharding_zero3_speedup_fewer: float
+    traffic_over_gloo: str
+    largest_tensor_share: float
+    root_share: float
+    block_share: float
+    root_gradient_mb: float
+    zero1_optimizer_share: float
+    zero1_busiest_over_mean: float
+    ddp_busiest_over_mean: float
+    zero1_optimizer_ms: float
+    ddp_optimizer_ms: float
+    ddp_forward_ms: float
+    zero3_forward_ms: float
+    sharding_loss_gap_text: str
+    sharding_cpus_per_node: int
+    sharding_steps: int
+    ddp_rss_mb: float
+    zero3_rss_mb: float
+    state_share_of_rss: float
+    setup: StudySetup
+
+
+def findings(study: dict[str, Experiment]) -> Findings:
+    """The key findings' (`headline`: on the most nodes) and the model; each mode's memory and traffic against DDP's,
+    its speedup over one node (`speedup_table`) and its time per sample against DDP's (`time_comparisons`) on the
+    fewer nodes too; ZeRO-1's against ZeRO-2's, on the same floor."""
     by_mode = modes(study)
     ddp, counts = by_mode["none"], node_counts(study)
     fewer, n = counts[0], counts[-1]
@@ -241,63 +305,66 @@ def sharding_findings(study: dict[str, Experiment]) -> dict:
     memory, traffic, fits = memory_table(study), traffic_table(study), fits_table(study)
     held, against_ddp, speedups = held_shares(memory), time_comparisons(study), speedup_table(study)
     floor = against_ddp[n]["zero1"].floor
-    found = headline_findings(study) | {
-        "sharding_fewer_nodes": fewer,
-        "sharding_parameters_m": parameters / 1e6,
-        "sharding_ddp_mb": sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB,
-        "sharding_gradient_mb": 4 * parameters / MB,
-        "one_node_apart": one_node_drift(study)[node_share(one_node(study))],
-        "sharding_time_floor": floor,
-        **{
-            f"sharding_{key}": value
-            for key, value in study_floor_power(study).items()
-            if key in ("found_10", "found_20")
-        },
+    power = study_floor_power(study)
+    sharded = {
+        mode: AgainstDdp(
+            held_share=held.loc[MODE_NAMES[mode], "measured"],
+            traffic_ratio=traffic.loc[MODE_NAMES[mode], "sent_units"] / traffic.loc["DDP", "sent_units"],
+            fits_ratio=fits.loc[MODE_NAMES[mode], "largest_billions"] / fits.loc["DDP", "largest_billions"],
+        )
+        for mode in SHARDED_MODES
     }
-    for mode in SHARDED_MODES:
-        name = MODE_NAMES[mode]
-        found |= {
-            f"{mode}_held_share": held.loc[name, "measured"],
-            f"{mode}_traffic_ratio": traffic.loc[name, "sent_units"] / traffic.loc["DDP", "sent_units"],
-            f"{mode}_fits_ratio": fits.loc[name, "largest_billions"] / fits.loc["DDP", "largest_billions"],
-        }
-    for suffix, nodes in (("", n), ("_fewer", fewer)):
-        zero1_against_zero2 = compare_times(by_mode["zero1"], by_mode["zero2"], nodes, nodes, floor=floor)
-        found |= time_glue(f"zero1_against_zero2_time{suffix}", zero1_against_zero2) | {
-            f"sharded_slower{suffix}": sum(against_ddp[nodes][mode].verdict == "higher" for mode in SHARDED_MODES)
-        }
-    # on the most nodes, `headline_findings` gives these
-    found |= time_glue("sharding_zero3_time_fewer", against_ddp[fewer]["zero3"]) | {
-        "sharding_ddp_speedup_fewer": speedups.loc["DDP", f"speedup_n{fewer}"],
-        "sharding_zero3_speedup_fewer": speedups.loc[MODE_NAMES["zero3"], f"speedup_n{fewer}"],
-    }
+    zero1_against_zero2, slower = {}, {}
+    for nodes in (n, fewer):
+        zero1_against_zero2[nodes] = judged_times(
+            compare_times(by_mode["zero1"], by_mode["zero2"], nodes, nodes, floor=floor)
+        )
+        slower[nodes] = sum(against_ddp[nodes][mode].verdict == "higher" for mode in SHARDED_MODES)
     phases = phase_table(study)
     last = {mode: last_epochs(e.metrics) for mode, e in by_mode.items()}
-    losses = {mode: table["train_loss"].to_numpy() for mode, table in last.items()}
     rss = {mode: float(table.loc[table["world_size"] == n, "peak_memory_mb"].median()) for mode, table in last.items()}
-    loss_gap = max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES)
     tensors = parameter_counts(ddp.baseline.model)
     block_share = sum(block_parameters(tensors).values()) / parameters
-    found |= {
-        "traffic_over_gloo": range_text(traffic["over_gloo"].min(), traffic["over_gloo"].max(), "{:.3f}", " to "),
-        "largest_tensor_share": max(tensors.values()) / parameters,
-        "root_share": 1 - block_share,
-        "zero1_optimizer_share": memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
+    ddp_mb = sum(memory.loc["DDP", f"{kind}_measured"] for kind in KIND_NAMES) / MB
+    return Findings(
+        sharding=headline(study),
+        sharding_fewer_nodes=fewer,
+        sharding_parameters_m=parameters / 1e6,
+        sharding_ddp_mb=ddp_mb,
+        sharding_gradient_mb=4 * parameters / MB,
+        one_node_apart=one_node_drift(study)[node_share(one_node(study))],
+        sharding_time_floor=floor,
+        sharding_found_10=power["found_10"],
+        sharding_found_20=power["found_20"],
+        zero1=sharded["zero1"],
+        zero2=sharded["zero2"],
+        zero3=sharded["zero3"],
+        zero1_against_zero2_time=zero1_against_zero2[n],
+        zero1_against_zero2_time_fewer=zero1_against_zero2[fewer],
+        sharded_slower=slower[n],
+        sharded_slower_fewer=slower[fewer],
+        # on the most nodes, `headline` gives these
+        sharding_zero3_time_fewer=judged_times(against_ddp[fewer]["zero3"]),
+        sharding_ddp_speedup_fewer=speedups.loc["DDP", f"speedup_n{fewer}"],
+        sharding_zero3_speedup_fewer=speedups.loc[MODE_NAMES["zero3"], f"speedup_n{fewer}"],
+        traffic_over_gloo=range_text(traffic["over_gloo"].min(), traffic["over_gloo"].max(), "{:.3f}", " to "),
+        largest_tensor_share=max(tensors.values()) / parameters,
+        root_share=1 - block_share,
+        block_share=block_share,
+        root_gradient_mb=4 * parameters * (1 - block_share) / MB,
+        zero1_optimizer_share=memory.loc[MODE_NAMES["zero1"], "optimizer_state_bytes_measured"]
         / memory.loc["DDP", "optimizer_state_bytes_measured"],
-        "zero1_busiest_over_mean": traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
-        "ddp_busiest_over_mean": traffic.loc["DDP", "busiest_over_mean"],
-        "block_share": block_share,
-        "root_gradient_mb": 4 * parameters * (1 - block_share) / MB,
-        "zero1_optimizer_ms": phases.loc[MODE_NAMES["zero1"], "optimizer"],
-        "ddp_optimizer_ms": phases.loc["DDP", "optimizer"],
-        "ddp_forward_ms": phases.loc["DDP", "forward"],
-        "zero3_forward_ms": phases.loc[MODE_NAMES["zero3"], "forward"],
-        "sharding_loss_gap": loss_gap,
-        "sharding_loss_gap_text": difference_text(loss_gap),
-        "sharding_cpus_per_node": ddp.baseline.raw["network"]["cpus_per_node"],
-        "sharding_steps": int(ddp.metrics.groupby("run")["steps"].sum().median()),
-        "ddp_rss_mb": rss["none"],
-        "zero3_rss_mb": rss["zero3"],
-        "state_share_of_rss": found["sharding_ddp_mb"] * MB / 2**20 / rss["none"],
-    }
-    return found
+        zero1_busiest_over_mean=traffic.loc[MODE_NAMES["zero1"], "busiest_over_mean"],
+        ddp_busiest_over_mean=traffic.loc["DDP", "busiest_over_mean"],
+        zero1_optimizer_ms=phases.loc[MODE_NAMES["zero1"], "optimizer"],
+        ddp_optimizer_ms=phases.loc["DDP", "optimizer"],
+        ddp_forward_ms=phases.loc["DDP", "forward"],
+        zero3_forward_ms=phases.loc[MODE_NAMES["zero3"], "forward"],
+        sharding_loss_gap_text=difference_text(loss_gap(study)),
+        sharding_cpus_per_node=ddp.baseline.raw["network"]["cpus_per_node"],
+        sharding_steps=int(ddp.metrics.groupby("run")["steps"].sum().median()),
+        ddp_rss_mb=rss["none"],
+        zero3_rss_mb=rss["zero3"],
+        state_share_of_rss=ddp_mb * MB / 2**20 / rss["none"],
+        setup=study_setup(*study.values()),
+    )
