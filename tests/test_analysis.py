@@ -302,10 +302,10 @@ def test_the_set_up_names_every_machine_and_day_the_shown_results_were_made_on(f
             }
         )
     )
-    made = provenance.made_findings(results)
-    assert made["made_days"] == "2026-11-20 to 2026-12-03"
+    made = provenance.made(results)
+    assert made.days == "2026-11-20 to 2026-12-03"
     cpu = f"{info['device_name']} ({', '.join(info['cpu_extensions'])}), {info['cpu_count']} cores"
-    assert made["made_machines"] == "; ".join(sorted([cpu, "NVIDIA H200"]))
+    assert made.machines == "; ".join(sorted([cpu, "NVIDIA H200"]))
 
 
 def test_a_slow_round_slows_both_sides_of_its_pairs_and_leaves_the_speedup_as_it_was(folder):

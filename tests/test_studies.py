@@ -20,7 +20,7 @@ from ddp_core.engine.config import global_batch_size, load_profile, parse_args
 from ddp_core.report import precision
 from ddp_core.analysis.comparisons import WARMUP_STEPS, compare_times
 from ddp_core.analysis.compute_ratio import cores_per_rank
-from ddp_core.analysis.provenance import results_shown_findings, study_setup_findings
+from ddp_core.analysis.provenance import ResultsFrom, results_shown, study_setup_findings
 from ddp_core.analysis.results import load_experiment, load_study
 from ddp_core.studies.run import main as runner_main, plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
@@ -381,14 +381,13 @@ def test_the_overview_says_which_results_are_the_readers_runs_and_which_the_refe
         ("single_device/intel-xeon", "mine/single_device/intel-xeon"),
     ):
         (links / link).symlink_to(tmp_path / target)
-    assert results_shown_findings(links, studies) == {
-        "results_from_here": "Strong scaling on AG News, throughput on one device (intel-xeon)",
-        "results_from_reference": "Strong scaling on IMDB, the CPU quota period (emulated nodes), "
-        "throughput on one device (amd-epyc)",
-    }
+    assert results_shown(links, studies) == ResultsFrom(
+        here="Strong scaling on AG News, throughput on one device (intel-xeon)",
+        reference="Strong scaling on IMDB, the CPU quota period (emulated nodes), throughput on one device (amd-epyc)",
+    )
     (links / "ag_news").unlink()
     (links / "ag_news").symlink_to(tmp_path / "reference" / "scaling")
-    assert results_shown_findings(links, studies)["results_from_here"] == "throughput on one device (intel-xeon)"
+    assert results_shown(links, studies).here == "throughput on one device (intel-xeon)"
 
 
 def processes_working_in(folder) -> list[int]:

@@ -354,22 +354,20 @@ def rule_rates_markdown(rates: pd.DataFrame) -> str:
     )
 
 
-def noise_findings(experiment: Experiment, rates: pd.DataFrame) -> dict:
-    """The yardstick of this build, for the methods chapter: the noise floor, what it rests on, and how often the
-    rule calls identical configurations different (from `rule_rates_table`)."""
+@dataclass(frozen=True)
+class Noise:
+    """The yardstick of a build, for the methods chapter: the noise floor of an experiment's time per sample, and
+    the rounds (repeats) and configurations (world sizes) it rests on."""
+
+    floor: float
+    repeats: int
+    configurations: int
+
+
+def noise(experiment: Experiment) -> Noise:
+    """`Noise` of every world size of `experiment`."""
     sides = list(paired_sides(experiment).values())
-    rates = rates.set_index("effect")["called"]
-    return {
-        "noise_floor": noise_floor(sides),
-        "noise_repeats": min(len(side) for side in sides),
-        "noise_configurations": len(sides),
-        "floor_z": Z,
-        "rule_draws": DRAWS,
-        "identical_called": rates[0.0],
-        "min_repeats": MIN_REPEATS,
-        "warmup_steps": WARMUP_STEPS,
-        "power_draws": POWER_DRAWS,
-    }
+    return Noise(floor=noise_floor(sides), repeats=min(len(side) for side in sides), configurations=len(sides))
 
 
 RUN_ORDER_COLUMNS = {

@@ -1,6 +1,6 @@
 """The set-up and methods chapters: where and how the runs were made, and the run pages' own summary.
-Reads an `Experiment` (the studies overview: the study list and the book's results folder); offers
-`setup_findings` and `study_setup_findings` for the pages' glue, `*_markdown` tables, `run_markdown`,
+Reads an `Experiment` (the studies overview: the study list and the book's results folder); offers records for the
+pages' findings (`Whose`, `Made`, `StudySetup`, `ResultsFrom`), `*_markdown` tables, `run_markdown`,
 `run_epochs_markdown` and `learning_curves_figure` for a run's own page."""
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ import pandas as pd
 from ddp_core.engine.config import load_profile
 from ddp_core.analysis.comparisons import WARMUP_STEPS, median_step, out_of_line, study_floor_power
 from ddp_core.analysis.results import (
-    EMULATED_OTHER_CORES,
     NOT_SETTINGS,
-    OTHER_CORES,
-    OUT_OF_LINE,
-    STOLEN,
     Experiment,
     book_results_folder,
     disturbed,
@@ -109,26 +105,17 @@ def whose_findings(*experiments: Experiment) -> dict:
     return asdict(runs_shown(*experiments))
 
 
-def setup_findings(experiment: Experiment) -> dict:
-    """`study_setup_findings` of the results chapter's runs, and the folder, host, dataset and day they come from."""
-    first = experiment.baseline.raw
-    counts = sorted({len(runs) for runs in experiment.repeats.values()})
-    return study_setup_findings(experiment) | {
-        "folder": shown_folder(experiment)[0],
-        "world_sizes": ", ".join(map(str, experiment.runs)),
-        "hostname": first["hostname"],
-        "dataset": in_words(first["config"]["dataset"]),
-        "measured_on": day(min(run.raw["start_time"] for run in experiment.all_runs)),
-        "repeats": "one run per world size"
-        if counts == [1]
-        else f"{' to '.join(map(str, counts))} runs per world size, each with its own seed",
-    }
+@dataclass(frozen=True)
+class Made:
+    """When and on what every result the book shows was made: the days, first to last, and each machine."""
+
+    days: str
+    machines: str
 
 
-def made_findings(results: Path) -> dict:
-    """When and on what every result the book shows was made (each run's run.json, each benchmark's device.json in
-    `results`): the days, first to last, and each machine with its cores: the studies and the benchmarks need not
-    share one."""
+def made(results: Path) -> Made:
+    """`Made` of each run's run.json and each benchmark's device.json in `results`, each machine with its cores: the
+    studies and the benchmarks need not share one."""
     infos = [
         json.loads(path.read_text())
         for pattern in ("*/*/run.json", "*/*/*/run.json", "*/*/device.json")
@@ -143,10 +130,7 @@ def made_findings(results: Path) -> dict:
             for info in infos
         }
     )
-    return {
-        "made_days": days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}",
-        "made_machines": "; ".join(machines),
-    }
+    return Made(days=days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}", machines="; ".join(machines))
 
 
 def _shown(key: str, value, on_gpu: bool = False) -> str:
@@ -309,10 +293,18 @@ BENCHMARK_TITLES = {
 }
 
 
-def results_shown_findings(results: Path, studies: dict) -> dict:
-    """Every result the book shows, each folder of `results` (book/results: a study, a benchmark's runs, or a folder
-    of measured devices, one link each), by title, as made in this project (`results_from_here`) or shipped in
-    `reference/` (`results_from_reference`), each "none" where empty."""
+@dataclass(frozen=True)
+class ResultsFrom:
+    """The results the book shows by where they were made: in this project (`here`) or shipped in `reference/`,
+    each a list of titles, "none" where empty."""
+
+    here: str
+    reference: str
+
+
+def results_shown(results: Path, studies: dict) -> ResultsFrom:
+    """`ResultsFrom` of every folder of `results` (book/results: a study, a benchmark's runs, or a folder of measured
+    devices, one link each), by title."""
     shown = {"here": [], "reference": []}
     order = {name: i for i, name in enumerate(studies)}  # the studies as the study list gives them, then by name
     for entry in sorted(results.iterdir(), key=lambda e: (order.get(e.name, len(order)), e.name)):
@@ -320,7 +312,7 @@ def results_shown_findings(results: Path, studies: dict) -> dict:
         for part in [entry] if entry.is_symlink() else sorted(entry.iterdir()):
             name = title if part == entry else f"{title} ({in_words(part.name)})"
             shown["reference" if "reference" in part.resolve().parts else "here"].append(name)
-    return {f"results_from_{origin}": ", ".join(names) or "none" for origin, names in shown.items()}
+    return ResultsFrom(**{origin: ", ".join(names) or "none" for origin, names in shown.items()})
 
 
 def studies_overview_markdown(studies: dict) -> str:
@@ -431,13 +423,3 @@ def floor_power_markdown(results: Path, studies: dict) -> str:
         steps = pd.concat([e.metrics.groupby("run")["steps"].sum() for e in experiments.values()])
         rows[study.title] = {"steps": steps.median(), **study_floor_power(experiments)}
     return quantity_table(pd.DataFrame(rows).T, FLOOR_POWER_COLUMNS, "Study")
-
-
-def quiet_machine_findings() -> dict:
-    return {
-        "other_cores_limit": OTHER_CORES,
-        "emulated_other_cores_limit": EMULATED_OTHER_CORES,
-        "stolen_limit": STOLEN,
-        "out_of_line": OUT_OF_LINE,
-        "out_of_line_low": 1 / OUT_OF_LINE,
-    }

@@ -3,11 +3,13 @@ per run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.analysis.results import last_epochs, load_experiment
+from ddp_core.analysis.provenance import Whose, runs_shown
+from ddp_core.analysis.results import Experiment, last_epochs, load_experiment
 from ddp_core.analysis.tables import quantity_table
 
 RUN_COLUMNS = {
@@ -43,3 +45,15 @@ def runs_table(folder: Path) -> pd.DataFrame:
 
 def runs_markdown(folder: Path) -> str:
     return quantity_table(runs_table(folder), RUN_COLUMNS, "Run")
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the individual runs page quotes."""
+
+    runs: Whose
+
+
+def findings(experiment: Experiment) -> Findings:
+    """Whose the results chapter's runs (`experiment`) are, and when and on what they were made."""
+    return Findings(runs=runs_shown(experiment))
