@@ -2,6 +2,7 @@
 study's first seed at 1 and 4 ranks, copied as a user's results folder), checked against their CSVs by an
 independent computation; never against a stored value."""
 
+import functools
 import json
 import math
 import shutil
@@ -11,7 +12,8 @@ import pytest
 from matplotlib.container import BarContainer
 
 from conftest import REPO
-from ddp_core.report import discussion, prediction, scaling
+from ddp_core.report import discussion, prediction
+from ddp_core.report import scaling_analysis as scaling
 from ddp_core.analysis import cost_model, payoff, provenance
 from ddp_core.analysis.speedups import scaling_table
 from ddp_core.analysis.comparisons import (
@@ -25,12 +27,18 @@ from ddp_core.analysis.comparisons import (
     run_times,
     speedup_comparisons,
 )
-from ddp_core.analysis.results import ResultsError, load_experiment
+from ddp_core.analysis.results import ResultsError, load_experiment, load_study
 from ddp_core.analysis.tables import difference_text, median_range, range_text
 from ddp_core.analysis.verdict import compare, noise_floor
 
 
 WORLD_SIZES = (1, 4)
+
+
+@functools.cache
+def reference_nodes():
+    """The results chapter's page quotes the emulated nodes beside any runs: here, the shipped ones as its input."""
+    return load_study(REPO / "reference" / "nodes")
 
 
 @pytest.fixture
@@ -69,21 +77,22 @@ def median_step(folder, n: int, repeat: str = "") -> float:
 
 def test_speedup_and_efficiency_are_the_median_step_per_sample_of_one_rank_over_n_ranks(folder, experiment):
     per_sample = {n: median_step(folder, n) / csv_of(folder, n)["global_batch_size"].iloc[0] for n in WORLD_SIZES}
-    found = scaling.findings(experiment)
+    found, table = scaling.findings(experiment, None, reference_nodes()), scaling_table(experiment)
     largest = max(WORLD_SIZES)
-    assert found["speedup_nmax"] == pytest.approx(per_sample[1] / per_sample[largest], rel=1e-12)
-    assert found["efficiency_nmax"] == pytest.approx(per_sample[1] / per_sample[largest] / largest, rel=1e-12)
-    assert found["samples_per_s_n1"] == pytest.approx(1 / per_sample[1], rel=1e-12)
-    assert found["epoch_time_s_n1"] == pytest.approx(csv_of(folder, 1).query("epoch > 1")["epoch_time_s"].mean())
-    assert found["final_val_accuracy_nmax"] == csv_of(folder, largest)["val_accuracy"].iloc[-1]
+    assert table.loc[largest, "speedup"] == pytest.approx(per_sample[1] / per_sample[largest], rel=1e-12)
+    assert found.nmax.efficiency == pytest.approx(per_sample[1] / per_sample[largest] / largest, rel=1e-12)
+    assert found.n1.samples_per_s == pytest.approx(1 / per_sample[1], rel=1e-12)
+    assert table.loc[1, "epoch_time_s"] == pytest.approx(csv_of(folder, 1).query("epoch > 1")["epoch_time_s"].mean())
+    assert found.nmax.final_val_accuracy == csv_of(folder, largest)["val_accuracy"].iloc[-1]
 
 
 def test_a_run_stopped_after_its_first_epoch_is_shown_with_that_epoch(folder):
     stopped = csv_of(folder, 4).iloc[:1]
     stopped.to_csv(folder / "n4" / "metrics.csv", index=False)
-    found = scaling.findings(load_experiment(folder))
-    assert found["epoch_time_s_nmax"] == stopped["epoch_time_s"].iloc[0]
-    assert found["final_val_accuracy_nmax"] == stopped["val_accuracy"].iloc[0]
+    experiment = load_experiment(folder)
+    assert scaling_table(experiment).loc[4, "epoch_time_s"] == stopped["epoch_time_s"].iloc[0]
+    found = scaling.findings(experiment, None, reference_nodes())
+    assert found.nmax.final_val_accuracy == stopped["val_accuracy"].iloc[0]
 
 
 def add_repeats(folder, step_times: dict[int, list[float]]):
@@ -108,7 +117,8 @@ def test_compute_per_step_leaves_out_the_exposed_communication(folder, experimen
         (run["forward_time_s"] + run["backward_time_s"] - run["comm_exposed_s"] + run["optimizer_time_s"])
         / run["steps"]
     ).mean()
-    assert scaling.findings(experiment)["compute_per_step_s_nmax"] == pytest.approx(expected, rel=1e-12)
+    found = scaling.findings(experiment, None, reference_nodes())
+    assert found.nmax.compute_per_step_s == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -124,9 +134,9 @@ def test_compute_per_step_leaves_out_the_exposed_communication(folder, experimen
 def test_the_speedup_verdict_reads_right_for_every_outcome(folder, speedups, value, verdict):
     # the 1-rank repeats take 0.1 s a step; so do all repeats of the 4-rank run but for its speedup
     experiment = add_repeats(folder, {1: [0.1] * len(speedups), 4: [0.1 / s for s in speedups]})
-    found = discussion.findings(experiment)
-    assert found["speedup_nmax_value"] == value
-    assert found["speedup_nmax_verdict"].startswith(verdict)
+    found = discussion.findings(experiment, reference_nodes())
+    assert found.speedup_nmax.value == value
+    assert found.speedup_nmax.verdict.startswith(verdict)
 
 
 def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(experiment):
@@ -250,13 +260,13 @@ def test_a_difference_reads_as_a_number_and_one_at_float_rounding_as_the_power_o
 
 def test_the_discussion_gives_the_bytes_a_link_carries_while_a_rank_computes_a_thousand_flops(experiment):
     """Per thousand FLOPs, so that a CPU's and an A100 node's both read as plain numbers, not 0.000798."""
-    found = discussion.findings(experiment)
+    found = payoff.payoff(experiment)
     hardware = payoff._hardware(experiment)
     for kind, name in (("cpu", payoff.CPU), ("gpu", payoff.GPU)):
         rate, fit = hardware[name]
-        assert found[f"{kind}_bytes_per_kflop"] == pytest.approx(fit.bus_bandwidth_GBps * 1e9 / rate * 1e3)
-    assert found["link_per_flop_ratio"] == pytest.approx(found["cpu_bytes_per_kflop"] / found["gpu_bytes_per_kflop"])
-    assert 0.1 < found["gpu_bytes_per_kflop"] < 10  # an A100 node's, from published figures: no zeros to count
+        assert getattr(found, f"{kind}_bytes_per_kflop") == pytest.approx(fit.bus_bandwidth_GBps * 1e9 / rate * 1e3)
+    assert found.link_per_flop_ratio == pytest.approx(found.cpu_bytes_per_kflop / found.gpu_bytes_per_kflop)
+    assert 0.1 < found.gpu_bytes_per_kflop < 10  # an A100 node's, from published figures: no zeros to count
 
 
 def test_the_setup_table_says_a_gpu_runs_driver_is_unknown_where_it_was_not_recorded(folder):
@@ -353,18 +363,18 @@ def test_each_repeat_is_divided_by_the_repeat_of_its_own_round(folder):
 )
 def test_the_ranks_compute_is_judged_against_the_one_rank_compute_divided_among_the_cores(folder, target, verdict):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
-    found = discussion.findings(load_experiment(folder))
-    scale = target * found["divided_compute_ms"] / found["compute_nmax_ms"]
+    found = discussion.findings(load_experiment(folder), reference_nodes())
+    scale = target * found.divided_compute_ms / found.compute_nmax_ms
     for k, repeat_scale in enumerate((scale, scale * 1.01, scale * 0.99), 1):  # three repeats, 1 % apart
         run = folder / ("n4" if k == 1 else f"n4-r{k}")
         rows = pd.read_csv(run / "metrics.csv")
         compute = ["forward_time_s", "backward_time_s", "comm_exposed_s", "optimizer_time_s"]
         rows[compute] *= repeat_scale
         rows.to_csv(run / "metrics.csv", index=False)
-    found = discussion.findings(load_experiment(folder))
-    assert found["compute_nmax_ms"] / found["divided_compute_ms"] == pytest.approx(target)
-    assert found["divided_value"].startswith(f"{target:.2f} (")
-    assert found["divided_verdict"].startswith(verdict)
+    found = discussion.findings(load_experiment(folder), reference_nodes())
+    assert found.compute_nmax_ms / found.divided_compute_ms == pytest.approx(target)
+    assert found.divided.value.startswith(f"{target:.2f} (")
+    assert found.divided.verdict.startswith(verdict)
 
 
 def test_accuracy_is_compared_seed_by_seed_between_world_sizes(folder):
@@ -374,9 +384,9 @@ def test_accuracy_is_compared_seed_by_seed_between_world_sizes(folder):
             run = folder / (f"n{n}" if k == 1 else f"n{n}-r{k}")
             rows = pd.read_csv(run / "metrics.csv")
             rows.assign(val_accuracy=accuracy - (0.15 if n == 4 else 0)).to_csv(run / "metrics.csv", index=False)
-    found = discussion.findings(load_experiment(folder))
-    assert found["accuracy_nmax_value"] == "0.79 (0.79 to 0.80 over 3 repeats)"
-    assert found["accuracy_nmax_verdict"].startswith("lower (beyond the noise floor of")
+    found = discussion.findings(load_experiment(folder), reference_nodes())
+    assert found.accuracy_nmax.value == "0.79 (0.79 to 0.80 over 3 repeats)"
+    assert found.accuracy_nmax.verdict.startswith("lower (beyond the noise floor of")
 
 
 @pytest.mark.parametrize(
@@ -417,11 +427,11 @@ def set_final_accuracies(folder, n: int, accuracies):
 def test_an_accuracy_a_guess_could_reach_on_the_evaluation_set_is_called_at_chance(folder, accuracies, says):
     add_repeats(folder, {1: [0.1] * 3, 4: [0.1] * 3})
     set_final_accuracies(folder, 1, accuracies)
-    found = scaling.findings(load_experiment(folder))
+    found = scaling.findings(load_experiment(folder), None, reference_nodes())
     samples = json.loads((folder / "n1" / "run.json").read_text())["config"]["eval_samples"]
-    assert found["chance"] == 0.5  # IMDB: two classes
-    assert found["chance_bar"] == pytest.approx(0.5 + 2 * (0.25 / samples) ** 0.5)
-    assert found["accuracy_vs_chance_n1"] == says
+    assert found.chance == 0.5  # IMDB: two classes
+    assert found.chance_bar == pytest.approx(0.5 + 2 * (0.25 / samples) ** 0.5)
+    assert found.accuracy_vs_chance_n1 == says
 
 
 def steady_per_step(folder, n: int, columns) -> float:
@@ -436,19 +446,19 @@ def test_r_n_is_one_nth_of_the_one_rank_compute_over_the_all_reduce(folder, expe
     comm_4 = steady_per_step(folder, 4, ["comm_total_s"])
     expected = compute_1 / 4 / comm_4
     assert scaling_table(experiment).loc[4, "compute_to_comm_ratio"] == pytest.approx(expected)
-    found = discussion.findings(experiment)
-    assert found["ratio_n_model"] == pytest.approx(expected)
-    assert found["break_even_ratio"] == pytest.approx(steady_per_step(folder, 4, ["comm_exposed_s"]) / comm_4 / (4 - 1))
+    found = payoff.payoff(experiment)
+    assert found.ratio_n_model == pytest.approx(expected)
+    assert found.break_even_ratio == pytest.approx(steady_per_step(folder, 4, ["comm_exposed_s"]) / comm_4 / (4 - 1))
 
 
 def test_the_time_a_step_loses_is_split_into_parts_that_add_up_to_it(folder, experiment):
-    found = discussion.findings(experiment)
-    lost = found["step_nmax_ms"] - found["ideal_step_ms"]
-    assert found["ideal_step_ms"] == pytest.approx(steady_per_step(folder, 1, ["epoch_time_s"]) * 1e3 / 4)
-    assert found["lost_ms"] == pytest.approx(lost)
-    assert found["lost_compute_ms"] + found["lost_comm_ms"] + found["lost_other_ms"] == pytest.approx(lost)
+    found = discussion.findings(experiment, reference_nodes())
+    lost = found.step_nmax_ms - found.ideal_step_ms
+    assert found.ideal_step_ms == pytest.approx(steady_per_step(folder, 1, ["epoch_time_s"]) * 1e3 / 4)
+    assert found.lost_ms == pytest.approx(lost)
+    assert found.lost_compute_ms + found.lost_comm_ms + found.lost_other_ms == pytest.approx(lost)
     table = scaling_table(experiment)
-    assert found["lost_comm_ms"] == pytest.approx(table.loc[4, "comm_exposed_per_step_s"] * 1e3)
+    assert found.lost_comm_ms == pytest.approx(table.loc[4, "comm_exposed_per_step_s"] * 1e3)
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero")  # the fit's R² of a benchmark flat by construction

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.single_device import LOOPS
 from conftest import REPO, copy_project, repeat_medians, repeat_runs
-from ddp_core.report import discussion, prediction, scaling, setup
+from ddp_core.report import discussion, prediction, scaling_analysis, setup
 from ddp_core.analysis import provenance
 from ddp_core.analysis.comparisons import WARMUP_STEPS
 from ddp_core.analysis.results import load_experiment, load_measurements, load_study, read_measurement, tidy_runs
@@ -26,8 +26,9 @@ REFERENCE = REPO / "reference" / "scaling"
 def test_the_reference_results_load_and_every_chapter_computes_from_them():
     experiment = load_experiment(REFERENCE)
     assert list(experiment.runs) == [1, 2, 4] and list(experiment.allreduce) == [2, 4]
-    for chapter in (scaling.findings, prediction.findings, discussion.findings):
-        assert chapter(experiment)
+    nodes = load_study(REPO / "reference" / "nodes")
+    assert prediction.findings(experiment)
+    assert discussion.findings(experiment, nodes) and scaling_analysis.findings(experiment, None, nodes)
     assert setup.findings(experiment, REPO / "reference")
     assert len(tidy_runs(experiment)) == len(experiment.metrics)
 

@@ -297,19 +297,6 @@ def judged_speedup(c: Comparison) -> Judged:
     return judged(c, "slower", "faster")
 
 
-@dataclass(frozen=True)
-class Shown:
-    """A ratio for a one-line finding: `shown`, to the digit its noise floor allows, and `word`, the bare verdict."""
-
-    shown: str
-    word: str
-
-
-def shown(c: Comparison, lower: str, higher: str) -> Shown:
-    """`Shown` of a comparison, its verdict in the sentence's words for a ratio below and above 1."""
-    return Shown(noise_format(c.ratio, c.floor).format(c.ratio), c.says(lower, higher))
-
-
 def accuracy_glue(key: str, c: Comparison) -> dict:
     """`judged_accuracies` for a page not yet given a record."""
     j = judged_accuracies(c)
@@ -320,11 +307,6 @@ def speedup_glue(key: str, c: Comparison) -> dict:
     """`judged_speedup` for a page not yet given a record."""
     j = judged_speedup(c)
     return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
-
-
-def shown_glue(key: str, c: Comparison, lower: str, higher: str) -> dict:
-    """`shown` for a page not yet given a record."""
-    return _keyed(key, shown(c, lower, higher))
 
 
 def time_glue(key: str, c: Comparison) -> dict:

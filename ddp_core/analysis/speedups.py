@@ -95,7 +95,6 @@ class Largest:
     dataset: str
     placement: str
     global_batch: int
-    cpu_count: int
     dropout: float
     largest: int
     threads_1: str
@@ -112,7 +111,6 @@ def largest(experiment: Experiment) -> Largest:
         dataset=in_words(one.config["dataset"]),
         placement="each had a GPU of its own" if one.on_gpu else f"shared one machine's {one.cpu_count} CPU cores",
         global_batch=one.global_batch_size,
-        cpu_count=one.cpu_count,
         dropout=one.model["dropout"],
         largest=most,
         threads_1=counted(one.threads_per_rank, "thread"),

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import compare_times, judged_times, shown, time_floor
+from ddp_core.analysis.comparisons import Judged, compare_times, judged_times, time_floor
 from ddp_core.analysis.emulated import ddp_on_nodes, node_share
 from ddp_core.analysis.results import (
     Experiment,
@@ -227,17 +227,6 @@ def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class TimeAgainstDdp:
-    """ZeRO-3's time per sample against DDP's: `value` and `verdict` as a sentence quotes it in full (`Judged`),
-    `shown` and `word` as a one-line finding does (`Shown`)."""
-
-    value: str
-    verdict: str
-    shown: str
-    word: str
-
-
-@dataclass(frozen=True)
 class Headline:
     """What the key findings say of sharding, and the sharding page with them: the most nodes, their link and the
     configuration it models, DDP's and ZeRO-3's speedups over one node there with their verdicts, ZeRO-3's share of
@@ -252,7 +241,7 @@ class Headline:
     zero3_speedup_verdict: str
     zero3_held_share: float
     zero3_formula_share: float
-    zero3_time: TimeAgainstDdp
+    zero3_time: Judged
 
 
 def headline(study: dict[str, Experiment]) -> Headline:
@@ -271,7 +260,7 @@ def headline(study: dict[str, Experiment]) -> Headline:
         zero3_speedup_verdict=speedups.loc[zero3_name, f"verdict_n{n}"],
         zero3_held_share=zero3["measured"],
         zero3_formula_share=zero3["formula"],
-        zero3_time=TimeAgainstDdp(**asdict(judged_times(zero3_time)), **asdict(shown(zero3_time, "faster", "slower"))),
+        zero3_time=judged_times(zero3_time),
     )
 
 

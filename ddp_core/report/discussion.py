@@ -3,57 +3,97 @@ which the introduction quotes too)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import preset_configs
-from ddp_core.analysis.emulated import headline_findings
+from ddp_core.analysis.emulated import BASELINE, Headline, headline
 from ddp_core.analysis.cost_model import rank_compute_s
-from ddp_core.analysis.results import Experiment, load_study
+from ddp_core.analysis.provenance import Whose, origin, runs_shown
+from ddp_core.analysis.results import Experiment
 from ddp_core.analysis.tables import markdown_table
 from ddp_core.analysis.verdict import Comparison, compare, noise_floor
-from ddp_core.analysis.comparisons import paired_sides, time_glue
-from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.payoff import CPU, GPU, benchmarked, payoff_findings, ratio_per_token
+from ddp_core.analysis.comparisons import Judged, judged_times, paired_sides
+from ddp_core.analysis.speedups import largest, scaling_table
+from ddp_core.analysis.payoff import CPU, GPU, Payoff, benchmarked, payoff, ratio_per_token
 
 
-def findings(experiment: Experiment) -> dict:
-    """What the runs say: does DDP pay, and per step at the largest world size, where the time beyond T1/N went;
-    with the theory's verdict, `analysis.payoff`'s `payoff_findings`. The lost time is the mean step's excess over
-    T1/N, split into the timed phases' excess (compute that did not shrink as 1/N, exposed communication) and what
-    the phases leave out: all of them means over the same steady epochs, so the parts add up to it."""
+@dataclass(frozen=True)
+class Findings:
+    """What the discussion quotes: the results chapter's runs at the most ranks, where the time beyond T1/N went,
+    the theory's verdict on them (`payoff`), and the emulated nodes beside them."""
+
+    largest: int
+    placement: str
+    dropout: float
+    threads_1: str
+    threads_nmax: str
+    speedup_nmax: Judged
+    accuracy_nmax: Judged
+    efficiency_nmax: float
+    step_1_ms: float
+    step_nmax_ms: float
+    ideal_step_ms: float
+    lost_ms: float
+    lost_compute_ms: float
+    lost_comm_ms: float
+    lost_other_ms: float
+    main_cause: str
+    compute_inflation: float
+    hidden_share: float
+    divided_compute_ms: float
+    compute_nmax_ms: float
+    divided: Judged  # the compute measured at the most ranks against one rank's divided by the cores a rank got
+    payoff: Payoff
+    runs: Whose
+    nodes: Headline
+    nodes_whose: str
+
+
+def findings(experiment: Experiment, nodes: dict[str, Experiment]) -> Findings:
+    """Does DDP pay, and where the time beyond T1/N went per step at the largest world size. The lost time is the
+    mean step's excess over T1/N: compute that did not shrink as 1/N, exposed communication, and what the timed
+    phases leave out. All are means over the same steady epochs, so the parts add up."""
     table = scaling_table(experiment)
-    largest = experiment.largest
-    one, big = table.loc[1], table.loc[largest]
-    lost = big["mean_step_s"] - one["mean_step_s"] / largest
-    lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / largest
+    most = experiment.largest
+    one, big = table.loc[1], table.loc[most]
+    lost = big["mean_step_s"] - one["mean_step_s"] / most
+    lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / most
     lost_comm = big["comm_exposed_per_step_s"]
-    base, biggest = experiment.runs[1], experiment.runs[largest]
-    return (
-        largest_findings(experiment)
-        | {
-            "speedup_nmax": float(big["speedup"]),
-            "efficiency_nmax": float(big["efficiency"]),
-            "step_1_ms": float(one["mean_step_s"] * 1e3),
-            "step_nmax_ms": float(big["mean_step_s"] * 1e3),
-            "ideal_step_ms": float(one["mean_step_s"] / largest * 1e3),
-            "lost_ms": float(lost * 1e3),
-            "lost_compute_ms": float(lost_compute * 1e3),
-            "lost_comm_ms": float(lost_comm * 1e3),
-            "lost_other_ms": float((lost - lost_compute - lost_comm) * 1e3),
-            "main_cause": "computation that did not shrink to one N-th"
-            if lost_compute > lost_comm
-            else "exposed communication",
-            "compute_inflation": float(big["compute_per_step_s"] / (one["compute_per_step_s"] / largest)),
-            "hidden_share": float(1 - big["exposed_share"]),
-            "divided_compute_ms": float(rank_compute_s(one["compute_per_step_s"], base, biggest) * 1e3),
-            "compute_nmax_ms": float(big["compute_per_step_s"] * 1e3),
-            **time_glue("divided", _divided_comparison(experiment, largest)),
-        }
-        | payoff_findings(experiment)
+    shared = largest(experiment)
+    return Findings(
+        largest=most,
+        placement=shared.placement,
+        dropout=shared.dropout,
+        threads_1=shared.threads_1,
+        threads_nmax=shared.threads_nmax,
+        speedup_nmax=shared.speedup_nmax,
+        accuracy_nmax=shared.accuracy_nmax,
+        efficiency_nmax=float(big["efficiency"]),
+        step_1_ms=float(one["mean_step_s"] * 1e3),
+        step_nmax_ms=float(big["mean_step_s"] * 1e3),
+        ideal_step_ms=float(one["mean_step_s"] / most * 1e3),
+        lost_ms=float(lost * 1e3),
+        lost_compute_ms=float(lost_compute * 1e3),
+        lost_comm_ms=float(lost_comm * 1e3),
+        lost_other_ms=float((lost - lost_compute - lost_comm) * 1e3),
+        main_cause="computation that did not shrink to one N-th"
+        if lost_compute > lost_comm
+        else "exposed communication",
+        compute_inflation=float(big["compute_per_step_s"] / (one["compute_per_step_s"] / most)),
+        hidden_share=float(1 - big["exposed_share"]),
+        divided_compute_ms=float(
+            rank_compute_s(one["compute_per_step_s"], experiment.runs[1], experiment.runs[most]) * 1e3
+        ),
+        compute_nmax_ms=float(big["compute_per_step_s"] * 1e3),
+        divided=judged_times(_divided_comparison(experiment, most)),
+        payoff=payoff(experiment),
+        runs=runs_shown(experiment),
+        nodes=headline(nodes),
+        nodes_whose=origin(nodes[BASELINE].folder),
     )
 
 
@@ -69,11 +109,6 @@ def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
 def _targets(experiment: Experiment) -> dict[str, float]:
     n, _ = benchmarked(experiment)
     return {"break even, no overlap": 1 / (n - 1), "90% efficiency, no overlap": 9.0}
-
-
-def nodes_findings(results: Path) -> dict:
-    """The emulated nodes' findings (`nodes_`), which the page discusses beside the shared cores' runs."""
-    return headline_findings(load_study(results / "nodes"))
 
 
 def ratio_figure(experiment: Experiment):

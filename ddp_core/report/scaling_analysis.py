@@ -1,6 +1,6 @@
 """The results chapter: speedup, efficiency and the compute/communication split, per world size.
 
-    python -m ddp_core.report.scaling results/report     # prints the summary table
+    python -m ddp_core.report.scaling_analysis results/report     # prints the summary table
 
 How speed is compared and a step broken down: `ddp_core.analysis.speedups`.
 """
@@ -8,6 +8,7 @@ How speed is compared and a step broken down: `ddp_core.analysis.speedups`.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, fields
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -17,7 +18,9 @@ from ddp_core.analysis.comparisons import WARMUP_EPOCHS, against_chance, chance_
 from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
-from ddp_core.analysis.speedups import largest_findings, scaling_table
+from ddp_core.analysis.emulated import BASELINE, Headline, headline
+from ddp_core.analysis.provenance import Whose, origin, runs_shown
+from ddp_core.analysis.speedups import Largest, largest, scaling_table
 from ddp_core.analysis.tables import (
     ALLREDUCE_IN_FLIGHT_MS,
     STEP_MEDIAN_MS,
@@ -27,52 +30,85 @@ from ddp_core.analysis.tables import (
     step_part_rows,
 )
 
-# The columns of `scaling_table` the prose quotes on one rank and on the most.
-RESULTS_COLUMNS = [
-    "epoch_time_s",
-    "step_time_s",
-    "samples_per_s",
-    "speedup",
-    "efficiency",
-    "cores_ideal",
-    "compute_per_step_s",
-    "comm_total_per_step_s",
-    "comm_exposed_per_step_s",
-    "final_val_accuracy",
-    "optimizer_per_step_s",
-    "peak_memory_mb",
-]
+
+@dataclass(frozen=True)
+class AtRanks:
+    """The columns of `scaling_table` the prose quotes, at one world size: means over the steady epochs."""
+
+    step_time_s: float
+    samples_per_s: float
+    efficiency: float
+    cores_ideal: float
+    compute_per_step_s: float
+    comm_total_per_step_s: float
+    comm_exposed_per_step_s: float
+    final_val_accuracy: float
+    optimizer_per_step_s: float
+    peak_memory_mb: float
 
 
-def findings(experiment: Experiment, communication: pd.DataFrame | None = None) -> dict:
-    """The numbers and words the results chapter's prose quotes; with `communication`, the time in flight split into
-    transfer and waiting (`cost_model.communication_split`: an experiment with all-reduce benchmarks)."""
+def at_ranks(table: pd.DataFrame, n: int) -> AtRanks:
+    """`AtRanks` of the row for `n` ranks."""
+    return AtRanks(**{f.name: float(table.loc[n, f.name]) for f in fields(AtRanks)})
+
+
+@dataclass(frozen=True)
+class Findings(Largest):
+    """What the results chapter quotes: `Largest` of its runs, the runs at one rank (`n1`) and at the most (`nmax`),
+    and the emulated nodes' headline."""
+
+    parameters: str
+    world_sizes: str
+    epochs: int
+    device: str
+    warmup_phrase: str
+    optimizer_share_nmax: float
+    optimizer_growth_nmax: float
+    cores_share_nmax: float
+    eval_samples: int | None
+    chance: float
+    chance_bar: float
+    accuracy_vs_chance_n1: str
+    accuracy_vs_chance_nmax: str
+    n1: AtRanks
+    nmax: AtRanks
+    transfer_per_step_s_nmax: float  # NaN without all-reduce benchmarks
+    waiting_per_step_s_nmax: float
+    runs: Whose
+    nodes: Headline
+    nodes_whose: str
+
+
+def findings(experiment: Experiment, communication: pd.DataFrame | None, nodes: dict[str, Experiment]) -> Findings:
+    """With `communication`, the time in flight split into transfer and waiting (`cost_model.communication_split`:
+    an experiment with all-reduce benchmarks)."""
     table = scaling_table(experiment)
-    first, largest = experiment.baseline, experiment.largest
-    found = largest_findings(experiment) | {
-        "parameters": f"{first.parameters:,}",
-        "world_sizes": ", ".join(map(str, table.index)),
-        "epochs": int(experiment.metrics["epoch"].max()),
-        "device": f"{first.device_name} ({first.backend})",
-        "warmup_phrase": "the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
-        "optimizer_share_nmax": float(table.loc[largest, "optimizer_per_step_s"] / table.loc[largest, "step_time_s"]),
-        "optimizer_growth_nmax": float(
-            table.loc[largest, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]
-        ),
-        "cores_share_nmax": float(cores_per_rank(experiment.runs[largest]) / cores_per_rank(first)),
-        "eval_samples": first.config["eval_samples"],
-        "accuracy_vs_chance_n1": against_chance(experiment, 1),
-        "accuracy_vs_chance_nmax": against_chance(experiment, largest),
-    }
-    found["chance"], found["chance_bar"] = chance_bar(first)
-    found |= {
-        f"{column}_{at}": float(table.loc[n, column])
-        for column in RESULTS_COLUMNS
-        for at, n in (("n1", 1), ("nmax", largest))
-    }
-    for part in ("transfer", "waiting") if communication is not None else ():
-        found[f"{part}_per_step_s_nmax"] = float(communication.loc[largest, f"{part}_s"])
-    return found
+    first, most = experiment.baseline, experiment.largest
+    chance, bar = chance_bar(first)
+    split = communication.loc[most] if communication is not None else {"transfer_s": np.nan, "waiting_s": np.nan}
+    return Findings(
+        **vars(largest(experiment)),
+        parameters=f"{first.parameters:,}",
+        world_sizes=", ".join(map(str, table.index)),
+        epochs=int(experiment.metrics["epoch"].max()),
+        device=f"{first.device_name} ({first.backend})",
+        warmup_phrase="the first epoch" if WARMUP_EPOCHS == 1 else f"the first {WARMUP_EPOCHS} epochs",
+        optimizer_share_nmax=float(table.loc[most, "optimizer_per_step_s"] / table.loc[most, "step_time_s"]),
+        optimizer_growth_nmax=float(table.loc[most, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]),
+        cores_share_nmax=float(cores_per_rank(experiment.runs[most]) / cores_per_rank(first)),
+        eval_samples=first.config["eval_samples"],
+        chance=chance,
+        chance_bar=bar,
+        accuracy_vs_chance_n1=against_chance(experiment, 1),
+        accuracy_vs_chance_nmax=against_chance(experiment, most),
+        n1=at_ranks(table, 1),
+        nmax=at_ranks(table, most),
+        transfer_per_step_s_nmax=float(split["transfer_s"]),
+        waiting_per_step_s_nmax=float(split["waiting_s"]),
+        runs=runs_shown(experiment),
+        nodes=headline(nodes),
+        nodes_whose=origin(nodes[BASELINE].folder),
+    )
 
 
 # What the results table shows, in the reader's words: (row label, column, scale, format).
@@ -215,4 +251,4 @@ def print_scaling_table(experiment: Experiment) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_folder("ddp_core.report.scaling", print_scaling_table))
+    sys.exit(run_on_folder("ddp_core.report.scaling_analysis", print_scaling_table))
