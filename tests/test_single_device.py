@@ -21,7 +21,7 @@ from ddp_core.report.precision import CpuCrossref, crossref
 from ddp_core.analysis.throughput import (
     RATIOS,
     ratio_comparison,
-    ratio_findings,
+    ratio_overview,
     ratio_table,
     throughput_table,
     verdict_table,
@@ -232,12 +232,13 @@ def test_the_first_page_gives_each_ratio_over_the_configurations_with_its_verdic
             "ddp_of_one": [1.0, 1.0, 1.0],
         }
     )
-    found = ratio_findings(slower)
-    assert found["device_configurations"] == 1 and found["device_overview_name"] == "NVIDIA H100 80GB HBM3"
-    assert (found["device_trainer_low"], found["device_trainer_high"]) == pytest.approx((0.8, 0.8))
-    counts = ["faster", "slower", "no_visible_difference", "too_few_repeats"]
-    assert [found[f"device_trainer_{count}"] for count in counts] == [0, 1, 0, 0]
-    assert [found[f"device_ddp_{count}"] for count in counts] == [1, 0, 0, 0]  # the same seconds against the trainer's
+    found = ratio_overview(slower)
+    assert found.configurations == 1 and found.overview_name == "NVIDIA H100 80GB HBM3"
+    assert (found.trainer.low, found.trainer.high) == pytest.approx((0.8, 0.8))
+    counts = verdict_table(slower).loc[:, ["faster", "slower", "no visible difference", "too few repeats"]]
+    assert counts.loc[RATIOS["trainer"][2]].tolist() == [0, 1, 0, 0]
+    assert counts.loc[RATIOS["ddp"][2]].tolist() == [1, 0, 0, 0]  # the same seconds against the trainer's
+    assert (found.trainer.verdicts, found.ddp.verdicts) == ("slower in 1 configuration", "faster in 1 configuration")
 
 
 def cells(markdown: str) -> dict[str, dict[str, str]]:

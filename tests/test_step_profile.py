@@ -15,7 +15,7 @@ from ddp_core.analysis.step_profile import (
     StepProfile,
     category,
     category_table,
-    findings,
+    profiled_step,
     read_step_profile,
     short_name,
 )
@@ -94,7 +94,7 @@ def test_the_profiled_products_carry_the_cost_models_flops_but_the_fused_attenti
     attention = 3 * info["batch_size"] * info["seq_len"] * 4 * 2 * info["seq_len"] * 128  # small: 2 layers, 128 wide
     assert products == pytest.approx(info["model_flops_per_step"] - attention, rel=0.01)
     assert info["batch_size"] == 8
-    assert findings(read_step_profile(folder))["model"] == "small preset in fp32"
+    assert profiled_step(read_step_profile(folder)).model == "small preset in fp32"
 
 
 @pytest.mark.parametrize(

@@ -109,18 +109,33 @@ def speed_markdown(m: PeerMeasurement) -> str:
     return quantity_table(table, columns, "Loop, world size")
 
 
-def findings(m: PeerMeasurement) -> dict:
-    """What the page says around the table: provenance and the workload."""
+@dataclass(frozen=True)
+class PeerRuns:
+    """The peers' measurement as a page introduces its table: the device, PyTorch and Accelerate, the day and the code
+    commit, and the workload (rounds, epochs a run, training samples)."""
+
+    device: str
+    torch: str
+    accelerate: str
+    measured_on: str
+    commit: str
+    rounds: int
+    epochs: int
+    samples: str
+
+
+def peer_runs(m: PeerMeasurement) -> PeerRuns:
+    """`PeerRuns` of a measurement, from its device.json and steps."""
     info = m.info
-    return {
-        "device": info["device_name"],
-        "torch": info["torch"],
-        "accelerate": info["accelerate"],
+    return PeerRuns(
+        device=info["device_name"],
+        torch=info["torch"],
+        accelerate=info["accelerate"],
         **measured_by(info),
-        "rounds": m.steps["round"].nunique(),
-        "epochs": info["epochs"],
-        "samples": info["workload"][info["workload"].index("--train-samples") + 1],
-    }
+        rounds=m.steps["round"].nunique(),
+        epochs=info["epochs"],
+        samples=info["workload"][info["workload"].index("--train-samples") + 1],
+    )
 
 
 def goal_outcome(c: Comparison) -> str:
@@ -135,8 +150,19 @@ def goal_outcome(c: Comparison) -> str:
     return "missed"
 
 
-def goal_findings() -> dict:
-    return {"goal_median": GOAL_MEDIAN, "goal_lowest": GOAL_LOWEST, "goal_shortfall": 1 - GOAL_LOWEST}
+@dataclass(frozen=True)
+class Goal:
+    """The engine's goal against each peer, as a page states it: the median ratio and the lowest round it asks for,
+    and how far below 1 that lets a round fall (a noise floor wider than this cannot show the goal met)."""
+
+    median: float
+    lowest: float
+    shortfall: float
+
+
+def goal() -> Goal:
+    """`Goal` of GOAL_MEDIAN and GOAL_LOWEST."""
+    return Goal(GOAL_MEDIAN, GOAL_LOWEST, 1 - GOAL_LOWEST)
 
 
 def print_summary(m: PeerMeasurement) -> None:

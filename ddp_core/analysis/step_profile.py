@@ -123,30 +123,53 @@ def category_markdown(p: StepProfile) -> str:
     return quantity_table(table, columns, "Operators")
 
 
-def findings(p: StepProfile) -> dict:
-    """The step, its matrix products' and the model's FLOP rates against one large product's, with provenance."""
+@dataclass(frozen=True)
+class ProfiledStep:
+    """A profile as a page introduces its table: what ran, and the matrix products' and the model's FLOP rates
+    against one large product's, each in the unit its device's rates read best in."""
+
+    device: str
+    torch: str
+    threads: int
+    measured_on: str
+    commit: str
+    steps: int
+    batch: int
+    seq_len: int
+    model: str
+    step_ms: str
+    large_rate: str
+    products_rate: str
+    products_share: str
+    products_time_share: str
+    model_rate: str
+    model_share: str
+
+
+def profiled_step(p: StepProfile) -> ProfiledStep:
+    """`ProfiledStep` of a profile, from its device.json and `category_table`."""
     info, table = p.info, category_table(p)
     products = table.loc["matrix products"]
     large = info["matmul_tflops"] * 1e3  # GFLOP/s
     model = info["model_flops_per_step"] / info["step_s"] / 1e9
     unit, gflops_per_unit = _rate_unit(p)
-    return {
-        "device": info["device_name"],
-        "torch": info["torch"],
-        "threads": info["threads"],
+    return ProfiledStep(
+        device=info["device_name"],
+        torch=info["torch"],
+        threads=info["threads"],
         **measured_by(info, "measured_on"),
-        "steps": info["steps"],
-        "batch": info["batch_size"],
-        "seq_len": info["seq_len"],
-        "model": f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
-        "step_ms": f"{info['step_s'] * 1e3:.0f}",
-        "large_rate": f"{large / gflops_per_unit:,.0f} {unit}",
-        "products_rate": f"{products['gflops'] / gflops_per_unit:,.0f} {unit}",
-        "products_share": f"{products['gflops'] / large:.0%}",
-        "products_time_share": f"{products['share_pct']:.0f}%",
-        "model_rate": f"{model / gflops_per_unit:,.0f} {unit}",
-        "model_share": f"{model / large:.0%}",
-    }
+        steps=info["steps"],
+        batch=info["batch_size"],
+        seq_len=info["seq_len"],
+        model=f"{info['preset']} preset in {precision_name(info.get('amp', 'off'))}",
+        step_ms=f"{info['step_s'] * 1e3:.0f}",
+        large_rate=f"{large / gflops_per_unit:,.0f} {unit}",
+        products_rate=f"{products['gflops'] / gflops_per_unit:,.0f} {unit}",
+        products_share=f"{products['gflops'] / large:.0%}",
+        products_time_share=f"{products['share_pct']:.0f}%",
+        model_rate=f"{model / gflops_per_unit:,.0f} {unit}",
+        model_share=f"{model / large:.0%}",
+    )
 
 
 def _rate_unit(p: StepProfile) -> tuple[str, float]:
@@ -156,7 +179,7 @@ def _rate_unit(p: StepProfile) -> tuple[str, float]:
 
 def print_summary(p: StepProfile) -> None:
     print(category_markdown(p))
-    print(findings(p))
+    print(profiled_step(p))
 
 
 if __name__ == "__main__":

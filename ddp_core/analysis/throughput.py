@@ -12,6 +12,8 @@ function's call (`verdict.compare`), the rounds paired.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import pandas as pd
 
 from ddp_core.analysis.results import Measurement
@@ -44,6 +46,12 @@ def throughput_table(m: Measurement) -> pd.DataFrame:
 def precision_name(amp: str) -> str:
     """A run's --amp as a reader names the precision."""
     return "bf16" if amp == "bf16" else "fp32"
+
+
+def configuration_text(config: tuple) -> str:
+    """A configuration (preset, amp, batch size) as the prose and the tables name it: 'large, bf16, batch 128'."""
+    preset, amp, batch = config
+    return f"{preset}, {precision_name(amp)}, batch {batch}"
 
 
 # name: (loop, against loop, in words)
@@ -136,22 +144,57 @@ VERDICT_COUNTS = {
 }
 
 
-def ratio_findings(m: Measurement) -> dict:
-    """Per ratio of RATIOS, the range of its medians over the configurations and how many of them each verdict
-    reached (`device_<ratio>_*`), and the range of the noise floors they were held against (`device_floors`)."""
+@dataclass(frozen=True)
+class RatioSpan:
+    """One ratio of RATIOS over a measurement's configurations: its lowest and highest median, and each verdict it
+    reached with how many configurations reached it ('slower in 1 configuration')."""
+
+    low: float
+    high: float
+    verdicts: str
+
+
+@dataclass(frozen=True)
+class RatioOverview:
+    """A measurement's ratios over all its configurations, for a page to sum up in a sentence: the device, how many
+    configurations, the range of the noise floors they were held against, and the trainer's and DDP's ratios."""
+
+    overview_name: str
+    configurations: int
+    floors: str
+    trainer: RatioSpan
+    ddp: RatioSpan
+
+
+def ratio_overview(m: Measurement) -> RatioOverview:
+    """`RatioOverview` of a measurement, from its `verdict_table`."""
     table = verdict_table(m)
-    found = {
-        "device_overview_name": machine_text(m.info),
-        "device_configurations": m.epochs.groupby(CONFIG).ngroups,
-        "device_floors": range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.1%}", " to "),
-    }
-    for name, (_, _, words) in RATIOS.items():
-        key, row = f"device_{name}", table.loc[words]
-        found |= {f"{key}_low": float(row["lowest_median"]), f"{key}_high": float(row["highest_median"])}
-        found |= {f"{key}_{outcome.replace(' ', '_')}": int(row[outcome]) for outcome in VERDICT_COUNTS}
-        found[f"{key}_verdicts"] = ", ".join(
+    return RatioOverview(
+        overview_name=machine_text(m.info),
+        configurations=m.epochs.groupby(CONFIG).ngroups,
+        floors=range_text(*table[["lowest_floor", "highest_floor"]].iloc[0], "{:.1%}", " to "),
+        trainer=_ratio_span(table.loc[RATIOS["trainer"][2]]),
+        ddp=_ratio_span(table.loc[RATIOS["ddp"][2]]),
+    )
+
+
+def _ratio_span(row: pd.Series) -> RatioSpan:
+    return RatioSpan(
+        low=float(row["lowest_median"]),
+        high=float(row["highest_median"]),
+        verdicts=", ".join(
             f"{outcome} in {counted(int(row[outcome]), 'configuration')}"
             for outcome in VERDICT_COUNTS
             if row[outcome] > 0
-        )
-    return found
+        ),
+    )
+
+
+def ratio_findings(m: Measurement) -> dict:
+    """`ratio_overview` for a page not yet given a record: each under `device_<field>`, a ratio's under
+    `device_<ratio>_<field>`."""
+    overview = ratio_overview(m)
+    spans = {"trainer": overview.trainer, "ddp": overview.ddp}
+    return {f"device_{key}": value for key, value in vars(overview).items() if key not in spans} | {
+        f"device_{name}_{key}": value for name, span in spans.items() for key, value in asdict(span).items()
+    }

@@ -9,20 +9,28 @@ What throughput, MFU and a ratio of two loops are, and how one is called faster:
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from ddp_core.engine.run_files import CPU_EXTENSIONS
 from ddp_core.analysis.comparisons import run_times
 from ddp_core.analysis import peers, step_profile
+from ddp_core.analysis.peers import Goal, PeerRuns
+from ddp_core.analysis.provenance import origin
 from ddp_core.analysis.results import Experiment, Measurement, read_measurement, run_on_folder
+from ddp_core.analysis.step_profile import ProfiledStep
 from ddp_core.analysis.tables import counted, day, machine_text, measured_by, median_range, quantity_table, range_text
 from ddp_core.analysis.throughput import (
     RATIOS,
     VERDICT_COUNTS,
+    RatioOverview,
+    configuration_text,
     configuration_verdicts,
     peak_tflops,
     precision_name,
+    ratio_overview,
     ratio_table,
     throughput_table,
     verdict_table,
@@ -46,7 +54,7 @@ def verdict_markdown(m: Measurement) -> str:
 
 
 def _configuration_index(table: pd.DataFrame) -> pd.DataFrame:
-    return table.set_axis([f"{preset}, {precision_name(amp)}, batch {batch}" for preset, amp, batch in table.index])
+    return table.set_axis([configuration_text(config) for config in table.index])
 
 
 def throughput_markdown(m: Measurement) -> str:
@@ -150,7 +158,7 @@ def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
         "outcome": "comparable" if one.raw.get("cpu_extensions") == m.info.get("cpu_extensions") else "other CPU",
         "runs_device": machine_text(one.raw),
         "device": machine_text(m.info),
-        "configuration": f"{key[0]}, {precision_name(key[1])}, batch {key[2]}",
+        "configuration": configuration_text(key),
         "runs_samples_per_s": 1 / times["time_per_sample_s"].median(),
         "repeats": counted(len(times), "repeat"),
         "samples_per_s": table.loc[key, "samples_per_s_timed"],
@@ -239,14 +247,39 @@ def shown_profile(profiles: list[step_profile.StepProfile]) -> step_profile.Step
     return next((p for p in profiles if p.info["device"] == "cpu"), profiles[0])
 
 
-def benchmarks_findings(
-    peer_measurements: list[peers.PeerMeasurement], profiles: list[step_profile.StepProfile]
-) -> dict:
-    """What the page says around the peers' table (`peers_`, the first device measured) and the step profile's
-    (`step_profile_`, `shown_profile`): provenance, workload and, for the profile, its FLOP rates."""
-    return {f"peers_{key}": value for key, value in peers.findings(peer_measurements[0]).items()} | {
-        f"step_profile_{key}": value for key, value in step_profile.findings(shown_profile(profiles)).items()
-    }
+@dataclass(frozen=True)
+class Findings:
+    """What the One device chapter quotes."""
+
+    whose: str
+    device: RatioOverview
+    share_above_devices: str
+    baseline_outcome: str
+    gpus_measured: str
+    goal: Goal
+    peers: PeerRuns
+    step_profile: ProfiledStep
+
+
+def findings(
+    results: Path,
+    measurements: list[Measurement],
+    scaling: Experiment,
+    peer_measurements: list[peers.PeerMeasurement],
+    profiles: list[step_profile.StepProfile],
+) -> Findings:
+    """The first device's ratios, the baseline beside the strong-scaling study's, the peers (the first device they
+    measured) and the step profile (`shown_profile`), with whose measurements under `results` these are."""
+    return Findings(
+        whose=" and ".join(sorted({origin(results / "single_device" / m.name) for m in measurements})),
+        device=ratio_overview(measurements[0]),
+        share_above_devices=share_above_devices(measurements),
+        baseline_outcome=baseline_outcome(measurements, scaling),
+        gpus_measured=gpus_measured(measurements),
+        goal=peers.goal(),
+        peers=peers.peer_runs(peer_measurements[0]),
+        step_profile=step_profile.profiled_step(shown_profile(profiles)),
+    )
 
 
 def print_summary(m: Measurement) -> None:
