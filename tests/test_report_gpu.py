@@ -12,13 +12,15 @@ from torch.autograd import DeviceType
 from benchmarks.step_profile import operator_rows
 from ddp_core.analysis.gpu_measurements import (
     GpuResults,
+    best_mfu,
+    compiled_trainer,
     forecast_table,
     forecast_word,
+    goal_word,
     load_gpu_results,
-    mfu_findings,
     place_among,
 )
-from ddp_core.report.gpu import step_findings, trainer_table
+from ddp_core.report.gpu import gpu_profile, trainer_table
 from ddp_core.analysis.results import Measurement
 from ddp_core.analysis.step_profile import GPU_IDLE, StepProfile, category_table
 
@@ -50,13 +52,13 @@ def measurement(seconds: dict[str, list[float]], *, batch=128, compiled=False, a
 
 def test_mfu_is_the_trainers_model_flops_over_the_datasheet_peak_and_the_goal_is_judged_on_it():
     eager = measurement({"plain": [0.4] * 3, "ddp_core": [0.4] * 3, "timed": [0.4] * 3, "ddp_of_one": [0.4] * 3})
-    found = mfu_findings(GpuResults(eager, None, None))
+    found = best_mfu(GpuResults(eager, None, None))
     tflops = 10 * 128 / 0.4 * 6.7e10 / 1e12
-    assert found["best_tflops"] == pytest.approx(tflops)
-    assert found["best_mfu"] == pytest.approx(tflops / H200_PEAK)
-    assert found["goal_word"] == "not reached"  # 214 TFLOP/s is 22 % of the peak
+    assert found.tflops == pytest.approx(tflops)
+    assert found.mfu == pytest.approx(tflops / H200_PEAK)
+    assert goal_word(GpuResults(eager, None, None)) == "not reached"  # 214 TFLOP/s is 22 % of the peak
     fast = measurement({loop: [0.2] * 3 for loop in ("plain", "ddp_core", "timed", "ddp_of_one")})
-    assert mfu_findings(GpuResults(fast, None, None))["goal_word"] == "reached"  # 43 %
+    assert goal_word(GpuResults(fast, None, None)) == "reached"  # 43 %
 
 
 def test_the_compiled_trainer_is_called_faster_only_when_every_round_says_so():
@@ -65,15 +67,15 @@ def test_the_compiled_trainer_is_called_faster_only_when_every_round_says_so():
         {"plain": [0.40, 0.41, 0.40], "ddp_core": [0.30] * 3, "timed": [0.30, 0.29, 0.31], "ddp_of_one": [0.31] * 3},
         compiled=True,
     )
-    found = mfu_findings(GpuResults(eager, compiled, None))
-    assert found["compiled_vs_plain"] == pytest.approx(0.40 / 0.30)  # the median of 1.33, 1.41 and 1.29
-    assert found["compiled_verdict"] == "faster"
-    assert found["eager_mfu_same_config"] == pytest.approx(10 * 128 / 0.4 * 6.7e10 / 1e12 / H200_PEAK)
+    found = compiled_trainer(GpuResults(eager, compiled, None))
+    assert found.vs_plain == pytest.approx(0.40 / 0.30)  # the median of 1.33, 1.41 and 1.29
+    assert found.verdict == "faster"
+    assert found.eager_mfu == pytest.approx(10 * 128 / 0.4 * 6.7e10 / 1e12 / H200_PEAK)
     mixed = measurement(
         {"plain": [0.40, 0.30, 0.40], "ddp_core": [0.35] * 3, "timed": [0.35, 0.35, 0.35], "ddp_of_one": [0.35] * 3},
         compiled=True,
     )
-    assert mfu_findings(GpuResults(eager, mixed, None))["compiled_verdict"] == "no visible difference"
+    assert compiled_trainer(GpuResults(eager, mixed, None)).verdict == "no visible difference"
 
 
 def test_the_kernels_share_is_of_the_unprofiled_step_of_the_same_workload():
@@ -108,15 +110,15 @@ def test_the_kernels_share_is_of_the_unprofiled_step_of_the_same_workload():
         "step_s": 0.060,
         "matmul_tflops": 800.0,
     }
-    found = step_findings(GpuResults(eager, None, StepProfile("cuda-nvidia-h200", info, operators)))
-    assert found["unprofiled_step_ms"] == pytest.approx(32.0)  # the median epoch of the loop the profile ran, / 10
-    assert found["busy_ms"] == pytest.approx(30.0)
-    assert found["busy_share"] == pytest.approx(30 / 32)
-    assert found["profiled_busy_share"] == pytest.approx(0.5)
-    assert found["products_share"] == pytest.approx(0.4)
-    assert found["products_tflops"] == pytest.approx(700.0)
-    assert found["products_of_large"] == pytest.approx(700 / 800)
-    assert (found["largest_other"], found["largest_other_ms"]) == ("normalisation and activations", pytest.approx(10.0))
+    found = gpu_profile(GpuResults(eager, None, StepProfile("cuda-nvidia-h200", info, operators)))
+    assert found.unprofiled_step_ms == pytest.approx(32.0)  # the median epoch of the loop the profile ran, / 10
+    assert found.busy_ms == pytest.approx(30.0)
+    assert found.busy_of_unprofiled == pytest.approx(30 / 32)
+    assert found.busy_of_profiled == pytest.approx(0.5)
+    assert found.products_share == pytest.approx(0.4)
+    assert found.products_tflops == pytest.approx(700.0)
+    assert found.products_of_large == pytest.approx(700 / 800)
+    assert (found.largest_other, found.largest_other_ms) == ("normalisation and activations", pytest.approx(10.0))
     idle = category_table(StepProfile("cuda-nvidia-h200", info, operators)).loc[GPU_IDLE, "ms"]
     assert idle == pytest.approx(30.0)  # the profiled step's time that no kernel ran
 

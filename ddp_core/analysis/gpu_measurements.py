@@ -7,12 +7,12 @@ emulated cluster's links by their compute-to-communication ratio; the replay for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from ddp_core.analysis.comparisons import speedup_glue
+from ddp_core.analysis.comparisons import Judged, judged_speedup
 from ddp_core.analysis.emulated import BASELINE, link_table, node_share, similarity_table
 from ddp_core.analysis.nvlink_forecast import (
     FORECAST_GPUS,
@@ -26,6 +26,7 @@ from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
 from ddp_core.analysis.throughput import (
     CONFIG,
+    configuration_text,
     loop_rounds,
     precision_name,
     ratio_comparison,
@@ -77,48 +78,123 @@ def mfu_table(gpu: GpuResults) -> pd.DataFrame:
     )
 
 
-def mfu_findings(gpu: GpuResults) -> dict:
-    """The best MFU eager and compiled, against the goal; and the compiled trainer against the eager plain loop
-    that its measurement ran in the same rounds, judged by the one verdict function."""
-    table = mfu_table(gpu)
-    eager = table.xs(False, level="compiled").sort_index()
+def _eager_mfu(gpu: GpuResults) -> pd.DataFrame:
+    """`mfu_table` of the eager trainer alone: the compiled one ran in a call of its own."""
+    return mfu_table(gpu).xs(False, level="compiled").sort_index()
+
+
+@dataclass(frozen=True)
+class BestMfu:
+    """The eager trainer's highest MFU, the configuration it came at, and its model TFLOP/s there."""
+
+    mfu: float
+    config: str
+    tflops: float
+
+
+def best_mfu(gpu: GpuResults) -> BestMfu:
+    """`BestMfu` of the eager trainer (timers on, as a run trains)."""
+    eager = _eager_mfu(gpu)
     best = eager["mfu"].idxmax()
-    found = {
-        "best_mfu": eager["mfu"].max(),
-        "best_config": f"{best[0]}, {precision_name(best[1])}, batch {best[2]}",
-        "best_tflops": eager.loc[best, "tflops"],
-        "goal_word": "reached" if table["mfu"].max() >= MFU_GOAL else "not reached",
-        "fp32_best_mfu": eager[eager.index.get_level_values("amp") == "off"]["mfu"].max(),
-        "fp32_matmul_tflops": gpu.eager.info["matmul_tflops"].get("off", float("nan")),
-    }
+    return BestMfu(eager["mfu"].max(), configuration_text(best), eager.loc[best, "tflops"])
+
+
+def goal_word(gpu: GpuResults) -> str:
+    """Whether any configuration measured, eager or compiled, reached MFU_GOAL: "reached" or "not reached"."""
+    return "reached" if mfu_table(gpu)["mfu"].max() >= MFU_GOAL else "not reached"
+
+
+@dataclass(frozen=True)
+class Fp32Rates:
+    """The eager trainer's best MFU in fp32, and the rate one large product reached in fp32, where PyTorch keeps the
+    products off the tensor cores (no TF32)."""
+
+    best_mfu: float
+    matmul_tflops: float
+
+
+def fp32_rates(gpu: GpuResults) -> Fp32Rates:
+    """`Fp32Rates` of the eager measurement (NaN where it timed no fp32)."""
+    eager = _eager_mfu(gpu)
+    return Fp32Rates(
+        eager[eager.index.get_level_values("amp") == "off"]["mfu"].max(),
+        gpu.eager.info["matmul_tflops"].get("off", float("nan")),
+    )
+
+
+@dataclass(frozen=True)
+class BatchGrowth:
+    """The smallest model's step at its largest batch against its smallest, beside how much more work that batch
+    is: where a step's time does not follow its work, the loop around the arithmetic sets the pace."""
+
+    preset: str
+    precision: str
+    batch_low: int
+    batch_high: int
+    batch_growth: float
+    step_growth: float
+
+
+def smallest_model(gpu: GpuResults) -> BatchGrowth:
+    """`BatchGrowth` of the smallest preset the eager trainer ran, in bf16 where measured."""
+    eager = _eager_mfu(gpu)
     smallest = min(eager.index.get_level_values("preset"), key=PRESET_ORDER.get)
     amp = eager.loc[smallest].index.get_level_values("amp")[0]  # bf16 where measured
     steps = (eager.index.get_level_values("batch_size") / eager["samples_per_s_timed"]).loc[(smallest, amp)]
     low, high = steps.index.min(), steps.index.max()
-    found |= {
-        "smallest_preset": smallest,
-        "smallest_precision": precision_name(amp),
-        "smallest_batch_low": int(low),
-        "smallest_batch_high": int(high),
-        "smallest_batch_growth": high / low,
-        "smallest_step_growth": steps.loc[high] / steps.loc[low],
-    }
+    return BatchGrowth(
+        preset=smallest,
+        precision=precision_name(amp),
+        batch_low=int(low),
+        batch_high=int(high),
+        batch_growth=high / low,
+        step_growth=steps.loc[high] / steps.loc[low],
+    )
+
+
+@dataclass(frozen=True)
+class CompiledTrainer:
+    """The compiled trainer's best MFU and its configuration, the eager trainer's MFU there (another call: no verdict
+    between the two), and the compiled trainer against the eager plain loop that ran in its rounds: the ratio of
+    their throughputs, its range over the rounds, and the verdict."""
+
+    mfu: float
+    config: str
+    eager_mfu: float
+    vs_plain: float
+    vs_plain_low: float
+    vs_plain_high: float
+    rounds: int
+    verdict: str
+
+
+def compiled_trainer(gpu: GpuResults) -> CompiledTrainer:
+    """`CompiledTrainer` of a GPU measured compiled, judged by the one verdict function with the rounds paired."""
+    compiled, eager = mfu_table(gpu).xs(True, level="compiled"), _eager_mfu(gpu)
+    config = compiled["mfu"].idxmax()
+    seconds = loop_rounds(gpu.compiled).loc[config]
+    verdict = compare(list(seconds["plain"]), list(seconds["timed"]), rounds_floor(seconds))
+    return CompiledTrainer(
+        mfu=compiled.loc[config, "mfu"],
+        config=configuration_text(config),
+        eager_mfu=eager.loc[config, "mfu"] if config in eager.index else float("nan"),
+        vs_plain=verdict.ratio,
+        vs_plain_low=verdict.low,
+        vs_plain_high=verdict.high,
+        rounds=len(seconds),
+        verdict=verdict.says("slower", "faster"),
+    )
+
+
+def mfu_findings(gpu: GpuResults) -> dict:
+    """`best_mfu`, `goal_word`, `fp32_rates`, `smallest_model` and, where measured, `compiled_trainer` for a page not
+    yet given a record: each record's fields under `<best, fp32, smallest, compiled>_<field>`."""
+    records = {"best": best_mfu(gpu), "fp32": fp32_rates(gpu), "smallest": smallest_model(gpu)}
     if gpu.compiled is not None:
-        compiled = table.xs(True, level="compiled")
-        config = compiled["mfu"].idxmax()
-        seconds = loop_rounds(gpu.compiled).loc[config]
-        verdict = compare(list(seconds["plain"]), list(seconds["timed"]), rounds_floor(seconds))
-        found |= {
-            "compiled_mfu": compiled.loc[config, "mfu"],
-            "compiled_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
-            "eager_mfu_same_config": eager.loc[config, "mfu"] if config in eager.index else float("nan"),
-            "compiled_vs_plain": verdict.ratio,
-            "compiled_vs_plain_low": verdict.low,
-            "compiled_vs_plain_high": verdict.high,
-            "compiled_rounds": len(seconds),
-            "compiled_verdict": verdict.says("slower", "faster"),
-        }
-    return found
+        records["compiled"] = compiled_trainer(gpu)
+    return {"goal_word": goal_word(gpu)} | {
+        f"{name}_{key}": value for name, record in records.items() for key, value in asdict(record).items()
+    }
 
 
 def forecast_table(gpu: GpuResults) -> pd.DataFrame:
@@ -201,55 +277,126 @@ def forecast_word(slowest: float, fastest: float) -> str:
     return "faster than one GPU" if slowest > 1 else "about as fast as one GPU"
 
 
-def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
-    """For the bf16 row with the largest batch per GPU: its forecast, and where its R_N falls among the emulated
-    links' ("between" two of them, "above" or "below" all), with the links on either side and their efficiencies."""
+@dataclass(frozen=True)
+class Fp32Bounds:
+    """The forecast in fp32 at its largest batch per GPU: the efficiency with every bucket exposed and with the last
+    only, and how many times T_1/N a GPU's share took."""
+
+    low: float
+    high: float
+    compute_over_ideal: float
+
+
+@dataclass(frozen=True)
+class ForecastBounds:
+    """The forecast from the measured steps (`forecast_table`) at the bf16 row with the largest batch per GPU, as the
+    GPU chapter quotes it. Its speedups run from every bucket exposed to the last only, and from the share's slowest
+    round to its fastest; `place` says where its R_N falls among the emulated links' ("between", "above", "below")."""
+
+    gpus: int
+    batch: int
+    global_batch: int
+    seq_len: int
+    batch_mfu: float
+    one_gpu_ms: float
+    per_gpu_ms: float
+    bare_per_gpu_ms: float
+    ddp_cost_ms: float
+    comm_ms: float
+    ratio: float
+    compute_over_ideal: float
+    compute_over_ideal_rounds: str
+    speedup_low: float
+    speedup_high: float
+    speedup_rounds: str
+    speedup_word: str
+    bare_speedup_low: float
+    bare_speedup_high: float
+    ddp: Judged
+    low: float
+    high: float
+    low_rounds: str
+    fp32: Fp32Bounds
+    place: str
+    beside: str
+
+
+def forecast_bounds(gpu: GpuResults, links: pd.DataFrame) -> ForecastBounds:
+    """`ForecastBounds` of a GPU, placed among the emulated cluster's `links` (`emulated_table`)."""
     table = forecast_table(gpu).sort_values("batch_per_gpu")
-    row, fp32 = table.query("amp == 'bf16'").iloc[-1], table.query("amp == 'off'")
-    links = emulated_table(nodes)
+    row = table.query("amp == 'bf16'").iloc[-1]
     place, beside = place_among(row["ratio"], links["ratio"])
     batch = int(row["batch_per_gpu"])
-    return {
-        "forecast_gpus": FORECAST_GPUS,
-        "forecast_batch": batch,
-        "forecast_global_batch": batch * FORECAST_GPUS,
-        "forecast_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
-        "forecast_batch_mfu": mfu_table(gpu).loc[("large", "bf16", batch, False), "mfu"],
-        **{
-            f"forecast_{key}": row[key]
-            for key in (
-                "compute_over_ideal",
-                "bare_per_gpu_ms",
-                "ddp_cost_ms",
-                "one_gpu_ms",
-                "per_gpu_ms",
-                "comm_ms",
-                "ratio",
-            )
-        },
-        "forecast_compute_over_ideal_rounds": f"{row['compute_over_ideal_low']:.2f} to "
-        f"{row['compute_over_ideal_high']:.2f}",
-        "forecast_speedup_low": row["speedup_no_overlap"],
-        "forecast_speedup_high": row["speedup_last_bucket_only"],
-        "forecast_bare_speedup_low": row["bare_speedup_no_overlap"],
-        "forecast_bare_speedup_high": row["bare_speedup_last_bucket_only"],
-        "forecast_speedup_rounds": f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
-        "forecast_speedup_word": forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
-        **speedup_glue("forecast_ddp", ratio_comparison(gpu.eager, "ddp", ("large", "bf16", batch))),
-        "forecast_low_rounds": f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
-        "forecast_fp32_low": fp32["efficiency_no_overlap"].iloc[-1] if len(fp32) else float("nan"),
-        "forecast_fp32_high": fp32["efficiency_last_bucket"].iloc[-1] if len(fp32) else float("nan"),
-        "forecast_fp32_compute_over_ideal": fp32["compute_over_ideal"].iloc[-1] if len(fp32) else float("nan"),
-        "emulated_compute_over_ideal": " and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
-        "forecast_low": row["efficiency_no_overlap"],
-        "forecast_high": row["efficiency_last_bucket"],
-        "forecast_place": place,
-        "emulated_nodes": int(links["nodes"].iloc[0]),
-        "forecast_beside": " and ".join(
+    return ForecastBounds(
+        gpus=FORECAST_GPUS,
+        batch=batch,
+        global_batch=batch * FORECAST_GPUS,
+        seq_len=int(gpu.eager.epochs["seq_len"].iloc[0]),
+        batch_mfu=mfu_table(gpu).loc[("large", "bf16", batch, False), "mfu"],
+        one_gpu_ms=row["one_gpu_ms"],
+        per_gpu_ms=row["per_gpu_ms"],
+        bare_per_gpu_ms=row["bare_per_gpu_ms"],
+        ddp_cost_ms=row["ddp_cost_ms"],
+        comm_ms=row["comm_ms"],
+        ratio=row["ratio"],
+        compute_over_ideal=row["compute_over_ideal"],
+        compute_over_ideal_rounds=f"{row['compute_over_ideal_low']:.2f} to {row['compute_over_ideal_high']:.2f}",
+        speedup_low=row["speedup_no_overlap"],
+        speedup_high=row["speedup_last_bucket_only"],
+        speedup_rounds=f"{row['speedup_slowest_round']:.2f} to {row['speedup_fastest_round']:.2f}",
+        speedup_word=forecast_word(row["speedup_slowest_round"], row["speedup_fastest_round"]),
+        bare_speedup_low=row["bare_speedup_no_overlap"],
+        bare_speedup_high=row["bare_speedup_last_bucket_only"],
+        ddp=judged_speedup(ratio_comparison(gpu.eager, "ddp", ("large", "bf16", batch))),
+        low=row["efficiency_no_overlap"],
+        high=row["efficiency_last_bucket"],
+        low_rounds=f"{row['efficiency_no_overlap_low']:.0%} to {row['efficiency_no_overlap_high']:.0%}",
+        fp32=_fp32_bounds(table.query("amp == 'off'")),
+        place=place,
+        beside=" and ".join(
             f"{link}, {links.loc[link, 'ratio']:.2f} reached, {links.loc[link, 'efficiency']:.0%} efficiency measured"
             for link in beside
         ),
-    }
+    )
+
+
+def _fp32_bounds(fp32: pd.DataFrame) -> Fp32Bounds:
+    """`Fp32Bounds` of the fp32 rows of `forecast_table`, by batch per GPU; NaN where fp32 was not timed at a batch and
+    at FORECAST_GPUS times it."""
+    if fp32.empty:
+        return Fp32Bounds(float("nan"), float("nan"), float("nan"))
+    last = fp32.iloc[-1]
+    return Fp32Bounds(last["efficiency_no_overlap"], last["efficiency_last_bucket"], last["compute_over_ideal"])
+
+
+@dataclass(frozen=True)
+class EmulatedShares:
+    """The emulated cluster beside the forecast: its number of nodes, and how many times T_1/N a node's share took
+    on each link, in words ('1.02 and 1.05')."""
+
+    nodes: int
+    compute_over_ideal: str
+
+
+def emulated_shares(links: pd.DataFrame) -> EmulatedShares:
+    """`EmulatedShares` of the emulated cluster's `links` (`emulated_table`)."""
+    return EmulatedShares(
+        nodes=int(links["nodes"].iloc[0]),
+        compute_over_ideal=" and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
+    )
+
+
+def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
+    """`forecast_bounds` and `emulated_shares` for a page not yet given a record: each under `forecast_<field>`
+    (a record's under `forecast_<ddp, fp32>_<field>`) and `emulated_<field>`."""
+    links = emulated_table(nodes)
+    bounds = forecast_bounds(gpu, links)
+    records = {"ddp": bounds.ddp, "fp32": bounds.fp32}
+    return (
+        {f"forecast_{key}": value for key, value in vars(bounds).items() if key not in records}
+        | {f"forecast_{name}_{key}": value for name, record in records.items() for key, value in asdict(record).items()}
+        | {f"emulated_{key}": value for key, value in asdict(emulated_shares(links)).items()}
+    )
 
 
 def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:

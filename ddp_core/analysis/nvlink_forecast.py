@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -230,34 +230,81 @@ def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GP
     )
 
 
-def replay_findings(timelines: list[StepTimeline]) -> dict:
-    """The GPU and what ran (`measured_by`), and the replay forecast (`replay_forecast`) in bf16: at the smallest and
-    the largest batch per GPU whose whole batch one GPU also stepped, the speedup and how many times a quarter of one
-    GPU's step a GPU's step takes; the efficiency at a fixed batch per GPU from its lowest to its highest; the
-    all-reduce and the most of it exposed."""
+@dataclass(frozen=True)
+class ReplayEnd:
+    """The replay forecast in bf16 at one end of the batches per GPU whose whole batch one GPU also stepped: the batch
+    per GPU and in all, the speedup, one GPU's step of the whole batch and a GPU's of its share, and how many times
+    1/FORECAST_GPUS of the former the latter takes."""
+
+    batch: int
+    global_batch: int
+    speedup: float
+    one_gpu_ms: float
+    per_gpu_ms: float
+    over_ideal: float
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The replay forecast (`replay_forecast`) as the pages quote it: the GPU and what ran, the all-reduce and the
+    most of it exposed, the efficiency at a fixed batch per GPU in bf16, and the smallest and largest batch in bf16."""
+
+    gpu: str
+    gpus: int
+    seq_len: int
+    measured_on: str
+    commit: str
+    comm_ms: float
+    exposed_ms: float
+    fixed_low: float
+    fixed_high: float
+    fixed_batches: str
+    small: ReplayEnd
+    large: ReplayEnd
+
+
+def replay(timelines: list[StepTimeline]) -> Replay:
+    """`Replay` of the timelines of one GPU."""
     table = replay_forecast(timelines)
     bf16 = table.query("amp == 'bf16'").sort_values("batch_per_gpu")
     paired = bf16.dropna(subset=["speedup"])
     info = timelines[0].info
-    found = {
-        "replay_gpu": info["device_name"],
-        "replay_gpus": FORECAST_GPUS,
-        "replay_seq_len": info["model"]["max_len"],
-        **{f"replay_{key}": value for key, value in measured_by(info).items()},
-        "replay_comm_ms": table["comm_ms"].max(),
-        "replay_exposed_ms": table["exposed_ms"].max(),
-        "replay_fixed_low": bf16["fixed_batch_efficiency"].min(),
-        "replay_fixed_high": bf16["fixed_batch_efficiency"].max(),
-        "replay_fixed_batches": f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}",
+    return Replay(
+        gpu=info["device_name"],
+        gpus=FORECAST_GPUS,
+        seq_len=info["model"]["max_len"],
+        **measured_by(info),
+        comm_ms=table["comm_ms"].max(),
+        exposed_ms=table["exposed_ms"].max(),
+        fixed_low=bf16["fixed_batch_efficiency"].min(),
+        fixed_high=bf16["fixed_batch_efficiency"].max(),
+        fixed_batches=f"{bf16['batch_per_gpu'].min()} to {bf16['batch_per_gpu'].max()}",
+        small=_replay_end(paired.iloc[0]),
+        large=_replay_end(paired.iloc[-1]),
+    )
+
+
+def _replay_end(row: pd.Series) -> ReplayEnd:
+    return ReplayEnd(
+        batch=int(row["batch_per_gpu"]),
+        global_batch=int(row["global_batch"]),
+        speedup=row["speedup"],
+        one_gpu_ms=row["one_gpu_ms"],
+        per_gpu_ms=row["per_gpu_ms"],
+        over_ideal=row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS),
+    )
+
+
+def replay_findings(timelines: list[StepTimeline]) -> dict:
+    """`replay` for a page not yet given a record: each under `replay_<field>`, an end's under `replay_<end>_<field>`
+    (its `global_batch` as `replay_<end>_global`, the name the first page quotes)."""
+    found = replay(timelines)
+    ends = {"small": found.small, "large": found.large}
+    return {f"replay_{key}": value for key, value in vars(found).items() if key not in ends} | {
+        f"replay_{end}_{'global' if key == 'global_batch' else key}": value
+        for end, record in ends.items()
+        for key, value in asdict(record).items()
     }
-    for end, row in (("small", paired.iloc[0]), ("large", paired.iloc[-1])):
-        found |= {
-            f"replay_{end}_batch": int(row["batch_per_gpu"]),
-            f"replay_{end}_global": int(row["global_batch"]),
-            **{f"replay_{end}_{key}": row[key] for key in ("speedup", "one_gpu_ms", "per_gpu_ms")},
-            f"replay_{end}_over_ideal": row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS),
-        }
-    return found
 
 
 def print_forecast(experiment: Experiment) -> None:

@@ -11,6 +11,7 @@ It reads what `benchmarks/gpu_session.sh` measures: `single_device/<gpu>` (eager
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -19,35 +20,73 @@ import pandas as pd
 from ddp_core.analysis.gpu_measurements import (
     MFU_GOAL,
     PRESET_ORDER,
+    BatchGrowth,
+    BestMfu,
+    CompiledTrainer,
+    EmulatedShares,
+    ForecastBounds,
+    Fp32Rates,
     GpuResults,
+    best_mfu,
+    compiled_trainer,
+    emulated_shares,
     emulated_table,
+    forecast_bounds,
     forecast_table,
+    fp32_rates,
+    goal_word,
     load_gpu_results,
-    mfu_findings,
     mfu_table,
+    smallest_model,
 )
-from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, replay_markdown
+from ddp_core.analysis.nvlink_forecast import (
+    FORECAST_GPUS,
+    Replay,
+    StepTimeline,
+    load_timelines,
+    replay,
+    replay_markdown,
+)
+from ddp_core.analysis.provenance import origin
 from ddp_core.analysis.results import Experiment, load_study, read_run, run_on_folder
 from ddp_core.analysis.step_profile import categorised
 from ddp_core.analysis.tables import measured_by, quantity_table, range_text
-from ddp_core.analysis.throughput import CONFIG, peak_tflops, precision_name
+from ddp_core.analysis.throughput import CONFIG, configuration_text, peak_tflops, precision_name
 
 
-def provenance_findings(gpu: GpuResults) -> dict:
+@dataclass(frozen=True)
+class GpuSetup:
+    """The GPU the chapter measured and the software it ran, its datasheet's dense bf16 peak and one large product's
+    rate in bf16 (TFLOP/s), and the throughput measurement's rounds and sequence length."""
+
+    name: str
+    driver: str
+    cuda: str
+    nccl: str
+    torch: str
+    measured_on: str
+    commit: str
+    peak_tflops: float
+    matmul_tflops: float
+    rounds: int
+    seq_len: int
+
+
+def gpu_setup(gpu: GpuResults) -> GpuSetup:
+    """`GpuSetup` of the eager measurement."""
     info = gpu.eager.info
-    return {
-        "gpu": info["device_name"],
-        "gpu_driver": info["gpu_driver"],
-        "gpu_cuda": info["cuda"],
-        "gpu_nccl": info["nccl"],
-        "gpu_torch": info["torch"],
-        **{f"gpu_{key}": value for key, value in measured_by(info).items()},
-        "gpu_peak_tflops": peak_tflops(gpu.eager),
-        "gpu_matmul_tflops": info["matmul_tflops"]["bf16"],
-        "mfu_goal": MFU_GOAL,
-        "gpu_rounds": int(gpu.eager.epochs["round"].nunique()),
-        "gpu_seq_len": int(gpu.eager.epochs["seq_len"].iloc[0]),
-    }
+    return GpuSetup(
+        name=info["device_name"],
+        driver=info["gpu_driver"],
+        cuda=info["cuda"],
+        nccl=info["nccl"],
+        torch=info["torch"],
+        **measured_by(info),
+        peak_tflops=peak_tflops(gpu.eager),
+        matmul_tflops=info["matmul_tflops"]["bf16"],
+        rounds=int(gpu.eager.epochs["round"].nunique()),
+        seq_len=int(gpu.eager.epochs["seq_len"].iloc[0]),
+    )
 
 
 def mfu_markdown(gpu: GpuResults) -> str:
@@ -107,37 +146,58 @@ def mfu_figure(gpu: GpuResults):
     return fig
 
 
-def step_findings(gpu: GpuResults) -> dict:
-    """The profiled step against the same workload's step unprofiled: how much of it the GPU computes, and how much
-    of that the matrix products take, at what rate."""
+@dataclass(frozen=True)
+class GpuProfile:
+    """The profiled step beside the same workload's step unprofiled: the kernels' time is a share of each, since the
+    profiler slows the loop that launches them; and the matrix products' and the largest other category's time."""
+
+    config: str
+    steps: int
+    seq_len: int
+    step_ms: float
+    unprofiled_step_ms: float
+    busy_ms: float
+    busy_of_profiled: float
+    busy_of_unprofiled: float
+    products_ms: float
+    products_share: float
+    products_tflops: float
+    products_of_large: float
+    largest_other: str
+    largest_other_ms: float
+    largest_other_share: float
+
+
+def gpu_profile(gpu: GpuResults) -> GpuProfile:
+    """`GpuProfile` of a GPU's profile; the unprofiled step is the median epoch's of the trainer's own loop, timers
+    off, as the profile ran it."""
     p = gpu.profile
     ops = categorised(p)
     busy = ops["self_s_per_step"].sum()
     config = (p.info["preset"], p.info["amp"], p.info["batch_size"])
-    # the profile's loop: the trainer's own, timers off
     loop = gpu.eager.epochs.set_index(CONFIG).loc[config].query("loop == 'ddp_core'")
     unprofiled = (loop["seconds"] / (loop["samples"] / config[2])).median()
     products = ops[ops["category"] == "matrix products"]
     products_s = products["self_s_per_step"].sum()
     products_tflops = products["flops_per_step"].sum() / products_s / 1e12
     others = ops[ops["category"] != "matrix products"].groupby("category")["self_s_per_step"].sum()
-    return {
-        "profile_config": f"{config[0]}, {precision_name(config[1])}, batch {config[2]}",
-        "profile_steps": p.info["steps"],
-        "profile_seq_len": p.info["seq_len"],
-        "profiled_step_ms": p.info["step_s"] * 1e3,
-        "unprofiled_step_ms": unprofiled * 1e3,
-        "busy_ms": busy * 1e3,
-        "busy_share": busy / unprofiled,
-        "profiled_busy_share": busy / p.info["step_s"],
-        "products_ms": products_s * 1e3,
-        "products_share": products_s / busy,
-        "products_tflops": products_tflops,
-        "products_of_large": products_tflops / p.info["matmul_tflops"],
-        "largest_other": others.idxmax(),
-        "largest_other_ms": others.max() * 1e3,
-        "largest_other_share": others.max() / busy,
-    }
+    return GpuProfile(
+        config=configuration_text(config),
+        steps=p.info["steps"],
+        seq_len=p.info["seq_len"],
+        step_ms=p.info["step_s"] * 1e3,
+        unprofiled_step_ms=unprofiled * 1e3,
+        busy_ms=busy * 1e3,
+        busy_of_profiled=busy / p.info["step_s"],
+        busy_of_unprofiled=busy / unprofiled,
+        products_ms=products_s * 1e3,
+        products_share=products_s / busy,
+        products_tflops=products_tflops,
+        products_of_large=products_tflops / p.info["matmul_tflops"],
+        largest_other=others.idxmax(),
+        largest_other_ms=others.max() * 1e3,
+        largest_other_share=others.max() / busy,
+    )
 
 
 def trainer_table(folder: Path) -> pd.DataFrame:
@@ -182,18 +242,39 @@ def trainer_markdown(folder: Path) -> str:
     )
 
 
-def trainer_findings(folder: Path) -> dict:
+@dataclass(frozen=True)
+class TrainerRuns:
+    """The trainer's runs on the GPU in a sentence: their workload (the first run's), chance, and their accuracies.
+    One run each shows that the CUDA path trains, not which setting is faster."""
+
+    runs: int
+    samples: int
+    epochs: int
+    seq_len: int
+    batch: int
+    eval_samples: int
+    chance: float
+    lowest_accuracy: float
+    highest_accuracy: float
+    above_chance: int
+
+
+def trainer_runs(folder: Path) -> TrainerRuns:
+    """`TrainerRuns` of the runs under `folder` (`trainer_table`), the workload as the first run had it."""
     table = trainer_table(folder)
     accuracy, first = table["val_accuracy"], table.iloc[0]
-    return {
-        "trainer_runs": len(table),
-        "trainer_samples": int(first["train_samples"]),
-        **{f"trainer_{column}": int(first[column]) for column in ("epochs", "seq_len", "batch", "eval_samples")},
-        "trainer_chance": table["chance"].iloc[0],
-        "trainer_lowest_accuracy": accuracy.min(),
-        "trainer_highest_accuracy": accuracy.max(),
-        "trainer_above_chance": int((accuracy > table["chance"]).sum()),
-    }
+    return TrainerRuns(
+        runs=len(table),
+        samples=int(first["train_samples"]),
+        epochs=int(first["epochs"]),
+        seq_len=int(first["seq_len"]),
+        batch=int(first["batch"]),
+        eval_samples=int(first["eval_samples"]),
+        chance=table["chance"].iloc[0],
+        lowest_accuracy=accuracy.min(),
+        highest_accuracy=accuracy.max(),
+        above_chance=int((accuracy > table["chance"]).sum()),
+    )
 
 
 def forecast_markdown(gpu: GpuResults) -> str:
@@ -236,12 +317,52 @@ def emulated_markdown(nodes: dict[str, Experiment]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Findings:
+    """What the GPU chapter quotes."""
+
+    whose: str
+    gpu: GpuSetup
+    mfu_goal: float
+    best: BestMfu
+    goal_word: str
+    fp32: Fp32Rates
+    smallest: BatchGrowth
+    compiled: CompiledTrainer
+    profile: GpuProfile
+    trainer: TrainerRuns
+    forecast: ForecastBounds
+    emulated: EmulatedShares
+    replay: Replay
+
+
+def findings(results: Path, gpu: GpuResults, nodes: dict[str, Experiment], timelines: list[StepTimeline]) -> Findings:
+    """The GPU measured in full under `results` (`load_gpu_results`), its trainer's runs and its step timelines, with
+    the emulated cluster's `nodes` beside its forecast."""
+    links = emulated_table(nodes)
+    return Findings(
+        whose=origin(results / "single_device" / gpu.eager.name),
+        gpu=gpu_setup(gpu),
+        mfu_goal=MFU_GOAL,
+        best=best_mfu(gpu),
+        goal_word=goal_word(gpu),
+        fp32=fp32_rates(gpu),
+        smallest=smallest_model(gpu),
+        compiled=compiled_trainer(gpu),
+        profile=gpu_profile(gpu),
+        trainer=trainer_runs(results / "gpu_trainer"),
+        forecast=forecast_bounds(gpu, links),
+        emulated=emulated_shares(links),
+        replay=replay(timelines),
+    )
+
+
 def print_summary(results: Path) -> None:
     gpu = load_gpu_results(results)
     if gpu is None:
         print(f"no GPU measured under {results}")
         return
-    print(mfu_markdown(gpu), mfu_findings(gpu), step_findings(gpu), sep="\n\n")
+    print(mfu_markdown(gpu), best_mfu(gpu), compiled_trainer(gpu), gpu_profile(gpu), sep="\n\n")
     if (results / "gpu_trainer").is_dir():
         print(trainer_markdown(results / "gpu_trainer"))
     print(
