@@ -27,6 +27,7 @@ from ddp_core.analysis.comparisons import (
     run_times,
     speedup_comparisons,
 )
+from ddp_core.analysis.nvlink_forecast import load_timelines
 from ddp_core.analysis.results import ResultsError, load_experiment, load_study
 from ddp_core.analysis.tables import difference_text, median_range, range_text
 from ddp_core.analysis.verdict import compare, noise_floor
@@ -141,12 +142,12 @@ def test_the_speedup_verdict_reads_right_for_every_outcome(folder, speedups, val
 
 def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(experiment):
     table = scaling_table(experiment)
-    found = prediction.findings(experiment)
+    found = prediction.findings(experiment, load_timelines(REPO / "reference" / "gpu_timeline"))
     predicted = prediction.predict(experiment)
     assert list(predicted.index) == [n for n in WORLD_SIZES if n > 1]
     assert (predicted["measured_speedup"] == table.loc[predicted.index, "speedup"]).all()
     error = predicted["predicted_speedup"] / predicted["measured_speedup"] - 1
-    assert found["max_error"] == pytest.approx(error.abs().max())
+    assert found.max_error == pytest.approx(error.abs().max())
     parts = pd.concat(
         [
             predicted["predicted_compute_s"] / predicted["measured_compute_s"] - 1,
@@ -154,15 +155,15 @@ def test_prediction_is_judged_against_the_measured_speedup_of_the_same_runs(expe
         ]
     ).abs()
     null = (1 / predicted["measured_speedup"] - 1).abs()
-    assert found["parts_max_error"] == pytest.approx(parts.max())
+    assert found.target.parts_max_error == pytest.approx(parts.max())
     meets = error.abs().max() <= 0.10 and parts.max() <= 0.10 and error.abs().max() < null.max()
-    assert found["meets_target"] == ("meets" if meets else "misses")
-    worst = predicted.loc[found["worst_n"]]
+    assert found.target.outcome == ("meets" if meets else "misses")
+    worst = predicted.loc[found.worst.n]
     for part in ("step", "comm", "compute"):
-        assert found[f"worst_{part}_gap_ms"] == pytest.approx(
+        assert getattr(found.worst, f"{part}_gap_ms") == pytest.approx(
             (worst[f"predicted_{part}_s"] - worst[f"measured_{part}_s"]) * 1e3
         )
-    assert found["null_max_error"] == pytest.approx((1 / predicted["measured_speedup"] - 1).abs().max())
+    assert found.target.null_max_error == pytest.approx((1 / predicted["measured_speedup"] - 1).abs().max())
 
 
 def test_a_prediction_without_a_benchmark_at_any_run_s_world_size_says_so_in_one_line(experiment):
@@ -198,12 +199,12 @@ def test_the_prediction_is_judged_against_its_target_the_spread_of_the_repeats_a
     frame["measured_speedup_low"] = frame["measured_speedup"] * 0.9
     frame["measured_speedup_high"] = frame["measured_speedup"] * 1.1
     frame["error"] = frame["predicted_speedup"] / frame["measured_speedup"] - 1
-    found = prediction.target_findings(frame)
-    assert (found["meets_target"], found["predictions_inside"], found["model_vs_null"]) == (meets, inside, against_null)
-    assert found["parts_max_error"] == pytest.approx(max(0.02, comm_error))
-    assert found["null_max_error"] == pytest.approx(max(abs(1 / m - 1) for m in measured))
+    found = prediction.target_check(frame)
+    assert (found.outcome, found.inside, found.model_vs_null) == (meets, inside, against_null)
+    assert found.parts_max_error == pytest.approx(max(0.02, comm_error))
+    assert found.null_max_error == pytest.approx(max(abs(1 / m - 1) for m in measured))
     null_better = [n for n, p, m in zip((2, 4), predicted, measured) if abs(1 / m - 1) < abs(p / m - 1)]
-    assert found["null_better_at"] == (", ".join(f"{n} ranks" for n in null_better) or "no world size")
+    assert found.null_better_at == (", ".join(f"{n} ranks" for n in null_better) or "no world size")
 
 
 def test_figures_draw_each_world_size_from_its_csv(folder, experiment):

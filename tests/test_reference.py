@@ -16,6 +16,7 @@ from conftest import REPO, copy_project, repeat_medians, repeat_runs
 from ddp_core.report import discussion, prediction, scaling_analysis, setup
 from ddp_core.analysis import provenance
 from ddp_core.analysis.comparisons import WARMUP_STEPS
+from ddp_core.analysis.nvlink_forecast import load_timelines
 from ddp_core.analysis.results import load_experiment, load_measurements, load_study, read_measurement, tidy_runs
 from ddp_core.analysis.throughput import throughput_table
 from ddp_core.studies.study_list import load_study_list
@@ -27,7 +28,7 @@ def test_the_reference_results_load_and_every_chapter_computes_from_them():
     experiment = load_experiment(REFERENCE)
     assert list(experiment.runs) == [1, 2, 4] and list(experiment.allreduce) == [2, 4]
     nodes = load_study(REPO / "reference" / "nodes")
-    assert prediction.findings(experiment)
+    assert prediction.findings(experiment, load_timelines(REPO / "reference" / "gpu_timeline"))
     assert discussion.findings(experiment, nodes) and scaling_analysis.findings(experiment, None, nodes)
     assert setup.findings(experiment, REPO / "reference")
     assert len(tidy_runs(experiment)) == len(experiment.metrics)

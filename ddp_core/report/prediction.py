@@ -3,13 +3,24 @@ forecast, and what the CPU these runs used does to the model."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ddp_core.engine.model_cost import bucket_sizes
 from ddp_core.analysis.cost_model import allreduce_fits, measured_allreduce_s, predict
-from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, forecast, nvlink_fit, peak_gemm_flops_per_s
+from ddp_core.analysis.nvlink_forecast import (
+    FORECAST_GPUS,
+    Replay,
+    StepTimeline,
+    forecast,
+    nvlink_fit,
+    peak_gemm_flops_per_s,
+    replay,
+)
+from ddp_core.analysis.provenance import Whose, runs_shown
 from ddp_core.analysis.results import Experiment
 from ddp_core.analysis.tables import counted, quantity_table, range_rows
 
@@ -27,63 +38,29 @@ FORECAST_ROWS = {"parameters": ("parameters", "{:,}"), "buckets": ("DDP buckets"
 }
 
 
-def findings(experiment: Experiment) -> dict:
-    """The numbers and words the chapter's prose quotes; and how the CPU the runs shared bends the model, at the world
-    size it missed most."""
-    prediction, fits = predict(experiment), allreduce_fits(experiment)
-    buckets = bucket_sizes(experiment.baseline.model)
-    largest = max(fits)
-    fit, bench = fits[largest], experiment.allreduce[largest]
-    worst = int(prediction["error"].abs().idxmax())
-    at_worst, one, at_n = prediction.loc[worst], experiment.runs[1], experiment.runs[worst]
-    gap = {
-        part: at_worst[f"predicted_{part}_s"] - at_worst[f"measured_{part}_s"] for part in ("step", "comm", "compute")
-    }
-    threads = at_n.threads_per_rank * at_n.local_world_size
-    return {
-        "largest": largest,
-        "alpha_us": fit.alpha_s * 1e6,
-        "busbw": fit.bus_bandwidth_GBps,
-        "r2": fit.r2,
-        "fit_error": fit.max_relative_error,
-        "buckets": counted(len(buckets), "DDP bucket"),
-        "gradient_mb": sum(buckets) / 2**20,
-        # how far the fit misses the measured all-reduce at the gradient buckets' sizes
-        "bucket_fit_ratio": max(measured_allreduce_s(bench, size, fit) / fit.allreduce_s(size) for size in buckets),
-        "max_error": float(prediction["error"].abs().max()),
-        "worst_n": worst,
-        **target_findings(prediction),
-        **{f"worst_{part}_gap_ms": float(seconds * 1e3) for part, seconds in gap.items()},
-        "worst_cause": "the communication estimate"
-        if abs(gap["comm"]) > abs(gap["compute"])
-        else "the compute estimate",
-        "parts_outcome": "partly cancel" if gap["comm"] * gap["compute"] < 0 else "add up",
-        "exposed_fraction": float(at_worst["exposed_fraction"]),
-        "last_bucket_share": float(at_worst["last_bucket_share"]),
-        "exposure_source": exposure_source(at_worst),
-        "cores": one.cpu_count,
-        "threads_1": counted(one.threads_per_rank, "thread"),
-        "threads_worst": counted(at_n.threads_per_rank, "thread"),
-        "threads_all": threads,
-        "threads_vs_cores": threads_against_cores(threads, one.cpu_count),
-        **{
-            f"{part}_{side}_ms": float(at_worst[f"{side}_{part}_s"] * 1e3)
-            for part in ("compute", "comm")
-            for side in ("predicted", "measured")
-        },
-        "comm_slowdown": float(at_worst["measured_comm_s"] / at_worst["predicted_comm_s"]),
-        "ran_on": "GPUs" if one.on_gpu else "CPU cores",
-    } | forecast_findings(experiment)
-
-
 TARGET = 0.10  # the largest relative error of a predicted speedup that the chapter calls a good prediction
 
 
-def target_findings(prediction: pd.DataFrame) -> dict:
-    """Whether the predictions meet the target: every predicted speedup and each of its parts (compute, all-reduce)
-    within TARGET of the measured one, and the speedups closer than a null model's, which predicts no speedup at
-    all, as ranks that share the cores add no compute (a cost model earns its keep by erring less); and how many
-    lie inside the range of the measured repeats (there this machine cannot tell prediction from measurement)."""
+@dataclass(frozen=True)
+class TargetCheck:
+    """Whether the predictions meet the target: every speedup and part within `bound` (TARGET) of the measured one,
+    and closer than a null model that predicts no speedup, as ranks that share the cores add no compute (a cost model
+    earns its keep by erring less). `inside` counts the predictions within the repeats' range: there this machine
+    cannot tell prediction from measurement."""
+
+    bound: float
+    outcome: str
+    parts_max_error: float
+    inside: int
+    predictions: int
+    null_max_error: float
+    null_worst_n: int
+    model_vs_null: str
+    null_better_at: str
+
+
+def target_check(prediction: pd.DataFrame) -> TargetCheck:
+    """`TargetCheck` of a prediction (`predict`)."""
     error = prediction["error"].abs()
     parts_error = pd.concat([prediction["compute_error"], prediction["comm_error"]]).abs()
     null_error = (1 / prediction["measured_speedup"] - 1).abs()
@@ -91,17 +68,92 @@ def target_findings(prediction: pd.DataFrame) -> dict:
         prediction["measured_speedup_low"], prediction["measured_speedup_high"]
     )
     meets = error.max() <= TARGET and parts_error.max() <= TARGET and error.max() < null_error.max()
-    return {
-        "target": TARGET,
-        "meets_target": "meets" if meets else "misses",
-        "parts_max_error": float(parts_error.max()),
-        "predictions_inside": int(inside.sum()),
-        "predictions": len(prediction),
-        "null_max_error": float(null_error.max()),
-        "null_worst_n": int(null_error.idxmax()),
-        "model_vs_null": "smaller than" if error.max() < null_error.max() else "no smaller than",
-        "null_better_at": ", ".join(f"{n} ranks" for n in prediction.index[null_error < error]) or "no world size",
-    }
+    return TargetCheck(
+        bound=TARGET,
+        outcome="meets" if meets else "misses",
+        parts_max_error=float(parts_error.max()),
+        inside=int(inside.sum()),
+        predictions=len(prediction),
+        null_max_error=float(null_error.max()),
+        null_worst_n=int(null_error.idxmax()),
+        model_vs_null="smaller than" if error.max() < null_error.max() else "no smaller than",
+        null_better_at=", ".join(f"{n} ranks" for n in prediction.index[null_error < error]) or "no world size",
+    )
+
+
+@dataclass(frozen=True)
+class WorstPrediction:
+    """The world size whose speedup the prediction missed most, how far the step, the all-reduce and the compute
+    were predicted from measured there (ms, predicted less measured), and which of the two parts missed more."""
+
+    n: int
+    step_gap_ms: float
+    comm_gap_ms: float
+    compute_gap_ms: float
+    cause: str
+
+
+def worst_prediction(prediction: pd.DataFrame) -> WorstPrediction:
+    """`WorstPrediction` of a prediction (`predict`)."""
+    n = int(prediction["error"].abs().idxmax())
+    row = prediction.loc[n]
+    step, comm, compute = (
+        float(row[f"predicted_{part}_s"] - row[f"measured_{part}_s"]) * 1e3 for part in ("step", "comm", "compute")
+    )
+    return WorstPrediction(
+        n=n,
+        step_gap_ms=step,
+        comm_gap_ms=comm,
+        compute_gap_ms=compute,
+        cause="the communication estimate" if abs(comm) > abs(compute) else "the compute estimate",
+    )
+
+
+@dataclass(frozen=True)
+class PredictedAndMeasured:
+    """One part of a step, as the cost model predicted it and as the runs measured it in training (ms)."""
+
+    predicted_ms: float
+    measured_ms: float
+
+
+def predicted_and_measured(row: pd.Series, part: str) -> PredictedAndMeasured:
+    """`PredictedAndMeasured` of `part` ("comm" or "compute") in a world size's row of `predict`."""
+    return PredictedAndMeasured(float(row[f"predicted_{part}_s"] * 1e3), float(row[f"measured_{part}_s"] * 1e3))
+
+
+@dataclass(frozen=True)
+class NvlinkBound:
+    """The bound on NVLink from published figures, for the runs' workload: the published all-reduce's fit, the
+    fastest published GEMM rate, and the presets on which DDP pays off at that rate, without overlap and at best."""
+
+    alpha_us: float
+    busbw: float
+    r2: float
+    fit_error: float
+    tflops: float
+    batch: int
+    seq: int
+    paying: str
+    paying_best_case: str
+
+
+def nvlink_bound(experiment: Experiment) -> NvlinkBound:
+    """`NvlinkBound` on FORECAST_GPUS GPUs for the workload of `experiment`'s runs (`forecast`)."""
+    workload = experiment.baseline
+    nvlink = nvlink_fit(FORECAST_GPUS)
+    ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
+    return NvlinkBound(
+        alpha_us=nvlink.alpha_s * 1e6,
+        busbw=nvlink.bus_bandwidth_GBps,
+        r2=nvlink.r2,
+        fit_error=nvlink.max_relative_error,
+        tflops=peak_gemm_flops_per_s() / 1e12,
+        batch=workload.global_batch_size,
+        seq=workload.model["max_len"],
+        paying=", ".join(ahead.index[ahead["speedup_no_overlap"] > 1]) or "none",
+        paying_best_case=", ".join(ahead.index[ahead["speedup_last_bucket_only"] > 1]) or "none",
+    )
 
 
 def exposure_source(row: pd.Series) -> str:
@@ -110,26 +162,86 @@ def exposure_source(row: pd.Series) -> str:
     return "the last bucket" if row["exposed_fraction"] < row["last_bucket_share"] else "the measured share"
 
 
-def forecast_findings(experiment: Experiment) -> dict:
-    workload = experiment.baseline
-    nvlink = nvlink_fit(FORECAST_GPUS)
-    ahead = forecast(workload.model, workload.global_batch_size, FORECAST_GPUS)
-    return {
-        "gpus": FORECAST_GPUS,
-        "nv_alpha_us": nvlink.alpha_s * 1e6,
-        "nv_busbw": nvlink.bus_bandwidth_GBps,
-        "nv_r2": nvlink.r2,
-        "nv_fit_error": nvlink.max_relative_error,
-        "nv_tflops": peak_gemm_flops_per_s() / 1e12,
-        "nv_batch": workload.global_batch_size,
-        "nv_seq": workload.model["max_len"],
-        "nv_paying": ", ".join(ahead.index[ahead["speedup_no_overlap"] > 1]) or "none",
-        "nv_paying_best_case": ", ".join(ahead.index[ahead["speedup_last_bucket_only"] > 1]) or "none",
-    }
-
-
 def threads_against_cores(threads: int, cores: int) -> str:
     return "more than" if threads > cores else "as many as" if threads == cores else "fewer than"
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the chapter Predicting scaling quotes."""
+
+    runs: Whose
+    largest: int
+    alpha_us: float
+    busbw: float
+    r2: float
+    fit_error: float
+    buckets: str
+    gradient_mb: float
+    bucket_fit_ratio: float
+    max_error: float
+    target: TargetCheck
+    worst: WorstPrediction
+    parts_outcome: str
+    exposed_fraction: float
+    last_bucket_share: float
+    exposure_source: str
+    ran_on: str
+    cores: int
+    threads_1: str
+    threads_worst: str
+    threads_all: int
+    threads_vs_cores: str
+    compute: PredictedAndMeasured
+    comm: PredictedAndMeasured
+    comm_slowdown: float
+    gpus: int
+    nv: NvlinkBound
+    replay: Replay
+
+
+def findings(experiment: Experiment, timelines: list[StepTimeline]) -> Findings:
+    """The all-reduce fit at the largest world size benchmarked, the prediction against the runs, how the CPU the
+    runs shared bends the model at the world size it missed most, and the NVLink bound and the replay forecast from
+    one GPU's step `timelines`."""
+    prediction, fits = predict(experiment), allreduce_fits(experiment)
+    buckets = bucket_sizes(experiment.baseline.model)
+    largest = max(fits)
+    fit, bench = fits[largest], experiment.allreduce[largest]
+    worst = worst_prediction(prediction)
+    at_worst, one, at_n = prediction.loc[worst.n], experiment.runs[1], experiment.runs[worst.n]
+    threads = at_n.threads_per_rank * at_n.local_world_size
+    return Findings(
+        runs=runs_shown(experiment),
+        largest=largest,
+        alpha_us=fit.alpha_s * 1e6,
+        busbw=fit.bus_bandwidth_GBps,
+        r2=fit.r2,
+        fit_error=fit.max_relative_error,
+        buckets=counted(len(buckets), "DDP bucket"),
+        gradient_mb=sum(buckets) / 2**20,
+        # how far the fit misses the measured all-reduce at the gradient buckets' sizes
+        bucket_fit_ratio=max(measured_allreduce_s(bench, size, fit) / fit.allreduce_s(size) for size in buckets),
+        max_error=float(prediction["error"].abs().max()),
+        target=target_check(prediction),
+        worst=worst,
+        parts_outcome="partly cancel" if worst.comm_gap_ms * worst.compute_gap_ms < 0 else "add up",
+        exposed_fraction=float(at_worst["exposed_fraction"]),
+        last_bucket_share=float(at_worst["last_bucket_share"]),
+        exposure_source=exposure_source(at_worst),
+        ran_on="GPUs" if one.on_gpu else "CPU cores",
+        cores=one.cpu_count,
+        threads_1=counted(one.threads_per_rank, "thread"),
+        threads_worst=counted(at_n.threads_per_rank, "thread"),
+        threads_all=threads,
+        threads_vs_cores=threads_against_cores(threads, one.cpu_count),
+        compute=predicted_and_measured(at_worst, "compute"),
+        comm=predicted_and_measured(at_worst, "comm"),
+        comm_slowdown=float(at_worst["measured_comm_s"] / at_worst["predicted_comm_s"]),
+        gpus=FORECAST_GPUS,
+        nv=nvlink_bound(experiment),
+        replay=replay(timelines),
+    )
 
 
 def allreduce_figure(experiment: Experiment):
