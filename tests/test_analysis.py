@@ -555,17 +555,17 @@ def test_the_discussion_says_how_far_apart_the_presets_need_tokens_as_its_table_
     presets = [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
     row = next(line for line in lines if "ranks like these: break even" in line)
     needed = dict(zip(presets, (float(cell.replace(",", "")) for cell in row.strip("|").split("|")[1:])))
-    found = payoff.payoff_findings(experiment)
-    assert found["most_cpu"] == max(needed, key=needed.get) and found["fewest_cpu"] == min(needed, key=needed.get)
-    assert found["tokens_spread_cpu"] == pytest.approx(max(needed.values()) / min(needed.values()), rel=0.02)
+    found = payoff.payoff(experiment)
+    assert found.most_cpu == max(needed, key=needed.get) and found.fewest_cpu == min(needed, key=needed.get)
+    assert found.tokens_spread_cpu == pytest.approx(max(needed.values()) / min(needed.values()), rel=0.02)
 
 
 def test_the_discussion_gives_the_theorys_own_speedup_from_the_runs_ratio_and_exposed_share(experiment):
     """N x/(1+x), x = R_N/f, with R_N and f the runs' own at the largest benchmarked world size."""
-    found = payoff.payoff_findings(experiment)
-    n = found["n_model"]
+    found = payoff.payoff(experiment)
+    n = found.n_model
     x = scaling_table(experiment).loc[n, "compute_to_comm_ratio"] / scaling_table(experiment).loc[n, "exposed_share"]
-    assert found["theory_speedup"] == pytest.approx(n * x / (1 + x))
+    assert found.theory_speedup == pytest.approx(n * x / (1 + x))
 
 
 @pytest.mark.parametrize(
@@ -590,12 +590,12 @@ def test_the_pages_say_where_the_ranks_ran_in_words_that_hold_for_cpu_ranks_and_
     from dataclasses import replace
 
     from ddp_core.analysis.results import load_experiment
-    from ddp_core.analysis.speedups import largest_findings
+    from ddp_core.analysis.speedups import largest
 
     cpu = load_experiment(REPO / "reference" / "scaling")
     gpu = replace(cpu, repeats={n: [replace(run, device="cuda:0") for run in runs] for n, runs in cpu.repeats.items()})
-    assert largest_findings(cpu)["placement"] == f"shared one machine's {cpu.baseline.cpu_count} CPU cores"
-    assert largest_findings(gpu)["placement"] == "each had a GPU of its own"
+    assert largest(cpu).placement == f"shared one machine's {cpu.baseline.cpu_count} CPU cores"
+    assert largest(gpu).placement == "each had a GPU of its own"
 
 
 @pytest.mark.parametrize(

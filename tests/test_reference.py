@@ -197,18 +197,16 @@ def test_the_first_pages_sharding_finding_gives_ddps_speedup_on_the_modes_links_
     """One DDP on the modes' links: the first page's is the nodes study's on links set for A100s over NVLink, over
     its one node, round by round, as ZeRO-3's beside it; each with the rule's verdict, which calls a speedup faster
     only where every round's lies above 1."""
-    from ddp_core.report.intro import key_findings
+    from ddp_core.analysis import zero
 
-    found = key_findings(REPO / "reference")
+    found = zero.headline(zero.sharding_runs(load_study(NODES)))
     for mode, variant in (("ddp", "a100_nvlink"), ("zero3", "zero3")):
         paired = [
             one / many
-            for one, many in zip(
-                repeat_medians(NODES / "one_node", 1), repeat_medians(NODES / variant, found["sharding_nodes"])
-            )
+            for one, many in zip(repeat_medians(NODES / "one_node", 1), repeat_medians(NODES / variant, found.nodes))
         ]
-        assert found[f"sharding_{mode}_speedup"] == pytest.approx(pd.Series(paired).median())
-        verdict = found[f"sharding_{mode}_speedup_verdict"]
+        assert getattr(found, f"{mode}_speedup") == pytest.approx(pd.Series(paired).median())
+        verdict = getattr(found, f"{mode}_speedup_verdict")
         assert verdict in ("faster", "slower") or verdict.startswith("no visible difference")
         assert verdict != "faster" or min(paired) > 1
         assert verdict != "slower" or max(paired) < 1
@@ -241,15 +239,14 @@ def test_the_first_page_names_emulated_nodes_by_their_ratio_and_every_cluster_be
 def test_the_first_pages_one_device_finding_gives_each_configurations_floor_and_the_gpu_the_gpu_chapter_names():
     """The key findings' One device paragraph: the range of the CPU's per-configuration floors, as the One device
     page's ratio table gives them, and the verdicts of the GPU that the GPU finding beside it names."""
-    from ddp_core.analysis.throughput import configuration_verdicts
-    from ddp_core.report.intro import key_findings
+    from ddp_core.analysis.throughput import configuration_verdicts, ratio_overview
 
-    found = key_findings(REPO / "reference")
-    floors = configuration_verdicts(read_measurement(REPO / "reference" / "single_device" / "cpu"))["floor"]
-    assert found["device_floors"] == f"{floors.min():.1%} to {floors.max():.1%}"
-    assert found["gpu_device_overview_name"] == found["gpu_device"]
+    cpu = read_measurement(REPO / "reference" / "single_device" / "cpu")
+    floors = configuration_verdicts(cpu)["floor"]
+    assert ratio_overview(cpu).floors == f"{floors.min():.1%} to {floors.max():.1%}"
     eager = read_measurement(REPO / "reference" / "single_device" / "cuda-nvidia-h200")
-    assert found["gpu_device_configurations"] == eager.epochs.groupby(["preset", "amp", "batch_size"]).ngroups
+    assert ratio_overview(eager).overview_name == eager.info["device_name"]
+    assert ratio_overview(eager).configurations == eager.epochs.groupby(["preset", "amp", "batch_size"]).ngroups
 
 
 def test_the_sharding_page_says_how_far_apart_its_one_node_repeats_ran():
@@ -390,35 +387,36 @@ def test_no_word_of_a_pdf_table_runs_into_the_next_column(clone):
 
 def test_the_headline_is_the_emulated_nodes_fastest_link_and_names_what_cost_it_most():
     from ddp_core.analysis.emulated import headline, link_experiments
-    from ddp_core.analysis.headline import EXPOSED, headline_findings
+    from ddp_core.analysis.headline import EXPOSED
+    from ddp_core.analysis.headline import headline as first_page_headline
     from ddp_core.analysis.speedups import scaling_table
 
     nodes = load_study(REPO / "reference" / "nodes")
-    found = headline_findings(load_experiment(REFERENCE), nodes)
+    found = first_page_headline(load_experiment(REFERENCE), nodes)
     fastest = next(iter(link_experiments(nodes).values()))
     n, one = fastest.largest, fastest.baseline
-    assert (found["units"], found["most"]) == ("emulated nodes", n)
-    assert found["speedup_shown"] == headline(nodes).fastest.speedup_shown
+    assert (found.units, found.most) == ("emulated nodes", n)
+    assert found.speedup.shown == headline(nodes).fastest.speedup_shown
     table = scaling_table(fastest)
     exposed = table.loc[n, "comm_exposed_per_step_s"]  # below the all-reduce in flight: backward hid some of it
     undivided = table.loc[n, "compute_per_step_s"] - table.loc[1, "compute_per_step_s"] * (
         fastest.runs[n].per_rank_batch_size / one.per_rank_batch_size
     )
-    assert found["limit_ms"] == pytest.approx(max(exposed, undivided) * 1e3)
-    assert (found["limit"] == EXPOSED) == (exposed >= undivided)
-    assert found["step_ms"] == pytest.approx(table.loc[n, "mean_step_s"] * 1e3)
+    assert found.limit_ms == pytest.approx(max(exposed, undivided) * 1e3)
+    assert (found.limit == EXPOSED) == (exposed >= undivided)
+    assert found.step_ms == pytest.approx(table.loc[n, "mean_step_s"] * 1e3)
 
 
 def test_gpu_runs_of_the_results_chapter_are_the_headline_named_by_their_gpu_and_backend(tmp_path):
     from gpu_runs import GPU_NAME, as_gpu_runs
     from ddp_core.analysis.comparisons import speedup_comparisons
-    from ddp_core.analysis.headline import headline_findings, headline_runs
+    from ddp_core.analysis.headline import headline, headline_runs
 
     gpus = load_experiment(as_gpu_runs(REFERENCE, tmp_path / "scaling"))
     nodes = load_study(REPO / "reference" / "nodes")
     assert headline_runs(gpus, nodes).experiment is gpus
-    found = headline_findings(gpus, nodes)
+    found = headline(gpus, nodes)
     largest = speedup_comparisons(gpus)[4]
-    assert (found["units"], found["setting"], found["most"]) == (f"{GPU_NAME} GPUs", "with NCCL", 4)
-    assert float(found["speedup_shown"]) == pytest.approx(largest.ratio, abs=0.05)
-    assert (found["whose"], found["made_on"]) == ("yours", f"4 {GPU_NAME} GPUs")
+    assert (found.units, found.setting, found.most) == (f"{GPU_NAME} GPUs", "with NCCL", 4)
+    assert float(found.speedup.shown) == pytest.approx(largest.ratio, abs=0.05)
+    assert (found.whose, found.made_on) == ("yours", f"4 {GPU_NAME} GPUs")

@@ -20,7 +20,7 @@ from ddp_core.engine.config import global_batch_size, load_profile, parse_args
 from ddp_core.report import precision
 from ddp_core.analysis.comparisons import WARMUP_STEPS, compare_times
 from ddp_core.analysis.compute_ratio import cores_per_rank
-from ddp_core.analysis.provenance import ResultsFrom, results_shown, study_setup_findings
+from ddp_core.analysis.provenance import ResultsFrom, results_shown, study_setup
 from ddp_core.analysis.results import load_experiment, load_study
 from ddp_core.studies.run import main as runner_main, plan_runs
 from ddp_core.studies.study_list import at_world_sizes, load_study_list
@@ -587,15 +587,15 @@ def test_a_study_page_states_how_many_runs_of_how_many_epochs_ran_where(tmp_path
     info = json.loads(runs[0].read_text())
     epochs = {len(metrics_of(run.parent)) for run in runs}
     monkeypatch.chdir(tmp_path / "project")  # the page's project: its runs lie in its reference/
-    found = study_setup_findings(*study.values())
-    assert found["setup_runs"] == f"{len(runs)} runs" and found["setup_repeats"] == "3"
-    assert found["setup_epochs"] == " to ".join(map(str, sorted(epochs))) + " epochs"
-    assert (found["setup_device"], found["setup_cores"], found["setup_torch"]) == (
+    found = study_setup(*study.values())
+    assert found.runs == f"{len(runs)} runs" and found.repeats == "3"
+    assert found.epochs == " to ".join(map(str, sorted(epochs))) + " epochs"
+    assert (found.device, found.cores, found.torch) == (
         info["device_name"],
         info["cpu_count"],
         info["torch"],
     )
-    assert found["setup_shown"].startswith("the reference results shipped with the report")
+    assert found.shown.startswith("the reference results shipped with the report")
 
 
 # The study runner, in a process that Ctrl-C interrupts as a terminal's does (a suite run in a background job would

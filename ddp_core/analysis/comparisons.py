@@ -8,7 +8,7 @@ this way on every page; the `*_phrase`/`*_sentence` helpers word the outcome for
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -213,20 +213,11 @@ class Chance:
     vs_chance: str
 
 
-def chance_findings(experiment: Experiment, world_size: int) -> Chance:
+def chance_at(experiment: Experiment, world_size: int) -> Chance:
     """`Chance` of the runs at `world_size`."""
     run = experiment.repeats[world_size][0]
     chance, bar = chance_bar(run)
     return Chance(run.config.get("eval_samples"), chance, bar, against_chance(experiment, world_size))
-
-
-def chance_glue(key: str, experiment: Experiment, world_size: int) -> dict:
-    """`chance_findings` for a page not yet given a record: each under `<key>_<field>`."""
-    return _keyed(key, chance_findings(experiment, world_size))
-
-
-def _keyed(key: str, record) -> dict:
-    return {f"{key}_{name}": value for name, value in asdict(record).items()}
 
 
 def accuracy_floor(*experiments: Experiment) -> float:
@@ -295,24 +286,6 @@ def judged_accuracies(c: Comparison) -> Judged:
 def judged_speedup(c: Comparison) -> Judged:
     """A speedup, T1/TN (`speedup_comparisons`): 'faster' above 1."""
     return judged(c, "slower", "faster")
-
-
-def accuracy_glue(key: str, c: Comparison) -> dict:
-    """`judged_accuracies` for a page not yet given a record."""
-    j = judged_accuracies(c)
-    return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
-
-
-def speedup_glue(key: str, c: Comparison) -> dict:
-    """`judged_speedup` for a page not yet given a record."""
-    j = judged_speedup(c)
-    return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
-
-
-def time_glue(key: str, c: Comparison) -> dict:
-    """`judged_times` for a page not yet given a record."""
-    j = judged_times(c)
-    return {f"{key}_value": j.value, f"{key}_verdict": j.verdict}
 
 
 PLANTED_EFFECTS = [0.0, 0.05, 0.1, 0.2, 0.5]

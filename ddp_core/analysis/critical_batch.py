@@ -13,7 +13,7 @@ through the measured (1/B, S) gives S_min (its intercept) and E_min (its slope).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -274,14 +274,3 @@ def critical_batch_study(variants: dict[str, Experiment]) -> CriticalBatchStudy:
         rule_unreached=int(rule["steps"].isna().sum()),
         rule_runs=len(rule),
     )
-
-
-def critical_batch_findings(variants: dict[str, Experiment]) -> dict:
-    """`critical_batch_study` for a page not yet given a record: each under `tta_<field>`, a pair's ends under
-    `tta_<field>_<end>`."""
-    found = {}
-    for name, value in asdict(critical_batch_study(variants)).items():
-        found |= (
-            {f"tta_{name}_{end}": v for end, v in value.items()} if isinstance(value, dict) else {f"tta_{name}": value}
-        )
-    return found

@@ -8,7 +8,7 @@ A study is `results.load_study`'s dict of variant -> `Experiment`; `BASELINE` is
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,7 +18,7 @@ from ddp_core.analysis.comparisons import (
     POWER_DRAWS,
     SPEEDUP_RUNS,
     Chance,
-    chance_findings,
+    chance_at,
     compare_speedups,
     paired_sides,
     run_times,
@@ -28,7 +28,6 @@ from ddp_core.analysis.comparisons import (
     study_floor_power,
 )
 from ddp_core.analysis.cost_model import predict
-from ddp_core.analysis.provenance import origin
 from ddp_core.engine.wind_tunnel_file import read_wind_tunnel
 from ddp_core.analysis.results import (
     EMULATED_OTHER_CORES,
@@ -328,7 +327,7 @@ def headline(study: dict[str, Experiment]) -> Headline:
         sharded_runs=sum(len(e.all_runs) for e in study.values() if e.baseline.sharded),
         cores=one.cpu_count,
         spare_cores=one.cpu_count - share * most,
-        one_node=chance_findings(study[BASELINE], 1),
+        one_node=chance_at(study[BASELINE], 1),
         prediction_errors=signs(table["prediction_error"]),
         fastest=link_end(links[fastest], table, settings[(fastest, most)], most),
         slowest=link_end(links[slowest], table, settings[(slowest, most)], most),
@@ -337,17 +336,6 @@ def headline(study: dict[str, Experiment]) -> Headline:
         faster_points=int((table["speedup"] > 1).sum()),
         break_even_held=int(((table["speedup"] > 1) == theory_says_faster).sum()),
     )
-
-
-def headline_findings(study: dict[str, Experiment]) -> dict:
-    """`headline` and `forecast_findings` for the pages not yet given a record, each under `nodes_` and its name on
-    the nodes page, with whose runs they are (`nodes_whose`)."""
-    found = headline(study)
-    records = {"one_node": found.one_node, "fastest": found.fastest, "slowest": found.slowest}
-    values = {key: value for key, value in vars(found).items() if key not in records}
-    values |= {f"{name}_{key}": value for name, record in records.items() for key, value in asdict(record).items()}
-    values |= forecast_findings(study) | {"whose": origin(study[BASELINE].folder)}
-    return {f"nodes_{key}": value for key, value in values.items()}
 
 
 FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step measured
@@ -410,20 +398,6 @@ def forecasts(study: dict[str, Experiment]) -> Forecasts:
         errors=signs(errors),
         error_range=f"{errors.min():+.0%} to {errors.max():+.0%}",
     )
-
-
-def forecast_findings(study: dict[str, Experiment]) -> dict:
-    """`forecasts` for a page not yet given a record, by the names the nodes page once gave them."""
-    found = forecasts(study)
-    return {
-        "forecast_bar": found.bar,
-        "forecasts": found.count,
-        "forecasts_within": found.within,
-        "forecast_rounds": found.rounds,
-        "forecast_rounds_within": found.rounds_within,
-        "forecast_errors": found.errors,
-        "forecast_error_range": found.error_range,
-    }
 
 
 def one_node_drift(study: dict[str, Experiment]) -> dict[float, float]:

@@ -2,12 +2,12 @@
 the first GPU measured in full (eager, compiled and profiled), its model FLOP utilisation against the goal, and the
 forecast of four such GPUs from its measured steps (bounds, `nvlink_forecast.measured_forecast`) placed among the
 emulated cluster's links by their compute-to-communication ratio; the replay forecast from its step timelines
-(`nvlink_forecast.replay_findings`) joins them for the key findings.
+(`nvlink_forecast.replay`) joins them for the key findings.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -18,9 +18,7 @@ from ddp_core.analysis.nvlink_forecast import (
     FORECAST_GPUS,
     SHARE_LOOP,
     WHOLE_LOOP,
-    load_timelines,
     measured_forecast,
-    replay_findings,
 )
 from ddp_core.analysis.results import Experiment, Measurement, load_measurements
 from ddp_core.analysis.step_profile import StepProfile, load_step_profiles
@@ -30,7 +28,6 @@ from ddp_core.analysis.throughput import (
     loop_rounds,
     precision_name,
     ratio_comparison,
-    ratio_findings,
     rounds_floor,
     throughput_table,
 )
@@ -184,17 +181,6 @@ def compiled_trainer(gpu: GpuResults) -> CompiledTrainer:
         rounds=len(seconds),
         verdict=verdict.says("slower", "faster"),
     )
-
-
-def mfu_findings(gpu: GpuResults) -> dict:
-    """`best_mfu`, `goal_word`, `fp32_rates`, `smallest_model` and, where measured, `compiled_trainer` for a page not
-    yet given a record: each record's fields under `<best, fp32, smallest, compiled>_<field>`."""
-    records = {"best": best_mfu(gpu), "fp32": fp32_rates(gpu), "smallest": smallest_model(gpu)}
-    if gpu.compiled is not None:
-        records["compiled"] = compiled_trainer(gpu)
-    return {"goal_word": goal_word(gpu)} | {
-        f"{name}_{key}": value for name, record in records.items() for key, value in asdict(record).items()
-    }
 
 
 def forecast_table(gpu: GpuResults) -> pd.DataFrame:
@@ -384,25 +370,3 @@ def emulated_shares(links: pd.DataFrame) -> EmulatedShares:
         nodes=int(links["nodes"].iloc[0]),
         compute_over_ideal=" and ".join(f"{value:.2f}" for value in links["compute_over_ideal"]),
     )
-
-
-def forecast_findings(gpu: GpuResults, nodes: dict[str, Experiment]) -> dict:
-    """`forecast_bounds` and `emulated_shares` for a page not yet given a record: each under `forecast_<field>`
-    (a record's under `forecast_<ddp, fp32>_<field>`) and `emulated_<field>`."""
-    links = emulated_table(nodes)
-    bounds = forecast_bounds(gpu, links)
-    records = {"ddp": bounds.ddp, "fp32": bounds.fp32}
-    return (
-        {f"forecast_{key}": value for key, value in vars(bounds).items() if key not in records}
-        | {f"forecast_{name}_{key}": value for name, record in records.items() for key, value in asdict(record).items()}
-        | {f"emulated_{key}": value for key, value in asdict(emulated_shares(links)).items()}
-    )
-
-
-def headline_findings(results: Path, nodes: dict[str, Experiment]) -> dict:
-    """`mfu_findings`, `forecast_findings`, `replay_findings` and the One device chapter's `ratio_findings` of the
-    eager trainer named `gpu_<name>`, with the GPU's name as `gpu_device`, for the first page."""
-    gpu = load_gpu_results(results)
-    timelines = load_timelines(results / "gpu_timeline")
-    found = mfu_findings(gpu) | forecast_findings(gpu, nodes) | replay_findings(timelines) | ratio_findings(gpu.eager)
-    return {"gpu_device": gpu.eager.info["device_name"]} | {f"gpu_{key}": value for key, value in found.items()}

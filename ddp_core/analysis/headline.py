@@ -81,12 +81,3 @@ def headline(scaling: Experiment, nodes: dict[str, Experiment]) -> Headline:
         step_ms=row["mean_step_s"] * 1e3,
         **asdict(runs_shown(experiment)),
     )
-
-
-def headline_findings(scaling: Experiment, nodes: dict[str, Experiment]) -> dict:
-    """`headline` for a page not yet given a record."""
-    found = headline(scaling, nodes)
-    return {k: v for k, v in vars(found).items() if k != "speedup"} | {
-        "speedup_shown": found.speedup.shown,
-        "speedup_word": found.speedup.word,
-    }

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -293,18 +293,6 @@ def _replay_end(row: pd.Series) -> ReplayEnd:
         per_gpu_ms=row["per_gpu_ms"],
         over_ideal=row["per_gpu_ms"] / (row["one_gpu_ms"] / FORECAST_GPUS),
     )
-
-
-def replay_findings(timelines: list[StepTimeline]) -> dict:
-    """`replay` for a page not yet given a record: each under `replay_<field>`, an end's under `replay_<end>_<field>`
-    (its `global_batch` as `replay_<end>_global`, the name the first page quotes)."""
-    found = replay(timelines)
-    ends = {"small": found.small, "large": found.large}
-    return {f"replay_{key}": value for key, value in vars(found).items() if key not in ends} | {
-        f"replay_{end}_{'global' if key == 'global_batch' else key}": value
-        for end, record in ends.items()
-        for key, value in asdict(record).items()
-    }
 
 
 def print_forecast(experiment: Experiment) -> None:

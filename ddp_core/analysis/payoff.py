@@ -5,7 +5,7 @@ it, and the key findings."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ddp_core.analysis.comparisons import speedup_comparisons
 from ddp_core.analysis.cost_model import AlphaBeta, fit_alpha_beta, model_compute_to_comm_ratio, predict
@@ -130,11 +130,6 @@ def payoff(experiment: Experiment) -> Payoff:
         allreduce_in_training_factor=float(model_ratio / ratio),
         allreduce_vs_benchmark_factor=float(predicted["measured_comm_s"] / predicted["predicted_comm_s"]),
     )
-
-
-def payoff_findings(experiment: Experiment) -> dict:
-    """`payoff` for a page not yet given a record."""
-    return asdict(payoff(experiment))
 
 
 def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:

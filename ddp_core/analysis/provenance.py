@@ -100,11 +100,6 @@ def runs_shown(*experiments: Experiment) -> Whose:
     )
 
 
-def whose_findings(*experiments: Experiment) -> dict:
-    """`runs_shown` for a page not yet given a record."""
-    return asdict(runs_shown(*experiments))
-
-
 @dataclass(frozen=True)
 class Made:
     """When and on what every result the book shows was made: the days, first to last, and each machine."""
@@ -266,11 +261,6 @@ def study_setup(*experiments: Experiment) -> StudySetup:
         shown=" and ".join(sorted({shown_folder(experiment)[1] for experiment in experiments})),
         **asdict(runs_shown(*experiments)),
     )
-
-
-def study_setup_findings(*experiments: Experiment) -> dict:
-    """`study_setup` for a page not yet given a record: each under `setup_<field>`."""
-    return {f"setup_{key}": value for key, value in asdict(study_setup(*experiments)).items()}
 
 
 def _span(values) -> str:

@@ -118,17 +118,3 @@ def largest(experiment: Experiment) -> Largest:
         speedup_nmax=judged_speedup(speedup_comparisons(experiment)[most]),
         accuracy_nmax=judged_accuracies(compare_accuracies(experiment, experiment, most, 1)),
     )
-
-
-def largest_findings(experiment: Experiment) -> dict:
-    """`largest` for a page not yet given a record."""
-    found = largest(experiment)
-    speedup, accuracy = found.speedup_nmax, found.accuracy_nmax
-    return {k: v for k, v in vars(found).items() if k not in ("speedup_nmax", "accuracy_nmax")} | {
-        "speedup_nmax_value": speedup.value,
-        "speedup_nmax_verdict": speedup.verdict,
-        "speedup_nmax_shown": speedup.shown,
-        "speedup_nmax_word": speedup.word,
-        "accuracy_nmax_value": accuracy.value,
-        "accuracy_nmax_verdict": accuracy.verdict,
-    }

@@ -12,7 +12,7 @@ function's call (`verdict.compare`), the rounds paired.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -188,13 +188,3 @@ def _ratio_span(row: pd.Series) -> RatioSpan:
             if row[outcome] > 0
         ),
     )
-
-
-def ratio_findings(m: Measurement) -> dict:
-    """`ratio_overview` for a page not yet given a record: each under `device_<field>`, a ratio's under
-    `device_<ratio>_<field>`."""
-    overview = ratio_overview(m)
-    spans = {"trainer": overview.trainer, "ddp": overview.ddp}
-    return {f"device_{key}": value for key, value in vars(overview).items() if key not in spans} | {
-        f"device_{name}_{key}": value for name, span in spans.items() for key, value in asdict(span).items()
-    }

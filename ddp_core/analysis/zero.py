@@ -18,7 +18,7 @@ the key findings.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -262,13 +262,3 @@ def headline(study: dict[str, Experiment]) -> Headline:
         zero3_formula_share=zero3["formula"],
         zero3_time=judged_times(zero3_time),
     )
-
-
-def headline_findings(study: dict[str, Experiment]) -> dict:
-    """`headline` for a page not yet given a record: each under `sharding_<field>`, ZeRO-3's time under
-    `sharding_zero3_time_<field>`."""
-    found = asdict(headline(study))
-    time = found.pop("zero3_time")
-    return {f"sharding_{name}": value for name, value in found.items()} | {
-        f"sharding_zero3_time_{name}": value for name, value in time.items()
-    }

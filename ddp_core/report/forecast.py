@@ -4,9 +4,11 @@ JSON the page's script looks a choice up in; a figure of the same forecasts for 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from IPython.display import HTML
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, NullLocator
 
 from ddp_core.analysis.cluster_forecast import (
@@ -17,9 +19,14 @@ from ddp_core.analysis.cluster_forecast import (
     forecast_grid,
     proportional_check,
 )
-from ddp_core.analysis.emulated import BASELINE, forecast_findings
-from ddp_core.analysis.gpu_measurements import forecast_findings as gpu_forecast_findings
-from ddp_core.analysis.gpu_measurements import load_gpu_results, mfu_findings
+from ddp_core.analysis.emulated import BASELINE, Forecasts, forecasts
+from ddp_core.analysis.gpu_measurements import (
+    ForecastBounds,
+    best_mfu,
+    emulated_table,
+    forecast_bounds,
+    load_gpu_results,
+)
 from ddp_core.analysis.nvlink_forecast import FORECAST_GPUS, load_timelines, peak_gemm_flops_per_s
 from ddp_core.analysis.results import load_study
 from ddp_core.analysis.tables import quantity_table
@@ -28,13 +35,6 @@ from ddp_core.analysis.throughput import precision_name
 # The choice the page opens with and the figure draws around: the large model with the most work per GPU the H200's
 # timelines measured (their check on the page is at 256 tokens), where dividing the step erred least.
 DEFAULT = {"preset": "large", "seq_len": 256, "batch_per_gpu": 64, "mfu": 0.2, "interconnect": "nvlink", "gpus": 4}
-
-
-# What the page quotes of the GPU chapter's forecast from one GPU's measured steps, for its caveat.
-MEASURED_FORECAST = tuple(
-    f"forecast_{key}"
-    for key in ("batch", "seq_len", "compute_over_ideal", "speedup_low", "speedup_high", "speedup_word")
-)
 
 
 def workload(results: Path) -> dict:
@@ -54,38 +54,58 @@ def grid_json(results: Path) -> str:
     return json.dumps({"choices": CHOICES, "default": DEFAULT, "rows": rows}, separators=(",", ":"))
 
 
-def trust_findings(results: Path) -> dict:
-    """What the page quotes beside its answer: the emulated nodes' forecasts against their runs (`forecast_findings`),
-    how far dividing the whole batch's step overstated a measured GPU's speedup (`proportional_check`), its best MFU,
-    the GPU chapter's forecast from that GPU's measured steps at a small batch beside this page's at the same shape,
-    the published peak, and the most GPUs each published all-reduce measured."""
+@dataclass(frozen=True)
+class WorstCheck:
+    """Where dividing the whole batch's step overstated a measured GPU's speedup most (`proportional_check`)."""
+
+    most_over: float  # the divided speedup over the measured one
+    batch: int
+    seq_len: int
+    precision: str
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the page quotes beside its answer, and every choice's forecast for its script (`forecast_grid`)."""
+
+    forecast_grid: HTML
+    nodes_forecast: Forecasts  # the emulated nodes' forecasts against their runs
+    gpu_device: str
+    gpu_best_mfu: float
+    gpu_forecast: ForecastBounds  # the GPU chapter's, from the measured steps at a small batch
+    page_at_measured: float  # this page's speedup at that shape
+    check: WorstCheck
+    peak_tflops: float
+    nvlink_max_gpus: int  # the most GPUs each published all-reduce measured
+    ethernet_max_gpus: int
+
+
+def findings(results: Path) -> Findings:
+    """How far to trust the page's forecasts: against the emulated nodes' runs, against a measured GPU's steps, and
+    within what the publications measured."""
     nodes = load_study(results / "nodes")
     check = proportional_check(load_timelines(results / "gpu_timeline"))
     over = check["divided_share"] / check["measured_share"]
     worst = check.loc[over.idxmax()]
     gpu = load_gpu_results(results)
-    measured = gpu_forecast_findings(gpu, nodes)
-    return (
-        {f"nodes_{key}": value for key, value in forecast_findings(nodes).items()}
-        | {f"gpu_{key}": measured[key] for key in MEASURED_FORECAST}
-        | {
-            "page_at_measured": cluster_forecast(
-                Cluster(
-                    **DEFAULT | {"seq_len": measured["forecast_seq_len"], "batch_per_gpu": measured["forecast_batch"]}
-                ),
-                nodes[BASELINE].baseline.model,
-            )["speedup"]
-        }
-        | {
-            "gpu_device": gpu.eager.info["device_name"],
-            "gpu_best_mfu": mfu_findings(gpu)["best_mfu"],
-            "check_most_over": over.max(),
-            "check_batch": int(worst["batch_per_gpu"]),
-            "check_seq_len": int(worst["seq_len"]),
-            "check_precision": precision_name(worst["amp"]),
-            "peak_tflops": peak_gemm_flops_per_s() / 1e12,
-        }
-        | {f"{name}_max_gpus": most_gpus for name, (_, most_gpus) in INTERCONNECTS.items()}
+    measured = forecast_bounds(gpu, emulated_table(nodes))
+    at_measured = Cluster(**DEFAULT | {"seq_len": measured.seq_len, "batch_per_gpu": measured.batch})
+    return Findings(
+        forecast_grid=HTML(f'<script type="application/json" id="forecast-grid">{grid_json(results)}</script>'),
+        nodes_forecast=forecasts(nodes),
+        gpu_device=gpu.eager.info["device_name"],
+        gpu_best_mfu=best_mfu(gpu).mfu,
+        gpu_forecast=measured,
+        page_at_measured=cluster_forecast(at_measured, nodes[BASELINE].baseline.model)["speedup"],
+        check=WorstCheck(
+            most_over=over.max(),
+            batch=int(worst["batch_per_gpu"]),
+            seq_len=int(worst["seq_len"]),
+            precision=precision_name(worst["amp"]),
+        ),
+        peak_tflops=peak_gemm_flops_per_s() / 1e12,
+        nvlink_max_gpus=INTERCONNECTS["nvlink"][1],
+        ethernet_max_gpus=INTERCONNECTS["ethernet"][1],
     )
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 from ddp_core.analysis.comparisons import (
     Chance,
     Judged,
-    chance_findings,
+    chance_at,
     compare_times,
     final_accuracies,
     judged_times,
@@ -112,7 +112,7 @@ def findings(study: dict[str, Experiment]) -> Findings:
         accum_same_model="the same model" if same else "different models",
         accum_within_rounding="within" if same else "beyond",
         accum_ddp_ranks=ddp.largest,
-        accum=chance_findings(one_batch, 1),
+        accum=chance_at(one_batch, 1),
         accum_time=judged_times(compare_times(accumulated, one_batch, floor=floor)),
         accum_ddp_time=judged_times(compare_times(ddp, one_batch, a_ranks=ddp.largest, floor=floor)),
         setup=study_setup(*study.values()),

@@ -3,61 +3,78 @@ offers `findings` for the page's glue, the headline of the chapters that derive 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ddp_core.analysis import gpu_measurements, headline, zero
-from ddp_core.analysis.comparisons import study_floor_power
-from ddp_core.analysis.critical_batch import critical_batch_findings
+from ddp_core.analysis import emulated, headline, zero
+from ddp_core.analysis.comparisons import Judged
+from ddp_core.analysis.critical_batch import CriticalBatchStudy, critical_batch_study
 from ddp_core.analysis.emulated import (
     BASELINE,
     SIMILARITY_EFFECT,
-    headline_findings,
+    Forecasts,
     link_experiments,
     node_share,
     nodes_figure,
     similarity_table,
     similarity_test_table,
 )
+from ddp_core.analysis.emulated import Headline as NodesHeadline
+from ddp_core.analysis.gpu_measurements import ForecastBounds, emulated_table, forecast_bounds, load_gpu_results
+from ddp_core.analysis.headline import Headline
 from ddp_core.analysis.likeness import likeness_table
-from ddp_core.analysis.payoff import payoff_findings
-from ddp_core.analysis.provenance import origin, shown_folder, whose_findings
-from ddp_core.analysis.results import Experiment, load_experiment, load_measurements, load_study, point_label
-from ddp_core.analysis.speedups import largest_findings, scaling_table
-from ddp_core.analysis.tables import counted, cpu_relation, machine_text, median_range, noise_format, quantity_table
-from ddp_core.analysis.throughput import ratio_findings
+from ddp_core.analysis.nvlink_forecast import Replay, load_timelines, replay
+from ddp_core.analysis.provenance import Whose, origin, runs_shown
+from ddp_core.analysis.results import Experiment, load_experiment, load_study, point_label
+from ddp_core.analysis.speedups import largest, scaling_table
+from ddp_core.analysis.tables import counted, median_range, noise_format, quantity_table
+from ddp_core.analysis.zero import Headline as ShardingHeadline
 from ddp_core.studies.study_list import load_study_list
 
 
-def key_findings(results: Path) -> dict:
-    """The main result of each chapter the first page leads with, from the studies in `results`: the results
-    chapter's runs, the emulated nodes (`nodes_`), the GPU (`gpu_`), time to accuracy (`tta_`), the One device
-    chapter's ratios (`device_`; the GPU's among the `gpu_` findings), sharding (`sharding_`) and the list of
-    studies."""
+@dataclass(frozen=True)
+class Findings:
+    """What the first page quotes: the headline, and the main result of each chapter it leads with."""
+
+    headline: Headline  # the runs whose processes each had compute of their own
+    largest: int  # the results chapter's runs, at the most ranks
+    placement: str
+    speedup_nmax: Judged
+    runs: Whose
+    nodes: NodesHeadline
+    nodes_forecast: Forecasts
+    nodes_whose: str
+    gpu_device: str
+    gpu_forecast: ForecastBounds
+    gpu_replay: Replay
+    tta: CriticalBatchStudy
+    sharding: ShardingHeadline
+    study_count: int  # the studies beyond the results chapter's, from the study list itself
+
+
+def findings(results: Path) -> Findings:
+    """The main result of each chapter the first page leads with, from the studies in `results`."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
-    # The studies beyond the results chapter's, from the study list itself: the overview the first page gives can
-    # then never leave one out.
-    titles = [study.title for name, study in load_study_list().items() if name != "scaling"]
-    # The One device chapter's ratios on the device the results chapter's runs had, or on the first one measured.
-    measurements = load_measurements(results / "single_device")
-    same = [m for m in measurements if m.info["device_name"] == scaling.baseline.device_name]
-    measured = (same or measurements)[0]
-    return (
-        findings(scaling)
-        | headline_findings(nodes)
-        | {"nodes_results_kind": shown_folder(nodes[BASELINE])[1]}
-        | {f"headline_{key}": value for key, value in headline.headline_findings(scaling, nodes).items()}
-        | gpu_measurements.headline_findings(results, nodes)
-        | {"study_count": len(titles), "study_titles": "; ".join(titles)}
-        | critical_batch_findings(load_study(results / "time_to_accuracy"))
-        | ratio_findings(measured)
-        | {
-            "runs_machine": machine_text(scaling.baseline.raw),
-            "runs_cpu_relation": cpu_relation(measured.info, scaling.baseline.raw),
-        }
-        | zero.headline_findings(zero.sharding_runs(nodes))
+    gpu = load_gpu_results(results)
+    shared = largest(scaling)
+    return Findings(
+        headline=headline.headline(scaling, nodes),
+        largest=shared.largest,
+        placement=shared.placement,
+        speedup_nmax=shared.speedup_nmax,
+        runs=runs_shown(scaling),
+        nodes=emulated.headline(nodes),
+        nodes_forecast=emulated.forecasts(nodes),
+        nodes_whose=origin(nodes[BASELINE].folder),
+        gpu_device=gpu.eager.info["device_name"],
+        gpu_forecast=forecast_bounds(gpu, emulated_table(nodes)),
+        gpu_replay=replay(load_timelines(results / "gpu_timeline")),
+        tta=critical_batch_study(load_study(results / "time_to_accuracy")),
+        sharding=zero.headline(zero.sharding_runs(nodes)),
+        study_count=sum(name != "scaling" for name in load_study_list()),
     )
 
 
@@ -195,24 +212,4 @@ def summary_markdown(results: Path) -> str:
             "floor": ("Noise floor", "{}"),
             "why": ("Why", "{}"),
         },
-    )
-
-
-def findings(experiment: Experiment) -> dict:
-    table = scaling_table(experiment)
-    one = experiment.baseline
-    return (
-        largest_findings(experiment)
-        | payoff_findings(experiment)
-        | whose_findings(experiment)
-        | {
-            "parameters": one.parameters,
-            "device": one.device_name,
-            "backend": one.backend,
-            "efficiencies": " and ".join(
-                f"{table.loc[n, 'efficiency']:.0%} at {n} ranks" for n in table.index if n > 1
-            ),
-            # how often runs this noisy find a true 10 % difference, beside every verdict on them
-            "speedup_nmax_power": study_floor_power({"": experiment})["found_10"],
-        }
     )

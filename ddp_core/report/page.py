@@ -33,9 +33,3 @@ def glue_findings(record) -> None:
     """Glue each of a page's findings; a numpy number as the Python number it is, which the prose's formats take."""
     for name, value in glued(record).items():
         glue(name, value.item() if isinstance(value, np.generic) else value, display=False)
-
-
-def glue_all(findings: dict) -> None:
-    """Each finding under its name: the pages not yet given a record of their findings."""
-    for name, value in findings.items():
-        glue(name, value.item() if isinstance(value, np.generic) else value, display=False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ddp_core.analysis.comparisons import (
     Chance,
     Judged,
-    chance_findings,
+    chance_at,
     compare_accuracies,
     compare_times,
     judged_accuracies,
@@ -97,7 +97,7 @@ def findings(study: dict[str, Experiment], measurements: list[Measurement]) -> F
         precision_speed=judged_times(compare_times(study["bf16"], study["fp32"])),
         precision_eval_set="the whole evaluation split" if samples is None else counted(samples, "evaluation sample"),
         precision_accuracy=judged_accuracies(compare_accuracies(study["bf16"], study["fp32"])),
-        precision=chance_findings(study["fp32"], 1),
+        precision=chance_at(study["fp32"], 1),
         crossref=crossref(measurements, fp32),
         setup=study_setup(*study.values()),
     )
