@@ -400,13 +400,16 @@ def link_choice(record: dict[str, ModelledVariant], variant: str, nodes: int) ->
 
 
 def link_label(experiment: Experiment) -> str:
-    """What an experiment's links are set for: where the wind tunnel set them (`ddp_core.studies.wind_tunnel`), the
-    compute-to-communication ratio they were set to at each number of nodes ("ratio 2.6", "ratios 5.1 and 1.6"),
-    not the cluster that ratio is borrowed from (`borrowed_from`); else '1 Gbit/s' or 'unshaped'."""
+    """What an experiment's links are set for, in a legend's or a table's words. Where the wind tunnel set them, the
+    ratio at each number of nodes ("ratio 2.6", "ratio 5.1 at 2 nodes, 1.6 at 4"); else '1 Gbit/s' or 'unshaped'."""
     modelled = wind_tunnel_record(experiment.folder.parent).get(experiment.folder.name)
     if modelled:
-        targets = [choice.target_ratio for _, choice in sorted(modelled.by_nodes.items())]
-        return ("ratio " if len(targets) == 1 else "ratios ") + " and ".join(f"{target:.2g}" for target in targets)
+        targets = [(n, choice.target_ratio) for n, choice in sorted(modelled.by_nodes.items())]
+        if len(targets) == 1:
+            return f"ratio {targets[0][1]:.2g}"
+        return "ratio " + ", ".join(
+            f"{target:.2g} at {n}" + (" nodes" if i == 0 else "") for i, (n, target) in enumerate(targets)
+        )
     rate = next(run.raw["network"]["link_rate_gbit_s"] for run in experiment.all_runs if run.world_size > 1)
     return "unshaped" if rate is None else rate_text(rate)
 

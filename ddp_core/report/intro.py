@@ -25,8 +25,6 @@ from ddp_core.analysis.emulated import (
 from ddp_core.analysis.emulated import Headline as NodesHeadline
 from ddp_core.analysis.gpu_measurements import ForecastBounds, emulated_table, forecast_bounds, load_gpu_results
 from ddp_core.analysis.headline import Headline
-from ddp_core.analysis.likeness import likeness_table
-from ddp_core.analysis.nvlink_forecast import Replay, load_timelines, replay
 from ddp_core.analysis.provenance import Whose, origin, runs_shown
 from ddp_core.analysis.results import Experiment, load_experiment, load_study, point_label
 from ddp_core.analysis.speedups import largest, scaling_table
@@ -49,7 +47,6 @@ class Findings:
     nodes_whose: str
     gpu_device: str
     gpu_forecast: ForecastBounds
-    gpu_replay: Replay
     tta: CriticalBatchStudy
     sharding: ShardingHeadline
     study_count: int  # the studies beyond the results chapter's, from the study list itself
@@ -71,7 +68,6 @@ def findings(results: Path) -> Findings:
         nodes_whose=origin(nodes[BASELINE].folder),
         gpu_device=gpu.eager.info["device_name"],
         gpu_forecast=forecast_bounds(gpu, emulated_table(nodes)),
-        gpu_replay=replay(load_timelines(results / "gpu_timeline")),
         tta=critical_batch_study(load_study(results / "time_to_accuracy")),
         sharding=zero.headline(zero.sharding_runs(nodes)),
         study_count=sum(name != "scaling" for name in load_study_list()),
@@ -130,25 +126,6 @@ def gpus_figure(scaling: Experiment, nodes: dict[str, Experiment]):
         ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
-
-
-def likeness_markdown(results: Path) -> str:
-    """`likeness_table`: the headline's emulated nodes beside the clusters whose ratio they borrow, a column each."""
-    table = likeness_table(load_study(results / "nodes"))
-    return quantity_table(
-        table,
-        {
-            "model": ("Model", "{}"),
-            "global_batch": ("Global batch", "{:.0f}"),
-            "bench_ratio": ("Compute over all-reduce, as a benchmark times it ($R_N^\\text{bench}$)", "{:.2f}"),
-            "runs_ratio": ("Compute over all-reduce inside the runs ($R_N$)", "{:.2f}"),
-            "exposed_share": ("Share of the all-reduce that backward did not hide ($f$)", "{:.0%}"),
-            "fixed_ms": ("All-reduce time a faster link would not remove (ms per step)", "{:.2f}"),
-            "speedup": ("Speedup over one", "{}"),
-        },
-        turned=True,
-        column_names=list(table.index),
-    )
 
 
 def summary_table(results: Path) -> pd.DataFrame:
@@ -210,6 +187,6 @@ def summary_markdown(results: Path) -> str:
             "efficiency": ("Efficiency", "{}"),
             "verdict": ("Verdict", "{}"),
             "floor": ("Noise floor", "{}"),
-            "why": ("Why", "{}"),
+            "why": ("Why: $R_N$ against the break-even", "{}"),
         },
     )
