@@ -1,5 +1,5 @@
-"""Gradient buckets and overlap, over an emulated link: how DDP's bucket size sets the all-reduces of a step and how
-much of them backward hides."""
+"""Gradient buckets over an emulated link: how DDP's bucket size sets a step's all-reduces, and how much of them
+backward hides."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from ddp_core.analysis.tables import ALLREDUCE_IN_FLIGHT_MS, STEP_RANGE_MS, in_w
 
 
 def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per bucket setting: the all-reduces a step launched, the step (the median of the repeats' median
-    steps, with their lowest and highest) and its communication (means over the steady epochs) at the study's
-    world size."""
+    """One row per bucket setting at the study's world size: the all-reduces a step launched, the step, and its
+    communication."""
     rows = {}
     for variant, e in study.items():
         run = e.runs[e.largest]
@@ -34,6 +33,7 @@ def bucket_table(study: dict[str, Experiment]) -> pd.DataFrame:
         rows[variant] = {
             "bucket_cap_mb": np.nan if cap is None else cap,
             "allreduces": run.raw.get("allreduces_per_step", np.nan),
+            # the step: the median of the repeats' median steps, with their range. Communication: steady epochs' mean.
             **at_world_size(e, e.largest),
         }
     return pd.DataFrame(rows).T
@@ -54,8 +54,8 @@ def bucket_markdown(study: dict[str, Experiment]) -> str:
 
 @dataclass(frozen=True)
 class DrawnStep:
-    """How long the step a variant's timeline draws took, beside its run's median step: one step is an example, not
-    a measure."""
+    """How long the step a variant's timeline draws took, beside its run's median step. One step is an example, not a
+    measure."""
 
     drawn_ms: float
     median_ms: float
@@ -89,8 +89,8 @@ class Findings:
 
 
 def findings(study: dict[str, Experiment]) -> Findings:
-    """One bucket and 1 MiB buckets against PyTorch's default in time per sample, on one floor for both, with the
-    model and link they ran over and the step each variant's timeline draws."""
+    """One bucket and 1 MiB buckets against PyTorch's default in time per sample, on one floor for both. Also the
+    model and link they ran over, and the step each timeline draws."""
     default = study["default_buckets"]
     n = default.largest
     floor = time_floor(*study.values())
@@ -117,8 +117,8 @@ def _timeline(experiment: Experiment) -> pd.DataFrame:
 
 
 def timeline_figure(study: dict[str, Experiment]):
-    """The median step of rank 0 (of repeat 1's last epoch) per bucket setting: the phases on one row and each bucket's
-    all-reduce on the row below, on one time axis, so that the overlap of backward and communication shows."""
+    """Rank 0's median step per bucket setting: the phases on one row, each bucket's all-reduce on the row below. One
+    time axis shows how backward and communication overlap."""
     variants = list(study)
     fig, axes = plt.subplots(len(variants), 1, figsize=(10, 1.5 * len(variants) + 0.7), sharex=True)
     colors = {"forward": "C0", "backward": "C1", "optimizer": "C2", "all-reduce": "C3"}

@@ -110,12 +110,11 @@ def findings(study: dict[str, Experiment]) -> Findings:
 
 
 def learned(train_loss: float, classes: int) -> str:
-    """Whether the runs trained long enough for accuracy to say anything: 'has not learned' at or above a uniform
-    guess's loss, ln(classes); 'has barely learned' within 5 % below it; 'has learned' below that."""
-    guess = np.log(classes)
+    """Whether the runs trained long enough for accuracy to say anything, judged by their loss against a guess's."""
+    guess = np.log(classes)  # the loss of a uniform guess
     if train_loss >= guess:
         return "has not learned"
-    return "has barely learned" if train_loss > 0.95 * guess else "has learned"
+    return "has barely learned" if train_loss > 0.95 * guess else "has learned"  # barely: within 5 % below it
 
 
 def compression_figure(study: dict[str, Experiment]):

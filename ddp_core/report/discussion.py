@@ -23,8 +23,8 @@ from ddp_core.analysis.payoff import CPU, GPU, Payoff, benchmarked, payoff, rati
 
 @dataclass(frozen=True)
 class Findings:
-    """What the discussion quotes: the results chapter's runs at the most ranks, where the time beyond T1/N went,
-    the theory's verdict on them (`payoff`), and the emulated nodes beside them."""
+    """What the discussion quotes: the results chapter's runs at the most ranks, and where their time beyond T1/N
+    went. Also the theory's verdict on them (`payoff`), and the emulated nodes beside them."""
 
     largest: int
     placement: str
@@ -54,12 +54,12 @@ class Findings:
 
 
 def findings(experiment: Experiment, nodes: dict[str, Experiment]) -> Findings:
-    """Does DDP pay, and where the time beyond T1/N went per step at the largest world size. The lost time is the
-    mean step's excess over T1/N: compute that did not shrink as 1/N, exposed communication, and what the timed
-    phases leave out. All are means over the same steady epochs, so the parts add up."""
+    """Whether DDP pays, and where each step's time beyond T1/N went at the largest world size."""
     table = scaling_table(experiment)
     most = experiment.largest
     one, big = table.loc[1], table.loc[most]
+    # Lost: compute that did not shrink as 1/N, exposed communication, and what the timed phases leave out.
+    # All are means over the same steady epochs, so the parts add up.
     lost = big["mean_step_s"] - one["mean_step_s"] / most
     lost_compute = big["compute_per_step_s"] - one["compute_per_step_s"] / most
     lost_comm = big["comm_exposed_per_step_s"]
@@ -98,8 +98,8 @@ def findings(experiment: Experiment, nodes: dict[str, Experiment]) -> Findings:
 
 
 def _divided_comparison(experiment: Experiment, n: int) -> Comparison:
-    """Each repeat's measured compute per step at `n` ranks against the 1-rank compute of its round divided by the
-    cores a rank got, through the one verdict function."""
+    """Each repeat's compute per step at `n` ranks against its round's 1-rank compute, divided by the cores a rank
+    got. The one verdict function judges them."""
     compute = paired_sides(experiment, "compute_per_step_s")
     one, run = experiment.runs[1], experiment.runs[n]
     divided = [rank_compute_s(c, one, run) for c in compute[1]]
@@ -112,8 +112,8 @@ def _targets(experiment: Experiment) -> dict[str, float]:
 
 
 def ratio_figure(experiment: Experiment):
-    """R_N against tokens per rank, per preset, on ranks like the results chapter's and on A100s, with the two
-    targets; one legend below both panels, off the curves."""
+    """R_N against tokens per rank, a line per preset, with the two targets. One panel is ranks like the results
+    chapter's, the other A100s."""
     n, _ = benchmarked(experiment)
     ratios = ratio_per_token(experiment)
     presets = list(preset_configs(experiment.baseline.model))
@@ -131,6 +131,7 @@ def ratio_figure(experiment: Experiment):
     measured = scaling_table(experiment).loc[n, "compute_to_comm_ratio"]
     axes[0].plot(experiment.runs[n].tokens_per_rank, measured, "k*", markersize=10, label="these runs, measured")
     axes[0].set_ylabel("$R_N = (T_c/N)/T_\\mathrm{comm}$")
+    # one legend below both panels, off the curves
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig

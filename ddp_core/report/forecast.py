@@ -1,5 +1,5 @@
-"""The forecast page: every choice it offers evaluated when the book is built (`cluster_forecast.forecast_grid`), as
-JSON the page's script looks a choice up in; a figure of the same forecasts for the PDF; and how far to trust them."""
+"""The forecast page: every choice it offers, evaluated when the book is built, as JSON for the page's script.
+Also a figure of the same forecasts for the PDF, and how far to trust them."""
 
 from __future__ import annotations
 
@@ -110,8 +110,8 @@ def findings(results: Path) -> Findings:
 
 
 def speedup_figure(results: Path):
-    """The forecast speedup against the GPUs, a line per model, over each interconnect, at the default's length,
-    batch a GPU and utilisation (in its title); dashed where the publication measured fewer GPUs."""
+    """The forecast speedup against the GPUs, a line per model and a panel per interconnect, at the default's workload.
+    A dashed line marks the most GPUs the publication measured."""
     shape = workload(results)
     fig, axes = plt.subplots(1, len(INTERCONNECTS), figsize=(9, 3.4), sharey=True)
     for ax, interconnect in zip(axes, INTERCONNECTS):
@@ -132,7 +132,7 @@ def speedup_figure(results: Path):
         ax.yaxis.set_minor_formatter(NullFormatter())
     axes[0].set_ylabel("speedup over one GPU")
     axes[0].legend(fontsize=8)
-    fig.suptitle(
+    fig.suptitle(  # the default's length, batch a GPU and utilisation
         f"{DEFAULT['seq_len']} tokens, {DEFAULT['batch_per_gpu']} sequences a GPU, "
         f"{DEFAULT['mfu']:.0%} of the A100's peak",
         fontsize=10,

@@ -1,10 +1,10 @@
-"""The GPU chapter (book/gpu.md): one GPU's throughput and model FLOP utilisation by model, precision and batch,
-where a step of the report's GPU workload goes, the trainer end to end on IMDB, and the 4-GPU forecasts beside the
-emulated cluster's links at the same number of nodes, over `ddp_core.analysis.gpu_measurements`.
+"""The GPU chapter (book/gpu.md), over `ddp_core.analysis.gpu_measurements`.
 
     python -m ddp_core.report.gpu book/results      # prints the tables, from the links the book's build made
 
-It reads what `benchmarks/gpu_session.sh` measures: `single_device/<gpu>` (eager) and `single_device/<gpu>-compiled`,
+It shows one GPU's throughput and MFU by model, precision and batch, and where a step's time goes.
+It also shows the trainer end to end on IMDB, and the 4-GPU forecasts beside the emulated links at as many nodes.
+It reads what `benchmarks/gpu_session.sh` measures: `single_device/<gpu>`, eager and `-compiled`,
 `step_profile/<gpu>`, and the trainer's runs under `gpu_trainer/<preset>-<amp>`.
 """
 
@@ -56,8 +56,8 @@ from ddp_core.analysis.throughput import CONFIG, configuration_text, peak_tflops
 
 @dataclass(frozen=True)
 class GpuSetup:
-    """The GPU the chapter measured and the software it ran, its datasheet's dense bf16 peak and one large product's
-    rate in bf16 (TFLOP/s), and the throughput measurement's rounds and sequence length."""
+    """The GPU the chapter measured and the software it ran, with its rates and the throughput measurement's
+    settings."""
 
     name: str
     driver: str
@@ -66,8 +66,8 @@ class GpuSetup:
     torch: str
     measured_on: str
     commit: str
-    peak_tflops: float
-    matmul_tflops: float
+    peak_tflops: float  # the datasheet's dense bf16 peak
+    matmul_tflops: float  # one large product's rate in bf16
     rounds: int
     seq_len: int
 
@@ -148,8 +148,9 @@ def mfu_figure(gpu: GpuResults):
 
 @dataclass(frozen=True)
 class GpuProfile:
-    """The profiled step beside the same workload's step unprofiled: the kernels' time is a share of each, since the
-    profiler slows the loop that launches them; and the matrix products' and the largest other category's time."""
+    """The profiled step, with the kernels' time as a share of it and of the same workload's unprofiled step. Both
+    shares, since the profiler slows the loop that launches the kernels. Also the matrix products' time and the
+    largest other category's."""
 
     config: str
     steps: int
@@ -169,12 +170,12 @@ class GpuProfile:
 
 
 def gpu_profile(gpu: GpuResults) -> GpuProfile:
-    """`GpuProfile` of a GPU's profile; the unprofiled step is the median epoch's of the trainer's own loop, timers
-    off, as the profile ran it."""
+    """`GpuProfile` of a GPU's profile."""
     p = gpu.profile
     ops = categorised(p)
     busy = ops["self_s_per_step"].sum()
     config = (p.info["preset"], p.info["amp"], p.info["batch_size"])
+    # unprofiled: the median epoch's step of the trainer's own loop, timers off, as the profile ran it
     loop = gpu.eager.epochs.set_index(CONFIG).loc[config].query("loop == 'ddp_core'")
     unprofiled = (loop["seconds"] / (loop["samples"] / config[2])).median()
     products = ops[ops["category"] == "matrix products"]
@@ -201,8 +202,8 @@ def gpu_profile(gpu: GpuResults) -> GpuProfile:
 
 
 def trainer_table(folder: Path) -> pd.DataFrame:
-    """One row per run of the trainer on the GPU (`gpu_session.sh trainer`): model, precision, parameters, the last
-    epoch's samples/s and validation accuracy, and chance for its classes."""
+    """One row per run of the trainer on the GPU (`gpu_session.sh trainer`): its last epoch's speed and accuracy, and
+    chance for its classes."""
     rows = []
     for run_dir in sorted(p.parent for p in folder.glob("*/run.json")):
         metrics, info = read_run(run_dir)

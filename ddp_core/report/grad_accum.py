@@ -1,5 +1,5 @@
-"""Gradient accumulation against DDP: the same global batch formed on one rank at once, on one rank in micro-batches,
-and on several ranks, the same model to float32's order of sums."""
+"""Gradient accumulation against DDP: one global batch formed at once, in micro-batches, or over several ranks.
+All three should train the same model, up to float32's order of sums."""
 
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ from ddp_core.analysis.tables import FINAL_ACCURACY, difference_text, quantity_t
 
 
 def accumulation_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant: how the global batch was formed, its median step, and how far its losses lie
-    from the first variant's, epoch by epoch, repeat k against repeat k (the same seed), the largest gap of all."""
+    """Per variant: how the global batch was formed, its median step, and its largest loss gap to the first
+    variant."""
     reference = next(iter(study.values()))
     rows = {}
     for variant, e in study.items():
         run = e.baseline
+        # epoch by epoch, repeat k against repeat k: the same seed
         gaps = pd.concat(
             [
                 _epochs(e, ours) - _epochs(reference, theirs)
@@ -76,8 +77,8 @@ SAME_MODEL_TOLERANCE = 1e-3
 
 
 def loss_gap(table: pd.DataFrame) -> float:
-    """The largest gap of any variant's training or validation loss to the first variant's (`accumulation_table`):
-    how far from one computation the variants' models lie."""
+    """The largest gap of any variant's training or validation loss to the first variant's (`accumulation_table`).
+    It shows how far from one computation the variants' models lie."""
     return float(table[["max_train_loss_gap", "max_val_loss_gap"]].max().max())
 
 
@@ -98,8 +99,8 @@ class Findings:
 
 
 def findings(study: dict[str, Experiment]) -> Findings:
-    """Whether the three ways of forming the batch trained the same model, and what accumulating and DDP cost in
-    time against one batch at once, on one floor for both comparisons."""
+    """Whether the three ways of forming the batch trained the same model. Also what accumulating and DDP cost in
+    time against one batch at once, on one floor for both."""
     table = accumulation_table(study)
     gap = loss_gap(table)
     same = gap <= SAME_MODEL_TOLERANCE

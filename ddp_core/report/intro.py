@@ -1,5 +1,5 @@
-"""The book's first page: what was measured on what, the speedups, and when DDP pays. Reads an `Experiment`;
-offers `findings` for the page's glue, the headline of the chapters that derive each number."""
+"""The book's first page: what was measured on what, the speedups, and when DDP pays. Its `findings` are the
+headlines of the chapters that derive each number."""
 
 from __future__ import annotations
 
@@ -76,19 +76,19 @@ def findings(results: Path) -> Findings:
 
 def headline_figure(results: Path):
     """The headline's runs (`headline_runs`): the emulated nodes' figure, or the GPUs' beside the emulated nodes. Each
-    build also saves it as `_build/headline.png` for the README; `make reference` keeps it beside the reference."""
+    build also saves it as `_build/headline.png` for the README."""
     scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
     on_gpus = headline.headline_runs(scaling, nodes).experiment is scaling
     figure = gpus_figure(scaling, nodes) if on_gpus else nodes_figure(nodes)
-    path = results.parents[1] / "_build" / "headline.png"
+    path = results.parents[1] / "_build" / "headline.png"  # `make reference` keeps it beside the reference
     path.parent.mkdir(exist_ok=True)
     figure.savefig(path, dpi=100)
     return figure
 
 
 def gpus_figure(scaling: Experiment, nodes: dict[str, Experiment]):
-    """The GPUs' speedup over one against their number, beside the ideal N and, in grey, the emulated nodes' links;
-    and their step's compute and exposed all-reduce beside one GPU's compute / N."""
+    """The GPUs' speedup over one against their number, beside the ideal N and the emulated nodes' links in grey.
+    Beside it, their step's compute and exposed all-reduce against one GPU's compute / N."""
     table = scaling_table(scaling)
     sizes = list(table.index)
     fig, (speed, parts) = plt.subplots(1, 2, figsize=(10, 4.4))
@@ -129,12 +129,12 @@ def gpus_figure(scaling: Experiment, nodes: dict[str, Experiment]):
 
 
 def summary_table(results: Path) -> pd.DataFrame:
-    """One row per finding the key findings page leads with: each configuration the emulated nodes modelled at each
-    number of nodes (the speedup with its range, the efficiency, the
-    verdict against one node, and the runs' own R_N against the break-even f/(N-1)); the similarity test (the
-    speedups' ratio on nodes of half the share); and the results chapter's ranks that share one machine's cores."""
+    """One row per finding the key findings page leads with. They are the emulated nodes' configurations, the
+    similarity test, and the results chapter's ranks that share one machine's cores."""
     nodes = load_study(results / "nodes")
     rows = []
+    # Each configuration at each number of nodes: the speedup with its range, the efficiency, the verdict against
+    # one node, and the runs' own R_N against the break-even f/(N-1).
     for row in similarity_table(nodes).itertuples():
         share = "" if row.share == node_share(nodes[BASELINE]) else f" of {row.share:g} core"
         rows.append(
@@ -150,7 +150,7 @@ def summary_table(results: Path) -> pd.DataFrame:
                 f"{row.break_even:.2f}",
             )
         )
-    for row in similarity_test_table(nodes).itertuples():
+    for row in similarity_test_table(nodes).itertuples():  # the speedups' ratio on nodes of half the share
         rows.append(
             dict(
                 setting=f"{counted(row.nodes, 'node')}, links set to {row.configuration}: speedup at "

@@ -33,9 +33,8 @@ class Findings:
 
 
 def findings(experiment: Experiment, rates: pd.DataFrame) -> Findings:
-    """The rule's settings and this build's floor on the strong-scaling runs, how often the rule called identical
-    configurations different on them (`rates`: `rule_rates_table`), and when a run counts as disturbed or out of
-    line."""
+    """The rule's settings and this build's floor on the strong-scaling runs, and when a run counts as disturbed or
+    out of line. `rates` (`rule_rates_table`) tells how often the rule called identical configurations different."""
     return Findings(
         runs=runs_shown(experiment),
         warmup_steps=WARMUP_STEPS,

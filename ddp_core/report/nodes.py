@@ -1,8 +1,8 @@
-"""Strong scaling over emulated nodes (`ddp_core.launch.emulated`), the nodes page and the report's headline: a
-node's own CPU share and network stack, the link's bandwidth the variable.
+"""Strong scaling over emulated nodes (`ddp_core.launch.emulated`): the nodes page and the report's headline.
 
-Speedups are taken against the study's one-node runs (`one_node`), which ran in the same rounds as every link's;
-the prediction is the prediction chapter's cost model fed the all-reduce benchmark measured over the same links.
+Each node has its own CPU share and network stack, and the link's bandwidth is the variable.
+Speedups are against the study's one-node runs (`one_node`), which ran in the same rounds as every link's.
+The prediction is the prediction chapter's cost model, fed the all-reduce benchmark measured over the same links.
 """
 
 from __future__ import annotations
@@ -162,13 +162,12 @@ def forecast_markdown(study: dict[str, Experiment]) -> str:
 
 
 def doubling_markdown(study: dict[str, Experiment]) -> str:
-    """Per link and each doubling of the nodes (N/2 to N): the time per sample at N over that at N/2, repeat by
-    repeat, with its range and the verdict."""
+    """Per link and doubling of the nodes, N/2 to N: the time per sample at N over at N/2, with range and verdict."""
     rows = []
     for experiment in link_experiments(study).values():
         sizes, floor = sorted(experiment.runs), time_floor(experiment)
         for half, n in zip(sizes, sizes[1:]):
-            c = compare_times(experiment, experiment, n, half, floor=floor)
+            c = compare_times(experiment, experiment, n, half, floor=floor)  # repeat by repeat
             rows.append(
                 dict(
                     link=link_label(experiment),
@@ -221,8 +220,8 @@ def similarity_markdown(study: dict[str, Experiment]) -> str:
 
 
 def efficiency_figure(study: dict[str, Experiment]):
-    """Every point's efficiency against R_N / f (a colour per configuration, a marker per number of nodes, a bar for
-    the range of the repeats), on the theory's curve x / (1 + x)."""
+    """Every point's efficiency against R_N / f, on the theory's curve x / (1 + x). A colour per configuration, a
+    marker per number of nodes, a bar for the range of the repeats."""
     table = efficiency_table(study)
     fig, ax = plt.subplots(figsize=(9, 4.2))
     x = np.geomspace(min(0.05, table["ratio_over_exposed"].min() / 2), max(50, table["ratio_over_exposed"].max() * 2))
@@ -252,16 +251,17 @@ def efficiency_figure(study: dict[str, Experiment]):
 
 
 def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """When each of DDP's gradient buckets is complete during backward, as a share of backward, with the share of
-    the gradient's bytes complete by then: for the study's model as its one-node run measured it (the first repeat's
-    timeline, the step the wind tunnel replays), and for it and for the large model the configurations train as
-    backward's FLOPs place them (`model_cost.bucket_ready_shares`, how a GPU's backward spends its time)."""
+    """When each of DDP's gradient buckets is complete, as a share of backward, with the gradient's bytes complete by
+    then. It covers the study's model as measured, and it and the large model as backward's FLOPs place them."""
     one = study[BASELINE].baseline
+    # the one-node run's first repeat: the step the wind tunnel replays
     timeline = pd.read_csv(study[BASELINE].folder / one.name / "timeline.csv").set_index("what")
     start, end = timeline.loc["backward", "start_s"], timeline.loc["backward", "end_s"]
     small, large = one.raw["model"], large_model(one.raw["model"])
     buckets = bucket_sizes(small)
     measured = [(timeline.loc[f"{READY}{k}", "start_s"] - start) / (end - start) for k in range(1, len(buckets) + 1)]
+    # By FLOPs (`model_cost.bucket_ready_shares`): how a GPU's backward spends its time.
+    # The large model is the one the configurations train.
     profiles = {
         f"{one.config['preset']} model, measured on one node": (buckets, measured),
         f"{one.config['preset']} model, by FLOPs": (buckets, bucket_ready_shares(small)),
@@ -282,8 +282,8 @@ def gradient_ready_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def gradient_ready_figure(study: dict[str, Experiment]):
-    """The gradient's bytes complete against the share of backward done, a step per bucket, per `gradient_ready_table`
-    profile: what backward lets the all-reduce overlap."""
+    """The gradient's bytes complete against the share of backward done, a step per bucket, a line per profile. It
+    shows what backward lets the all-reduce overlap."""
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for i, (model, rows) in enumerate(gradient_ready_table(study).groupby("model", sort=False)):
         ax.step(
@@ -310,8 +310,8 @@ def gradient_ready_figure(study: dict[str, Experiment]):
 
 @dataclass(frozen=True)
 class LastBucket:
-    """The share of the gradient's bytes in the last bucket, complete only as backward ends (the share of the
-    all-reduce no backward can hide): of the study's model and of the large one the configurations train."""
+    """The share of the gradient's bytes in the last bucket, for the study's model and the large one. That bucket is
+    complete only as backward ends, so no backward can hide its all-reduce."""
 
     small: float
     large: float
@@ -335,14 +335,8 @@ def exposed_share_range(study: dict[str, Experiment]) -> str:
 
 
 def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per run of one node or of DDP on nodes with a CPU share (the sharded modes' are the sharding chapter's): how
-    far its nodes got the share they were set, and what else the machine did. `used_share` is a node's CPU over the
-    periods it ran in, against its share: 1 for a node that computed all the time, less where it waited for the
-    network inside a period. `throttled` is the share of those periods in
-    which the kernel stopped it at its quota. `other_cores` and `stolen` come from run.json: the CPU of every other
-    process on the machine (the launcher, the kernel's network work) and the time the hypervisor took. A run is
-    `disturbed` where a one-node run got less than its share or the machine did more beside it than a quiet one does
-    (`results.node_disturbed`)."""
+    """Per run of one node, or of DDP on nodes with a CPU share: how far its nodes got the share they were set. Also
+    what else the machine did beside it. The sharded modes' runs are the sharding chapter's."""
     rows = []
     for variant, experiment in ((v, e) for v, e in study.items() if e.largest == 1 or ddp_on_nodes(e)):
         for run in experiment.all_runs:
@@ -356,11 +350,16 @@ def fidelity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                     nodes=network["nodes"],
                     share=network["cpus_per_node"],
                     run=f"{variant}/{run.name}",
+                    # A node's CPU over the periods it ran in, against its share.
+                    # 1 for a node that computed all the time, less where it waited for the network inside a period.
                     used_share_low=min(used),
                     used_share=float(np.median(used)),
+                    # the share of those periods in which the kernel stopped it at its quota
                     throttled=float(np.median([node["throttled_periods"] / node["periods"] for node in nodes])),
+                    # from run.json: the CPU of every other process, such as the launcher and the kernel's network work
                     other_cores=use["other_cores"] if use else np.nan,
-                    stolen=use["stolen"] if use else np.nan,
+                    stolen=use["stolen"] if use else np.nan,  # the time the hypervisor took
+                    # a one-node run got less than its share, or the machine did more beside it than a quiet one does
                     disturbed=node_disturbed(run.raw),
                 )
             )
@@ -428,11 +427,11 @@ def period_markdown(folder: Path) -> str:
 @dataclass(frozen=True)
 class QuotaPeriods:
     """The quota period's runs (`period_table`): the code commits and days that made them, and each other period's
-    step against the study's, '100 ms: 0.93 (0.79 to 0.94 over 3 repeats) times as long, within the noise ...'."""
+    step against the study's."""
 
     commits: str
     dates: str
-    comparisons: str
+    comparisons: str  # "at 100 ms, 0.93 (0.79 to 0.94 over 3 repeats) times as long: within the noise ..."
 
 
 def quota_periods(folder: Path) -> QuotaPeriods:
@@ -457,8 +456,8 @@ def one_node_repeats_apart(study: dict[str, Experiment]) -> str:
 
 @dataclass(frozen=True)
 class Findings(Headline):
-    """What the emulated nodes page quotes: the headline, its fields under the names the pages that quote it after
-    `nodes_` give them too, and how the runs bear it out."""
+    """What the emulated nodes page quotes: the headline, and how the runs bear it out. The headline's fields keep
+    the names that other pages quote after `nodes_`."""
 
     tunnel: Tunnel
     links_measured: str
@@ -478,9 +477,9 @@ class Findings(Headline):
 
 
 def findings(study: dict[str, Experiment], periods: Path) -> Findings:
-    """The study's findings, with those of the quota period's runs in the folder `periods`; a prediction is inside
-    where the cost model's speedup lies within the range of the repeats."""
+    """The study's findings, with those of the quota period's runs in the folder `periods`."""
     table = link_table(study)
+    # inside: the cost model's speedup lies within the range of the repeats
     inside = table["predicted_speedup"].between(table["speedup_low"], table["speedup_high"])
     return Findings(
         **vars(headline(study)),

@@ -1,5 +1,5 @@
 """What a book page does with its findings: one frozen record per page, each field glued under the name the prose
-quotes, so a name in a page greps back to the field that makes it."""
+quotes. So a name in a page greps back to the field that makes it."""
 
 from __future__ import annotations
 

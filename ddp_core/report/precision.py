@@ -40,10 +40,9 @@ BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")
 
 
 def bf16_support(run) -> str:
-    """Whether the processor the runs had computes in bf16, from the extensions its run.json recorded: 'has bf16
-    instructions' (a GPU, or a CPU with one of BF16_INSTRUCTIONS), 'has no bf16 instructions', or 'did not record
-    its extensions'."""
+    """Whether the processor the runs had computes in bf16, from the extensions its run.json recorded."""
     extensions = run.raw.get("cpu_extensions")
+    # a GPU, or a CPU with one of BF16_INSTRUCTIONS
     if run.on_gpu or (extensions and any(name in extensions for name in BF16_INSTRUCTIONS)):
         return "has bf16 instructions"
     return "did not record its extensions" if extensions is None else "has no bf16 instructions"

@@ -43,15 +43,13 @@ TARGET = 0.10  # the largest relative error of a predicted speedup that the chap
 
 @dataclass(frozen=True)
 class TargetCheck:
-    """Whether the predictions meet the target: every speedup and part within `bound` (TARGET) of the measured one,
-    and closer than a null model that predicts no speedup, as ranks that share the cores add no compute (a cost model
-    earns its keep by erring less). `inside` counts the predictions within the repeats' range: there this machine
-    cannot tell prediction from measurement."""
+    """Whether the predictions meet the target: every speedup and part within `bound` (TARGET) of the measured one.
+    They must also err less than a null model that predicts no speedup: a cost model earns its keep by erring less."""
 
     bound: float
     outcome: str
     parts_max_error: float
-    inside: int
+    inside: int  # predictions within the repeats' range, where this machine cannot tell them from measurement
     predictions: int
     null_max_error: float
     null_worst_n: int
@@ -63,6 +61,7 @@ def target_check(prediction: pd.DataFrame) -> TargetCheck:
     """`TargetCheck` of a prediction (`predict`)."""
     error = prediction["error"].abs()
     parts_error = pd.concat([prediction["compute_error"], prediction["comm_error"]]).abs()
+    # The null model predicts no speedup, as ranks that share the cores add no compute.
     null_error = (1 / prediction["measured_speedup"] - 1).abs()
     inside = prediction["predicted_speedup"].between(
         prediction["measured_speedup_low"], prediction["measured_speedup_high"]
@@ -83,8 +82,8 @@ def target_check(prediction: pd.DataFrame) -> TargetCheck:
 
 @dataclass(frozen=True)
 class WorstPrediction:
-    """The world size whose speedup the prediction missed most, how far the step, the all-reduce and the compute
-    were predicted from measured there (ms, predicted less measured), and which of the two parts missed more."""
+    """The world size whose speedup the prediction missed most, its parts' gaps there, and which part missed more.
+    A gap is the predicted less the measured, in ms."""
 
     n: int
     step_gap_ms: float
@@ -124,8 +123,8 @@ def predicted_and_measured(row: pd.Series, part: str) -> PredictedAndMeasured:
 
 @dataclass(frozen=True)
 class NvlinkBound:
-    """The bound on NVLink from published figures, for the runs' workload: the published all-reduce's fit, the
-    fastest published GEMM rate, and the presets on which DDP pays off at that rate, without overlap and at best."""
+    """The bound on NVLink from published figures, for the runs' workload. It holds the published all-reduce's fit,
+    the fastest published GEMM rate, and the presets on which DDP pays off at that rate."""
 
     alpha_us: float
     busbw: float
@@ -134,8 +133,8 @@ class NvlinkBound:
     tflops: float
     batch: int
     seq: int
-    paying: str
-    paying_best_case: str
+    paying: str  # without overlap
+    paying_best_case: str  # at best: only the last bucket exposed
 
 
 def nvlink_bound(experiment: Experiment) -> NvlinkBound:
@@ -157,8 +156,8 @@ def nvlink_bound(experiment: Experiment) -> NvlinkBound:
 
 
 def exposure_source(row: pd.Series) -> str:
-    """What sets the prediction's exposed all-reduce: the share the runs left exposed, or, where that is less than
-    the last bucket's share (which backward can never hide), the last bucket."""
+    """What sets the prediction's exposed all-reduce: the share the runs left exposed, or the last bucket's where
+    that is larger. Backward can never hide the last bucket."""
     return "the last bucket" if row["exposed_fraction"] < row["last_bucket_share"] else "the measured share"
 
 
@@ -201,12 +200,11 @@ class Findings:
 
 
 def findings(experiment: Experiment, timelines: list[StepTimeline]) -> Findings:
-    """The all-reduce fit at the largest world size benchmarked, the prediction against the runs, how the CPU the
-    runs shared bends the model at the world size it missed most, and the NVLink bound and the replay forecast from
-    one GPU's step `timelines`."""
+    """The all-reduce fit, the prediction against the runs, and how the shared CPU bends the model where it missed
+    most. Also the NVLink bound and the replay forecast from one GPU's step `timelines`."""
     prediction, fits = predict(experiment), allreduce_fits(experiment)
     buckets = bucket_sizes(experiment.baseline.model)
-    largest = max(fits)
+    largest = max(fits)  # the fit at the largest world size benchmarked
     fit, bench = fits[largest], experiment.allreduce[largest]
     worst = worst_prediction(prediction)
     at_worst, one, at_n = prediction.loc[worst.n], experiment.runs[1], experiment.runs[worst.n]

@@ -24,7 +24,7 @@ RUN_COLUMNS = {
 
 def runs_table(folder: Path) -> pd.DataFrame:
     """A row per run under `folder`, by ranks then seed: when it started, its epochs, and its last epoch's time and
-    validation accuracy."""
+    accuracy."""
     experiment = load_experiment(folder)
     last = last_epochs(experiment.metrics)
     return pd.DataFrame(

@@ -80,8 +80,8 @@ class Findings(Largest):
 
 
 def findings(experiment: Experiment, communication: pd.DataFrame | None, nodes: dict[str, Experiment]) -> Findings:
-    """With `communication`, the time in flight split into transfer and waiting (`cost_model.communication_split`:
-    an experiment with all-reduce benchmarks)."""
+    """What the results chapter quotes, from its runs and the emulated `nodes`. With `communication`
+    (`cost_model.communication_split`), the time in flight splits into transfer and waiting."""
     table = scaling_table(experiment)
     first, most = experiment.baseline, experiment.largest
     chance, bar = chance_bar(first)
@@ -137,8 +137,8 @@ def results_markdown(experiment: Experiment) -> str:
 
 
 def _plot_each_run(ax, metrics: pd.DataFrame, sizes: pd.Index, column: str) -> None:
-    """Each repeat's `column` per epoch, a colour per world size (as `sizes` orders them), labelled once per world
-    size so that the repeats share a legend entry."""
+    """Each repeat's `column` per epoch, a colour per world size as `sizes` orders them. Each world size is labelled
+    once, so that its repeats share a legend entry."""
     colors, labelled = {n: f"C{i}" for i, n in enumerate(sizes)}, set()
     for (n, _), rows in metrics.sort_values("epoch").groupby(["world_size", "run"]):
         ax.plot(
@@ -191,21 +191,19 @@ def speedup_figure(experiment: Experiment):
 
 
 def time_split_figure(experiment: Experiment, communication: pd.DataFrame):
-    """Per world size, the mean step's time as it adds up (compute with data loading, which is too small to show
-    on its own, exposed communication, and the rest of the step outside the timed phases), and beside it
-    all the time an all-reduce was in flight, most of it hidden behind the compute it overlaps, split as
-    `communication` (`cost_model.communication_split`) splits it into transfer and waiting."""
+    """Per world size, the mean step's time as it adds up, and beside it all the time an all-reduce was in flight.
+    `communication` (`cost_model.communication_split`) splits the time in flight into transfer and waiting."""
     table = scaling_table(experiment)
     communication = communication.reindex(table.index, fill_value=0.0)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     x = np.arange(len(table))
     timed = table["compute_per_step_s"] + table["data_per_step_s"] + table["comm_exposed_per_step_s"]
-    in_step = {
+    in_step = {  # data loading is too small to show on its own
         "compute and data loading": (table["compute_per_step_s"] + table["data_per_step_s"], "C0"),
         "exposed all-reduce": (table["comm_exposed_per_step_s"], "C3"),
         "outside the timed phases": ((table["mean_step_s"] - timed).clip(lower=0), "C7"),
     }
-    in_flight = {
+    in_flight = {  # most of it hidden behind the compute it overlaps
         "all-reduce in flight: transfer (as benchmarked)": (communication["transfer_s"], "C2"),
         "all-reduce in flight: waiting (slowest rank, a core)": (communication["waiting_s"], "C8"),
     }

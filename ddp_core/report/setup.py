@@ -25,8 +25,8 @@ class Findings:
 
 
 def findings(experiment: Experiment, results: Path) -> Findings:
-    """When and on what every result in `results` was made, and the results chapter's runs (`experiment`): where
-    they ran, on how many ranks and repeats, on which dataset, from which folder."""
+    """When and on what every result in `results` was made. Also where the results chapter's runs ran, on how many
+    ranks and repeats, on which dataset, from which folder."""
     first = experiment.baseline.raw
     counts = sorted({len(runs) for runs in experiment.repeats.values()})
     return Findings(

@@ -1,7 +1,11 @@
-"""When the model stops fitting: ZeRO-1, 2 and 3 against DDP on the same emulated nodes, in the memory a rank holds
-(counted from its tensors, against ZeRO's formula), the bytes each node's link sent a step (against the formula and
-against gloo's collectives), and the time per sample (the one verdict function), over one node too. Reads the nodes
-study's sharded variants with the DDP and one node they share links and nodes with (`zero.sharding_runs`)."""
+"""When the model stops fitting: ZeRO-1, 2 and 3 against DDP on the same emulated nodes.
+
+- memory a rank holds: counted from its tensors, against ZeRO's formula
+- bytes each node's link sent a step: against the formula and gloo's collectives
+- time per sample: by the one verdict function, over one node too
+
+It reads the nodes study's sharded variants, with the DDP and one-node runs they share links and nodes with
+(`zero.sharding_runs`)."""
 
 from __future__ import annotations
 
@@ -93,17 +97,17 @@ def memory_figure(study: dict[str, Experiment]):
 
 
 def traffic_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode on the most nodes, the bytes a node's link sent per optimizer step (each run's count over its steps
-    alone, the mean over its nodes; the median over the runs), in MB and in units of the fp32 gradient (4Ψ), beside
-    ZeRO's formula and what the collectives a step handed to gloo (counted on the first repeat's third step, by kind)
-    send by gloo's algorithms; and how unevenly the nodes sent (the busiest link's bytes over the run, evaluations
-    and checkpoints included, over the nodes' mean; the median over the runs)."""
+    """Per mode on the most nodes, the bytes a node's link sent per optimizer step, beside ZeRO's formula and gloo's
+    algorithms. Also how unevenly the nodes sent."""
     rows = {}
     for mode, e in modes(study, max(node_counts(study))).items():
-        gradient = 4 * model_size(e)[0]
+        gradient = 4 * model_size(e)[0]  # the fp32 gradient (4Ψ), the table's unit beside MB
+        # each run's bytes over its steps alone, a mean over its nodes; the median over the runs
         per_run = e.metrics.groupby("run")[["link_sent_bytes", "steps"]].sum()
         per_step = float((per_run["link_sent_bytes"] / per_run["steps"]).median())
+        # the busiest link's bytes over the nodes' mean, whole run: evaluations and checkpoints included
         busiest = [max(sent) / np.mean(sent) for sent in (run.raw["network"]["sent_bytes"] for run in e.all_runs)]
+        # the collectives a step handed to gloo, counted on the first repeat's third step, by kind
         n, counted = e.largest, counted_collectives(e.baseline)
         handed = {
             f"handed_{kind}": sum(entry["bytes"] for name, entry in counted.items() if collective_kind(name) == kind)
@@ -140,15 +144,14 @@ def traffic_markdown(study: dict[str, Experiment]) -> str:
 
 
 def fits_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode, the bytes a parameter costs a rank, as measured on this model and by ZeRO's formula (a model whose
-    state divides evenly), and the largest model whose training state fits in DEVICE_BYTES at each, activations
-    apart."""
+    """Per mode, the bytes a parameter costs a rank, measured on this model and by ZeRO's formula. Also the largest
+    model whose training state fits in DEVICE_BYTES at each, activations apart."""
     table = memory_table(study)
     return pd.DataFrame(
         {
             "per_parameter": table["per_parameter_measured"],
             "largest_billions": DEVICE_BYTES / table["per_parameter_measured"] / 1e9,
-            "per_parameter_formula": table["per_parameter_formula"],
+            "per_parameter_formula": table["per_parameter_formula"],  # a model whose state divides evenly
             "largest_billions_formula": DEVICE_BYTES / table["per_parameter_formula"] / 1e9,
         }
     )
@@ -172,11 +175,11 @@ def fits_markdown(study: dict[str, Experiment]) -> str:
 
 
 def phase_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode on the most nodes, the mean step's forward, backward and optimizer step in ms (means over the steady
-    epochs of every repeat; under FSDP2 forward and backward include the gathers and reductions they wait for)."""
+    """Per mode on the most nodes, the mean step's forward, backward and optimizer step in ms. Under FSDP2, forward
+    and backward include the gathers and reductions they wait for."""
     rows = {}
     for mode, e in modes(study, max(node_counts(study))).items():
-        steady = steady_phases(e.metrics)
+        steady = steady_phases(e.metrics)  # means over the steady epochs of every repeat
         rows[MODE_NAMES[mode]] = {
             phase: (steady[f"{phase}_time_s"] / steady["steps"]).mean() * 1e3
             for phase in ("forward", "backward", "optimizer")
@@ -199,7 +202,7 @@ def phase_markdown(study: dict[str, Experiment]) -> str:
 
 def speedup_markdown(study: dict[str, Experiment]) -> str:
     """Turned, a column per mode: on each number of nodes its speedup with the repeats' range, efficiency and
-    verdict, and the noise floor (one per mode: its rounds' one node and its runs on every number of nodes)."""
+    verdict. One noise floor per mode covers its rounds' one node and its runs on every number of nodes."""
     table, counts = speedup_table(study), node_counts(study)
     quantities = {}
     for n in counts:
@@ -215,8 +218,8 @@ def speedup_markdown(study: dict[str, Experiment]) -> str:
 
 
 def time_markdown(study: dict[str, Experiment]) -> str:
-    """Turned, a column per sharded mode: on each number of nodes its time per sample over DDP's on the same nodes
-    (`time_comparisons`: the median of the rounds' ratios, their range, the verdict)."""
+    """Turned, a column per sharded mode: its time per sample over DDP's on each number of nodes. Each is the median
+    of the rounds' ratios, with their range and the verdict (`time_comparisons`)."""
     rows, quantities = {MODE_NAMES[mode]: {} for mode in SHARDED_MODES}, {}
     for n, comparisons in time_comparisons(study).items():
         for mode, c in comparisons.items():
@@ -234,8 +237,8 @@ def time_markdown(study: dict[str, Experiment]) -> str:
 
 
 def loss_gap(study: dict[str, Experiment]) -> float:
-    """The largest gap of a sharded mode's final training losses to DDP's, repeat by repeat: how far from DDP's
-    computation the modes' models lie."""
+    """The largest gap of a sharded mode's final training losses to DDP's, repeat by repeat. It shows how far from
+    DDP's computation the modes' models lie."""
     losses = {mode: last_epochs(e.metrics)["train_loss"].to_numpy() for mode, e in modes(study).items()}
     return max(float(np.max(np.abs(losses[mode] - losses["none"]))) for mode in SHARDED_MODES)
 
@@ -295,9 +298,8 @@ class Findings:
 
 
 def findings(study: dict[str, Experiment]) -> Findings:
-    """The key findings' (`headline`: on the most nodes) and the model; each mode's memory and traffic against DDP's,
-    its speedup over one node (`speedup_table`) and its time per sample against DDP's (`time_comparisons`) on the
-    fewer nodes too; ZeRO-1's against ZeRO-2's, on the same floor."""
+    """The key findings on the most nodes (`headline`), the model, and each mode's memory, traffic, speedup and time
+    against DDP's. Speedup and time are on the fewer nodes too, and ZeRO-1 meets ZeRO-2 on the same floor."""
     by_mode = modes(study)
     ddp, counts = by_mode["none"], node_counts(study)
     fewer, n = counts[0], counts[-1]

@@ -1,8 +1,8 @@
-"""One device's training throughput, its model FLOP utilisation, and the overheads of ddp_core and of DDP,
-from the measurements of `benchmarks/single_device.py` (a folder per device: epochs.csv, device.json).
+"""One device's training throughput, its model FLOP utilisation, and the overheads of ddp_core and of DDP.
 
     python -m ddp_core.report.single_device results/single_device/cpu     # prints the tables
 
+It reads the measurements of `benchmarks/single_device.py`: a folder per device, with epochs.csv and device.json.
 What throughput, MFU and a ratio of two loops are, and how one is called faster: `ddp_core.analysis.throughput`.
 """
 
@@ -72,8 +72,8 @@ def throughput_markdown(m: Measurement) -> str:
 
 
 def ratio_markdown(m: Measurement) -> str:
-    """Each configuration's ratios with their verdicts (no word where the rule sees no difference) and the floor they
-    were held against, so that every count of `verdict_markdown` can be read off a row."""
+    """Each configuration's ratios, their verdicts where the rule sees a difference, and the floor they were held
+    against. Every count of `verdict_markdown` can then be read off a row."""
     table = ratio_table(m).join(configuration_verdicts(m))
     for name in RATIOS:
         table[name] = [
@@ -132,8 +132,8 @@ def measurements_markdown(measurements: list[Measurement]) -> str:
 
 
 def share_above_devices(measurements: list[Measurement]) -> str:
-    """The measurements in which the model's own products outran the large one (a share of the matrix-product rate
-    above 100 %), or "none of these devices"."""
+    """The measurements in which the model's own products outran the large one, above 100 % of the matrix-product
+    rate. Else "none of these devices"."""
     return (
         ", ".join(measurement_label(m) for m in measurements if (throughput_table(m)["share_of_matmul"] > 1).any())
         or "none of these devices"
@@ -144,17 +144,16 @@ BASELINE_OUTCOMES = {"comparable": "the same CPU", "other CPU": "two CPUs of the
 
 
 def baseline_comparison(m: Measurement, scaling: Experiment) -> dict:
-    """The benchmark's trainer loop beside the strong-scaling study's 1-rank runs, where they trained the same
-    preset, precision and batch on a device of the same name: two measurements, since they did not run in the same
-    rounds and the verdict rule cannot pair them. `outcome` is "none" (nothing alike to set beside), "other CPU"
-    (the same name, other vector extensions) or "comparable"."""
+    """The benchmark's trainer loop beside the strong-scaling study's 1-rank runs, on the same configuration and
+    device name. They stay two measurements: they ran in different rounds, which the verdict rule cannot pair."""
     one = scaling.baseline
     key = (one.config["preset"], one.config["amp"], one.global_batch_size)
     table = throughput_table(m)
     if one.device_name != m.info["device_name"] or key not in table.index:
-        return {"outcome": "none"}
+        return {"outcome": "none"}  # nothing alike to set beside
     times = run_times(scaling).query("world_size == 1")
     return {
+        # other CPU: the same name, other vector extensions
         "outcome": "comparable" if one.raw.get("cpu_extensions") == m.info.get("cpu_extensions") else "other CPU",
         "runs_device": machine_text(one.raw),
         "device": machine_text(m.info),
@@ -174,7 +173,7 @@ def _baseline(measurements: list[Measurement], scaling: Experiment) -> dict:
 
 
 def baseline_markdown(measurements: list[Measurement], scaling: Experiment) -> str:
-    """The strong-scaling study's 1-rank runs and this chapter's trainer (timers on) side by side (`_baseline`); no
+    """The strong-scaling study's 1-rank runs and this chapter's trainer, timers on, side by side (`_baseline`). No
     table where no measurement trained their model, precision and batch."""
     found = _baseline(measurements, scaling)
     if found["outcome"] == "none":
@@ -268,8 +267,8 @@ def findings(
     peer_measurements: list[peers.PeerMeasurement],
     profiles: list[step_profile.StepProfile],
 ) -> Findings:
-    """The first device's ratios, the baseline beside the strong-scaling study's, the peers (the first device they
-    measured) and the step profile (`shown_profile`), with whose measurements under `results` these are."""
+    """The first device's ratios, the baseline beside the strong-scaling study's, the peers and the step profile.
+    Also whose measurements under `results` these are."""
     return Findings(
         whose=" and ".join(sorted({origin(results / "single_device" / m.name) for m in measurements})),
         device=ratio_overview(measurements[0]),
@@ -277,7 +276,7 @@ def findings(
         baseline_outcome=baseline_outcome(measurements, scaling),
         gpus_measured=gpus_measured(measurements),
         goal=peers.goal(),
-        peers=peers.peer_runs(peer_measurements[0]),
+        peers=peers.peer_runs(peer_measurements[0]),  # the first device the peers measured
         step_profile=step_profile.profiled_step(shown_profile(profiles)),
     )
 

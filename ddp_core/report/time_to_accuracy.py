@@ -1,5 +1,5 @@
-"""The page on time to accuracy: the learning-rate neighbours, the steps figure, the time to the target projected
-over ranks, and the per-batch table, over the runs and the critical batch size of `ddp_core.analysis.critical_batch`.
+"""The page on time to accuracy, over the runs and the critical batch size of `ddp_core.analysis.critical_batch`.
+It shows the learning-rate neighbours, the steps figure, the time to the target over ranks, and the per-batch table.
 """
 
 from __future__ import annotations
@@ -28,12 +28,8 @@ from ddp_core.analysis.critical_batch import (
 
 
 def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
-    """At the batch size whose learning rate was also tried at other values: a row per rate, its steps to the
-    target over the repeats, and the rule's rate held against it (steps of the rule's runs over these, repeat by
-    repeat; one seed per repeat on both sides), by the report's verdict, the floor from the rates' own repeats.
-    A neighbour's run that missed the target took more steps than its last evaluation: counted there, the ratio is
-    an upper bound, which can still show that the rule's rate takes fewer steps, and nothing else. Where the
-    rule's own runs missed, nothing is known."""
+    """At the batch size whose learning rate was also tried at other values: a row per rate, with its steps to the
+    target. The report's verdict holds the rule's rate against each, on a floor from the rates' own repeats."""
     table = runs_table(variants)
     batch = table.loc[~follows_rule(table), "batch"].iloc[0]
     runs = table[table["batch"] == batch]
@@ -63,7 +59,10 @@ def lr_neighbours(variants: dict[str, Experiment]) -> pd.DataFrame:
             rule_steps, their_steps = steps.loc[both, rule_lr], steps.loc[both, lr]
             if rule_steps.isna().any():
                 row["outcome"] = "not known: the rule's runs missed the target"
-            else:  # a miss counted at its last evaluated step: at least that many
+            else:
+                # The rule's steps over these, repeat by repeat: one seed per repeat on both sides.
+                # A miss counts at its last evaluated step, so the ratio is an upper bound.
+                # It can still show that the rule's rate takes fewer steps, and nothing else.
                 c = compare(rule_steps.tolist(), their_steps.fillna(last.loc[both, lr]).tolist(), floor)
                 row |= {
                     "ratio": c.ratio,
@@ -143,8 +142,8 @@ def predicted_steps(fit: dict, batch) -> np.ndarray:
 
 
 def steps_figure(variants: dict[str, Experiment]):
-    """The Shallue plot: steps to the target against the global batch on log axes, every run a point; beside
-    them perfect scaling from the smallest batch, the fit of McCandlish's model with B_crit, and B_simple."""
+    """The Shallue plot: steps to the target against the global batch on log axes, every run a point. Beside them
+    are perfect scaling from the smallest batch, the fit of McCandlish's model with B_crit, and B_simple."""
     table = runs_table(variants)
     rule, fit = rule_fit(table)
     batches = per_batch(table)
@@ -205,16 +204,15 @@ def ring_factor(ranks) -> np.ndarray:
 
 
 def projected_step(compute_s: float, exposed_s: float, ranks) -> np.ndarray:
-    """A step of N ranks from one measured on 2: its compute, plus the all-reduce it waited for scaled by the
-    bytes a ring moves per rank at N against at 2 (the bandwidth term; the latency term, 2(N - 1) hops, left out)."""
+    """A step of N ranks projected from one measured on 2. The all-reduce it waited for scales with the bytes a ring
+    moves per rank at N against at 2."""
+    # the bandwidth term only: the latency term, 2(N - 1) hops, is left out
     return compute_s + exposed_s * ring_factor(ranks) / ring_factor(2)
 
 
 def time_to_target(table: pd.DataFrame) -> pd.DataFrame:
-    """Time to the target on N ranks with per-rank batch b, projected from `runs_table`: the steps the fit gives at
-    B = N·b times the step projected from the one these runs measured with b samples on each of 2 ranks
-    (`projected_step`). A row per per-rank batch and N, `measured` where N·b lies within the global batches measured
-    (elsewhere the fit is extrapolated); NaN where the fit found no bend."""
+    """Time to the target on N ranks with per-rank batch b, projected from `runs_table`. It is the fit's steps at
+    B = N·b times the step projected from these runs' 2-rank step (`projected_step`)."""
     _, fit = rule_fit(table)
     batches = per_batch(table)
     low, high = batches.index.min(), batches.index.max()
@@ -223,9 +221,9 @@ def time_to_target(table: pd.DataFrame) -> pd.DataFrame:
             "per_rank_batch": int(b),
             "ranks": int(n),
             "batch": int(n * b),
-            "measured": low <= n * b <= high,
+            "measured": low <= n * b <= high,  # within the global batches measured; elsewhere the fit extrapolates
             "step_s": projected_step(compute, exposed, n).item(),
-            "steps": predicted_steps(fit, n * b).item(),
+            "steps": predicted_steps(fit, n * b).item(),  # NaN where the fit found no bend
         }
         for b, compute, exposed in zip(batches["per_rank_batch"], batches["compute_s"], batches["exposed_s"])
         for n in RANKS
@@ -234,11 +232,10 @@ def time_to_target(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def time_to_target_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per per-rank batch: the median step, the time to the target its runs measured (their steps to it times
-    their median step, evaluations left out), the ranks at which N·b = B_crit and the projected time there, and
-    the floor the projection approaches as N grows (S_min steps of a step whose all-reduce moves twice the
-    gradient), from `runs_table`."""
+    """Per per-rank batch, from `runs_table`: the median step and the measured time to the target. Also the ranks at
+    which N·b = B_crit, the projected time there, and the floor the projection approaches as N grows."""
     rule, fit = rule_fit(table)
+    # steps to the target times the median step, evaluations left out
     measured = (rule["steps"] * rule["step_s"]).groupby(rule["per_rank_batch"]).median()
     batches = per_batch(table).set_index("per_rank_batch")
     ranks_at_crit = fit["b_crit"] / batches.index.to_numpy(float)
@@ -249,6 +246,7 @@ def time_to_target_table(table: pd.DataFrame) -> pd.DataFrame:
             "ranks_at_crit": ranks_at_crit,
             "seconds_at_crit": predicted_steps(fit, fit["b_crit"]).item()
             * projected_step(batches["compute_s"], batches["exposed_s"], ranks_at_crit),
+            # S_min steps of a step whose all-reduce moves twice the gradient
             "floor_s": fit["s_min"] * (batches["compute_s"] + batches["exposed_s"] * 2 / ring_factor(2)),
         },
     ).rename_axis("per_rank_batch")
@@ -271,8 +269,8 @@ def time_to_target_markdown(variants: dict[str, Experiment]) -> str:
 
 
 def time_to_target_figure(variants: dict[str, Experiment]):
-    """Projected time to the target against ranks, a line per per-rank batch (dotted where N·b lies outside the
-    global batches measured: the fit extrapolated), each marked where N·b = B_crit; the measured runs as points."""
+    """Projected time to the target against ranks, a line per per-rank batch, and the measured runs as points. A
+    line is dotted where the fit extrapolates, and marked where N·b = B_crit."""
     table = runs_table(variants)
     rule, fit = rule_fit(table)
     at_crit = time_to_target_table(table)
