@@ -1,9 +1,7 @@
-"""The pages that a glob of book/_toc.yml lists come in natural order, folder by folder.
+"""The pages that a glob of book/_toc.yml lists come in natural order: n1, n1-r2, n1-r3, n2, n2-r2, ..., n10.
 
-sphinx-external-toc sorts a glob's pages as plain strings, so `results/scaling/*/run_experiment` lists
-`n1-r2` and `n1-r3` before `n1` (`-` sorts before `/`), and `n10` before `n2`. Here the path is compared
-one folder at a time and the numbers in a name by value: n1, n1-r2, n1-r3, n2, n2-r2, ..., n10. The order
-holds wherever the toctree shows: the sidebar, a page's `{tableofcontents}` and the PDF's chapters.
+sphinx-external-toc sorts them as plain strings, which puts `n1-r2` before `n1` and `n10` before `n2`.
+The order holds wherever the toctree shows: the sidebar, a page's `{tableofcontents}` and the PDF's chapters.
 """
 
 import re
@@ -16,7 +14,8 @@ DIGITS = re.compile(r"(\d+)")
 
 
 def natural_key(docname: str) -> list[list]:
-    """Each folder of the path split into its text and its numbers; the numbers compare by value."""
+    """Each folder of the path split into its text and its numbers, which compare by value."""
+    # One folder at a time: as whole strings, `-` sorts before `/`, so `n1-r2` came before `n1`.
     return [[int(part) if k % 2 else part for k, part in enumerate(DIGITS.split(name))] for name in docname.split("/")]
 
 
@@ -40,10 +39,9 @@ def sort_globbed(docnames: list, globs: list[str], key=lambda item: item) -> lis
 
 
 class NaturalGlobOrder(SphinxTransform):
-    """Reorder the toctrees that sphinx-external-toc inserted (its transform has priority 100) before Sphinx
-    collects them (doctree-read)."""
+    """Reorder the toctrees that sphinx-external-toc inserted, before Sphinx collects them at doctree-read."""
 
-    default_priority = 150
+    default_priority = 150  # after sphinx-external-toc's transform, priority 100
 
     def apply(self, **kwargs) -> None:
         site_map = getattr(self.env, "external_site_map", None)

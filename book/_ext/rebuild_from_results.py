@@ -1,25 +1,10 @@
-"""The book's pages are computed from the runs under `book/results/<study>`; this extension makes those
-links, and what hangs on them, right at every build.
+"""Keeps the links under `book/results`, from which the book's pages are computed, right at every build.
 
-- For each study of the study list (notebooks/studies.yml), `book/results/<study>` links to the user's
-  runs of it ($DDP_CORE_RESULTS_DIR/<study>, default results/<study>) when there are any, and else to
-  the reference runs shipped in the repository (reference/<study>): a fresh clone builds the book
-  before anything was trained, and `make report STUDIES=...` replaces only the studies it ran.
-- So do `book/results/cpu_period`, the runs of benchmarks/cpu_period.py, and `book/results/gpu_trainer` and
-  `gpu_timeline`, the trainer's runs on a GPU by benchmarks/gpu_session.sh (`BENCHMARK_RUNS`).
-- `book/results/<measurement>/<device>` links to each device's measurement of `MEASUREMENTS` (the benchmarks
-  single_device.py, peers and step_profile): the reference ones, each replaced by the user's own of the same device.
-- The runs are written out as one tidy table, `_generated/all_runs.csv` (one row per run and epoch,
-  the study, the run's settings and where it ran as columns), which the results chapter offers.
-- The book has a page per run of the strong-scaling study only (the other studies' runs are many, and
-  their executed notebooks stay in their folders): the others' folders are excluded from the sources.
-- The executed run notebooks all open with the notebook's own title; each page is titled by its run
-  instead (world size, dataset, model), so the contents and the PDF can tell them apart.
-- Runs made before the trainer's command was printed in lines continued with ` \\` (launch.plan.shell_command)
-  printed it on one line; their pages show it the new way, so that it fits the PDF's page.
-- Sphinx reads a page again only when its source changed, but a new run, or the links pointed at
-  other runs, changes the pages with no source change. So every build reads every page again (a
-  few seconds: the pages only analyse CSVs).
+- `book/results/<study>` links to the user's runs of a study where there are any, else to the reference runs.
+- Benchmark runs (`BENCHMARK_RUNS`) link the same way, and so does each device's measurement (`MEASUREMENTS`).
+- `_generated/all_runs.csv` holds every run as one tidy table, which the results chapter offers.
+- Only the strong-scaling study's runs get a page each, titled by its run.
+- Every build reads every page again, since a new run changes pages without changing their sources.
 """
 
 import json
@@ -29,8 +14,10 @@ from pathlib import Path
 from sphinx.errors import ExtensionError
 
 
+# The measurements of the benchmarks single_device.py, peers and step_profile, a folder per device.
 MEASUREMENTS = ("single_device", "peers", "step_profile")
 # Runs of a benchmark that a page reads as it reads a study's: linked the same way, the user's when there are any.
+# cpu_period: benchmarks/cpu_period.py. gpu_trainer and gpu_timeline: the trainer on a GPU, by gpu_session.sh.
 BENCHMARK_RUNS = ("cpu_period", "gpu_trainer", "gpu_timeline")
 
 
@@ -49,19 +36,22 @@ def link_and_tabulate(app):
         studies = load_study_list()
     except StudyError as exc:
         raise ExtensionError(f"study list: {exc}") from None
-    for name in [*studies, *BENCHMARK_RUNS]:
-        mine = results / name
+    for name in [*studies, *BENCHMARK_RUNS]:  # the studies of notebooks/studies.yml, then the benchmark runs
+        mine = results / name  # $DDP_CORE_RESULTS_DIR/<study>, default results/<study>
+        # The reference runs let a fresh clone build the book before anything was trained.
+        # `make report STUDIES=...` replaces only the studies it ran.
         target = mine if any(mine.glob("**/run.json")) else project / "reference" / name
         link = folder / name
         if link.is_symlink():
             link.unlink()
         link.symlink_to(target.resolve())
-    for measurement in MEASUREMENTS:
+    for measurement in MEASUREMENTS:  # the reference ones, each replaced by the user's own of the same device
         link_measurements(folder / measurement, [project / "reference" / measurement, results / measurement])
     try:
         table = study_tables(folder, list(studies))
     except ResultsError as exc:
         raise ExtensionError(f"book/results: {exc}") from None
+    # one row per run and epoch, with the study, the run's settings and where it ran as columns
     (Path(app.srcdir) / "_generated").mkdir(exist_ok=True)
     table.to_csv(Path(app.srcdir) / "_generated" / "all_runs.csv", index=False)
 
@@ -79,6 +69,7 @@ def link_measurements(folder: Path, sources: list[Path]) -> None:
             link.symlink_to(measured.parent.resolve())
 
 
+# The other studies' runs are many, and their executed notebooks stay in their folders, out of the sources.
 RUN_PAGES_OF = "scaling"
 
 
@@ -88,6 +79,8 @@ def exclude_other_run_pages(app, config):
     config.exclude_patterns += [f"results/{name}/**" for name in load_study_list() if name != RUN_PAGES_OF]
 
 
+# Every executed run notebook opens with this title. Each page is titled by its run instead, so the contents and the
+# PDF can tell them apart.
 RUN_TITLE = "# One training run"
 
 
@@ -106,6 +99,8 @@ def title_run_page(app, docname, source):
         f"{info['config']['preset']} model, seed {info['config']['seed']}"
     )
     source[0] = source[0].replace(json.dumps(RUN_TITLE)[1:-1], json.dumps(title)[1:-1], 1)
+    # Runs made before the command was printed in continued lines (launch.plan.shell_command) printed it on one line.
+    # Their pages show it the new way, so that it fits the PDF's page.
     source[0] = wrap_printed_commands(source[0])
 
 
@@ -135,6 +130,8 @@ def wrap_printed_commands(notebook_json: str) -> str:
     return json.dumps(notebook, indent=1, ensure_ascii=False) if changed else notebook_json
 
 
+# Sphinx reads a page again only when its source changed, but a new run or relinked results change pages too.
+# So every build reads every page again: a few seconds, as the pages only analyse CSVs.
 def every_page(app, env, added, changed, removed):
     return sorted(env.found_docs - added - changed - removed)
 

@@ -1,8 +1,6 @@
-"""The PDF leaves out the page of each run (a glob of book/_toc.yml): about two printed pages each, which the runs
-chapter's table stands for. The site keeps them.
+"""The PDF leaves out the page of each run, a glob of book/_toc.yml, about two printed pages each.
 
-The LaTeX builder inlines every page into one document before it resolves references; each page arrives wrapped in
-a `start_of_file` node named after it, which is dropped here for the pages a glob lists."""
+The runs chapter's table stands for them, and the site keeps them."""
 
 from sphinx import addnodes
 from sphinx.util.matching import patmatch
@@ -13,6 +11,8 @@ def drop_globbed_pages(app, doctree, docname) -> None:
     if app.builder.format != "latex" or site_map is None:
         return
     globs = list(site_map.globs())
+    # The LaTeX builder inlines every page into one document before it resolves references.
+    # Each page arrives wrapped in a `start_of_file` node named after it.
     for page in list(doctree.findall(addnodes.start_of_file)):
         if any(patmatch(page["docname"], pattern) for pattern in globs):
             page.parent.remove(page)
