@@ -1,14 +1,9 @@
-"""How the period of an emulated node's CPU quota moves a DDP step: the nodes study's run on 4 nodes of a quarter
-core over unshaped links, with the quota's period at 10 ms (the project's) and 100 ms (the kernel's default), and
-at 5 ms, round by round.
+"""How the period of an emulated node's CPU quota moves a DDP step, at 10 ms, 100 ms and 5 ms.
 
     python benchmarks/cpu_period.py --results-dir results/cpu_period     # root; about 6 minutes on 2 cores
 
-A node that has spent its quota waits for the next period, however many cores are idle, and in a synchronous
-all-reduce every other node waits with it: the longer the period, the longer such a stall (up to the period less
-the quota). A shorter period costs the kernel more work per second. Prints each period's step, the median over
-the rounds of each run's median step, and its ratio to the 10 ms runs', paired round by round, with the verdict
-of the report's one verdict function (`ddp_core.analysis.cpu_period.period_table`, which the nodes page shows).
+A node out of quota stalls until the next period, and a synchronous all-reduce makes every other node wait too.
+Prints each period's step against the 10 ms runs', with the verdict that the nodes page shows.
 """
 
 from __future__ import annotations
@@ -22,8 +17,10 @@ from ddp_core.launch.plan import Placement, follow_trainer, prepare, trainer_arg
 from ddp_core.analysis.cpu_period import load_periods, period_table
 from ddp_core.studies.study_list import load_study_list
 
+# 10 ms is the project's period, 100 ms the kernel's default.
+# A longer period makes a longer stall, up to the period less the quota. A shorter one costs the kernel more work.
 PERIODS_MS = (10, 100, 5)
-NODES, CPUS_PER_NODE = 4, 0.25
+NODES, CPUS_PER_NODE = 4, 0.25  # the nodes study's run: 4 nodes of a quarter core, links unshaped
 
 
 def train(results_dir: Path, period_ms: int, repeat: int) -> None:
@@ -55,10 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"cpu_period: error: {exc}", file=sys.stderr)
         return 2
-    for repeat in range(1, opts.rounds + 1):
+    for repeat in range(1, opts.rounds + 1):  # round by round, the order reversed every other round
         order = PERIODS_MS if repeat % 2 else PERIODS_MS[::-1]
         for period in order:
             train(opts.results_dir, period, repeat)
+    # The median over the rounds of each run's median step, its ratio to the 10 ms runs' paired round by round,
+    # and the verdict of the report's one verdict function.
     table = period_table(load_periods(opts.results_dir)).drop(columns="value")
     table.to_csv(opts.results_dir / "cpu_period.csv", index=False)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

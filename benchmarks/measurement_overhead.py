@@ -3,11 +3,9 @@
     python benchmarks/measurement_overhead.py                           # 1 rank: the timers
     torchrun --standalone --nproc-per-node 2 benchmarks/measurement_overhead.py  # + the gradient noise scale
 
-Copies of the same model train side by side with ddp_core's own `train_step`: one with neither the phase timers
-and timed all-reduce hook nor the gradient noise scale's squared norms (DDP's default hook), one with the timers,
-and on 2 or more ranks one with both, as a run measures by default. Blocks of steps rotate between them, each
-block starting with another copy, so the noise of a shared machine, which separate processes see differently,
-falls on all alike. Prints throughput without / with each (target for the noise scale: >= 0.99).
+Copies of one model train side by side with ddp_core's own `train_step`, with and without each measurement.
+Separate processes see a shared machine's noise differently, so one process runs them all.
+Prints throughput without / with each: the noise scale's target is 0.99 or more.
 """
 
 from __future__ import annotations
@@ -57,10 +55,13 @@ def main() -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(10))
         return model, timer, noise, optimizer, scheduler
 
+    # neither: DDP's default hook, no phase timers, no noise scale's squared norms.
+    # timers: the phase timers and the timed all-reduce hook. On 2 or more ranks, both, as a run measures by default.
     names = ["neither", "timers"] + (["timers + noise scale"] if world_size > 1 else [])
     sides = {name: side(name != "neither", "noise" in name) for name in names}
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     seconds = dict.fromkeys(names, 0.0)
+    # Blocks of steps rotate between the sides, each starting with another, so the machine's noise falls on all alike.
     for block in range(-1, BLOCKS):  # block -1 warms every side up and is not counted
         for name in names[block % len(names) :] + names[: block % len(names)]:
             model, timer, noise, optimizer, scheduler = sides[name]

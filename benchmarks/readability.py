@@ -1,12 +1,10 @@
-"""Words per sentence in the built book's prose: what a newcomer meets, measured the way issue #69 measured it (a
-glued value counts as one word; code, tables, captions and equations left out).
+"""Words per sentence in the built book's prose: what a newcomer meets, measured the way issue #69 measured it.
 
     python benchmarks/readability.py                      # every page of _build/html (make book first)
     python benchmarks/readability.py intro studies/nodes  # some pages
 
-Prints, per page, its sentences, their mean length in words, how many run over 40 words, and the mean length in the
-page's opening answer (its "In short." paragraph; "-" where it has none); then the PDF's pages, where `make pdf`
-made it.
+Prints per page its sentences, their mean length, how many run over 40 words, and the opening answer's mean.
+Then it prints the PDF's page count, where `make pdf` made it.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ SITE = REPO_ROOT / "_build" / "html"
 PDF_LOG = REPO_ROOT / "_build" / "latex" / "book.log"
 LONG = 40  # words: a sentence a reader has to read twice
 ARTICLE = re.compile(r'<article class="bd-article".*?</article>', re.S)
+# As issue #69 counted: code, tables, captions and equations left out, a glued value one word.
 LEFT_OUT = re.compile(r"<(table|pre|figcaption|script|style|math|nav)\b.*?</\1>|\\\(.*?\\\)|\$\$.*?\$\$", re.S)
 GLUED = re.compile(r'<span class="pasted-text">.*?</span>', re.S)
 PARAGRAPH = re.compile(r"<(p|li)\b([^>]*)>(.*?)</\1>", re.S)

@@ -1,25 +1,18 @@
-"""Training throughput and model FLOP utilisation on one device, and what ddp_core and DDP cost on top of
-the plainest PyTorch loop: measured in one process, on a GPU where there is one, else on the CPU.
+"""Throughput and MFU on one device, and what ddp_core and DDP cost over the plainest PyTorch loop.
 
     python benchmarks/single_device.py                 # small preset, batch 32, into results/single_device/<device>
     python benchmarks/single_device.py --presets small medium large --batch-sizes 32 128 256 --amp off bf16
 
-Four loops train their own copy of the same model on the same workload (the trainer's data, batch and
-sequence length), one epoch of `--steps` optimizer steps at a time:
+It runs in one process, on a GPU where there is one, else on the CPU.
+Four loops train their own copy of the same model on the trainer's workload:
 
     plain        forward, loss, backward, AdamW step, zero_grad: the loop of PyTorch's tutorials
-    ddp_core     the trainer's own `train_epoch` (sampler, host-to-device copies, autocast, scaler,
-                 schedule, divergence check), timers off
+    ddp_core     the trainer's own `train_epoch`, timers off
     timed        the same with the phase timers on, as every run of the report records them
-    ddp_of_one   `ddp_core` with the model wrapped in DistributedDataParallel in a process group of
-                 one (NCCL on a GPU, gloo on a CPU): the cost of the wrapper, its buckets and hooks
+    ddp_of_one   `ddp_core` in DistributedDataParallel, in a process group of one: the cost of its buckets and hooks
 
-The epochs alternate between the loops, the order reversed every round (ABCD DCBA ...), after one
-round of warm-up, so that a slow spell of a shared machine falls on all of them alike. Each epoch's
-seconds are written to `epochs.csv`, one row per loop and round, appended after each configuration;
-`device.json` holds the provenance and the device's ceilings measured at the start (a large matrix
-product at each precision). The book's chapter on one device (book/single_device.md) turns them into
-throughput, MFU and per-round ratios with their spread.
+The loops take turns epoch by epoch, so that a slow spell of a shared machine falls on all of them alike.
+The chapter on one device (book/single_device.md) turns epochs.csv and device.json into throughput, MFU and ratios.
 """
 
 from __future__ import annotations
@@ -116,7 +109,7 @@ def train_config(opts: argparse.Namespace, preset: str, amp: str, batch: int):
 
 
 def measurement_name(rt: Runtime, info: dict, compiled: bool) -> str:
-    """`cpu`, or `cuda-` and the GPU's name; `-compiled` when the trainer's loops ran under torch.compile."""
+    """The measurement's folder name: `cpu` or `cuda-<gpu>`, and `-compiled` when the trainer ran compiled."""
     device = (
         "cpu"
         if rt.device.type == "cpu"
@@ -126,8 +119,7 @@ def measurement_name(rt: Runtime, info: dict, compiled: bool) -> str:
 
 
 def new_measurement_folder(results_dir: Path, kind: str, name: str) -> Path:
-    """RESULTS_DIR/KIND/NAME for a new measurement; one that already holds a measurement is refused, never
-    overwritten."""
+    """RESULTS_DIR/KIND/NAME for a new measurement. A folder that already holds one is refused, never overwritten."""
     out = results_dir / kind / name
     check_writable_folder(out, "--results-dir")
     if out.exists() and any(out.iterdir()):
@@ -144,8 +136,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def matmul_tflops(device: torch.device, amp: str) -> float:
-    """The rate of one large matrix product at the loops' precision (bf16 under autocast, else fp32): the
-    ceiling that the model's matrix products can reach on this device, measured rather than read off a sheet."""
+    """The rate of one large matrix product at the loops' precision. It is the ceiling the model's products can
+    reach on this device, measured rather than read off a sheet."""
     size = 8192 if device.type == "cuda" else 512
     dtype = torch.bfloat16 if amp == "bf16" else torch.float32
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
@@ -157,7 +149,7 @@ def matmul_tflops(device: torch.device, amp: str) -> float:
         synchronize(device)
         if repeat >= 3:
             seconds.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(seconds) / 1e12
+    return 2 * size**3 / statistics.median(seconds) / 1e12  # bf16 under autocast, else fp32
 
 
 def plain_epoch(cfg, rt: Runtime, data: EncodedData):
@@ -214,6 +206,7 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
 def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
     data = load_data(cfg)
     flops_per_sample = training_flops(vars(model_config(cfg, data.num_classes)), cfg.seq_len)
+    # ddp_core adds to plain: sampler, host-to-device copies, autocast, scaler, schedule, divergence check
     loops = {
         "plain": plain_epoch(cfg, rt, data),
         "ddp_core": trainer_epoch(cfg, rt, data, False, False),
@@ -222,7 +215,7 @@ def measure(cfg, rt: Runtime, rounds: int) -> list[dict]:
     }
     rows = []
     for round_ in range(-1, rounds):  # round -1 warms every loop up and is not kept
-        for loop in LOOPS if round_ % 2 else LOOPS[::-1]:
+        for loop in LOOPS if round_ % 2 else LOOPS[::-1]:  # ABCD DCBA ...: the order reversed every round
             synchronize(rt.device)
             start = time.perf_counter()
             loops[loop]()
@@ -272,16 +265,18 @@ def main(argv: list[str] | None = None) -> int:
         command=sys.argv,
         start_time=now_iso(),
         end_time=None,
-        matmul_tflops={amp: matmul_tflops(rt.device, amp) for amp in opts.amp},
+        matmul_tflops={amp: matmul_tflops(rt.device, amp) for amp in opts.amp},  # the device's ceilings, at the start
     )
     save_atomic(info, out / "device.json")
     with tempfile.TemporaryDirectory() as store:
+        # ddp_of_one's group of one: NCCL on a GPU, gloo on a CPU
         dist.init_process_group(rt.backend, init_method=f"file://{store}/group", rank=0, world_size=1)
         try:
             rows = []
             for cfg in configs:
                 print(f"single_device: {cfg.preset}, amp {cfg.amp}, batch {cfg.per_rank_batch_size}", flush=True)
                 rows += measure(cfg, rt, opts.rounds)
+                # a row per loop and round with its epoch's seconds, written after each configuration
                 pd.DataFrame(rows).to_csv(out / "epochs.csv", index=False)
                 if rt.device.type == "cuda":
                     torch.cuda.empty_cache()

@@ -1,19 +1,9 @@
-"""Where a run's time outside training goes: a 1-rank run on this machine and a run on emulated nodes (root), each
-launched as the study runner launches it, its wall time against the time it trained.
+"""Where a run's time outside training goes, for a 1-rank run and a run on emulated nodes (root).
 
     python benchmarks/startup.py [--nodes 8] [--cpus-per-node 0.125] [--rounds 3]
 
-A run trains from its run directory's line (`run.json`'s start_time: torch imported, the data and the model built,
-the ranks joined) to its files written (end_time); everything else of its wall time is outside training: the
-interpreters' start, imports, data, the process group, a cluster's namespaces and links, teardown. Beside it, what
-importing the trainer alone takes. Goal (#50): under 5 s outside training for 1 rank, under 15 s at 8 nodes. Prints
-the median of the rounds, which run one after the other; a benchmark, not a test: the machine is shared.
-
-Where it went on this project's 2-core AMD EPYC (2026-11-27): 1 rank 3.1 s, 8 nodes of 0.125 core 17.9 s outside
-training. Each rank imported FSDP2 and DTensor (sympy among them) whether it sharded or not, 1.2 s of its 2.4 s
-import, now imported only by the modes that use them; torch's optimizer imports torch._dynamo (1.6 s) on its first
-construction, which the trainer cannot avoid; and 8 ranks tearing their interpreters down at once took 4 s after
-the run had finished, which the trainer now skips once its files are written. After both: 2.4 s and 11.8 s.
+Each run is launched as the study runner launches it, and its wall time is set against the time it trained.
+It is a benchmark, not a test: the machine is shared.
 """
 
 from __future__ import annotations
@@ -35,12 +25,19 @@ from ddp_core.engine.config import OneLineParser, UsageError, positive_int  # no
 from ddp_core.launch.launchers import start  # noqa: E402
 from ddp_core.launch.plan import Placement, prepare  # noqa: E402
 
+# On the project's 2-core AMD EPYC (2026-11-27), 1 rank spent 3.1 s and 8 nodes of 0.125 core 17.9 s outside training.
+# FSDP2 and DTensor (sympy among them) took 1.2 s of a rank's 2.4 s import: now only the sharded modes import them.
+# torch's optimizer imports torch._dynamo (1.6 s) on its first construction, which the trainer cannot avoid.
+# 8 ranks tearing their interpreters down at once took 4 s: the trainer now skips that once its files are written.
+# After both fixes: 2.4 s and 11.8 s.
 GOAL_S = {"1 rank": 5.0, "nodes": 15.0}  # seconds outside training (#50)
 SETTINGS = {"threads_per_rank": 1, "train_samples": 192, "eval_samples": 64, "epochs": 2, "warmup_steps": 4}
 
 
 def trained_s(run_dir: Path) -> float:
     """Seconds from the run directory's line to the run's files written, from its run.json."""
+    # start_time: torch imported, the data and model built, the ranks joined. end_time: the files written.
+    # The rest of the wall time is outside training: interpreters, imports, data, process group, links, teardown.
     info = json.loads((run_dir / "run.json").read_text())
     return (datetime.fromisoformat(info["end_time"]) - datetime.fromisoformat(info["start_time"])).total_seconds()
 
@@ -92,6 +89,7 @@ def main() -> int:
             imports.append(import_s())
             for name, where in configurations.items():
                 rows[name].append(outside_training(results, name.replace(" ", "_"), repeat, **dict(where)))
+    # medians of the rounds, which ran one after the other
     print(f"importing ddp_core.train: {statistics.median(imports):.1f} s (median of {opts.rounds})")
     for name, runs in rows.items():
         wall, outside = (statistics.median(values) for values in zip(*runs))

@@ -3,17 +3,8 @@
     python -m benchmarks.step_profile                   # into results/step_profile/<device>
     python -m benchmarks.step_profile --steps 30 --results-dir reference
 
-It trains the default profile's model and batch (small preset, IMDB, sequence length 128, 32 samples a step;
-on a GPU `--preset large --amp bf16 --batch-size 128` is the workload worth a look) with the trainer's
-`train_epoch`, timers off, one rank: an epoch of warm-up, then an epoch of `--steps` steps
-profiled. Each operator's self time (the time spent in it, not in the operators it calls) is summed and
-divided by the steps, and each operator is put in a category (`ddp_core.analysis.step_profile.CATEGORIES`); the
-matrix products carry the FLOPs the profiler counts from their shapes. One large matrix product is timed on the
-same device, the rate the model's own products are held against.
-
-Output: RESULTS_DIR/step_profile/<device>/operators.csv (category, operator, calls_per_step,
-self_s_per_step, flops_per_step), device.json (provenance, the workload, the profiled steps' wall time and
-the large product's rate). The book's chapter on one device shows them.
+It profiles the trainer's `train_epoch` on one rank, timers off, after an epoch of warm-up.
+It writes operators.csv and device.json under RESULTS_DIR/step_profile/<device>, for the book's chapter on one device.
 """
 
 from __future__ import annotations
@@ -42,6 +33,7 @@ from ddp_core.train import model_config
 
 
 def options(argv: list[str] | None = None):
+    # The default profile's workload. On a GPU, `--preset large --amp bf16 --batch-size 128` is the one worth a look.
     parser = OneLineParser(prog="step_profile", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=positive_int, default=20, help="optimizer steps profiled")
     parser.add_argument("--dataset", choices=["imdb", "synthetic"], default="imdb")
@@ -58,20 +50,21 @@ def options(argv: list[str] | None = None):
 
 
 def operator_rows(prof, steps: int, on_gpu: bool) -> pd.DataFrame:
-    """One row per operator that spent time of its own, per step, largest first: on a GPU the time of the kernels
-    it launched, else its time on the CPU. On a GPU each kernel is counted once, under the operator that launched
-    it: the profiler also lists every kernel as an event of its own, and a `record_function` range (the
-    optimizer's step) again over the kernels inside it, so those rows would count the GPU's time twice."""
+    """One row per operator that spent time of its own, per step, largest first. On a GPU that is the time of the
+    kernels it launched, else its time on the CPU."""
 
     def own_seconds(e) -> float:
+        # self time: in the operator itself, not in the operators it calls
         return (e.self_device_time_total if on_gpu else e.self_cpu_time_total) / 1e6 / steps
 
+    # On a GPU each kernel counts once, under the operator that launched it. The profiler also lists each kernel as
+    # an event, and a `record_function` range (the optimizer's step) over its kernels: those would count twice.
     def launched_by_an_operator(e) -> bool:
         return e.device_type == DeviceType.CPU and not e.is_user_annotation
 
     rows = [
         {
-            "category": category(e.key),
+            "category": category(e.key),  # `ddp_core.analysis.step_profile.CATEGORIES`
             "operator": e.key,
             "calls_per_step": e.count / steps,
             "self_s_per_step": own_seconds(e),
@@ -123,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             epoch = trainer_epoch(cfg, rt, data, timers=False, in_ddp=False)
             epoch()  # warm-up
+            # with_flops: the matrix products' FLOPs, counted from their shapes
             with profile(activities=activities, with_flops=True) as prof:
                 synchronize(rt.device)
                 start = time.perf_counter()
@@ -148,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             step_s=seconds / opts.steps,
             model_flops_per_step=training_flops(vars(model_config(cfg, data.num_classes)), cfg.seq_len)
             * cfg.global_batch_size,
-            matmul_tflops=matmul_tflops(rt.device, cfg.amp),
+            matmul_tflops=matmul_tflops(rt.device, cfg.amp),  # the rate the model's own products are held against
             measured_on=now_iso(),
         ),
         out / "device.json",
