@@ -146,20 +146,20 @@ def run(cfg: TrainConfig, rt: Runtime, stop: StopRequest) -> None:
     evaluations = Evaluations(state, data, batch, cfg, rt, out)
     census = StateCensus(ddp_model, state.optimizer)
     training = Training(
-        cfg,
-        rt,
-        state,
-        ddp_model,
-        data,
-        sampler,
-        batch,
-        timer,
-        noise,
-        census,
-        CollectiveCensus(cfg.count_collectives),
-        evaluations,
-        stop,
-        out,
+        cfg=cfg,
+        rt=rt,
+        state=state,
+        ddp_model=ddp_model,
+        data=data,
+        sampler=sampler,
+        batch=batch,
+        timer=timer,
+        noise=noise,
+        census=census,
+        collectives=CollectiveCensus(cfg.count_collectives),
+        evaluations=evaluations,
+        stop=stop,
+        out=out,
     )
     started = MachineClock.now()
     for epoch in range(first_epoch, cfg.epochs + 1):
@@ -559,7 +559,7 @@ def communication_hook(cfg: TrainConfig):
     return None, default_hooks.allreduce_hook  # none: the average of the fp32 gradients
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Training:
     """What every epoch of one run trains with, made once by `run`."""
 
