@@ -1,8 +1,9 @@
-"""The report's analysis layer: loading runs and measurements (`results`), comparing them (`comparisons`, the one
-verdict in `verdict`), the tables every chapter builds on (`speedups`, `throughput`), the cost model and the
-predictors (`cost_model`, `replay`, `nvlink_forecast`, `similarity`), and where a result came from (`provenance`).
+"""The report's analysis layer: it loads the runs, compares them, and builds what the chapters show.
 
-It imports nothing of the pages (`ddp_core.report`), and the benchmarks and the study runner import it, not them.
-Functions return numbers, DataFrames, figures and short outcome words; a loaded folder it cannot read raises
-`results.ResultsError`.
+Loading is `results`, and comparing is `comparisons`, with the one verdict in `verdict`. The tables every chapter
+builds on are `speedups` and `throughput`. The cost model and the predictors are `cost_model`, `replay`,
+`nvlink_forecast` and `similarity`. Where a result came from is `provenance`.
+
+It imports nothing of the pages (`ddp_core.report`), so the benchmarks and the study runner can import it. Functions
+return numbers, DataFrames, figures and short outcome words. A folder it cannot read raises `results.ResultsError`.
 """

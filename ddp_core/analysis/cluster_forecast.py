@@ -1,9 +1,7 @@
-"""A forecast for a cluster nobody here ran, from what the book validates: one GPU's step from the model's FLOPs at a
-stated share of a published peak, backward's buckets ready where its FLOPs place them, and each bucket's all-reduce
-over a published interconnect replayed into backward as DDP issues them (`replay.replay_step`).
+"""A forecast for a cluster nobody here ran, built only from what the book validates.
 
-The forecast page evaluates it over a grid of choices when the book is built (`forecast_grid`); the page only looks a
-choice up. Its bounds are the clusters' own forecasts that the other chapters quote (`Configuration.speedup_range`).
+The book's build evaluates it over a grid of choices (`forecast_grid`), and the forecast page only looks one up. Its
+bounds are the clusters' forecasts the other chapters quote (`Configuration.speedup_range`).
 """
 
 from __future__ import annotations
@@ -53,8 +51,8 @@ def model_of(cluster: Cluster, workload: dict) -> dict:
 
 
 def configuration(cluster: Cluster, workload: dict) -> Configuration:
-    """The cluster as the wind tunnel's configurations describe one: the step at the chosen utilisation, the
-    all-reduce of the chosen interconnect."""
+    """The cluster as the wind tunnel's configurations describe one, so that their forecasts apply to it."""
+    # the step at the chosen utilisation, the all-reduce of the chosen interconnect
     model, published = model_of(cluster, workload), CONFIGURATIONS[INTERCONNECTS[cluster.interconnect][0]]
 
     def step_s(_, batch: int) -> float:
@@ -73,8 +71,8 @@ def configuration(cluster: Cluster, workload: dict) -> Configuration:
 
 
 def flops_timeline(model: dict, step_s: float) -> pd.DataFrame:
-    """A step of `step_s` drawn as a trainer's timeline.csv: forward, backward and each bucket's ready moment where
-    backward's FLOPs place it (`bucket_ready_shares`), no optimizer time."""
+    """A step of `step_s` drawn as a trainer's timeline.csv, so that the replay can take it."""
+    # Each bucket is ready where backward's FLOPs place it (`bucket_ready_shares`); the optimizer takes no time.
     forward_end = FORWARD_SHARE * step_s
     backward_s = step_s - forward_end
     rows = [("forward", 0.0, forward_end), ("backward", forward_end, step_s), ("optimizer", step_s, step_s)]
@@ -86,34 +84,34 @@ def flops_timeline(model: dict, step_s: float) -> pd.DataFrame:
 
 
 def cluster_forecast(cluster: Cluster, workload: dict) -> dict:
-    """The cluster's forecast for the page: its step, compute, exposed and total all-reduce (ms); its speedup over
-    one GPU stepping the whole batch, its efficiency, and the bounds of no overlap and of the last bucket only, in
-    the GPU chapter's words (`forecast_word`); the whole batch's compute that breaks even; each bucket's all-reduce
-    (start and end, ms) against backward's; whether the publication measured that many GPUs; and whether backward
-    is long enough to hide all but the last bucket, the only way the last-bucket bound is reached."""
+    """The cluster's forecast for the page: its step and its parts in ms, its speedup with bounds, and its caveats."""
     model, config, n = model_of(cluster, workload), configuration(cluster, workload), cluster.gpus
     shape = workload | {"max_len": cluster.seq_len}
     share_s = gpu_step_s(model, cluster.batch_per_gpu, cluster.mfu)
     whole_s = gpu_step_s(model, cluster.batch_per_gpu * n, cluster.mfu)
     allreduces = config.allreduces_s(shape, n)
+    # One GPU's step from the model's FLOPs at a stated share of a published peak. Each bucket's all-reduce over a
+    # published interconnect is replayed into backward as DDP issues them.
     step = replay_step(flops_timeline(model, share_s), 1, allreduces)
     low, high = config.speedup_range(shape, cluster.batch_per_gpu * n, n)
-    speedup = whole_s / step["step_s"]
+    speedup = whole_s / step["step_s"]  # over one GPU stepping the whole batch
     return {
         "step_ms": step["step_s"] * 1e3,
         "compute_ms": share_s * 1e3,
         "exposed_ms": step["exposed_s"] * 1e3,
         "comm_ms": sum(allreduces) * 1e3,
         "speedup": speedup,
-        "outcome": forecast_word(low, high),
+        "outcome": forecast_word(low, high),  # the GPU chapter's words
         "efficiency": speedup / n,
-        "speedup_no_overlap": low,
+        "speedup_no_overlap": low,  # the bounds: no overlap, and only the last bucket exposed
         "speedup_last_bucket": high,
-        "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3,
+        "break_even_ms": sum(allreduces) * n / (n - 1) * 1e3,  # the whole batch's compute that breaks even
         "whole_ms": whole_s * 1e3,
         "backward_ms": [FORWARD_SHARE * share_s * 1e3, share_s * 1e3],
+        # each bucket's all-reduce, start and end, to draw against backward's
         "buckets_ms": [[start * 1e3, end * 1e3] for start, end in step["allreduces_s"]],
-        "validated": n <= INTERCONNECTS[cluster.interconnect][1],
+        "validated": n <= INTERCONNECTS[cluster.interconnect][1],  # the publication measured that many GPUs
+        # Backward is long enough to hide all but the last bucket: the only way the last-bucket bound is reached.
         "last_bucket_reachable": sum(allreduces[:-1]) <= (1 - FORWARD_SHARE) * share_s,
     }
 
@@ -127,10 +125,13 @@ def forecast_grid(workload: dict) -> list[dict]:
 
 
 def proportional_check(timelines: list[StepTimeline]) -> pd.DataFrame:
-    """What this page's assumption, a step that shrinks in proportion to its batch, does to a GPU that was measured:
-    per precision and batch per GPU whose whole batch one GPU also stepped, the speedup on FORECAST_GPUS GPUs
-    forecast from the measured step of each GPU's share (`replay_forecast`, the GPU chapter's) and from the whole
-    batch's step divided among them (`replay_step` with the GPUs as nodes, as this page's forecasts do)."""
+    """What the page's assumption, a step that shrinks in proportion to its batch, does to a measured GPU.
+
+    Each row forecasts the speedup on FORECAST_GPUS GPUs two ways, from the measured share and from the divided whole.
+    """
+    # Rows: per precision and batch per GPU whose whole batch one GPU also stepped. `measured_share` replays each GPU's
+    # measured step (`replay_forecast`, the GPU chapter's). `divided_share` divides the whole batch's step among the
+    # GPUs as nodes, as the page's forecasts do.
     fit, whole = nvlink_fit(FORECAST_GPUS), {t.key: t for t in timelines}
     rows = []
     for row in replay_forecast(timelines).dropna(subset=["speedup"]).itertuples():

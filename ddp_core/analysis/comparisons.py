@@ -1,8 +1,8 @@
-"""Every comparison the report makes between runs, in one place: each run's time is its median step
-(`run_times`), the two sides of a comparison are their repeats in order (repeat k of each ran in
-round k of `make report`, next to each other in time), and `verdict.compare` turns them into a
-ratio with its range and a verdict. Speedups, times per sample and final accuracies are compared
-this way on every page; the `*_phrase`/`*_sentence` helpers word the outcome for glue.
+"""Every comparison the report makes between runs, in one place, so that every page compares the same way.
+
+A run's time is its median step (`run_times`). The two sides of a comparison are their repeats in order. Repeat k of
+each ran in round k of `make report`, next to each other in time. `verdict.compare` turns the sides into a ratio with
+its range and a verdict.
 """
 
 from __future__ import annotations
@@ -31,14 +31,16 @@ WARMUP_EPOCHS = 1  # the same for the per-epoch timers: a run's first epoch is l
 
 
 def steady_phases(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Each run's epochs after the warm-up epoch (a run of one epoch keeps it), with the epoch's mean step and its
-    timed phases per step, which add up to no more than it: compute (forward and backward less the communication
-    they waited for, plus the optimizer), all-reduce in all and exposed, optimizer and data loading."""
+    """Each run's epochs after warm-up, with the epoch's mean step and its timed phases per step.
+
+    The phases add up to no more than the mean step.
+    """
     later = metrics[metrics["epoch"] > WARMUP_EPOCHS]
-    steady = pd.concat([later, metrics[~metrics["run"].isin(later["run"])]])
+    steady = pd.concat([later, metrics[~metrics["run"].isin(later["run"])]])  # a run of one epoch keeps it
     per_step = lambda col: steady[col] / steady["steps"]  # noqa: E731
     return steady.assign(
         mean_step_s=per_step("epoch_time_s"),
+        # forward and backward less the communication they waited for, plus the optimizer
         compute_per_step_s=per_step("forward_time_s")
         + per_step("backward_time_s")
         - per_step("comm_exposed_s")
@@ -56,24 +58,28 @@ def median_step(step_times: pd.Series) -> float:
 
 
 def out_of_line(step_times: pd.Series, configurations: pd.Series) -> pd.Series:
-    """Per run (`step_times`: median steps, `configurations`: which runs repeat one another), its step over the
-    median of its configuration's repeats, itself included, where that is OUT_OF_LINE or more (or 1/OUT_OF_LINE or
-    less); NaN where the run is in line, or its configuration has fewer than MIN_REPEATS repeats, too few for a
-    majority to tell which run is out of line."""
+    """Per run, its median step over its configuration's median, where that ratio is far enough out of line to flag.
+
+    `configurations` says which runs repeat one another. NaN marks a run in line.
+    """
     repeats = step_times.groupby(configurations)
-    ratio = step_times / repeats.transform("median")
+    ratio = step_times / repeats.transform("median")  # the median of the repeats, itself included
     far = (ratio >= OUT_OF_LINE) | (ratio <= 1 / OUT_OF_LINE)
+    # With fewer than MIN_REPEATS repeats, no majority tells which run is out of line.
     return ratio.where(far & (repeats.transform("size") >= MIN_REPEATS))
 
 
 def run_times(experiment: Experiment) -> pd.DataFrame:
-    """One row per run: world size, repeat (1 for the lowest seed), its median step over the steps after its
-    first WARMUP_STEPS, that per trained sample (fair when world sizes differ in global batch), and its mean step and
-    compute per step (`steady_phases`, means over its steady epochs)."""
+    """One row per run: world size, repeat, median step, time per sample, and mean step and compute per step.
+
+    Repeat 1 has the lowest seed. Time per sample is fair when world sizes differ in global batch.
+    """
+    # the mean step and compute are means over the run's steady epochs
     steady = steady_phases(experiment.metrics).groupby("run")[["mean_step_s", "compute_per_step_s"]].mean()
     rows = []
     for n, runs in experiment.repeats.items():
         for repeat, run in enumerate(runs, 1):
+            # over the steps after its first WARMUP_STEPS
             step = median_step(experiment.steps.loc[experiment.steps["run"] == run.name, "step_time_s"])
             rows.append(
                 {
@@ -89,14 +95,15 @@ def run_times(experiment: Experiment) -> pd.DataFrame:
 
 
 def paired_sides(experiment: Experiment, quantity: str = "time_per_sample_s") -> dict[int, list[float]]:
-    """Per world size, a quantity of `run_times` for each repeat, repeat 1 first: the sides of paired
-    comparisons."""
+    """Per world size, a quantity of `run_times` for each repeat, repeat 1 first: the sides of paired comparisons."""
     return {n: list(rows[quantity]) for n, rows in run_times(experiment).groupby("world_size")}
 
 
 def _distinct(items: tuple) -> list:
-    """`items` with each object once (by identity): an experiment compared with itself (two of its world sizes)
-    counts once in a floor, or its configurations would pass for twice the evidence."""
+    """`items` with each object once, by identity, so that an experiment compared with itself counts once in a floor.
+
+    Counted twice, its configurations would pass for twice the evidence.
+    """
     return [item for i, item in enumerate(items) if all(item is not other for other in items[:i])]
 
 
@@ -109,11 +116,13 @@ POWER_DRAWS = DRAWS // 4  # per row of every study's table: a rate within about 
 
 
 def study_floor_power(study: dict[str, Experiment]) -> dict:
-    """What a study's time floor (every configuration of the study, pooled, as its page holds comparisons against)
-    rests on and can tell: its degrees of freedom, the floor, how often the rule calls identical configurations
-    different, and how often it finds a planted effect of 10 % and 20 % (`verdict.error_rates` on the study's own
-    runs)."""
+    """What a study's time floor rests on and what it can tell, so that its page can say how far to trust it.
+
+    The floor pools every configuration of the study, as the page's comparisons do.
+    """
     repeats = _pooled(*(paired_sides(e) for e in study.values()))
+    # On the study's own runs: how often the rule calls identical configurations different, and how often it finds a
+    # planted effect of 10 % and 20 %.
     rates = error_rates(repeats, [0.0, 0.1, 0.2], draws=POWER_DRAWS)
     return {
         "degrees": degrees_of_freedom(repeats),
@@ -130,8 +139,10 @@ def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
 
 
 def speedup_comparisons(experiment: Experiment) -> dict[int, Comparison]:
-    """Per world size, one rank's time per sample against its own, repeat by repeat: the comparison's ratio is
-    the speedup T1/TN with its range, "higher" meaning faster than one rank."""
+    """Per world size, one rank's time per sample against its own, repeat by repeat.
+
+    The ratio is the speedup T1/TN with its range, and "higher" means faster than one rank.
+    """
     sides = paired_sides(experiment)
     if 1 not in sides:
         raise ResultsError(f"no 1-rank run among world sizes {sorted(sides)}: speedup is measured against one rank")
@@ -143,8 +154,8 @@ SPEEDUP_RUNS = 4  # a ratio of two speedups: two runs on one rank, two on n
 
 
 def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
-    """A's speedup at `n` ranks against B's, repeat by repeat ("higher": A scales better), held against the noise
-    floor of the two experiments' configurations together, for a ratio of four runs' values (SPEEDUP_RUNS)."""
+    """A's speedup at `n` ranks against B's, repeat by repeat: "higher" means A scales better."""
+    # The floor pools both experiments' configurations, for a ratio of four runs' values (SPEEDUP_RUNS).
     sides_a = paired_sides(a)
     sides_b = sides_a if b is a else paired_sides(b)
     speedups = [[t1 / tn for t1, tn in zip(*_paired(sides[1], sides[n]))] for sides in (sides_a, sides_b)]
@@ -152,9 +163,9 @@ def compare_speedups(a: Experiment, b: Experiment, n: int) -> Comparison:
 
 
 def slower_speedup(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
-    """`compare_speedups` as `verdict.error_rates` plants an effect in it: the speedup of rows 0 and 1 (one rank or
-    node, N) against that of rows 2 and 3, whose step on N takes longer by the effect; every row in the floor, as
-    `compare_speedups` pools both experiments' configurations (with `runs=SPEEDUP_RUNS`)."""
+    """`compare_speedups` as `verdict.error_rates` plants an effect in it, to measure that comparison's error rates."""
+    # Rows 0 and 1 are one rank or node and N; rows 2 and 3 the same, with the step on N longer by the effect.
+    # Every row is in the floor, as `compare_speedups` pools both experiments' configurations with runs=SPEEDUP_RUNS.
     return list(drawn[0] / drawn[1]), list(drawn[2] / (drawn[3] * (1 + effect)))
 
 
@@ -166,9 +177,10 @@ def time_floor(*experiments: Experiment) -> float:
 def compare_times(
     a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1, floor: float | None = None
 ) -> Comparison:
-    """A's time per sample at `a_ranks` against B's at `b_ranks`, repeat by repeat ("lower": A is faster), held
-    against `floor`, by default the noise floor over the configurations of both experiments (a page that compares
-    several pairs passes one floor for all)."""
+    """A's time per sample at `a_ranks` against B's at `b_ranks`, repeat by repeat: "lower" means A is faster.
+
+    A page that compares several pairs passes one `floor` for all. The default pools both experiments' configurations.
+    """
     sides_a = paired_sides(a)  # each experiment's runs read once
     sides_b = sides_a if b is a else paired_sides(b)
     return compare(
@@ -183,8 +195,11 @@ def final_accuracies(experiment: Experiment, world_size: int) -> list[float]:
 
 
 def chance_bar(run) -> tuple[float, float]:
-    """Chance accuracy (1/classes), and the accuracy that a classifier at chance exceeds on the run's evaluation
-    set about 1 time in 40: chance plus Z binomial standard errors (NaN where the set size is not recorded)."""
+    """Chance accuracy, and the accuracy a classifier at chance exceeds on the run's evaluation set about 1 time in 40.
+
+    The bar is NaN where the set's size is not recorded.
+    """
+    # the bar: chance plus Z binomial standard errors
     chance = 1 / run.model["num_classes"]
     samples = run.config.get("eval_samples")
     return chance, chance + Z * math.sqrt(chance * (1 - chance) / samples) if samples else float("nan")
@@ -204,8 +219,9 @@ def against_chance(experiment: Experiment, world_size: int) -> str:
 
 @dataclass(frozen=True)
 class Chance:
-    """Where a study's accuracy stands against guessing: the evaluation set's size, chance (1/classes), the bar a
-    guess rarely passes on that set, and `against_chance`."""
+    """Where a study's accuracy stands against guessing, so that accuracies of guesses are not read as learning."""
+
+    # the evaluation set's size, chance (1/classes), the bar a guess rarely passes on that set, `against_chance`
 
     eval_samples: int | None
     chance: float
@@ -221,14 +237,19 @@ def chance_at(experiment: Experiment, world_size: int) -> Chance:
 
 
 def accuracy_floor(*experiments: Experiment) -> float:
-    """How far apart the final accuracies of repeats (other seeds) of one configuration land, over the world sizes
-    of all `experiments` (one compared with itself counts once)."""
+    """How far apart the final accuracies of one configuration's repeats land, over all `experiments`' world sizes.
+
+    The repeats differ in seed. An experiment compared with itself counts once.
+    """
     return noise_floor([final_accuracies(e, n) for e in _distinct(experiments) for n in e.repeats])
 
 
 def binomial_floor(accuracy: float, samples: int | None) -> float:
-    """How far from 1 the ratio of two accuracies measured on `samples` evaluation samples lands by the sampling of
-    the evaluation set alone: Z standard errors of the ratio's log, sqrt(2 p (1 - p) / n) / p (0 where unknown)."""
+    """How far from 1 the ratio of two accuracies lands from sampling `samples` evaluation samples alone.
+
+    It is 0 where the size is unknown.
+    """
+    # Z standard errors of the ratio's log, sqrt(2 p (1 - p) / n) / p
     if not samples or not 0 < accuracy < 1:
         return 0.0
     return math.exp(Z * math.sqrt(2 * accuracy * (1 - accuracy) / samples) / accuracy) - 1
@@ -237,11 +258,12 @@ def binomial_floor(accuracy: float, samples: int | None) -> float:
 def compare_accuracies(
     a: Experiment, b: Experiment, a_ranks: int = 1, b_ranks: int = 1, floor: float | None = None
 ) -> Comparison:
-    """A's final accuracy at `a_ranks` against B's at `b_ranks`, repeat k with repeat k (the same seed offset),
-    held against `floor` (by default the noise over both experiments' configurations; a page that compares several
-    pairs passes one floor for all of them) or against what the evaluation set's size resolves, whichever is wider.
-    Where every repeat of both sides is at chance, the verdict is "at chance": accuracies of guesses are not
-    compared."""
+    """A's final accuracy at `a_ranks` against B's at `b_ranks`, repeat k with repeat k, which share a seed offset.
+
+    Accuracies of guesses are not compared: where both sides are at chance, the verdict is "at chance".
+    """
+    # The floor is `floor` or the evaluation set's resolution, whichever is wider. A page that compares several pairs
+    # passes one `floor` for all; the default pools both experiments' configurations.
     side_a, side_b = _paired(final_accuracies(a, a_ranks), final_accuracies(b, b_ranks))
     run_a, run_b = a.repeats[a_ranks][0], b.repeats[b_ranks][0]
     resolved = binomial_floor(
@@ -249,6 +271,7 @@ def compare_accuracies(
     )
     c = compare(side_a, side_b, max(accuracy_floor(a, b) if floor is None else floor, resolved))
     (_, bar_a), (_, bar_b) = chance_bar(run_a), chance_bar(run_b)
+    # every repeat of both sides at chance
     if c.pairs >= MIN_REPEATS and all(x <= bar_a for x in side_a) and all(y <= bar_b for y in side_b):
         return replace(c, verdict="at chance")
     return c
@@ -256,14 +279,12 @@ def compare_accuracies(
 
 @dataclass(frozen=True)
 class Judged:
-    """A comparison as a page quotes it. `value` reads '0.85 (0.80 to 0.90 over 3 repeats)' and `verdict` 'faster
-    (beyond the noise floor of 5.0%)', or why there is none. A one-line finding takes `shown`, the ratio to the digit
-    its noise floor allows, and `word`, the bare verdict."""
+    """A comparison as a page quotes it, in a sentence's words or a one-line finding's."""
 
-    value: str
-    verdict: str
-    shown: str
-    word: str
+    value: str  # '0.85 (0.80 to 0.90 over 3 repeats)'
+    verdict: str  # 'faster (beyond the noise floor of 5.0%)', or why there is none
+    shown: str  # for a one-line finding: the ratio to the digit its noise floor allows
+    word: str  # the bare verdict
 
 
 def judged(c: Comparison, lower: str, higher: str) -> Judged:
@@ -292,8 +313,10 @@ PLANTED_EFFECTS = [0.0, 0.05, 0.1, 0.2, 0.5]
 
 
 def rule_rates_table(experiment: Experiment) -> pd.DataFrame:
-    """Per planted effect, the share of comparisons the rule calls in its direction (at 0: in either), on rounds
-    drawn from this experiment's runs (`verdict.error_rates`)."""
+    """Per planted effect, the share of comparisons the rule calls in its direction, on this experiment's runs.
+
+    At an effect of 0, a call in either direction counts.
+    """
     rates = error_rates(list(paired_sides(experiment).values()), PLANTED_EFFECTS)
     return pd.DataFrame({"effect": list(rates), "called": list(rates.values())})
 
@@ -311,12 +334,11 @@ def rule_rates_markdown(rates: pd.DataFrame) -> str:
 
 @dataclass(frozen=True)
 class Noise:
-    """The yardstick of a build, for the methods chapter: the noise floor of an experiment's time per sample, and
-    the rounds (repeats) and configurations (world sizes) it rests on."""
+    """The yardstick of a build, for the methods chapter: a time-per-sample noise floor and what it rests on."""
 
     floor: float
-    repeats: int
-    configurations: int
+    repeats: int  # rounds
+    configurations: int  # world sizes
 
 
 def noise(experiment: Experiment) -> Noise:
@@ -335,8 +357,10 @@ RUN_ORDER_COLUMNS = {
 
 
 def run_order_markdown(experiment: Experiment) -> str:
-    """The runs in the order they started, each with its median step: how the repeats alternated in time, and
-    how far the repeats of one world size land apart."""
+    """The runs in the order they started, each with its median step.
+
+    It shows how the repeats alternated in time, and how far one world size's repeats land apart.
+    """
     times = run_times(experiment)
     started = {run.name: run.raw["start_time"] for run in experiment.all_runs}
     times = times.assign(
@@ -346,9 +370,12 @@ def run_order_markdown(experiment: Experiment) -> str:
 
 
 def at_world_size(experiment: Experiment, n: int) -> pd.Series:
-    """A study's runs at `n` ranks, without a 1-rank run to take speedups against: the median of the repeats' median
-    steps (`run_times`) with their lowest and highest, the mean step and its parts over the steady epochs, and the
-    final validation accuracy (median, lowest, highest) and training loss (median)."""
+    """A study's runs at `n` ranks, for studies without a 1-rank run to take speedups against.
+
+    It holds the step, the mean step's parts, and the final accuracy and training loss.
+    """
+    # The step is the median of the repeats' median steps, with their lowest and highest.
+    # The mean step and its parts are over the steady epochs. Accuracy is median, lowest and highest; loss is median.
     steady = steady_phases(experiment.metrics).query("world_size == @n")
     parts = steady[["mean_step_s", "compute_per_step_s", "comm_total_per_step_s", "comm_exposed_per_step_s"]].mean()
     last = last_epochs(experiment.metrics.query("world_size == @n"))
@@ -372,7 +399,9 @@ def at_world_size(experiment: Experiment, n: int) -> pd.Series:
 
 
 def comm_over_compute(parts: pd.Series) -> float:
-    """The all-reduce in flight a step over the step's compute (means over the steady epochs; `parts` is
-    `at_world_size`'s): how much the links, where a study sets them in Mbit/s, weigh against the compute of the CPU it
-    ran on, so that a reader on another CPU sees where its verdicts were measured."""
+    """The all-reduce in flight a step over the step's compute, from `at_world_size`'s steady means.
+
+    It shows how much links set in Mbit/s weigh against this CPU's compute. A reader on another CPU then sees where the
+    verdicts were measured.
+    """
     return float(parts["comm_total_per_step_s"] / parts["compute_per_step_s"])

@@ -1,6 +1,8 @@
-"""R_N, the compute-to-communication ratio of the theory chapter: its one definition, which every chapter uses,
-measured from runs (`speedups.scaling_table`) or from the model (`cost_model`); and the
-share of the machine a rank computes on, which sets how far a rank's measured compute is from T_c/N."""
+"""R_N, the theory chapter's compute-to-communication ratio: its one definition, used by every chapter.
+
+It is measured from runs (`speedups.scaling_table`) or taken from the model (`cost_model`). The share of the machine a
+rank computes on is here too, since it sets how far a rank's measured compute is from T_c/N.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ if TYPE_CHECKING:  # for the annotations only: results imports the study list, w
 
 
 def compute_to_comm_ratio(rank_share_s: float, allreduce_s: float) -> float:
-    """R_N of the theory chapter, (T_c/N) / T_comm(N): one rank's share of the 1-rank compute, as if each rank
-    computed on a device of its own, over the all-reduce of a step's gradient. The one definition the book uses,
-    measured (`rank_share_s`) or from the model (`model_compute_to_comm_ratio`). It is not the compute a rank
-    measured: where ranks share cores, that is larger than T_c/N, and the theory's break-even does not apply."""
+    """R_N of the theory chapter: one rank's share of the 1-rank compute over the all-reduce of a step's gradient.
+
+    It is the book's one definition, measured or from the model (`model_compute_to_comm_ratio`). It is not the compute
+    a rank measured, which is larger where ranks share cores.
+    """
+    # (T_c/N) / T_comm(N), as if each rank computed on a device of its own. With shared cores a rank's measured compute
+    # exceeds T_c/N, and the theory's break-even does not apply.
     return rank_share_s / allreduce_s
 
 
@@ -24,11 +29,11 @@ def rank_share_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
 
 
 def cores_per_rank(run: RunInfo) -> float:
-    """The CPU a rank computes on: a device of its own on a GPU; its node's share on an emulated node with one;
-    else its threads, or its part of the cores when the ranks on the machine outnumber them."""
-    if run.on_gpu:
+    """The CPU a rank computes on, which sets how much compute it can do alone."""
+    if run.on_gpu:  # a device of its own
         return 1.0
     share = run.raw.get("network", {}).get("cpus_per_node")
-    if share:
+    if share:  # an emulated node with a CPU quota: its node's share
         return min(run.threads_per_rank, share / run.raw["network"]["ranks_per_node"])
+    # else its threads, or its part of the cores when the ranks on the machine outnumber them
     return min(run.threads_per_rank, run.cpu_count / run.ranks_on_machine)

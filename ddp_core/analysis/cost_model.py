@@ -1,30 +1,9 @@
 """The alpha-beta model of ring all-reduce, fitted to `bench_allreduce`, and the DDP speedup it predicts.
-Reads an `Experiment` (`results.load_experiment`); offers the fit (`fit_alpha_beta`, `allreduce_fits`), the
-prediction (`predict`, a DataFrame per world size) and the per-rank compute both use (`rank_compute_s`).
+
+It predicts N ranks from the 1-rank run and the benchmark, with one measured input: the exposed share of the all-reduce.
+Anything a measured step holds beyond its timed phases is part of the prediction's error.
 
     python -m ddp_core.analysis.cost_model results/report     # prints the fit and the prediction errors
-
-Fit: T(S) = 2(N-1) alpha + 2 (N-1)/N S beta by least squares on relative error (each message size
-counts alike, from bytes to hundreds of MB).
-
-Prediction for N ranks, from the 1-rank run and the fit alone, except for one measured input:
-- compute per step: the 1-rank run's compute per step (its timed phases but the communication, the
-  same compute every chapter divides), scaled by the per-rank batch (b_N / b_1), and by the share
-  of the machine a rank gets. On a GPU each rank has its own device (factor 1); on emulated nodes with
-  a CPU share each rank has its node's share, as the 1-node run had (factor 1). Else the ranks
-  share the cores: a rank gets min(threads_per_rank, cores / ranks on the node) of them, against
-  the 1-rank run's, and the compute is taken to scale inversely with that.
-- communication per step: the all-reduce time of each DDP gradient bucket, read off the measured
-  benchmark at the bucket's size (interpolated between the two nearest sizes on log-log axes; the
-  fit only outside the measured range). One straight alpha-beta line over bytes to hundreds of
-  MB errs most in the middle, where the buckets are; the measurement does not. Buckets are formed
-  as DDP forms them (`ddp_core.engine.model_cost.bucket_sizes`).
-- exposed communication: the predicted communication times the fraction the N-rank run left
-  exposed (the one measured input), and never less than the last bucket, which no backward work is
-  left to hide. Two scenarios without it are given beside: every bucket exposed (no overlap at
-  all), and only the last bucket exposed (DDP's best case).
-The model's step is compute and exposed communication only; speedups divide the 1-rank compute by
-it, per sample. What a measured step holds beyond its timed phases is part of the prediction's error.
 """
 
 from __future__ import annotations
@@ -67,6 +46,8 @@ def measured_allreduce_s(bench: pd.DataFrame, size_bytes: float, fit: AlphaBeta)
 
 
 def fit_alpha_beta(bench: pd.DataFrame) -> AlphaBeta:
+    # T(S) = 2(N-1) alpha + 2 (N-1)/N S beta, by least squares on relative error: each message size counts alike,
+    # from bytes to hundreds of MB.
     n = int(bench["world_size"].iloc[0])
     size, seconds = bench["size_bytes"].to_numpy(float), bench["time_s"].to_numpy(float)
     design = np.column_stack([np.full_like(size, 2 * (n - 1)), 2 * (n - 1) / n * size])
@@ -85,8 +66,12 @@ def model_compute_to_comm_ratio(model_config: dict, tokens_per_rank: int, flops_
 
 
 def rank_compute_s(one_rank_s: float, one: RunInfo, run: RunInfo) -> float:
-    """A rank's compute per step in `run`, from `one_rank_s` of the 1-rank run `one`: its share (`rank_share_s`)
-    scaled inversely by the share of the machine the rank gets (`cores_per_rank`)."""
+    """A rank's compute per step in `run`, from `one_rank_s` of the 1-rank run `one`.
+
+    Compute is taken to scale inversely with the share of the machine a rank gets.
+    """
+    # On a GPU, or on emulated nodes with a CPU share, the factor is 1: each rank has what the 1-rank run had.
+    # Else ranks share the cores, and each gets min(threads_per_rank, cores / ranks on the node).
     return rank_share_s(one_rank_s, one, run) * cores_per_rank(one) / cores_per_rank(run)
 
 
@@ -95,8 +80,10 @@ def allreduce_fits(experiment: Experiment) -> dict[int, AlphaBeta]:
 
 
 def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """Predicted against measured speedup for every world size with a run and a benchmark: the experiment's
-    own benchmarks, or `allreduce` (those of another experiment on the same machine)."""
+    """Predicted against measured speedup for every world size with a run and a benchmark.
+
+    The benchmarks are the experiment's own, or `allreduce`: those of another experiment on the same machine.
+    """
     table = scaling_table(experiment)
     benchmarks = allreduce if allreduce is not None else experiment.allreduce
     fits = {n: fit_alpha_beta(bench) for n, bench in benchmarks.items()}
@@ -107,14 +94,20 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
             f"{experiment.folder}: the cost model needs a run and an all-reduce benchmark at the same "
             f"world size; it has runs at {sorted(runs)} and benchmarks at {sorted(fits)}"
         )
+    # The 1-rank run's timed phases but communication: the same compute every chapter divides.
     compute_1 = table.loc[1, "compute_per_step_s"]
     per_sample_1 = compute_1 / runs[1].global_batch_size  # what each speedup divides: one rank's compute per sample
     rows = []
     for n in predictable:
+        # Buckets as DDP forms them, each timed off the measured benchmark at its size. One alpha-beta line over bytes
+        # to hundreds of MB errs most in the middle, where the buckets are; the measurement does not.
         buckets = [measured_allreduce_s(benchmarks[n], size, fits[n]) for size in bucket_sizes(runs[n].model)]
         comm, measured = sum(buckets), table.loc[n]
-        exposed = max(measured["exposed_share"] * comm, buckets[-1])  # backward cannot hide the last bucket
+        # The one measured input: the share the N-rank run left exposed. No backward work is left to hide the last one.
+        exposed = max(measured["exposed_share"] * comm, buckets[-1])
         compute = rank_compute_s(compute_1, runs[1], runs[n])
+        # The model's step is compute and exposed communication only. Beside it: every bucket exposed (no overlap),
+        # and only the last one exposed (DDP's best case).
         speedup = {
             name: per_sample_1 / (step / runs[n].global_batch_size)
             for name, step in [
@@ -150,11 +143,12 @@ def predict(experiment: Experiment, allreduce: dict[int, pd.DataFrame] | None = 
 
 
 def communication_split(experiment: Experiment) -> pd.DataFrame:
-    """Per world size with a benchmark, the time an all-reduce was in flight per step (mean), split into the
-    transfer, what the benchmarked all-reduce takes for the step's buckets alone on the machine, and the rest:
-    waiting, for the slowest rank to hand its bucket over and, where ranks share cores, for a core to reduce on.
-    The waiting is never below 0: where training's all-reduce was faster than the benchmark's, all of it is
-    transfer."""
+    """Per world size with a benchmark, the mean all-reduce time in flight a step, split into transfer and waiting.
+
+    Transfer is what the benchmark takes for the step's buckets alone on the machine. Waiting is for the slowest rank,
+    or for a free core where ranks share them.
+    """
+    # Where training's all-reduce beat the benchmark's, all of it is transfer: waiting is never below 0.
     prediction = predict(experiment)
     in_flight = prediction["measured_comm_s"]
     transfer = prediction["predicted_comm_s"].clip(upper=in_flight)

@@ -1,5 +1,6 @@
-"""The CPU quota's period of the emulated nodes: the runs of `benchmarks/cpu_period.py` (the study's 4 unshaped
-nodes at several periods, round by round), each period's step against the study's through the one verdict function.
+"""Whether the CPU quota's period changes the emulated nodes' step, judged against the study's by the one verdict.
+
+The runs are those of `benchmarks/cpu_period.py`: the study's 4 unshaped nodes at several periods, round by round.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ STUDY_PERIOD_MS = PERIOD_US // 1000  # the period every emulated node's quota ru
 
 
 def load_periods(folder: Path) -> dict[int, Experiment]:
-    """The runs of `benchmarks/cpu_period.py` (`folder`/period-<P>ms: the study's 4 unshaped nodes, round by round),
-    by period in ms."""
+    """The runs of `benchmarks/cpu_period.py`, by period in ms, read from `folder`/period-<P>ms."""
     return {
         int(path.name.removeprefix("period-").removesuffix("ms")): load_experiment(path)
         for path in folder.glob("period-*ms")
@@ -25,19 +25,20 @@ def load_periods(folder: Path) -> dict[int, Experiment]:
 
 
 def period_table(periods: dict[int, Experiment]) -> pd.DataFrame:
-    """Per period (`load_periods`), the median of its repeats' median steps, its mean step and the mean step's
-    compute, exposed all-reduce and all-reduce in flight (means over the steady epochs of its repeats,
-    `comparisons.at_world_size`), and its step against the study's period's, repeat by repeat, through the one verdict
-    function (the floor from every period's repeats)."""
-    floor = time_floor(*periods.values())
+    """Per period, its step and the step's parts, and its step judged against the study's period's.
+
+    The parts are compute, exposed all-reduce and all-reduce in flight, in ms.
+    """
+    floor = time_floor(*periods.values())  # the noise floor from every period's repeats
     rows = []
     for period, e in sorted(periods.items()):
         c = compare_times(e, periods[STUDY_PERIOD_MS], e.largest, e.largest, floor=floor)
+        # repeat by repeat; the mean step and its parts are means over the steady epochs of its repeats
         ms = at_world_size(e, e.largest) * 1e3
         rows.append(
             dict(
                 period_ms=period,
-                median_step_ms=ms["step_time_s"],
+                median_step_ms=ms["step_time_s"],  # the median of its repeats' median steps
                 mean_step_ms=ms["mean_step_s"],
                 compute_ms=ms["compute_per_step_s"],
                 exposed_ms=ms["comm_exposed_per_step_s"],

@@ -1,13 +1,7 @@
-"""Steps to a target accuracy against the global batch size (Shallue et al., JMLR 2019), and the critical batch
-size past which a larger batch stops saving steps (McCandlish et al., 2018), from the time-to-accuracy study's runs:
-each run's steps to the target, the fit of S = S_min + E_min / B through them with its interval over the seeds, and
-the gradient noise scale the runs measured. The page book/studies/time_to_accuracy.md shows them, the key findings
-quote them.
+"""Steps to a target accuracy against the global batch size, and the critical batch size past which more stops helping.
 
-McCandlish et al.'s model of training speed: the steps S and samples E = B·S to reach a target satisfy
-(S/S_min - 1)(E/E_min - 1) = 1. With E = B·S this is S = S_min + E_min / B: perfect scaling (S halves as B doubles)
-while B is far below B_crit = E_min / S_min, no saving far above it. S is linear in 1/B, so a least-squares line
-through the measured (1/B, S) gives S_min (its intercept) and E_min (its slope).
+The steps follow Shallue et al. (JMLR 2019), the critical batch McCandlish et al. (2018). The page
+book/studies/time_to_accuracy.md shows them, and the key findings quote them.
 """
 
 from __future__ import annotations
@@ -24,25 +18,30 @@ from ddp_core.analysis.tables import in_words
 
 
 def steps_to_target(evals: pd.DataFrame, target: float) -> float:
-    """The optimizer step of the first evaluation at or past `target` (rows of evals.csv: step, val_accuracy);
-    NaN for a run that never reached it, never its last step."""
+    """The optimizer step of the first evaluation at or past `target`, from evals.csv's rows.
+
+    A run that never reached it gets NaN, never its last step.
+    """
     reached = evals.loc[evals["val_accuracy"] >= target, "step"]
     return float(reached.min()) if len(reached) else math.nan
 
 
 def critical_batch(batch_sizes, steps) -> dict[str, float]:
-    """S_min, E_min and B_crit = E_min / S_min from steps to target at each global batch size (runs that never
-    reached it left out), by least squares of S = S_min + E_min / B in relative error: the spread of the steps over
-    seeds grows with the steps, and a plain fit would let the smallest batch's scatter set the bend. NaN where
-    fewer than two batch sizes reached it or the fit has no positive S_min and E_min (no bend in the measured
-    range)."""
+    """McCandlish's S_min, E_min and B_crit = E_min / S_min, fitted to the steps to target at each global batch size.
+
+    It is NaN where fewer than two batch sizes reached the target, or the measured range has no bend.
+    """
+    # McCandlish's model: steps S and samples E = B·S to a target satisfy (S/S_min - 1)(E/E_min - 1) = 1.
+    # So S = S_min + E_min / B: S halves as B doubles far below B_crit, and stops falling far above it.
     batch, measured = np.asarray(batch_sizes, float), np.asarray(steps, float)
-    keep = np.isfinite(measured)
+    keep = np.isfinite(measured)  # runs that never reached the target are left out
     batch, measured = batch[keep], measured[keep]
     if len(np.unique(batch)) < 2:
         return dict.fromkeys(["s_min", "e_min", "b_crit"], math.nan)
+    # S is linear in 1/B: intercept S_min, slope E_min. The fit is in relative error, since the steps' spread over
+    # seeds grows with the steps; a plain fit would let the smallest batch's scatter set the bend.
     e_min, s_min = np.polyfit(1.0 / batch, measured, 1, w=1.0 / measured)
-    bends = s_min > 0 and e_min > 0
+    bends = s_min > 0 and e_min > 0  # else no bend in the measured range
     return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min) if bends else math.nan}
 
 
@@ -66,8 +65,8 @@ class FitInterval:
 
 
 def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int = 0) -> FitInterval:
-    """How far B_crit and S_min move with the seeds: the runs of each batch size resampled with replacement and
-    fitted again; the 2.5th and 97.5th percentiles over the draws (NaN fits, with no bend, left out)."""
+    """How far B_crit and S_min move with the seeds, as the 2.5th and 97.5th percentiles over resampled fits."""
+    # Each draw resamples the runs of each batch size with replacement and fits again.
     rng = np.random.default_rng(seed)
     groups = {batch: group["steps"].to_numpy(float) for batch, group in table.groupby("batch")}
     batches = np.concatenate([np.full(len(g), batch) for batch, g in groups.items()])
@@ -77,7 +76,7 @@ def critical_batch_interval(table: pd.DataFrame, draws: int = DRAWS, seed: int =
             for _ in range(draws)
         ]
     )
-    bent = fits[np.isfinite(fits["b_crit"])]
+    bent = fits[np.isfinite(fits["b_crit"])]  # NaN fits, with no bend, are left out
     if bent.empty:
         return FitInterval(Bounds(math.nan, math.nan), Bounds(math.nan, math.nan))
     b_crit, s_min = (
@@ -94,8 +93,8 @@ def _evals(experiment: Experiment, run: str) -> pd.DataFrame:
 
 
 def noise_scale_of_run(metrics: pd.DataFrame) -> float:
-    """B_simple over a whole run: the estimates of tr(Σ) and |G|² averaged over its steps, then divided (the
-    paper's smoothing: a ratio of averages, not an average of the epochs' noisy ratios)."""
+    """B_simple over a whole run, smoothed as the paper does: a ratio of averages, not an average of noisy ratios."""
+    # tr(Σ) and |G|² are each averaged over the run's steps, then divided.
     weights = metrics["steps"]
     trace = (metrics["grad_noise_trace"] * weights).sum() / weights.sum()
     signal = (metrics["grad_sq_norm"] * weights).sum() / weights.sum()
@@ -103,10 +102,10 @@ def noise_scale_of_run(metrics: pd.DataFrame) -> float:
 
 
 def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per run: its variant, global and per-rank batch, learning rate, seed, the target, the steps and
-    samples it took to reach it (NaN: never reached), its last evaluated step and its evaluations' interval in
-    steps, B_simple over the run, and in seconds its median step, the median of a step less the all-reduce it
-    waited for (compute), and the median of that all-reduce (exposed)."""
+    """One row per run: its settings, the steps and samples it took to reach the target, B_simple, and its step times.
+
+    NaN steps mean the run never reached the target.
+    """
     rows = []
     for name, experiment in variants.items():
         for run in experiment.all_runs:
@@ -129,6 +128,7 @@ def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
                     "eval_every": run.config["eval_every_steps"],
                     "b_simple": noise_scale_of_run(metrics),
                     "step_s": median_step(steps_csv["step_time_s"]),
+                    # a step less the all-reduce it waited for
                     "compute_s": median_step(steps_csv["step_time_s"] - steps_csv["comm_exposed_s"]),
                     "exposed_s": median_step(steps_csv["comm_exposed_s"]),
                 }
@@ -137,23 +137,22 @@ def runs_table(variants: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def follows_rule(table: pd.DataFrame) -> pd.Series:
-    """Which runs have the learning rate of the square-root rule, lr = c·√B: c is the one most variants share
-    (the median of lr/√B), and the runs of the rule's neighbours differ from it."""
-    c = table["lr"] / np.sqrt(table["batch"])
+    """Which runs have the learning rate of the square-root rule, lr = c·√B, as opposed to its neighbours' runs."""
+    c = table["lr"] / np.sqrt(table["batch"])  # the rule's c is the one most variants share: the median
     return pd.Series(np.isclose(c, c.median(), rtol=0.01), index=table.index)
 
 
 def rule_fit(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
-    """The runs at the rule's learning rate, and McCandlish's model fitted to them (`critical_batch`): what the
-    page's figures, tables and findings all rest on."""
+    """The runs at the rule's learning rate, and McCandlish's model fitted to them.
+
+    The page's figures, tables and findings all rest on this.
+    """
     rule = table[follows_rule(table)]
     return rule, critical_batch(rule["batch"], rule["steps"])
 
 
 def per_batch(table: pd.DataFrame) -> pd.DataFrame:
-    """The rule's runs by global batch: median steps and samples to the target over the repeats, their range,
-    how many reached it, the evaluations' interval, B_simple's mean, and the medians of the runs' step, compute
-    and exposed all-reduce."""
+    """The rule's runs by global batch, summarised over the repeats for the page's table."""
     grouped = table[follows_rule(table)].groupby("batch")
     return pd.DataFrame(
         {
@@ -184,9 +183,7 @@ class BatchEnds:
 
 @dataclass(frozen=True)
 class CriticalBatchStudy:
-    """What the time-to-accuracy study found: the target and how it was measured, the batches and runs, the steps
-    and samples to the target at the two ends, McCandlish's fit with its interval over the seeds, and the noise
-    scale the runs measured against it."""
+    """What the time-to-accuracy study found: steps to the target, McCandlish's fit, and the noise scale against it."""
 
     target: float
     chance: float

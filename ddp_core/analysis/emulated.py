@@ -1,9 +1,8 @@
-"""The emulated nodes study's tables and findings (book/studies/nodes.md shows them; the key findings, the discussion
-and the GPU chapter quote them): each link's speedup over one node beside the cost model's and the wind tunnel's
-forecast, the configurations modelled with their target and reached R_N^bench, the efficiency against the theory's
-curve, and the similarity test (the same configurations on nodes of another share).
+"""The emulated nodes study's tables and findings, which book/studies/nodes.md shows and other chapters quote.
 
-A study is `results.load_study`'s dict of variant -> `Experiment`; `BASELINE` is the one node's variant.
+It sets each link's speedup beside its forecasts, and the efficiency against the theory's curve. The similarity test
+runs the same configurations on nodes of another share. A study is `results.load_study`'s dict of variant ->
+`Experiment`, and `BASELINE` is the one node's variant.
 """
 
 from __future__ import annotations
@@ -59,14 +58,15 @@ def node_share(experiment: Experiment) -> float:
 
 
 def ddp_on_nodes(experiment: Experiment) -> bool:
-    """Whether a variant trains DDP on several nodes: the sharded modes' variants are the sharding chapter's
-    (`zero.sharding_runs`)."""
+    """Whether a variant trains DDP on several nodes; the sharded modes' variants belong to the sharding chapter."""
     return experiment.largest > 1 and not experiment.baseline.sharded
 
 
 def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Each link's DDP runs on nodes of the one node's share, with the one-node runs beside them, fastest link first
-    (the variants at another share are the similarity test's)."""
+    """Each link's DDP runs on nodes of the one node's share, with the one-node runs beside them, fastest link first.
+
+    The variants at another share belong to the similarity test.
+    """
     links = {
         variant: joined(study[BASELINE], e)
         for variant, e in study.items()
@@ -76,8 +76,7 @@ def link_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
 
 
 def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Every variant of DDP on several nodes, with the one-node runs of its nodes' share beside it: the link
-    experiments, then those of the similarity test."""
+    """Every variant of DDP on several nodes with its share's one-node runs: the links', then the similarity test's."""
     links = link_experiments(study)
     ones = {node_share(e): e for e in study.values() if e.largest == 1}
     return links | {
@@ -88,19 +87,19 @@ def variant_experiments(study: dict[str, Experiment]) -> dict[str, Experiment]:
 
 
 def variant_label(experiment: Experiment, study: dict[str, Experiment], nodes: int | None = None) -> str:
-    """What its links are set for (at `nodes` nodes, where given), and the nodes' share where it is not the one
-    node's."""
+    """What its links are set for, at `nodes` nodes where given, and the nodes' share where it is not one node's."""
     share = node_share(experiment)
     links = link_label(experiment) if nodes is None else point_label(experiment, nodes)
     return links + ("" if share == node_share(study[BASELINE]) else f", nodes of {share:g} core")
 
 
 def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """The similarity test: per variant on nodes of another share than the one node's, against the variant that
-    models the same configuration at the one node's share, each over its own one node: both shares, the speedups
-    (medians of the repeats), their ratio repeat by repeat with its range and the verdict of the one rule (held
-    against the floor of the two sides' runs together), and how often that rule finds a true difference of
-    SIMILARITY_EFFECT with runs this noisy (`verdict.error_rates` planting it in this test, `slower_speedup`)."""
+    """The similarity test: whether a configuration's speedup holds on nodes of another CPU share.
+
+    Each variant at another share is compared with its twin at the one node's share, each over its own one node. A row
+    also says how often the rule finds a true SIMILARITY_EFFECT with runs this noisy.
+    """
+    # Speedups are medians of the repeats. Their ratio is taken repeat by repeat, against the floor of both sides' runs.
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     share, links = node_share(study[BASELINE]), link_experiments(study)
     twins = {record[v].models: links[v] for v in study if v in record and v in links}
@@ -134,6 +133,7 @@ def similarity_test_table(study: dict[str, Experiment]) -> pd.DataFrame:
                     high=c.high,
                     floor=c.floor,
                     verdict=c.says("scales worse", "scales better"),
+                    # `verdict.error_rates` plants the effect in this very test (`slower_speedup`)
                     finds_effect=error_rates(
                         repeats, [SIMILARITY_EFFECT], draws=POWER_DRAWS, planted=slower_speedup, runs=SPEEDUP_RUNS
                     )[SIMILARITY_EFFECT],
@@ -164,17 +164,15 @@ SIMILARITY_EFFECT = 0.1  # the issue's bar: speedups on CPUs twice apart within 
 
 @dataclass(frozen=True)
 class SimilarityTest:
-    """The similarity test's first comparison, as the key findings quote it: its configuration and nodes, the ratio
-    of the speedups on the two shares with its range, and the verdict."""
+    """The similarity test's first comparison, as the key findings quote it."""
 
     setting: str
-    value: str
+    value: str  # the ratio of the speedups on the two shares, with its range
     verdict: str
 
 
 def similarity_test(study: dict[str, Experiment]) -> SimilarityTest:
-    """`SimilarityTest` of `similarity_test_table`'s first row; "none" and "not run" where the study has no variant
-    on nodes of another share."""
+    """`SimilarityTest` of `similarity_test_table`'s first row, or "not run" where no variant has another share."""
     table = similarity_test_table(study)
     if table.empty:
         return SimilarityTest(setting="none", value="none", verdict="not run")
@@ -187,10 +185,11 @@ def similarity_test(study: dict[str, Experiment]) -> SimilarityTest:
 
 
 def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """One row per (link, world size): the link set and measured, the speedup with its range over the repeats, the
-    communication per step (means over the steady epochs), and the cost model's speedup from the all-reduce
-    measured over the same links; where the wind tunnel set the links, the speedup it forecast before the runs (the
-    one node's step replayed, `ddp_core.analysis.replay`)."""
+    """One row per link and world size: the measured speedup beside the cost model's and the wind tunnel's forecasts.
+
+    The cost model uses the all-reduce measured over the same links. The wind tunnel forecast before the runs, where it
+    set the links.
+    """
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, e in link_experiments(study).items():
@@ -199,6 +198,7 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
             row, predicted = table.loc[n], prediction.reindex([n]).iloc[0]  # all NaN where no benchmark at n
             rows.append(
                 dict(
+                    # the one node's step replayed (`ddp_core.analysis.replay`)
                     forecast_speedup=forecast(link_choice(record, variant, n)).get("speedup", np.nan),
                     link=link_label(e),
                     point=point_label(e, n),
@@ -228,22 +228,20 @@ def link_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class LinkEnd:
-    """The fastest or the slowest link at the most nodes, as the headline quotes it: its setting in words, the
-    speedup over one node to the digit its noise floor allows with its range and verdict, the tests' power to find
-    a true 10 % difference, the efficiency, and the step's parts (means over the steady epochs)."""
+    """The fastest or the slowest link at the most nodes, as the headline quotes it."""
 
     setting: str
-    speedup_shown: str
+    speedup_shown: str  # to the digit its noise floor allows
     speedup_range: str
     verdict: str
     floor: float
-    power: float
+    power: float  # the tests' power to find a true 10 % difference
     efficiency: float
     compute_inflation: float
     exposed_ms: float
     step_ms: float
     comm_ms: float
-    benchmark_ms: float
+    benchmark_ms: float  # the step's parts above are means over the steady epochs
 
 
 def link_end(experiment: Experiment, table: pd.DataFrame, setting: str, nodes: int) -> LinkEnd:
@@ -269,9 +267,11 @@ def link_end(experiment: Experiment, table: pd.DataFrame, setting: str, nodes: i
 
 @dataclass(frozen=True)
 class Headline:
-    """The emulated nodes' headline and what it rests on, which the nodes page quotes and the key findings, the
-    discussion and the results chapter quote after it: the nodes and their runs, the limits that call a run disturbed,
-    the fastest and the slowest link at the most nodes, and the theory's break-even against the speedups."""
+    """The emulated nodes' headline and what it rests on, which the nodes page and later chapters quote.
+
+    It holds the nodes and their runs, the limits that call a run disturbed, and the fastest and slowest links. It also
+    holds the theory's break-even against the speedups.
+    """
 
     cpus_per_node: float
     cpu_period_ms: float
@@ -299,18 +299,17 @@ class Headline:
 
 
 def headline(study: dict[str, Experiment]) -> Headline:
-    """`Headline` of the study: a step's compute against one node's / N over the links at the most nodes, the signs
-    of the cost model's errors, and at how many (link, nodes) points the speedup was above 1 exactly where
-    R_N > f/(N-1)."""
+    """`Headline` of the study."""
     table, links = link_table(study), link_experiments(study)
     most = int(table["world_size"].max())
     settings = similarity_table(study).set_index(["variant", "nodes"])["setting"]
     one = study[BASELINE].baseline
     share = one.raw["network"]["cpus_per_node"]
     nodes = sorted({n for experiment in study.values() for n in experiment.repeats})
+    # a step's compute against one node's / N, over the links at the most nodes
     inflation = (table["compute_per_step_s"] / table["predicted_compute_s"])[table["world_size"] == most]
     fastest, slowest = list(links)[0], list(links)[-1]  # `link_experiments` puts the fastest first
-    theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]
+    theory_says_faster = table["compute_to_comm_ratio"] > table["break_even_ratio"]  # R_N > f/(N-1)
     return Headline(
         cpus_per_node=share,
         cpu_period_ms=one.raw["network"]["cpu_period_ms"],
@@ -334,6 +333,7 @@ def headline(study: dict[str, Experiment]) -> Headline:
         compute_inflation_range=f"{inflation.min():.2f} to {inflation.max():.2f}",
         points=len(table),
         faster_points=int((table["speedup"] > 1).sum()),
+        # the (link, nodes) points where the speedup was above 1 exactly where the theory said so
         break_even_held=int(((table["speedup"] > 1) == theory_says_faster).sum()),
     )
 
@@ -342,17 +342,17 @@ FORECAST_BAR = 0.1  # the goal: every forecast within 10 % of the median step me
 
 
 def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant whose links the wind tunnel set and number of nodes: the step it forecast (median of the rounds'
-    forecasts, `results.forecast`), in how many rounds the forecast was written before that round's run started, the
-    runs' median step (median of the repeats' medians), and the error; and how many rounds' forecasts came within
-    FORECAST_BAR of their own round's run."""
+    """Per variant whose links the wind tunnel set, and number of nodes: the forecast step against the runs' step.
+
+    It also counts the rounds whose forecast was written before their run started, and came within FORECAST_BAR of it.
+    """
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
         own = run_times(experiment).set_index(["world_size", "repeat"])["step_time_s"]  # each round's run
         for n, choice in (record[variant].by_nodes if variant in record else {}).items():
-            ahead = forecast(choice)
-            runs, step = experiment.repeats[n], own[n].median()  # the runs' median step
+            ahead = forecast(choice)  # the median of the rounds' forecasts
+            runs, step = experiment.repeats[n], own[n].median()  # the median of the repeats' median steps
             rounds = [f for f in choice.forecasts if f.repeat <= len(runs)]
             before = sum(f.at < runs[f.repeat - 1].raw["start_time"] for f in rounds)
             within = sum(abs(f.step_s / own[(n, f.repeat)] - 1) <= FORECAST_BAR for f in rounds)
@@ -373,8 +373,7 @@ def forecast_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Forecasts:
-    """The wind tunnel's forecasts against their runs (`forecast_table`): the goal, how many forecasts and how many
-    within it, the same per round against its own round's run, and the errors' signs and range."""
+    """The wind tunnel's forecasts against their runs, overall and round by round, with the errors' signs and range."""
 
     bar: float
     count: int
@@ -401,16 +400,16 @@ def forecasts(study: dict[str, Experiment]) -> Forecasts:
 
 
 def one_node_drift(study: dict[str, Experiment]) -> dict[float, float]:
-    """Per CPU share, how far apart the one node's repeats ran (the slowest median step over the fastest, less 1):
-    the drift that a speedup over one node carries, and that forecasting each round from its own one node leaves
-    out."""
+    """Per CPU share, how far apart the one node's repeats ran: the slowest median step over the fastest, less 1.
+
+    A speedup over one node carries this drift. Forecasting each round from its own one node leaves it out.
+    """
     steps = {node_share(e): run_times(e)["step_time_s"] for e in study.values() if set(e.repeats) == {1}}
     return {share: times.max() / times.min() - 1 for share, times in steps.items()}
 
 
 def signs(values: pd.Series) -> str:
-    """The signs of `values` in outcome words: "all positive", "all negative", or how many of them are negative
-    ("6 of 7 negative")."""
+    """The signs of `values` in outcome words: "all positive", "all negative", or "6 of 7 negative"."""
     negative = int((values < 0).sum())
     return (
         "all positive"
@@ -422,13 +421,11 @@ def signs(values: pd.Series) -> str:
 
 
 def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the ratio its links were set for (else their rate), over all its numbers of
-    nodes and at this one (`point_label`), the same in words ("links set to ratio 2.6", "unshaped links"), the
-    cluster that ratio is borrowed from and that cluster's own forecast speedup (`Configuration.speedup_range`), the
-    nodes' share, R_N^bench as that configuration has it (its target, from published figures or the measured GPU)
-    and as the wind tunnel reached it on this machine before the runs (the benchmark at the rate it set; both empty
-    for links set by a rate), the link's rate, and the speedup and efficiency the runs measured over the one node of
-    the same share, with their ranges and the verdict; and the runs' own R_N beside the theory's break-even f/(N-1)."""
+    """Per variant and number of nodes: what its links model, and the speedup and efficiency the runs measured.
+
+    A modelled configuration's row sets the borrowed cluster's own forecast beside the runs. It also sets the runs' R_N
+    beside the theory's break-even f/(N-1).
+    """
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     rows = []
     for variant, experiment in variant_experiments(study).items():
@@ -446,14 +443,16 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 dict(
                     variant=variant,
                     configuration=link_label(experiment),
-                    point=point,
+                    point=point,  # the ratio its links were set for, else their rate, at this number of nodes
                     borrowed=borrowed,
-                    setting=f"links set to {point}" if borrowed else f"{point} links",
+                    setting=f"links set to {point}" if borrowed else f"{point} links",  # "links set to ratio 2.6"
                     share=node_share(experiment),
                     nodes=n,
                     modelled_batch=cluster.batch(one.global_batch_size) if cluster else np.nan,
-                    cluster_low=cluster_low,
+                    cluster_low=cluster_low,  # the borrowed cluster's own forecast, `Configuration.speedup_range`
                     cluster_high=cluster_high,
+                    # R_N^bench: the configuration's target, from published figures or the measured GPU, and what the
+                    # wind tunnel reached here before the runs. Both are empty for links set by a rate.
                     target_ratio=choice.target_ratio if choice else np.nan,
                     achieved_ratio=choice.achieved_ratio if choice else np.nan,
                     link_mbit_s=rate_bits_per_s(choice.link_rate) / 1e6 if choice else rate * 1e3 if rate else np.nan,
@@ -471,18 +470,20 @@ def similarity_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per variant and number of nodes: the parallel efficiency measured against x = R_N / f, the runs' own
-    compute-to-communication ratio over the share of the all-reduce they left exposed, and the theory's efficiency
-    at that x, x / (1 + x): a step of T_c/N + f T_comm (the theory chapter), whatever the CPU, the link or the
-    configuration modelled. The theory's step is a mean over the steady epochs, so the efficiency here is too: one
-    node's mean step over N times the N nodes' in the same round (median of the rounds, with their range); the
-    median step of the speedups leaves out the slower first steps of each epoch, and would put points above the
-    curve."""
+    """Per variant and number of nodes: the measured parallel efficiency against the theory's, at x = R_N / f.
+
+    The theory's curve holds whatever the CPU, the link or the configuration modelled.
+    """
+    # x is the runs' own R_N over the share of the all-reduce they left exposed. The theory's step is T_c/N + f T_comm,
+    # so its efficiency is x / (1 + x).
     experiments = variant_experiments(study)
     points = pd.concat(
         {variant: scaling_table(e).query("index > 1") for variant, e in experiments.items()}, names=["variant", "nodes"]
     ).reset_index()
     x, nodes = points["compute_to_comm_ratio"] / points["exposed_share"], points["nodes"]
+    # The theory's step is a mean over the steady epochs, so these are too: one node's mean step over N times the
+    # N nodes', round by round. The speedups' median step leaves out each epoch's slower first steps, and would put
+    # points above the curve.
     steps = {variant: paired_sides(e, "mean_step_s") for variant, e in experiments.items()}
     rounds = [
         [one / (n * step) for one, step in zip(steps[v][1], steps[v][n])] for v, n in zip(points["variant"], nodes)
@@ -503,11 +504,10 @@ def efficiency_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Curve:
-    """How far the points reach the theory's curve: how many points, and the efficiency measured over the curve's at
-    the same x, its median and range over the points (below 1: under the curve)."""
+    """How far the points reach the theory's curve: the measured efficiency over the curve's at the same x."""
 
     points: int
-    reached: float
+    reached: float  # the median over the points; below 1 is under the curve
     reached_range: str
 
 
@@ -519,22 +519,19 @@ def curve(study: dict[str, Experiment]) -> Curve:
 
 @dataclass(frozen=True)
 class Tunnel:
-    """How the wind tunnel set the links on this machine: one node's compute per step with the CPU, the one-node
-    runs it set the links by (how many counted, their range in ms, those set aside with why, or "none"), the bar a
-    run's compute had to keep to, whether the machine was quiet, the study's own one-node runs' range, the tolerance
-    every target was held to, and where the configurations' ratios come from ("none" where no variant models one)."""
+    """How the wind tunnel set the links on this machine, for the methods the nodes page states."""
 
-    compute_ms: float
-    runs_counted: int
+    compute_ms: float  # one node's compute per step
+    runs_counted: int  # the one-node runs it set the links by
     runs_range: str
-    set_aside: str
-    out_of_line: float
+    set_aside: str  # each with why, or "none"
+    out_of_line: float  # the bar a run's compute had to keep to
     quiet: str
-    compute_range: str
+    compute_range: str  # the study's own one-node runs'
     cpu: str
     cpu_extensions: str
-    tolerance: float
-    sources: str
+    tolerance: float  # every target was held to it
+    sources: str  # where the configurations' ratios come from; "none" where no variant models one
 
 
 def tunnel(study: dict[str, Experiment]) -> Tunnel:
@@ -564,9 +561,10 @@ def tunnel(study: dict[str, Experiment]) -> Tunnel:
 
 
 def nodes_figure(study: dict[str, Experiment]):
-    """The speedup over one node against the number of nodes, per link (a colour each), beside the ideal N and the
-    cost model's prediction; and a step's compute and exposed all-reduce against the nodes, beside the one node's
-    compute / N. One legend below both panels: the links by colour, then what each line style shows."""
+    """Two panels against the number of nodes: the speedup per link, and a step's compute and exposed all-reduce.
+
+    Each sits beside its ideal and the forecast. One legend below both gives the links by colour, then the line styles.
+    """
     from matplotlib.lines import Line2D
 
     table = link_table(study)

@@ -1,8 +1,8 @@
-"""What the book's accuracy plots draw beside the runs: the accuracy of guessing, against which a run's is read."""
+"""What the book's accuracy plots draw beside the runs: the accuracy of guessing, to read a run's against."""
 
 from __future__ import annotations
 
 
 def chance_line(ax, num_classes: int) -> None:
-    """A dotted line at 1 / classes, the accuracy of a uniform guess on balanced classes, and its legend entry."""
+    """A dotted line at the accuracy of a uniform guess on balanced classes, with its legend entry."""
     ax.axhline(1 / num_classes, color="gray", linestyle=":", linewidth=1, label=f"chance (1/{num_classes})")

@@ -1,8 +1,7 @@
-"""One GPU's measurements as the GPU chapter and the key findings read them (`benchmarks/gpu_session.sh` made them):
-the first GPU measured in full (eager, compiled and profiled), its model FLOP utilisation against the goal, and the
-forecast of four such GPUs from its measured steps (bounds, `nvlink_forecast.measured_forecast`) placed among the
-emulated cluster's links by their compute-to-communication ratio; the replay forecast from its step timelines
-(`nvlink_forecast.replay`) joins them for the key findings.
+"""One GPU's measurements, made by `benchmarks/gpu_session.sh`, as the GPU chapter and the key findings read them.
+
+It holds the GPU's model FLOP utilisation against the goal, and a forecast of four such GPUs from its measured steps.
+The forecast is placed among the emulated cluster's links by their compute-to-communication ratio.
 """
 
 from __future__ import annotations
@@ -48,9 +47,11 @@ class GpuResults:
 
 
 def load_gpu_results(results: Path) -> GpuResults | None:
-    """The first GPU under `results` (a book's or a RESULTS_DIR) measured in full, as `gpu_session.sh` measures one:
-    eager, compiled and profiled, the large model in bf16 at a batch and at FORECAST_GPUS times it; or None. A GPU
-    measured in part (`make single-device` alone) leaves the chapter to one measured in full."""
+    """The first GPU under `results` measured in full, as `gpu_session.sh` measures one, or None.
+
+    A GPU measured in part, by `make single-device` alone, leaves the chapter to one measured in full.
+    """
+    # In full: eager, compiled and profiled, the large model in bf16 at a batch and at FORECAST_GPUS times it.
     measurements = load_measurements(results / "single_device")
     profiles = load_step_profiles(results / "step_profile")
     for eager in (m for m in measurements if m.info["device"] != "cpu" and not m.info.get("compile")):
@@ -64,8 +65,10 @@ def load_gpu_results(results: Path) -> GpuResults | None:
 
 
 def mfu_table(gpu: GpuResults) -> pd.DataFrame:
-    """Per configuration, eager and (where measured) compiled: the trainer's samples/s as a run trains (timers on),
-    its model TFLOP/s, MFU against the datasheet's dense bf16 peak and share of one large product's rate."""
+    """Per configuration, eager and compiled where measured: the trainer's throughput and how much of the GPU it used.
+
+    Samples/s are as a run trains, with timers on. MFU is against the datasheet's dense bf16 peak.
+    """
     by_compiled = {False: gpu.eager, True: gpu.compiled}
     table = pd.concat(throughput_table(m).assign(compiled=key) for key, m in by_compiled.items() if m is not None)
     table = table.set_index("compiled", append=True)[["samples_per_s_timed", "tflops", "mfu", "share_of_matmul"]]
@@ -76,7 +79,7 @@ def mfu_table(gpu: GpuResults) -> pd.DataFrame:
 
 
 def _eager_mfu(gpu: GpuResults) -> pd.DataFrame:
-    """`mfu_table` of the eager trainer alone: the compiled one ran in a call of its own."""
+    """`mfu_table` of the eager trainer alone, since the compiled one ran in a call of its own."""
     return mfu_table(gpu).xs(False, level="compiled").sort_index()
 
 
@@ -103,8 +106,10 @@ def goal_word(gpu: GpuResults) -> str:
 
 @dataclass(frozen=True)
 class Fp32Rates:
-    """The eager trainer's best MFU in fp32, and the rate one large product reached in fp32, where PyTorch keeps the
-    products off the tensor cores (no TF32)."""
+    """The eager trainer's best MFU in fp32, and the rate one large product reached in fp32.
+
+    In fp32 PyTorch keeps the products off the tensor cores, with no TF32.
+    """
 
     best_mfu: float
     matmul_tflops: float
@@ -121,8 +126,10 @@ def fp32_rates(gpu: GpuResults) -> Fp32Rates:
 
 @dataclass(frozen=True)
 class BatchGrowth:
-    """The smallest model's step at its largest batch against its smallest, beside how much more work that batch
-    is: where a step's time does not follow its work, the loop around the arithmetic sets the pace."""
+    """The smallest model's step at its largest batch against its smallest, beside how much more work that batch is.
+
+    Where a step's time does not follow its work, the loop around the arithmetic sets the pace.
+    """
 
     preset: str
     precision: str
@@ -151,13 +158,11 @@ def smallest_model(gpu: GpuResults) -> BatchGrowth:
 
 @dataclass(frozen=True)
 class CompiledTrainer:
-    """The compiled trainer's best MFU and its configuration, the eager trainer's MFU there (another call: no verdict
-    between the two), and the compiled trainer against the eager plain loop that ran in its rounds: the ratio of
-    their throughputs, its range over the rounds, and the verdict."""
+    """The compiled trainer's best MFU, and its throughput against the eager plain loop that ran in its rounds."""
 
     mfu: float
     config: str
-    eager_mfu: float
+    eager_mfu: float  # at the same configuration; it ran in another call, so there is no verdict between the two
     vs_plain: float
     vs_plain_low: float
     vs_plain_high: float
@@ -184,10 +189,12 @@ def compiled_trainer(gpu: GpuResults) -> CompiledTrainer:
 
 
 def forecast_table(gpu: GpuResults) -> pd.DataFrame:
-    """The large model's forecast on FORECAST_GPUS GPUs from the measured steps, per precision and batch per GPU:
-    `measured_forecast`'s steps and speedups with each GPU's share stepped in DDP; R_N as the emulated cluster takes
-    it, T_1/N over the all-reduce; how much longer a GPU's share takes than T_1/N; and the efficiency with every
-    bucket exposed and with the last only, the lowest also from the share's slowest and fastest round."""
+    """The large model's forecast on FORECAST_GPUS GPUs from the measured steps, per precision and batch per GPU.
+
+    It adds R_N as the emulated cluster takes it, and how much longer a GPU's share takes than T_1/N. The efficiency
+    bounds also come from the share's slowest and fastest round.
+    """
+    # `measured_forecast` steps each GPU's share in DDP.
     ahead = measured_forecast(gpu.eager)
     ahead = ahead[ahead["preset"] == "large"].reset_index(drop=True)
     configs = pd.MultiIndex.from_arrays([ahead["preset"], ahead["amp"], ahead["batch_per_gpu"]], names=CONFIG)
@@ -196,9 +203,9 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
     rounds = share_s.groupby(CONFIG).agg(["min", "max"]).reindex(configs) * 1e3  # a GPU's share, in ms
     fastest, slowest = rounds["min"].to_numpy(), rounds["max"].to_numpy()  # its fastest and slowest round
     ideal_ms, n = ahead["one_gpu_ms"] / FORECAST_GPUS, FORECAST_GPUS
-    ahead["ratio"] = ideal_ms / ahead["comm_ms"]
+    ahead["ratio"] = ideal_ms / ahead["comm_ms"]  # R_N: T_1/N over the all-reduce
     ahead["compute_over_ideal"] = ahead["per_gpu_ms"] / ideal_ms
-    ahead["efficiency_no_overlap"] = ahead["speedup_no_overlap"] / n
+    ahead["efficiency_no_overlap"] = ahead["speedup_no_overlap"] / n  # every bucket exposed; below, the last only
     ahead["efficiency_last_bucket"] = ahead["speedup_last_bucket_only"] / n
     ahead["compute_over_ideal_low"] = fastest / ideal_ms
     ahead["compute_over_ideal_high"] = slowest / ideal_ms
@@ -216,10 +223,10 @@ def forecast_table(gpu: GpuResults) -> pd.DataFrame:
 
 
 def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
-    """Per link of the emulated cluster at FORECAST_GPUS nodes (or its most, where it has no run at that many), by
-    its setting in words: R_N from the benchmarked all-reduce, as the forecast's (the ratio the wind tunnel reached,
-    where it set the links; else one node's forward and backward over N, over the benchmark), and the efficiency its
-    runs measured with its range."""
+    """Per link of the emulated cluster at FORECAST_GPUS nodes: R_N as the forecast takes it, and measured efficiency.
+
+    Where the cluster has no run at that many nodes, its most stand in. Rows are named by their setting in words.
+    """
     links = link_table(nodes)
     n = FORECAST_GPUS if FORECAST_GPUS in set(links["world_size"]) else int(links["world_size"].max())
     table = links[links["world_size"] == n].set_index("link")
@@ -228,6 +235,8 @@ def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
     points = points[(points["nodes"] == n) & (points["share"] == share)]
     settings = dict(zip(points["configuration"], points["setting"]))
     bench = table["predicted_compute_s"] / table["predicted_comm_s"]
+    # R_N from the benchmarked all-reduce: the ratio the wind tunnel reached where it set the links, else one node's
+    # forward and backward over N, over the benchmark.
     ratio = points.set_index("configuration")["achieved_ratio"].reindex(table.index).fillna(bench)
     return (
         pd.DataFrame(
@@ -247,8 +256,7 @@ def emulated_table(nodes: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
-    """Where `ratio` falls among the links' (indexed by link): "between", "above" or "below" them all, and the links
-    on either side of it, lower first."""
+    """Where `ratio` falls among the links': "between", "above" or "below" them all, and its neighbours, lower first."""
     below = link_ratios[link_ratios <= ratio].sort_values()
     above = link_ratios[link_ratios > ratio].sort_values()
     place = "between" if len(below) and len(above) else "above" if len(below) else "below"
@@ -256,8 +264,8 @@ def place_among(ratio: float, link_ratios: pd.Series) -> tuple[str, list[str]]:
 
 
 def forecast_word(slowest: float, fastest: float) -> str:
-    """What a forecast's speedup over one GPU says, from its lowest (the slowest round, nothing overlapped) and its
-    highest (the fastest round, all but the last bucket hidden): a side only where the whole range lies on it."""
+    """What a forecast's speedup range over one GPU says: a side only where the whole range lies on it."""
+    # lowest: the slowest round, nothing overlapped; highest: the fastest round, all but the last bucket hidden
     if fastest < 1:
         return "slower than one GPU"
     return "faster than one GPU" if slowest > 1 else "about as fast as one GPU"
@@ -265,19 +273,19 @@ def forecast_word(slowest: float, fastest: float) -> str:
 
 @dataclass(frozen=True)
 class Fp32Bounds:
-    """The forecast in fp32 at its largest batch per GPU: the efficiency with every bucket exposed and with the last
-    only, and how many times T_1/N a GPU's share took."""
+    """The forecast in fp32 at its largest batch per GPU: its efficiency bounds and its share against T_1/N."""
 
-    low: float
-    high: float
+    low: float  # every bucket exposed
+    high: float  # the last bucket only
     compute_over_ideal: float
 
 
 @dataclass(frozen=True)
 class ForecastBounds:
-    """The forecast from the measured steps (`forecast_table`) at the bf16 row with the largest batch per GPU, as the
-    GPU chapter quotes it. Its speedups run from every bucket exposed to the last only, and from the share's slowest
-    round to its fastest; `place` says where its R_N falls among the emulated links' ("between", "above", "below")."""
+    """The forecast from the measured steps at bf16 and the largest batch per GPU, as the GPU chapter quotes it.
+
+    Its speedups run from every bucket exposed to the last only, and from the share's slowest round to its fastest.
+    """
 
     gpus: int
     batch: int
@@ -303,7 +311,7 @@ class ForecastBounds:
     high: float
     low_rounds: str
     fp32: Fp32Bounds
-    place: str
+    place: str  # where its R_N falls among the emulated links': "between", "above", "below"
     beside: str
 
 
@@ -347,8 +355,10 @@ def forecast_bounds(gpu: GpuResults, links: pd.DataFrame) -> ForecastBounds:
 
 
 def _fp32_bounds(fp32: pd.DataFrame) -> Fp32Bounds:
-    """`Fp32Bounds` of the fp32 rows of `forecast_table`, by batch per GPU; NaN where fp32 was not timed at a batch and
-    at FORECAST_GPUS times it."""
+    """`Fp32Bounds` of the fp32 rows of `forecast_table`, by batch per GPU.
+
+    It is NaN where fp32 was not timed at a batch and at FORECAST_GPUS times it.
+    """
     if fp32.empty:
         return Fp32Bounds(float("nan"), float("nan"), float("nan"))
     last = fp32.iloc[-1]
@@ -357,11 +367,10 @@ def _fp32_bounds(fp32: pd.DataFrame) -> Fp32Bounds:
 
 @dataclass(frozen=True)
 class EmulatedShares:
-    """The emulated cluster beside the forecast: its number of nodes, and how many times T_1/N a node's share took
-    on each link, in words ('1.02 and 1.05')."""
+    """The emulated cluster beside the forecast: its nodes, and how many times T_1/N a node's share took per link."""
 
     nodes: int
-    compute_over_ideal: str
+    compute_over_ideal: str  # in words: '1.02 and 1.05'
 
 
 def emulated_shares(links: pd.DataFrame) -> EmulatedShares:

@@ -1,5 +1,8 @@
-"""The first page's headline: the runs whose processes each had compute of their own. Those are the results
-chapter's runs when they ran on GPUs (the user's cluster), and else the emulated nodes over their fastest links."""
+"""The first page's headline: the runs whose processes each had compute of their own.
+
+Those are the results chapter's runs on GPUs, the user's cluster. Else they are the emulated nodes over their fastest
+links.
+"""
 
 from __future__ import annotations
 
@@ -41,8 +44,10 @@ def headline_runs(scaling: Experiment, nodes: dict[str, Experiment]) -> Headline
 
 @dataclass(frozen=True)
 class Headline:
-    """The first page's headline at its most processes: the speedup over one, and which of two costs held it back
-    most, in ms of the mean step. The costs are the exposed all-reduce and the compute above one's share."""
+    """The first page's headline at its most processes: the speedup over one, and which cost held it back most.
+
+    The two costs are the exposed all-reduce and the compute above one's share, in ms of the mean step.
+    """
 
     units: str
     setting: str

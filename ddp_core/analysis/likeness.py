@@ -1,6 +1,7 @@
-"""What emulated nodes match of the real cluster whose compute-to-communication ratio their links borrow, and what
-they do not: the first page shows it beside the headline, so that no emulated result stands under a GPU's name
-without that GPU's own forecast next to it.
+"""What emulated nodes match of the real cluster whose compute-to-communication ratio their links borrow.
+
+The first page shows it beside the headline, so that no emulated result stands under a GPU's name without that GPU's
+own forecast.
 """
 
 from __future__ import annotations
@@ -17,23 +18,27 @@ from ddp_core.engine.model_cost import bucket_sizes
 
 
 def fixed_allreduce_ms(record: dict[str, ModelledVariant], variant: str, nodes: int) -> float:
-    """The all-reduce time of a step that no link rate takes away (latency, copies), as the wind tunnel estimated it
-    on this machine for the rate it accepted (`record`: `wind_tunnel_record`)."""
+    """A step's all-reduce time that no link rate takes away, such as latency and copies, on this machine.
+
+    It is the wind tunnel's estimate for the rate it accepted, from `wind_tunnel_record`.
+    """
     return record[variant].by_nodes[nodes].tries[-1].fixed_s * 1e3
 
 
 def cluster_fixed_ms(models: str, workload: dict, nodes: int) -> float:
-    """The same for the real cluster: its published latency alpha over every bucket's ring, 2(N-1) alpha each."""
+    """The same for the real cluster, from its published latency alpha."""
+    # every bucket's ring costs 2(N-1) alpha
     buckets = len(bucket_sizes(large_model(workload)))
     return buckets * 2 * (nodes - 1) * CONFIGURATIONS[models].latency_s(nodes) * 1e3
 
 
 def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """For the fastest and the slowest links at the most nodes: the emulated nodes as measured and, where the wind
-    tunnel set their links, the cluster whose ratio they borrow, a row each named in words. Columns: the model preset
-    and global batch, R_N^bench (reached; the cluster's target), R_N and the exposed share f inside the runs, the
-    all-reduce time no link rate removes, and the speedup over one (measured, with the repeats' range; the
-    cluster's own forecast range). NaN: not known for that side."""
+    """The emulated nodes beside the cluster whose ratio they borrow, for the fastest and slowest links at most nodes.
+
+    Each side is a row named in words. NaN marks what is not known for that side.
+    """
+    # Columns: model preset, global batch, R_N^bench (reached, or the cluster's target), R_N and exposed share f in the
+    # runs, the fixed all-reduce time, and the speedup over one (measured with the repeats' range, or forecast).
     record = wind_tunnel_record(study[BASELINE].folder.parent)
     links = list(link_experiments(study))
     points = similarity_table(study).query("variant in @links").set_index(["variant", "nodes"])
@@ -62,7 +67,7 @@ def likeness_table(study: dict[str, Experiment]) -> pd.DataFrame:
                 + ", measured",
             )
         )
-        if modelled:
+        if modelled:  # the wind tunnel set these links: add the cluster they borrow from
             rows.append(
                 dict(
                     name=f"{most} {point['borrowed']}",

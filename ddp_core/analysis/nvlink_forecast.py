@@ -1,33 +1,9 @@
-"""What the cost model predicts for one node of GPUs on NVLink, from published figures: a prediction, not a run.
-Reads an `Experiment` for its workload and the published figures under `literature/`; offers the fit
-(`nvlink_fit`), the peak rate (`peak_gemm_flops_per_s`) and the forecast per preset (`forecast`, a DataFrame).
+"""What the cost model predicts for one node of A100 GPUs on NVLink, from published figures: a prediction, not a run.
+
+The figures are Azure's ND A100 v4 benchmark, kept with its source under `literature/`. Three forecasts use them:
+`forecast` from the peak rate, `measured_forecast` from a GPU's measured steps, and `replay_forecast` from its timeline.
 
     python -m ddp_core.analysis.nvlink_forecast results/report     # prints the forecast for every preset
-
-The runs shown in the book fix the workload (sequence length, global batch, vocabulary); each preset
-is then placed on a node of A100 GPUs joined by NVLink, described by Azure's published ND A100 v4
-benchmark (8 x A100-SXM4-80GB, NCCL 2.18.5), kept with its source under `ddp_core/analysis/literature/`:
-- the NCCL all-reduce bus bandwidth from 1 KiB to 8 GiB on 8 GPUs, fitted with the same alpha-beta
-  model as our own benchmark. busbw does not depend on N by its definition, so beta carries over to
-  any N; the latency term follows the ring model, 2(N-1) alpha.
-- the fastest cuBLASLt FP16 GEMM rate of the same benchmark. No matrix product of these models runs
-  faster, so compute times from it are lower bounds; the speedups derived from them divide one GPU's step
-  exactly among the GPUs, which a real step with its fixed cost per step does not: an upper limit.
-
-`measured_forecast` takes the compute from a GPU instead: a single-device measurement
-(`benchmarks/single_device.py`) that timed one GPU at a batch b and at N b gives the step of the whole batch
-on one GPU and the step of each GPU's share on N of them (in DDP), both measured; only the all-reduce comes
-from the published fit.
-
-`replay_forecast` is the prediction chapter's and the GPU chapter's predictor, the emulated cluster's too
-(`ddp_core.analysis.replay`): one GPU's measured step timeline (`benchmarks/gpu_session.sh timeline`) at the batch
-each GPU computes, its buckets' all-reduces over NVLink by the published fit replayed into its backward as DDP
-issues them, against one GPU's measured step of the whole batch. No step is scaled: a GPU's step at a quarter of a
-batch is measured, not taken as a quarter of the step.
-
-Gradients are all-reduced in fp32 whatever the compute precision (AMP keeps fp32 parameters), so the
-bytes per step do not change with `--amp`. The overlap between backward and all-reduce is bounded
-by the two scenarios of `ddp_core.analysis.cost_model`: none, or all but the last bucket hidden.
 """
 
 from __future__ import annotations
@@ -62,6 +38,8 @@ GEMM_FILE = LITERATURE / "nd_a100_v4_gemm_fp16.csv"
 @cache  # a published curve: fitted once per world size, however many buckets ask
 def nvlink_fit(world_size: int) -> AlphaBeta:
     """The alpha-beta fit of the published all-reduce curve, carried to `world_size` GPUs."""
+    # NCCL's bus bandwidth from 1 KiB to 8 GiB on 8 A100-SXM4-80GB, NCCL 2.18.5. busbw does not depend on N by its
+    # definition, so beta carries over to any N; the latency term follows the ring, 2(N-1) alpha.
     bench = pd.read_csv(ALLREDUCE_FILE, comment="#")
     measured_n = bench["world_size"].to_numpy(float)
     bench["time_s"] = bench["size_bytes"] * 2 * (measured_n - 1) / measured_n / (bench["busbw_GBps"] * 1e9)
@@ -69,6 +47,7 @@ def nvlink_fit(world_size: int) -> AlphaBeta:
 
 
 def peak_gemm_flops_per_s() -> float:
+    # The benchmark's fastest cuBLASLt FP16 GEMM. No product of these models runs faster: times are lower bounds.
     return float(pd.read_csv(GEMM_FILE, comment="#")["tflops"].max() * 1e12)
 
 
@@ -78,6 +57,8 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
     The workload is a run's: its model's vocabulary, length and classes, and its global batch.
     """
     fit, flops_per_s, n = nvlink_fit(world_size), peak_gemm_flops_per_s(), world_size
+    # Gradients are all-reduced in fp32 whatever the compute precision, since AMP keeps fp32 parameters. So the bytes
+    # per step do not change with `--amp`.
     rows = []
     for preset, model in preset_configs(model_config).items():
         sizes = bucket_sizes(model)
@@ -92,6 +73,8 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
                 comm_ms=comm * 1e3,
                 last_bucket_ms=buckets[-1] * 1e3,
                 compute_bound_ms=compute_1 * 1e3,
+                # The cost model's two overlap bounds: none, or all but the last bucket hidden. Both divide one GPU's
+                # step exactly among the GPUs, which a real step with its fixed costs does not: an upper limit.
                 speedup_no_overlap=compute_1 / (compute_1 / n + comm),
                 speedup_last_bucket_only=compute_1 / (compute_1 / n + buckets[-1]),
                 # T_1 must exceed T_comm N/(N-1) for T_1/N + T_comm < T_1; and 9 N T_comm for 90 % efficiency.
@@ -103,8 +86,10 @@ def forecast(model_config: dict, global_batch_size: int, world_size: int) -> pd.
 
 
 def bucket_allreduces_s(m: Measurement, fit: AlphaBeta) -> dict[tuple, list[float]]:
-    """Per configuration the measurement timed (preset, precision, batch), the all-reduce of each of its model's
-    gradient buckets by `fit`, the model built at the workload it was timed on."""
+    """Per configuration the measurement timed, the all-reduce of each of its model's gradient buckets by `fit`.
+
+    The model is built at the workload it was timed on.
+    """
     workload = m.epochs.groupby(CONFIG)[["seq_len", "vocab_size", "num_classes"]].first()
     return {
         (preset, amp, batch): [
@@ -125,11 +110,13 @@ def bucket_allreduces_s(m: Measurement, fit: AlphaBeta) -> dict[tuple, list[floa
 
 
 def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.DataFrame:
-    """Per preset, precision and batch b per GPU that the measurement timed at b and at `world_size` b: the step of
-    the whole batch on one GPU (the trainer, timers off, `WHOLE_LOOP`; its samples over its seconds, summed over the
-    rounds), the step of its share on each GPU (the same in DDP over a group of one, `SHARE_LOOP`: DDP's buckets
-    and hooks cost on every GPU), the all-reduce of the model's gradients over NVLink by the published fit,
-    and the speedup bounds of `forecast`. No rows where no pair of batch sizes was timed."""
+    """The forecast with its compute measured on a GPU, for each configuration timed at b and `world_size` b per GPU.
+
+    Only the all-reduce comes from the published fit. There are no rows where no such pair of batches was timed.
+    """
+    # From `benchmarks/single_device.py`. The whole batch's step on one GPU is `WHOLE_LOOP`: samples over seconds,
+    # summed over the rounds. A GPU's share is `SHARE_LOOP`, in DDP over a group of one, since DDP's buckets and hooks
+    # cost on every GPU.
     allreduces = bucket_allreduces_s(m, nvlink_fit(world_size))
     table = throughput_table(m)
     batches = table.index.get_level_values("batch_size")
@@ -158,8 +145,7 @@ def measured_forecast(m: Measurement, world_size: int = FORECAST_GPUS) -> pd.Dat
 
 @dataclass
 class StepTimeline:
-    """One GPU's step as a trainer run drew it (timeline.csv: phases and each bucket's ready moment), with its run's
-    run.json."""
+    """One GPU's step as a trainer run drew it in timeline.csv, with its run's run.json."""
 
     info: dict
     timeline: pd.DataFrame
@@ -170,7 +156,7 @@ class StepTimeline:
 
 
 def load_timelines(folder: Path) -> list[StepTimeline]:
-    """The runs under `folder` (the GPU session's gpu_timeline) whose timeline marks when each bucket was ready."""
+    """The runs under `folder`, the GPU session's gpu_timeline, whose timeline marks when each bucket was ready."""
     timelines = []
     for run in sorted(folder.glob("*/timeline.csv")) if folder.is_dir() else []:
         info = json.loads((run.parent / "run.json").read_text())
@@ -182,17 +168,19 @@ def load_timelines(folder: Path) -> list[StepTimeline]:
 
 
 def replay_forecast(timelines: list[StepTimeline], world_size: int = FORECAST_GPUS) -> pd.DataFrame:
-    """Per precision and batch b per GPU that one GPU's timeline was taken at: the step of `world_size` GPUs each
-    computing b (that timeline replayed with the buckets' all-reduces over NVLink, `replay_step` with nothing shrunk),
-    against one GPU stepping the whole batch of `world_size` b (its own timeline there, where one was taken: the
-    speedup) and stepping b (the efficiency at a fixed batch per GPU, where the global batch grows with the GPUs)."""
+    """The forecast of the prediction and GPU chapters: one GPU's timeline at b per GPU, replayed on `world_size` GPUs.
+
+    No step is scaled: a GPU's step at a quarter of a batch is measured, not taken as a quarter of the step.
+    """
+    # Per precision and batch b: the replayed step against one GPU's at `world_size` b is the speedup, where that
+    # timeline was taken. Against its own step at b, it is the efficiency at a fixed batch per GPU.
     fit = nvlink_fit(world_size)
     steps = {t.key: one_node_step_s(t.timeline) for t in timelines}
     rows = []
     for t in sorted(timelines, key=lambda t: t.key):
         amp, batch = t.key
         allreduces = [fit.allreduce_s(size) for size in bucket_sizes(t.info["model"])]
-        step = replay_step(t.timeline, 1, allreduces)
+        step = replay_step(t.timeline, 1, allreduces)  # the buckets' all-reduces over NVLink, nothing shrunk
         whole_s = steps.get((amp, batch * world_size), float("nan"))
         rows.append(
             dict(
@@ -232,22 +220,19 @@ def replay_markdown(timelines: list[StepTimeline], world_size: int = FORECAST_GP
 
 @dataclass(frozen=True)
 class ReplayEnd:
-    """The replay forecast in bf16 at one end of the batches per GPU whose whole batch one GPU also stepped: the batch
-    per GPU and in all, the speedup, one GPU's step of the whole batch and a GPU's of its share, and how many times
-    1/FORECAST_GPUS of the former the latter takes."""
+    """The replay forecast in bf16 at the smallest or largest batch per GPU whose whole batch one GPU also stepped."""
 
     batch: int
     global_batch: int
     speedup: float
     one_gpu_ms: float
     per_gpu_ms: float
-    over_ideal: float
+    over_ideal: float  # a GPU's share over 1/FORECAST_GPUS of one GPU's whole batch
 
 
 @dataclass(frozen=True)
 class Replay:
-    """The replay forecast (`replay_forecast`) as the pages quote it: the GPU and what ran, the all-reduce and the
-    most of it exposed, the efficiency at a fixed batch per GPU in bf16, and the smallest and largest batch in bf16."""
+    """The replay forecast as the pages quote it."""
 
     gpu: str
     gpus: int

@@ -1,7 +1,8 @@
-"""When DDP pays off, from the runs and the cost model: the theory's break-even f/(N-1) against the compute-to-
-communication ratio R_N the runs reached, whether the measured speedup fell on the side the theory called, and how
-tokens per rank, model size and hardware (ranks like these against A100s on NVLink) move R_N. The discussion quotes
-it, and the key findings."""
+"""When DDP pays off, from the runs and the cost model; the discussion and the key findings quote it.
+
+It sets the theory's break-even f/(N-1) against the ratio R_N the runs reached, and checks the measured speedup's
+side. It also shows how tokens per rank, model size and hardware move R_N, for ranks like these and A100s on NVLink.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def benchmarked(experiment: Experiment) -> tuple[int, AlphaBeta]:
 
 
 def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
-    """Compute rate and all-reduce fit of ranks like the 1-rank run here (each with its own cores, at its
-    measured rate), and of A100s on NVLink from published figures."""
+    """Compute rate and all-reduce fit of ranks like the 1-rank run here, and of A100s on NVLink.
+
+    Ranks like these each get cores of their own at the measured rate. The A100 figures are published ones.
+    """
     n, cpu_fit = benchmarked(experiment)
     one = experiment.runs[1]
     compute_1 = scaling_table(experiment).loc[1, "compute_per_step_s"]
@@ -35,7 +38,7 @@ def _hardware(experiment: Experiment) -> dict[str, tuple[float, AlphaBeta]]:
 
 
 def ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
-    """R_N at one token per rank, per kind of rank and preset: R_N grows linearly with the tokens per rank."""
+    """R_N at one token per rank, per kind of rank and preset, since R_N grows linearly with the tokens per rank."""
     models = preset_configs(experiment.baseline.model)
     return {
         (name, preset): model_compute_to_comm_ratio(model, 1, rate, fit)
@@ -46,8 +49,7 @@ def ratio_per_token(experiment: Experiment) -> dict[tuple[str, str], float]:
 
 @dataclass(frozen=True)
 class Payoff:
-    """The theory's break-even against the measured R_N, whether the theory's verdict held, and how tokens, model
-    size and hardware move R_N."""
+    """The theory's break-even against the measured R_N, whether the theory's verdict held, and what moves R_N."""
 
     n_model: int
     exposed_fraction: float
@@ -133,8 +135,10 @@ def payoff(experiment: Experiment) -> Payoff:
 
 
 def theory_outcome(predicts_gain: bool, measured: Comparison) -> str:
-    """Whether the measured speedup (through the one verdict function) bears the theory's prediction out: 'as the
-    theory predicts', 'contrary to the theory's prediction', or why the runs cannot tell."""
+    """Whether the measured speedup, judged by the one verdict, bears the theory's prediction out, in words.
+
+    When the verdict is undecided, the words say why the runs cannot tell.
+    """
     if not measured.decided:
         return f"so the runs can neither confirm nor refute the prediction: {measured.why_undecided()}"
     borne_out = (measured.verdict == "higher") == predicts_gain

@@ -1,14 +1,9 @@
-"""ddp_core against the loops a user would write instead (the loop of PyTorch's DDP tutorial, a loop in
-Accelerate), from the measurement of `benchmarks/peers` (a folder per device: steps.csv, device.json).
+"""ddp_core against the loops a user would write instead: the loop of PyTorch's DDP tutorial, and a loop in Accelerate.
+
+It reads the measurement of `benchmarks/peers`, a folder per device with steps.csv and device.json. A ratio above 1
+means ddp_core is faster.
 
     python -m ddp_core.analysis.peers results/peers/cpu     # prints the table
-
-A run's step time is the median of its steps after the first epoch (a burst of other load moves a median far
-less than a mean). A round ran every loop once at each world size, back to back; its ratio is a peer's step
-time over ddp_core's at the same world size, so above 1 means ddp_core is faster. The ratio is given as the
-median over the rounds with its range, and whether ddp_core is faster is the one verdict function's call
-(`verdict.compare`, the rounds paired) against the noise floor of its world size: what pairing by rounds leaves of
-the loops' run medians there (`verdict.noise_floor`).
 """
 
 from __future__ import annotations
@@ -46,18 +41,22 @@ def load_peer_measurements(folder: str | Path) -> list[PeerMeasurement]:
 
 def run_step_times(m: PeerMeasurement) -> pd.Series:
     """Each run's median step in seconds, after its first epoch: indexed by loop, ranks and round."""
+    # A median: a burst of other load moves it far less than a mean.
     steady = m.steps[m.steps["epoch"] > m.steps["epoch"].min()]
     return steady.groupby(["loop", "ranks", "round"])["step_time_s"].median()
 
 
 def comparisons(m: PeerMeasurement) -> dict[tuple[str, int], Comparison]:
     """(peer, ranks) -> the peer's step time over ddp_core's, round by round: "higher" means ddp_core is faster.
-    Only rounds that ran both loops are paired; each world size is held against its own noise floor (the noise
-    that pairing by rounds leaves of its loops' times), since its runs spread by their own amount."""
+
+    Each world size has its own noise floor, since its runs spread by their own amount.
+    """
+    # A round ran every loop once at each world size, back to back. Only rounds that ran both loops are paired.
     times = run_step_times(m)
     found = {}
     for ranks in sorted(m.steps["ranks"].unique()):
         at_size = times.xs(ranks, level="ranks")
+        # what pairing by rounds leaves of its loops' run medians
         floor = noise_floor([list(group) for _, group in at_size.groupby("loop")])
         loops = set(at_size.index.get_level_values("loop"))
         for peer in PEERS:
@@ -68,8 +67,7 @@ def comparisons(m: PeerMeasurement) -> dict[tuple[str, int], Comparison]:
 
 
 def speed_table(m: PeerMeasurement) -> pd.DataFrame:
-    """Per peer and world size: both loops' median step (over the rounds), the ratio's median and range over the
-    rounds, its noise floor, the verdict on ddp_core and whether it met its goal."""
+    """Per peer and world size: both loops' steps, their ratio over the rounds, the verdict, and the goal's outcome."""
     times = run_step_times(m).groupby(["loop", "ranks"]).median()
     return pd.DataFrame(
         [
@@ -111,8 +109,7 @@ def speed_markdown(m: PeerMeasurement) -> str:
 
 @dataclass(frozen=True)
 class PeerRuns:
-    """The peers' measurement as a page introduces its table: the device, PyTorch and Accelerate, the day and the code
-    commit, and the workload (rounds, epochs a run, training samples)."""
+    """The peers' measurement as a page introduces its table: the device, the versions, when, and the workload."""
 
     device: str
     torch: str
@@ -139,12 +136,13 @@ def peer_runs(m: PeerMeasurement) -> PeerRuns:
 
 
 def goal_outcome(c: Comparison) -> str:
-    """Whether ddp_core met its goal against a peer at a world size: "met" with a median ratio of at least
-    GOAL_MEDIAN and no round below GOAL_LOWEST; short of it "missed" where ddp_core is slower beyond the noise or
-    the noise is narrower than a round may fall short, and "not shown" elsewhere: there noise alone puts rounds
-    below GOAL_LOWEST (ddp_core against itself would fall short)."""
+    """Whether ddp_core met its goal against a peer at a world size: "met", "missed" or "not shown".
+
+    "Not shown" means noise alone puts rounds below GOAL_LOWEST, so ddp_core against itself would fall short.
+    """
     if round(c.ratio, 2) >= GOAL_MEDIAN and round(c.low, 2) >= GOAL_LOWEST:
         return "met"
+    # "Missed" where ddp_core is slower beyond the noise, or the noise is narrower than the shortfall allowed.
     if c.verdict != "lower" and c.floor > 1 - GOAL_LOWEST:
         return "not shown"
     return "missed"
@@ -152,12 +150,11 @@ def goal_outcome(c: Comparison) -> str:
 
 @dataclass(frozen=True)
 class Goal:
-    """The engine's goal against each peer, as a page states it: the median ratio and the lowest round it asks for,
-    and how far below 1 that lets a round fall (a noise floor wider than this cannot show the goal met)."""
+    """The engine's goal against each peer, as a page states it."""
 
     median: float
     lowest: float
-    shortfall: float
+    shortfall: float  # how far below 1 a round may fall; a wider noise floor cannot show the goal met
 
 
 def goal() -> Goal:

@@ -1,7 +1,7 @@
-"""The set-up and methods chapters: where and how the runs were made, and the run pages' own summary.
-Reads an `Experiment` (the studies overview: the study list and the book's results folder); offers records for the
-pages' findings (`Whose`, `Made`, `StudySetup`, `ResultsFrom`), `*_markdown` tables, `run_markdown`,
-`run_epochs_markdown` and `learning_curves_figure` for a run's own page."""
+"""Where and how the runs were made, for the set-up and methods chapters, and each run page's own summary.
+
+Records such as `Whose` and `StudySetup` feed the pages' findings, and the `*_markdown` functions their tables.
+"""
 
 from __future__ import annotations
 
@@ -71,12 +71,11 @@ def origin(folder: Path) -> str:
 
 @dataclass(frozen=True)
 class Whose:
-    """Whose runs a page shows, for its first line: "yours" or "the shipped reference", the days they were made and
-    on what ("4 NVIDIA A100 GPUs", or a CPU with its cores)."""
+    """Whose runs a page shows, when and on what, for the page's first line."""
 
-    whose: str
+    whose: str  # "yours" or "the shipped reference"
     made_when: str
-    made_on: str
+    made_on: str  # "4 NVIDIA A100 GPUs", or a CPU with its cores
 
 
 def runs_shown(*experiments: Experiment) -> Whose:
@@ -109,8 +108,10 @@ class Made:
 
 
 def made(results: Path) -> Made:
-    """`Made` of each run's run.json and each benchmark's device.json in `results`, each machine with its cores: the
-    studies and the benchmarks need not share one."""
+    """`Made` of each run's run.json and each benchmark's device.json in `results`.
+
+    Each machine is named with its cores, since the studies and the benchmarks need not share one.
+    """
     infos = [
         json.loads(path.read_text())
         for pattern in ("*/*/run.json", "*/*/*/run.json", "*/*/device.json")
@@ -176,8 +177,7 @@ def per_run_markdown(experiment: Experiment) -> str:
 
 
 def run_markdown(info: dict) -> str:
-    """What one run was (run.json as `read_run` gives it), a row per item: ranks, backend, device, torch,
-    parameters, start, and what else the machine did while it trained (where recorded)."""
+    """What one run was, from its run.json, a row per item, with what else the machine did where recorded."""
     use = machine_use(info)
     items = {
         "Ranks": counted(info["world_size"], "rank"),
@@ -228,8 +228,7 @@ def learning_curves_figure(metrics: pd.DataFrame, num_classes: int):
 
 @dataclass(frozen=True)
 class StudySetup:
-    """Where a study's runs ran and what they are, for the sentence with which every study page states its limits:
-    how many runs, repeats of each configuration and epochs, on which processor and PyTorch, and whose runs."""
+    """Where a study's runs ran and what they are, for the sentence in which every study page states its limits."""
 
     runs: str
     repeats: str
@@ -285,16 +284,18 @@ BENCHMARK_TITLES = {
 
 @dataclass(frozen=True)
 class ResultsFrom:
-    """The results the book shows by where they were made: in this project (`here`) or shipped in `reference/`,
-    each a list of titles, "none" where empty."""
+    """The results the book shows, by whether they were made here or shipped in `reference/`.
+
+    Each is a list of titles, or "none".
+    """
 
     here: str
     reference: str
 
 
 def results_shown(results: Path, studies: dict) -> ResultsFrom:
-    """`ResultsFrom` of every folder of `results` (book/results: a study, a benchmark's runs, or a folder of measured
-    devices, one link each), by title."""
+    """`ResultsFrom` of every folder of `results`, by title."""
+    # book/results holds a study, a benchmark's runs, or a folder of measured devices, one link each.
     shown = {"here": [], "reference": []}
     order = {name: i for i, name in enumerate(studies)}  # the studies as the study list gives them, then by name
     for entry in sorted(results.iterdir(), key=lambda e: (order.get(e.name, len(order)), e.name)):
@@ -334,11 +335,10 @@ def studies_overview_markdown(studies: dict) -> str:
 
 
 def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
-    """Per study, what else the machine did while its runs trained (run.json's `machine`): the median and largest
-    number of cores other processes used, the largest share the hypervisor took, and the runs that count as
-    disturbed; and the runs that their own repeats call out of line (`comparisons.out_of_line`), with how many times
-    their repeats' median step theirs was (`results.disturbed`: on an emulated cluster, where the kernel's work for the
-    links counts as other processes, against a higher limit; the nodes study also checks each node's CPU share)."""
+    """Per study, what else the machine did while its runs trained, and which runs that disturbed.
+
+    It also names the runs their own repeats call out of line, with their step over the repeats' median.
+    """
     rows = []
     for name, study in studies.items():
         uses = []
@@ -354,6 +354,8 @@ def quiet_machine_table(results: Path, studies: dict) -> pd.DataFrame:
                     use
                     | {
                         "run": run.as_posix(),
+                        # On an emulated cluster the kernel's work for the links counts as other processes, so the
+                        # limit is higher; the nodes study also checks each node's CPU share.
                         "disturbed": disturbed(info),
                         "configuration": f"{run.parent}/{info['world_size']}",
                         "step_time_s": median_step(read_steps(run_dir)["step_time_s"]),
@@ -405,8 +407,7 @@ FLOOR_POWER_COLUMNS = {
 
 
 def floor_power_markdown(results: Path, studies: dict) -> str:
-    """Per study, the steps its runs time, its time floor and what the rule can tell against it
-    (`comparisons.study_floor_power`)."""
+    """Per study, the steps its runs time, its time floor, and what the rule can tell against it."""
     rows = {}
     for name, study in studies.items():
         experiments = load_study(results / name)

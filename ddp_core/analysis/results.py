@@ -1,14 +1,12 @@
-"""Everything the report reads, and the one error it raises when it cannot (`ResultsError`): an experiment, a
-folder of runs that differ in world size (and repeats of each, with other seeds) with their all-reduce
-benchmarks; a study, an experiment per variant; and a single-device measurement.
+"""Everything the report reads, and the one error it raises when it cannot: `ResultsError`.
+
+An experiment is a folder of runs that differ in world size, with their all-reduce benchmarks. A study is an experiment
+per variant. A single-device measurement is a folder per device.
 
     experiment = load_experiment("results/report")
     experiment.runs[4].threads_per_rank, experiment.repeats[4], experiment.metrics, experiment.allreduce[4]
 
-Each run is a subfolder with metrics.csv, steps.csv and run.json; all-reduce benchmarks are subfolders
-`allreduce-n<N>/allreduce.csv`; a measurement of `benchmarks/single_device.py` is a folder per device with
-device.json and epochs.csv. Everything the book shows is computed from these, and the modules with a command
-line (`python -m ddp_core.report.<module> FOLDER`) read them through `run_on_folder`.
+Everything the book shows is computed from these. Modules with a command line read them through `run_on_folder`.
 """
 
 from __future__ import annotations
@@ -82,19 +80,19 @@ class RunInfo:
 
 
 OTHER_CORES = 0.1  # cores that other processes used, on average, while a run on shared cores trained: more disturbs it
-# On emulated nodes the kernel's work for the links and the launcher count as other processes: on the quiet machine of
-# the reference they used at most 0.45 of a core (reference/cpu_period, 4 unshaped nodes at a 5 ms period; the nodes
-# study at most 0.27), and two busy processes beside a cluster add about a core, which slows the work the nodes do
-# outside their quotas.
+# On emulated nodes the kernel's link work and the launcher count as other processes. On the reference's quiet machine
+# they used at most 0.45 of a core: reference/cpu_period, 4 unshaped nodes at 5 ms. The nodes study used at most 0.27.
+# Two busy processes beside a cluster add about a core, which slows the nodes' work outside their quotas.
 EMULATED_OTHER_CORES = 0.6
 STOLEN = 0.02  # of the machine's cores taken by the hypervisor while a run trained: more, and the run is disturbed
 OUT_OF_LINE = 1.5  # a run whose median step is this many times its repeats' median, or 1/this of it, is out of line
 
 
 def machine_use(info: dict) -> dict | None:
-    """What else the machine did while a run trained (run.json's `machine`), per unit: the cores other processes
-    used on average, and the share of the machine's cores the hypervisor took; None for a run made before it was
-    recorded."""
+    """What else the machine did while a run trained, from run.json's `machine`, or None where it was not recorded.
+
+    It gives the cores other processes used on average, and the share of the cores the hypervisor took.
+    """
     machine = info.get("machine")
     if not machine:
         return None
@@ -106,9 +104,9 @@ def machine_use(info: dict) -> dict | None:
 
 
 def disturbed(info: dict) -> bool:
-    """Whether the machine did more beside a run (run.json's `machine`, as `read_run` gives it) than a quiet machine
-    does: the hypervisor took more than STOLEN of it, or other processes used more cores than OTHER_CORES (on emulated
-    nodes, EMULATED_OTHER_CORES). False for a run made before that was recorded."""
+    """Whether the machine did more beside a run than a quiet machine does; False where that was not recorded."""
+    # More: the hypervisor took more than STOLEN, or other processes used more than OTHER_CORES, or on emulated nodes
+    # EMULATED_OTHER_CORES.
     use = machine_use(info)
     limit = EMULATED_OTHER_CORES if "network" in info else OTHER_CORES
     return use is not None and (use["stolen"] > STOLEN or use["other_cores"] > limit)
@@ -118,8 +116,10 @@ SHARE_GOT = 0.95  # a node that computes all the time (one node alone) uses at l
 
 
 def shares_used(info: dict) -> list[float]:
-    """Each emulated node's CPU over the quota periods it ran in, against its share (run.json's `network`, as
-    `read_run` gives it): 1 for a node that computed all the time; empty for a run without CPU shares."""
+    """Each emulated node's CPU use over its quota periods, against its share: 1 for a node that computed all the time.
+
+    It is empty for a run without CPU shares.
+    """
     network = info.get("network") or {}
     period_s = network.get("cpu_period_ms", 0) / 1e3
     return [
@@ -129,8 +129,10 @@ def shares_used(info: dict) -> list[float]:
 
 
 def node_disturbed(info: dict) -> bool:
-    """`disturbed`, or a one-node run whose node got less than SHARE_GOT of its CPU share: it computed less than it was
-    set to (where several nodes run, a node also waits for the network inside its periods)."""
+    """`disturbed`, or a one-node run whose node got less than SHARE_GOT of its CPU share and so computed less.
+
+    Only one-node runs are checked, since with several nodes a node also waits for the network inside its periods.
+    """
     used = shares_used(info)
     return disturbed(info) or (info.get("network", {}).get("nodes") == 1 and bool(used) and min(used) < SHARE_GOT)
 
@@ -162,8 +164,10 @@ class Experiment:
 
 
 def book_results_folder() -> Path:
-    """The results the book shows: `book/results`, a link per study to its runs (made at each build by
-    book/_ext), in the project that holds the current directory."""
+    """The results the book shows: `book/results` in the project that holds the current directory.
+
+    It holds a link per study to its runs, made at each build by book/_ext.
+    """
     here = Path.cwd().resolve()
     for folder in (here, *here.parents):
         if (folder / "_config.yml").is_file() and (folder / "book").is_dir():
@@ -172,7 +176,7 @@ def book_results_folder() -> Path:
 
 
 def last_epochs(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Each run's last epoch (of each column, its last value), indexed by run."""
+    """Each run's last epoch, indexed by run: of each column, its last value."""
     return metrics.sort_values("epoch").groupby("run").last()
 
 
@@ -184,6 +188,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    # a run is a subfolder with metrics.csv, run.json and steps.csv
     metrics_path, info_path = run_dir / "metrics.csv", run_dir / "run.json"
     for path in (metrics_path, info_path):
         if not path.is_file():
@@ -280,8 +285,10 @@ def load_experiment(folder: str | Path) -> Experiment:
 
 
 def joined(*experiments: Experiment) -> Experiment:
-    """Several experiments' runs as one (their world sizes must differ): e.g. a study's 1-rank variant beside each
-    variant that runs the larger world sizes, so that speedups can be taken against it."""
+    """Several experiments' runs as one, so that speedups can be taken against a study's 1-rank variant.
+
+    Their world sizes must differ.
+    """
     repeats = {n: runs for e in experiments for n, runs in e.repeats.items()}
     if len(repeats) < sum(len(e.repeats) for e in experiments):
         raise ResultsError("joined experiments share a world size")
@@ -307,12 +314,14 @@ def only(experiment: Experiment, n: int) -> Experiment:
 
 
 def load_study(folder: str | Path) -> dict[str, Experiment]:
-    """A study's experiments by variant: the folder itself ("") when it holds runs, else each subfolder that
-    does (not the wind tunnel's measurements beside them), in the order in which the variants first ran, which the
-    study runner takes from the study list."""
+    """A study's experiments by variant, in the order the variants first ran, which is the study list's.
+
+    A folder that itself holds runs is the one variant "". Else each subfolder with runs is one.
+    """
     folder = Path(folder)
     if folder.is_dir() and any((p / "run.json").exists() for p in folder.iterdir() if p.is_dir()):
         return {"": load_experiment(folder)}
+    # the wind tunnel's measurements beside the variants are not variants
     found = {p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*/run.json"))} if folder.is_dir() else set()
     if not found:
         raise ResultsError(f"{folder}: no runs of this study (run it: make report STUDIES={folder.name})")
@@ -332,9 +341,11 @@ def study_tables(folder: Path, studies: list[str]) -> pd.DataFrame:
 
 
 def tidy_runs(experiment: Experiment) -> pd.DataFrame:
-    """One row per run and epoch: the epoch's metrics, then the run's settings and where it ran. A setting
-    named like a metric (the subset `train_samples`, a weak-scaling run's empty `global_batch_size`) is
-    suffixed `_setting`; the metric holds what the epoch did."""
+    """One row per run and epoch: the epoch's metrics, then the run's settings and where it ran.
+
+    A setting named like a metric gets the suffix `_setting`, and the metric holds what the epoch did.
+    """
+    # e.g. the subset `train_samples`, or a weak-scaling run's empty `global_batch_size`
     per_run = pd.DataFrame(
         [
             {"run": run.name}
@@ -360,8 +371,10 @@ class Measurement:
 
 
 def read_device_files(folder: str | Path, table: str, what: str) -> tuple[str, dict, pd.DataFrame]:
-    """A benchmark's measurement of one device (single_device.py, peers, step_profile): the folder's name, which
-    names the device, its device.json and its table `table`."""
+    """A benchmark's measurement of one device: the folder's name, which names the device, device.json and `table`.
+
+    The benchmarks are single_device.py, peers and step_profile.
+    """
     folder = Path(folder)
     try:
         return folder.name, json.loads((folder / "device.json").read_text()), pd.read_csv(folder / table)
@@ -370,7 +383,7 @@ def read_device_files(folder: str | Path, table: str, what: str) -> tuple[str, d
 
 
 def load_per_device(folder: str | Path, read) -> list:
-    """`read` of every subfolder of `folder` that holds a device.json (a device each), the CPU ones first."""
+    """`read` of every subfolder of `folder` that holds a device.json, a device each, the CPU ones first."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ResultsError(f"{folder}: no such results folder")
@@ -394,8 +407,7 @@ def rate_text(gbit_s: float) -> str:
 
 
 def link_choice(record: dict[str, ModelledVariant], variant: str, nodes: int) -> LinkChoice | None:
-    """The links the wind tunnel chose for `variant` at `nodes` nodes (`record`: `wind_tunnel_record`); None where
-    it set none."""
+    """The links the wind tunnel chose for `variant` at `nodes` nodes, or None where it set none."""
     return record[variant].by_nodes.get(nodes) if variant in record else None
 
 
@@ -415,8 +427,7 @@ def link_label(experiment: Experiment) -> str:
 
 
 def point_label(experiment: Experiment, nodes: int) -> str:
-    """What an experiment's links were set for at `nodes` nodes: "ratio 5.1" where the wind tunnel set them, else
-    `link_label`'s rate."""
+    """What an experiment's links were set for at `nodes` nodes: "ratio 5.1" where the wind tunnel set them."""
     choice = link_choice(wind_tunnel_record(experiment.folder.parent), experiment.folder.name, nodes)
     return f"ratio {choice.target_ratio:.2g}" if choice else link_label(experiment)
 
@@ -434,8 +445,10 @@ def wind_tunnel_record(study_folder: Path) -> dict[str, ModelledVariant]:
 
 
 def forecast(choice: LinkChoice | None) -> dict:
-    """A variant's forecast at N nodes: the median over its rounds of each round's forecast step and speedup over the
-    round's one node; {} before any, or where the wind tunnel set no links."""
+    """A variant's forecast at N nodes: the median over its rounds of each round's step and speedup over its one node.
+
+    It is {} before any forecast, or where the wind tunnel set no links.
+    """
     rounds = pd.DataFrame(choice.forecasts if choice else [])
     if rounds.empty:
         return {}

@@ -1,22 +1,9 @@
-"""The real configurations the emulated cluster stands for, each by the number that decides what DDP gains on it: its
-compute-to-communication ratio R_N^bench, a GPU's share of the step over the all-reduce of the step's gradient.
+"""The real configurations the emulated cluster stands for, each by its compute-to-communication ratio R_N^bench.
 
-A wind tunnel matches the Reynolds number, not the wind speed. The emulated nodes' links are set so that their R_N,
-measured on the host that runs them, equals the real configuration's (`ddp_core.studies.wind_tunnel`), so that a
-faster or slower CPU models the same configuration as far as that ratio decides (the nodes study's similarity test
-measures how far). Each configuration's R_N comes from
-published figures kept with their source in `literature/`, or from the GPU this project measured:
+That ratio decides what DDP gains on a configuration. A wind tunnel matches the Reynolds number, not the wind speed.
+So the emulated links are set to match the real R_N, and a faster or slower CPU models the same configuration.
 
-- the large model on A100s over NVLink: the prediction chapter's forecast (published all-reduce and matrix-product
-  rates, a step at `A100_MFU` of the peak), the study's global batch;
-- the large model on H200s over NVLink: one H200's step of the whole batch as `benchmarks/single_device.py` measured
-  it (`H200_MEASUREMENT`, bf16, the trainer with timers off), the all-reduce from the same published A100 curve;
-- the large model on A100s, one a node, over 32 Gbit/s Ethernet (NCCL over TCP, a published bus bandwidth): the
-  configuration where DDP struggles, at a global batch of `ETHERNET_GLOBAL_BATCH`.
-
-R_N is taken as the emulated side takes it (`ddp_core.analysis.compute_ratio`): the whole batch's step over N, as if
-each GPU did exactly its share, over the sum of the model's gradient buckets' all-reduces as a benchmark times them.
-The emulated nodes match a configuration in that number only: a page names them by it, and shows the cluster's own
+The emulated nodes match a configuration in that number only. So a page names them by it, and shows the cluster's own
 forecast (`Configuration.speedup_range`) beside any result that names the cluster.
 """
 
@@ -34,6 +21,8 @@ from ddp_core.analysis.compute_ratio import compute_to_comm_ratio
 from ddp_core.analysis.nvlink_forecast import LITERATURE, SHARE_LOOP, WHOLE_LOOP, nvlink_fit, peak_gemm_flops_per_s
 from ddp_core.analysis.results import read_measurement
 
+# R_N comes from published figures kept with their source in `literature/`, or from the GPU this project measured.
+# The nodes study's similarity test measures how far a faster or slower CPU still models the same configuration.
 PRESET = "large"  # the model every configuration trains
 A100_MFU = 0.4  # the share of the A100's peak its step reaches (nvlink_forecast.MFU_SCENARIOS says why 40 %)
 H200_MEASUREMENT = REPO_ROOT / "reference" / "single_device" / "cuda-nvidia-h200"
@@ -86,8 +75,10 @@ def ethernet_busbw() -> float:
 
 
 def ethernet_bucket_s(size_bytes: float, gpus: int) -> float:
-    """A bucket all-reduced by a ring at the published bus bandwidth: the bandwidth term only, a lower bound on the
-    time (no latency), so R_N is the configuration's best case."""
+    """A bucket all-reduced by a ring at the published bus bandwidth, with no latency term.
+
+    That is a lower bound on the time, so R_N is the configuration's best case.
+    """
     return 2 * (gpus - 1) / gpus * size_bytes / ethernet_busbw()
 
 
@@ -121,12 +112,14 @@ class Configuration:
 
     def ratio(self, workload: dict, study_batch: int, nodes: int) -> float:
         """R_N^bench of this configuration on `nodes` GPUs, for a run's workload (its `model`) and global batch."""
+        # As the emulated side takes it (`compute_ratio`): the whole batch's step over N, as if each GPU did exactly
+        # its share, over the sum of the buckets' all-reduces as a benchmark times them.
         step = self.step_s(workload, self.batch(study_batch))
         return compute_to_comm_ratio(step / nodes, sum(self.allreduces_s(workload, nodes)))
 
     def speedup_range(self, workload: dict, study_batch: int, nodes: int) -> tuple[float, float]:
-        """The cluster's own forecast speedup on `nodes` GPUs over one: each GPU steps its share of the batch and
-        then waits for every bucket's all-reduce (lowest), or for the last bucket's only (highest)."""
+        """The cluster's own forecast speedup range on `nodes` GPUs over one, shown beside results naming it."""
+        # Each GPU steps its share, then waits for every bucket's all-reduce (lowest) or the last (highest).
         batch = self.batch(study_batch)
         whole, share = self.step_s(workload, batch), self.share_step_s(workload, batch // nodes)
         buckets = self.allreduces_s(workload, nodes)
@@ -134,6 +127,8 @@ class Configuration:
 
 
 CONFIGURATIONS = {
+    # One H200's step of the whole batch, measured by `benchmarks/single_device.py` in bf16 with timers off; the
+    # all-reduce from the same published A100 curve.
     "h200_nvlink": Configuration(
         "H200s over NVLink",
         H200_GLOBAL_BATCH,
@@ -145,6 +140,8 @@ CONFIGURATIONS = {
         "reference/gpu_lease); the all-reduce from Azure's published "
         "ND A100 v4 curve (an A100's NVLink: the H200's is faster)",
     ),
+    # The prediction chapter's forecast: published all-reduce and matrix-product rates, a step at A100_MFU of the peak,
+    # at the study's global batch.
     "a100_nvlink": Configuration(
         "A100s over NVLink",
         None,
@@ -154,6 +151,7 @@ CONFIGURATIONS = {
         nvlink_latency_s,
         f"Azure's published ND A100 v4 all-reduce curve and matrix-product rate, a step at {A100_MFU:.0%} of it",
     ),
+    # One A100 a node over 32 Gbit/s Ethernet, NCCL over TCP: where DDP struggles, at ETHERNET_GLOBAL_BATCH.
     "a100_ethernet": Configuration(
         "A100s over 32 Gbit/s Ethernet",
         ETHERNET_GLOBAL_BATCH,

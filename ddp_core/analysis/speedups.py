@@ -1,11 +1,7 @@
-"""The one table of a study's speed per world size, which every chapter builds on: speedup with its range and verdict,
-efficiency, the compute/communication split, the compute-to-communication ratio, accuracy.
+"""The one table of a study's speed per world size, which every chapter builds on.
 
-Speed is compared the one way every page compares (`comparisons`): each run's median step, repeat
-k at N ranks paired with repeat k at one rank, which ran next to it in time. The breakdown of a
-step (compute, communication, data) is of the mean step over the steady epochs of all repeats, so
-that its parts add up to it: the first epoch of every run is left out, as it pays for start-up
-(allocator warm-up, DDP's bucket rebuild, cold caches) that later epochs do not.
+Speed is compared the way every page compares, through `comparisons`. A step's breakdown is of the mean step, so that
+its parts add up to it.
 """
 
 from __future__ import annotations
@@ -29,16 +25,12 @@ from ddp_core.analysis.tables import counted, in_words
 
 
 def scaling_table(experiment: Experiment) -> pd.DataFrame:
-    """One row per world size: time, throughput, speedup with its range and verdict, efficiency, compute vs
-    communication, accuracy.
-
-    Step time and time per sample are medians of the repeats' median steps; throughput is their inverse; the
-    epoch time is the median of the repeats' mean steady epochs. Speedup
-    is the median of the repeats' T1/TN, its range the lowest and highest of them (`speedup_comparisons`). The
-    mean step and its parts are means over the steady epochs of all repeats, so the parts add up to no more than
-    it; accuracy and training loss are the medians of the repeats' last epochs.
-    """
+    """One row per world size: time, throughput, speedup with its range and verdict, efficiency, split and accuracy."""
+    # Speedup is the median of the repeats' T1/TN, ranged by the lowest and highest. Repeat k at N ranks is paired with
+    # repeat k at one rank, which ran next to it in time.
     comparisons = speedup_comparisons(experiment)
+    # The mean step and its parts are means over the steady epochs of all repeats, so the parts add up to no more
+    # than it. The first epoch pays for start-up that later ones do not: allocator warm-up, bucket rebuild, cold caches.
     steady = steady_phases(experiment.metrics)
     means = [
         "mean_step_s",
@@ -51,11 +43,12 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
     table = steady.groupby("world_size").agg(
         **{c: (c, "mean") for c in means}, peak_memory_mb=("peak_memory_mb", "max")
     )
+    # the median of the repeats' mean steady epochs
     table["epoch_time_s"] = steady.groupby(["world_size", "run"])["epoch_time_s"].mean().groupby("world_size").median()
-    timed = ["step_time_s", "time_per_sample_s"]
+    timed = ["step_time_s", "time_per_sample_s"]  # medians of the repeats' median steps; throughput is the inverse
     table[timed] = run_times(experiment).groupby("world_size")[timed].median()
     table["samples_per_s"] = 1 / table["time_per_sample_s"]
-    table = table.join(
+    table = table.join(  # accuracy and training loss: medians of the repeats' last epochs
         last_epochs(experiment.metrics)
         .groupby("world_size")
         .agg(
@@ -87,13 +80,14 @@ def scaling_table(experiment: Experiment) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Largest:
-    """What the results chapter, the discussion and the first page each say of a study's runs, from one place. The
-    settings they share, and the speedup and final accuracy at the most ranks against one rank's. `placement` holds
-    for CPU ranks and GPUs alike ("shared one machine's 2 CPU cores")."""
+    """What the results chapter, the discussion and the first page say of a study's runs, kept in one place.
+
+    It holds the shared settings, and the speedup and final accuracy at the most ranks against one rank's.
+    """
 
     preset: str
     dataset: str
-    placement: str
+    placement: str  # for CPU ranks and GPUs alike: "shared one machine's 2 CPU cores"
     global_batch: int
     dropout: float
     largest: int

@@ -1,14 +1,8 @@
-"""Where a training step's time goes, by category of operator, from the profile of `benchmarks/step_profile`
-(a folder per device: operators.csv, device.json).
+"""Where a training step's time goes, by category of operator, from the profile of `benchmarks/step_profile`.
+
+The profile is a folder per device with operators.csv and device.json. The rows add up to the step.
 
     python -m ddp_core.analysis.step_profile results/step_profile/cpu     # prints the table
-
-Each operator's self time per step (its own, not that of the operators it calls; on a GPU, that of the kernels it
-launched) falls in one category; the time of the profiled step that no operator spent (Python, the loop, the
-profiler's own bookkeeping; on a GPU, the time no kernel ran) is its own row, so the rows add up to the step. The
-matrix products' rate is their FLOPs (counted by the profiler from their shapes) over their time; the model's rate is
-the cost model's FLOPs per step over the step's wall time; both are held against the rate one large matrix product
-reached on the same device.
 """
 
 from __future__ import annotations
@@ -79,13 +73,18 @@ def load_step_profiles(folder: str | Path) -> list[StepProfile]:
 
 
 def category_table(p: StepProfile) -> pd.DataFrame:
-    """Per category, largest first, then the time outside operators: milliseconds per step, share of the step,
-    the largest operator in it, and for the matrix products their rate in GFLOP/s."""
+    """Per category, largest first, then the time outside operators: time per step, share, largest operator, rate.
+
+    Only the matrix products get a rate, in GFLOP/s.
+    """
+    # Each operator's self time per step falls in one category: its own, not its callees'. On a GPU, its kernels'.
     ops = categorised(p)
     by_category = ops.groupby("category").agg(seconds=("self_s_per_step", "sum"), flops=("flops_per_step", "sum"))
     by_category["largest"] = ops.set_index("operator").groupby("category")["self_s_per_step"].idxmax()
     by_category = by_category.sort_values("seconds", ascending=False)
     step = p.info["step_s"]
+    # The step's time no operator spent is its own row, so the rows add up to the step: Python, the loop, the profiler's
+    # bookkeeping, or on a GPU the time no kernel ran.
     outside = pd.DataFrame(
         {"seconds": [step - by_category["seconds"].sum()], "flops": [0.0], "largest": [""]},
         index=[OUTSIDE if p.info["device"] == "cpu" else GPU_IDLE],
@@ -93,14 +92,16 @@ def category_table(p: StepProfile) -> pd.DataFrame:
     table = pd.concat([by_category, outside])
     table["ms"] = table["seconds"] * 1e3
     table["share_pct"] = table["seconds"] / step * 100
+    # the profiler counts the products' FLOPs from their shapes
     table["gflops"] = (table["flops"] / table["seconds"] / 1e9).where(table.index == "matrix products")
     return table
 
 
 def short_name(operator: str) -> str:
-    """An operator's name as markdown short enough for a table column:
-    `aten::_scaled_dot_product_flash_attention_for_cpu_backward` reads `flash_attention` (backward), which a narrow
-    column can break."""
+    """An operator's name as markdown short enough for a narrow table column to break.
+
+    `aten::_scaled_dot_product_flash_attention_for_cpu_backward` reads `flash_attention` (backward).
+    """
     for noise in ("autograd::engine::evaluate_function: ", "aten::", "_scaled_dot_product_", "_for_cpu"):
         operator = operator.replace(noise, "")
     name, backward, _ = operator.partition("_backward")
@@ -125,8 +126,7 @@ def category_markdown(p: StepProfile) -> str:
 
 @dataclass(frozen=True)
 class ProfiledStep:
-    """A profile as a page introduces its table: what ran, and the matrix products' and the model's FLOP rates
-    against one large product's, each in the unit its device's rates read best in."""
+    """A profile as a page introduces its table: what ran, and its FLOP rates against one large product's."""
 
     device: str
     torch: str
@@ -151,7 +151,7 @@ def profiled_step(p: StepProfile) -> ProfiledStep:
     info, table = p.info, category_table(p)
     products = table.loc["matrix products"]
     large = info["matmul_tflops"] * 1e3  # GFLOP/s
-    model = info["model_flops_per_step"] / info["step_s"] / 1e9
+    model = info["model_flops_per_step"] / info["step_s"] / 1e9  # the cost model's FLOPs over the step's wall time
     unit, gflops_per_unit = _rate_unit(p)
     return ProfiledStep(
         device=info["device_name"],
@@ -173,7 +173,7 @@ def profiled_step(p: StepProfile) -> ProfiledStep:
 
 
 def _rate_unit(p: StepProfile) -> tuple[str, float]:
-    """TFLOP/s on a GPU, GFLOP/s on a CPU: each in the unit its rates read best in; and the GFLOP/s in one."""
+    """The unit a device's rates read best in, TFLOP/s on a GPU and GFLOP/s on a CPU, and the GFLOP/s in one."""
     return ("GFLOP/s", 1) if p.info["device"] == "cpu" else ("TFLOP/s", 1e3)
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 
 def commit_text(commit: str | None) -> str:
-    """A run's code commit as the book shows it: short, `-dirty` kept (its tree had uncommitted changes)."""
+    """A run's code commit as the book shows it: short, with `-dirty` kept, since it marks uncommitted changes."""
     return "unknown" if commit is None else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
@@ -19,58 +19,65 @@ def day(stamp: str) -> str:
 
 
 def measured_by(info: dict, stamp: str = "start_time") -> dict:
-    """What ran, as every page says it of a run or a benchmark: the day it was measured (its `stamp` field) and the
-    code commit (`commit_text`), under the same keys everywhere."""
+    """When and from which commit a run or benchmark was measured, under the same keys on every page."""
     return {"measured_on": day(info[stamp]), "commit": commit_text(info.get("git_commit"))}
 
 
 def machine_text(info: dict) -> str:
-    """The device of a run.json or device.json as the book names it: a CPU with the vector extensions it recorded,
-    which set its speed ('AMD EPYC (avx2)'), a GPU by its name."""
+    """The device of a run.json or device.json as the book names it: 'AMD EPYC (avx2)', or a GPU's name.
+
+    A CPU is named with its vector extensions, since they set its speed.
+    """
     if str(info.get("device")).startswith("cuda"):
         return info["device_name"]
     return f"{info['device_name']} ({', '.join(info.get('cpu_extensions') or ['extensions not recorded'])})"
 
 
 def cpu_relation(info: dict, other: dict) -> str:
-    """Whether two run.json or device.json describe "the same CPU" (name and vector extensions, which set its speed)
-    or "two different CPUs"."""
+    """Whether two run.json or device.json describe "the same CPU" or "two different CPUs", by `machine_text`."""
     return "the same CPU" if machine_text(info) == machine_text(other) else "two different CPUs"
 
 
 def range_text(low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
-    """A range as the tables give it, '1.20–1.59', or as the prose does (`between=" to "`): '1.20 to 1.59'; the one
-    value, '1.41', where both ends read the same in `fmt`, never '1.41 to 1.41'."""
+    """A range as the tables give it, '1.20–1.59', or as the prose does with `between=" to "`.
+
+    Where both ends read the same in `fmt`, it gives the one value, never '1.41 to 1.41'.
+    """
     low_text, high_text = fmt.format(low), fmt.format(high)
     return low_text if low_text == high_text else f"{low_text}{between}{high_text}"
 
 
 def median_range(median: float, low: float, high: float, fmt: str = "{:.2f}", between: str = "–") -> str:
-    """A median with the range it lies in (`range_text`), as the tables give it: '1.35 (1.20–1.59)'; the median alone,
-    '1.41', where its range reads as that one value."""
+    """A median with the range it lies in, as the tables give it: '1.35 (1.20–1.59)'.
+
+    Where the range reads as one value, the median stands alone.
+    """
     median_text, spread = fmt.format(median), range_text(low, high, fmt, between)
     return median_text if spread == median_text else f"{median_text} ({spread})"
 
 
 def noise_format(value: float, floor: float) -> str:
-    """The format that writes `value` to the digit its noise floor allows: the last digit shown is the first that a
-    relative spread of `floor` can move (2.66 at a floor of 7 %: '2.7'; 0.80 at 4 %: '0.80'); two decimals at most,
-    and where the floor is unknown."""
+    """The format that writes `value` to the digit its noise floor allows, so no digit claims more than the noise.
+
+    It shows two decimals at most, and where the floor is unknown.
+    """
+    # The last digit shown is the first a relative spread of `floor` can move: 2.66 at 7 % is '2.7', 0.80 at 4 % '0.80'.
     if not floor > 0 or not value:
         return "{:.2f}"
     return f"{{:.{min(2, max(0, -math.floor(math.log10(abs(value) * floor))))}f}}"
 
 
 def difference_text(value: float, bound: str = "") -> str:
-    """A difference as a reader reads it: '0' where there is none, two significant figures where they show within
-    four decimals ('0.0032', '0.15'), and below that the power of ten it lies within, after `bound` ('below ' in a
-    table's cell, where a number would be read as the value): '1e-7' for 3.2e-08, whose digits are float
-    rounding; what such a difference says is how small it is."""
+    """A difference as a reader reads it: '0', two significant figures, or the power of ten it lies within.
+
+    Below four decimals a difference's digits are float rounding: what it says is how small it is.
+    """
     size = abs(value)
     if size == 0:
         return "0"
-    if size >= 1e-4:
+    if size >= 1e-4:  # two significant figures show within four decimals: '0.0032', '0.15'
         return f"{value:,.{max(1 - math.floor(math.log10(size)), 0)}f}"
+    # '1e-7' for 3.2e-08, after `bound`: 'below ' in a table's cell, where a number would be read as the value
     exponent = math.floor(math.log10(size))
     return f"{bound}1e{exponent if 10.0**exponent >= size else exponent + 1}"
 
@@ -93,8 +100,7 @@ WORDS = {
 
 
 def in_words(name: str) -> str:
-    """A variant or dataset as a reader names it: "linear_lr_warmup" -> "linear LR warm-up", "ag_news" -> "AG News",
-    "300mbit" -> "300 Mbit/s"."""
+    """A variant or dataset as a reader names it: "ag_news" -> "AG News", "300mbit" -> "300 Mbit/s"."""
     rate = re.fullmatch(r"(\d+)([kmg])bit", str(name))
     if rate:
         return f"{rate[1]} {rate[2].upper()}bit/s"
@@ -134,9 +140,11 @@ NUMBER = re.compile(r"(below )?[-+–]?\d|–$")  # a formatted number, a bound 
 
 
 def markdown_table(cells: pd.DataFrame, index_name: str | None = None) -> str:
-    """The one way the book's tables are written: cells already in words or formatted, as Markdown whose first
-    column (the index, headed `index_name`, or else the first column of `cells`) names each row, and whose
-    columns of numbers are right-aligned, as numbers are read; words stay left-aligned."""
+    """The one way the book's tables are written: formatted cells as Markdown, the first column naming each row.
+
+    Columns of numbers are right-aligned, as numbers are read. Words stay left-aligned.
+    """
+    # The first column is the index, headed `index_name`, or else the first column of `cells`.
     if index_name is not None:
         cells = cells.rename_axis(index_name).reset_index()
     numbers = [i > 0 and all(NUMBER.match(str(cell)) for cell in cells[column]) for i, column in enumerate(cells)]
@@ -166,12 +174,12 @@ def quantity_table(
     turned: bool = False,
     column_names: list[str] | None = None,
 ) -> str:
-    """The one way a table of quantities is written: a row per row of `table` and a column per quantity, or, turned,
-    a row per quantity and a column per row of `table` (named `column_names`, else its index in words, a study's
-    variants as `in_words` names them): a wide table turned so that it fits a page however many quantities it shows.
-    An empty value (nothing to measure there, e.g. R_N of a run without an all-reduce) reads "–". No rows: no table
-    (LaTeX has none of no rows)."""
-    if table.empty:
+    """The one way a table of quantities is written: a row per row of `table` and a column per quantity.
+
+    Turned, a wide table has a row per quantity, so it fits a page however many quantities it shows. An empty value,
+    such as R_N of a run without an all-reduce, reads "–".
+    """
+    if table.empty:  # no rows, no table: LaTeX has no table of no rows
         return ""
     turned_cells = pd.DataFrame(
         [[_formatted(value, *spec[1:]) for value in table[column]] for column, spec in quantities.items()],
@@ -180,5 +188,5 @@ def quantity_table(
     )
     if not turned:
         return markdown_table(turned_cells.T, index_name)
-    turned_cells.columns = column_names or [in_words(name) for name in table.index]
+    turned_cells.columns = column_names or [in_words(name) for name in table.index]  # a study's variants, in words
     return markdown_table(turned_cells, "")

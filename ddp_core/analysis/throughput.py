@@ -1,13 +1,7 @@
-"""One device's training throughput and model FLOP utilisation, from the measurements of
-`benchmarks/single_device.py` (a folder per device: epochs.csv, device.json; `results.load_measurements`).
+"""One device's training throughput and model FLOP utilisation, from the measurements of `benchmarks/single_device.py`.
 
-Throughput of a loop: its samples over its seconds, summed over the timed epochs. Model FLOP
-utilisation (MFU): the model's training FLOPs per second (the cost model's count, padding included)
-over the device's dense bf16 peak from its datasheet, the usual definition (PaLM, Chowdhery et al.
-2022); beside it, the share of the rate one large matrix product reached on the same device, which
-a CPU, with no datasheet figure, has too. A ratio of two loops is computed per round (the loops of a round ran back
-to back) and reported as the median over the rounds with its range; whether one loop is faster is the one verdict
-function's call (`verdict.compare`), the rounds paired.
+MFU follows the usual definition (PaLM, Chowdhery et al. 2022). A ratio of two loops is judged round by round by the
+one verdict, since a round's loops ran back to back.
 """
 
 from __future__ import annotations
@@ -31,15 +25,19 @@ def peak_tflops(m: Measurement) -> float | None:
 
 
 def throughput_table(m: Measurement) -> pd.DataFrame:
-    """Per configuration: samples/s of each loop; model TFLOP/s, MFU and share of the matrix-product rate of
-    the trainer as every run uses it (the timed loop)."""
+    """Per configuration: samples/s of each loop, and the timed trainer's model TFLOP/s, MFU and matmul share.
+
+    The timed loop is the trainer as every run uses it.
+    """
+    # a loop's throughput: its samples over its seconds, summed over the timed epochs
     sums = m.epochs.groupby(CONFIG + ["loop"])[["samples", "seconds"]].sum()
     rates = (sums["samples"] / sums["seconds"]).unstack("loop").add_prefix("samples_per_s_")
     table = rates.join(m.epochs.groupby(CONFIG)["flops_per_sample"].first())
-    table["tflops"] = table["samples_per_s_timed"] * table["flops_per_sample"] / 1e12
+    table["tflops"] = table["samples_per_s_timed"] * table["flops_per_sample"] / 1e12  # the cost model's, with padding
+    # The share of one large matrix product's rate on the same device: a CPU, with no datasheet peak, has it too.
     table["share_of_matmul"] = [row.tflops / m.info["matmul_tflops"][amp] for (_, amp, _), row in table.iterrows()]
     peak = peak_tflops(m)
-    table["mfu"] = table["tflops"] / peak if peak else float("nan")
+    table["mfu"] = table["tflops"] / peak if peak else float("nan")  # over the datasheet's dense bf16 peak
     return table
 
 
@@ -63,8 +61,7 @@ RATIOS = {
 
 
 def ratio_table(m: Measurement) -> pd.DataFrame:
-    """Per configuration and ratio: median, lowest and highest over the rounds of (throughput of the loop) /
-    (throughput of the loop it is set against)."""
+    """Per configuration and ratio: a loop's throughput over the other's, as median, lowest and highest over rounds."""
     seconds = loop_rounds(m)
     return pd.concat(
         [
@@ -79,9 +76,10 @@ def ratio_table(m: Measurement) -> pd.DataFrame:
 
 
 def verdict_table(m: Measurement) -> pd.DataFrame:
-    """Per ratio, what the measurement says of it over every configuration: the range of its medians and of the
-    configurations' noise floors, and how many configurations the one verdict function calls faster, slower, not
-    told apart, or leaves without a verdict (too few rounds)."""
+    """Per ratio, what the measurement says of it over every configuration, with how many got each verdict.
+
+    It gives the range of its medians and of the configurations' noise floors.
+    """
     verdicts, medians = configuration_verdicts(m), ratio_table(m)
     return pd.DataFrame(
         [
@@ -99,8 +97,7 @@ def verdict_table(m: Measurement) -> pd.DataFrame:
 
 
 def configuration_verdicts(m: Measurement) -> pd.DataFrame:
-    """Per configuration (preset, amp, batch size): its noise floor and each ratio's verdict on the loop against the
-    one it is set against ("slower", "faster", ...), the calls `verdict_table` counts."""
+    """Per configuration: its noise floor and each ratio's verdict, the calls `verdict_table` counts."""
     rows = {}
     for configuration, rounds in loop_rounds(m).groupby(CONFIG):
         rounds = rounds.droplevel(CONFIG)
@@ -118,15 +115,16 @@ def loop_rounds(m: Measurement) -> pd.DataFrame:
 
 
 def rounds_floor(rounds: pd.DataFrame) -> float:
-    """The noise that pairing by rounds leaves of one configuration's loops: the floor its ratios are held against,
-    so that a configuration whose epochs are steady is not judged by another's noise (on a GPU the small model's
-    steps, a few milliseconds, spread far more than the large one's)."""
+    """The noise that pairing by rounds leaves of one configuration's loops: the floor its ratios are held against.
+
+    Each configuration has its own, so that one with steady epochs is not judged by another's noise.
+    """
+    # On a GPU the small model's steps, a few milliseconds, spread far more than the large one's.
     return noise_floor([list(rounds[loop]) for loop in rounds])
 
 
 def ratio_comparison(m: Measurement, name: str, configuration: tuple) -> Comparison:
-    """One ratio of RATIOS at one configuration (preset, amp, batch size), round by round, against that
-    configuration's floor: one of the verdicts `verdict_table` counts ("lower": the loop is slower)."""
+    """One ratio of RATIOS at one configuration, round by round, against its floor: "lower" means the loop is slower."""
     rounds = loop_rounds(m).loc[configuration]
     return _compare(rounds, name, rounds_floor(rounds))
 
@@ -146,18 +144,16 @@ VERDICT_COUNTS = {
 
 @dataclass(frozen=True)
 class RatioSpan:
-    """One ratio of RATIOS over a measurement's configurations: its lowest and highest median, and each verdict it
-    reached with how many configurations reached it ('slower in 1 configuration')."""
+    """One ratio of RATIOS over a measurement's configurations: its range of medians and its verdicts."""
 
     low: float
     high: float
-    verdicts: str
+    verdicts: str  # each with how many configurations reached it: 'slower in 1 configuration'
 
 
 @dataclass(frozen=True)
 class RatioOverview:
-    """A measurement's ratios over all its configurations, for a page to sum up in a sentence: the device, how many
-    configurations, the range of the noise floors they were held against, and the trainer's and DDP's ratios."""
+    """A measurement's ratios over all its configurations, for a page to sum up in a sentence."""
 
     overview_name: str
     configurations: int

@@ -1,18 +1,8 @@
-"""One yardstick for every comparison the report makes: two sets of repeats, run interleaved in time, turned
-into a ratio with its range and a verdict.
+"""One yardstick for every comparison the report makes: two sets of interleaved repeats, as a ratio and a verdict.
 
-This machine's speed drifts by tens of per cent over minutes (its neighbours' load, the VM's scheduling), so
-two single runs differ by more than most effects the report studies. Runs that alternate in time see the same
-drift: repeat k of one side is paired with repeat k of the other, and the ratio of a pair cancels what they
-shared. The range of the pairs' ratios is what the runs showed; with three to five repeats a bootstrap or a
-t-interval would claim a precision the sample does not have.
-
-A verdict is given only when every pair points the same way and the median ratio lies beyond the noise floor,
-how far from 1 a paired ratio of identical configurations would land (`noise_floor`, from the noise that
-pairing leaves: what a round's drift, shared by every configuration in it, does not explain); anything else is
-"no visible difference", and fewer than MIN_REPEATS pairs give no verdict at all. `error_rates` measures the
-rule itself on the runs it judges: how often it calls a difference between identical configurations, and how
-often it finds a planted one.
+This machine's speed drifts by tens of per cent over minutes, with its neighbours' load and the VM's scheduling. That
+is more than most effects the report studies. Runs that alternate in time see the same drift, so repeat k of one side
+is paired with repeat k of the other. `error_rates` measures the rule itself on the runs it judges.
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ from statistics import median
 
 import numpy as np
 
-MIN_REPEATS = 3
+MIN_REPEATS = 3  # fewer pairs give no verdict at all
 DRAWS = 2000  # new sets of rounds per planted effect in `error_rates`
 Z = 2.0  # the floor's width in standard deviations of a pair's log-ratio: under normal noise 1 pair in 20 lies beyond
 
@@ -46,11 +36,11 @@ class Comparison:
         return self.verdict in ("lower", "higher")
 
     def value(self) -> str:
-        """'0.85 (0.80 to 0.90 over 3 repeats)': the ratio with the range of its pairs; '1.00 (the same in each of 3
-        repeats)' where the range's ends read alike."""
+        """The ratio with the range of its pairs: '0.85 (0.80 to 0.90 over 3 repeats)'."""
         if self.pairs < 2:
             return f"{self.ratio:.2f} (one run each)"
         low, high = f"{self.low:.2f}", f"{self.high:.2f}"
+        # where the range's ends read alike: '1.00 (the same in each of 3 repeats)'
         spread = "the same in each of" if low == high else f"{low} to {high} over"
         return f"{self.ratio:.2f} ({spread} {self.pairs} repeats)"
 
@@ -61,8 +51,10 @@ class Comparison:
         return f"{self.says(lower, higher)} (beyond the noise floor of {self.floor:.1%})"
 
     def why_undecided(self) -> str:
-        """The outcome where the rule decides neither way, in a few words with what decided it (the pages and the
-        methods chapter say what each means): noise, too few repeats, guesses, or no floor."""
+        """Why the rule decided neither way, in a few words: noise, too few repeats, guesses, or no floor.
+
+        The pages and the methods chapter say what each means.
+        """
         if self.verdict == "too few repeats":
             return f"no verdict ({self.pairs} of each side; a verdict needs {MIN_REPEATS} repeats)"
         if self.verdict == "at chance":
@@ -76,8 +68,11 @@ def compare(a: list[float], b: list[float], floor: float) -> Comparison:
     """Side A against side B: a[k] and b[k] are repeat k of each, run next to each other in time."""
     if len(a) != len(b):
         raise ValueError(f"{len(a)} repeats against {len(b)}: pairs need as many of each")
+    # A pair's ratio cancels the drift its runs shared. The range of the ratios is what the runs showed: with three to
+    # five repeats, a bootstrap or a t-interval would claim a precision the sample does not have.
     ratios = [x / y for x, y in zip(a, b)]
     ratio = median(ratios)
+    # A verdict needs every pair to point the same way, and the median beyond the noise floor.
     if len(ratios) < MIN_REPEATS:
         verdict = "too few repeats"
     elif max(ratios) < 1 and ratio < 1 / (1 + floor):  # the floor in log-ratio on both sides: A against B and B
@@ -91,8 +86,10 @@ def compare(a: list[float], b: list[float], floor: float) -> Comparison:
 
 
 def _log_table(repeats: list[list[float]]) -> np.ndarray | None:
-    """Logs of the configurations that have a positive value in every round, a row each and a column per round
-    (the rounds all of them ran); None when fewer than two configurations or two rounds are left."""
+    """Logs of the configurations with a positive value in every round: a row each, a column per round all of them ran.
+
+    It is None when fewer than two configurations or two rounds are left.
+    """
     rows = [values for values in repeats if len(values) > 1 and all(v > 0 for v in values)]  # NaN fails v > 0
     rounds = min((len(values) for values in rows), default=0)
     if len(rows) < 2 or rounds < 2:
@@ -106,36 +103,38 @@ def _residuals(table: np.ndarray) -> np.ndarray:
 
 
 def degrees_of_freedom(repeats: list[list[float]]) -> int:
-    """What the noise floor of `repeats` rests on: (configurations - 1) x (rounds - 1) residuals' worth, 0 where
-    there is no floor. With 2 the floor itself is uncertain by a factor of several, and small effects go unseen."""
+    """What the noise floor of `repeats` rests on, in residuals' worth: 0 where there is no floor.
+
+    With 2 the floor itself is uncertain by a factor of several, and small effects go unseen.
+    """
     table = _log_table(repeats)
     return 0 if table is None else _degrees(table)
 
 
 def _degrees(table: np.ndarray) -> int:
+    # (configurations - 1) x (rounds - 1)
     return (table.shape[0] - 1) * (table.shape[1] - 1)
 
 
 def noise_floor(repeats: list[list[float]], runs: int = 2) -> float:
-    """How far from 1 a paired ratio of two identical configurations lands on this machine, given the values of
-    several configurations, repeat k of each run in round k.
+    """How far from 1 a paired ratio of two identical configurations lands on this machine.
 
-    The logs are fitted as configuration effect + round effect (a randomized block design: a round's drift is
-    shared by every configuration in it, and pairing cancels it); the residual standard deviation s is the
-    noise pairing leaves. A pair's log-ratio then has standard deviation sqrt(2) s, and the floor is the ratio
-    Z of those away from 1: exp(Z sqrt(2) s) - 1. A ratio of two speedups holds `runs` = 4 runs' values, each
-    with its own noise: sqrt(4) s. NaN when the values cannot separate noise from the configurations (one
-    configuration, or one round): no floor, and no verdict."""
+    The values are several configurations', repeat k of each run in round k. It is NaN, so no verdict, where one
+    configuration or one round cannot separate noise from the configurations.
+    """
     table = _log_table(repeats)
     if table is None:
         return float("nan")
+    # The logs are fitted as configuration effect + round effect, a randomized block design. A round's drift is shared
+    # by every configuration in it, and pairing cancels it. The residual deviation s is the noise pairing leaves.
     s = math.sqrt((_residuals(table) ** 2).sum() / _degrees(table))
+    # A pair's log-ratio has deviation sqrt(2) s; the floor is Z of those from 1. A ratio of two speedups holds
+    # runs=4 values, each with its own noise: sqrt(4) s.
     return math.exp(Z * math.sqrt(runs) * s) - 1
 
 
 def slowed_first(drawn: np.ndarray, effect: float) -> tuple[list[float], list[float]]:
-    """The comparison `error_rates` plants by default: the first configuration, slowed by the effect, against the
-    second."""
+    """What `error_rates` plants by default: the first configuration, slowed by the effect, against the second."""
     return list(drawn[0] * (1 + effect)), list(drawn[1])
 
 
@@ -147,17 +146,18 @@ def error_rates(
     planted=slowed_first,
     runs: int = 2,
 ) -> dict:
-    """How the rule behaves on runs like these: per planted effect (0.2: side A takes 1.2 times as long), the
-    share of comparisons of A against B that `compare` calls in the effect's direction; at 0, the share it
-    calls at all (in either direction), which ought to be rare.
+    """How the rule behaves on runs like these: per planted effect, the share of comparisons called in its direction.
 
-    Each draw makes new rounds from the fitted residuals (a residual bootstrap, each residual scaled up for the
-    effects the fit took out), estimates the floor from them as a page would (for a comparison of `runs` runs'
-    values), and makes the comparison `planted` builds from the drawn rounds with the effect in it (a ratio of two
-    speedups, four runs, is noisier than one of two times: its test's rates are its own)."""
+    An effect of 0.2 means side A takes 1.2 times as long. At 0, it is the share called either way, which ought to be
+    rare.
+    """
+    # Each draw makes new rounds from the fitted residuals, a residual bootstrap. It estimates the floor as a page
+    # would, then makes the comparison `planted` builds with the effect in it. A ratio of two speedups, four runs, is
+    # noisier than one of two times, so its test's rates are its own.
     table = _log_table(repeats)
     if table is None:
         return {effect: float("nan") for effect in effects}
+    # each residual scaled up for the effects the fit took out
     residuals = _residuals(table).ravel() * math.sqrt(table.size / _degrees(table))
     rng = np.random.default_rng(seed)
 

@@ -1,19 +1,7 @@
-"""The training state one rank holds under each sharding mode, by the formulas of ZeRO (Rajbhandari et al., SC 2020),
-in fp32 with AdamW as this project trains: 4 bytes a parameter for the weights, 4 for its gradient, 8 for AdamW's two
-moments and 4 a tensor for its step count. N ranks each hold 1/N of what a mode shards:
+"""The training state one rank holds under each sharding mode, by ZeRO's formulas and as measured.
 
-| mode  | parameters | gradients | optimizer state | gradients kept between steps |
-| none  | 4Ψ         | 4Ψ        | 8Ψ              | 4Ψ (DDP's buckets)            |
-| zero1 | 4Ψ         | 4Ψ        | 8Ψ/N            | 4Ψ                            |
-| zero2 | 4Ψ         | 4Ψ/N      | 8Ψ/N            | 0                             |
-| zero3 | 4Ψ/N       | 4Ψ/N      | 8Ψ/N            | 0                             |
-
-The formula's 1/N is an even split; what a rank measures (`ddp_core.engine.memory`) departs from it where the split
-cannot be even: FSDP2 pads each tensor's first dimension to a multiple of N, and ZeRO-1 gives each rank whole
-tensors, so a model with one large tensor (an embedding) leaves one rank most of the optimizer's state. The nodes
-study's sharded variants (one per mode), with the DDP and one node they share links and nodes with (`sharding_runs`),
-read into the measured bytes beside the formula's, and each mode's time per sample against DDP's, for the chapter and
-the key findings.
+The formulas are those of ZeRO (Rajbhandari et al., SC 2020). The chapter and the key findings read the nodes study's
+sharded variants: their bytes beside the formula's, and each mode's time per sample against DDP's.
 """
 
 from __future__ import annotations
@@ -50,8 +38,14 @@ SHARDED = {"none": (), "zero1": HELD[2:], "zero2": HELD[1:], "zero3": HELD}
 
 
 def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[str, float]:
-    """Per kind (STATE_COLUMNS), the bytes one of `ranks` ranks holds of a model of `parameters` parameters in
-    `tensors` tensors, under `mode`."""
+    """Per kind, the bytes one of `ranks` ranks holds under `mode`, for `parameters` parameters in `tensors` tensors."""
+    # In fp32 with AdamW, as this project trains: 4 bytes a parameter for the weights, 4 for its gradient, 8 for
+    # AdamW's two moments, and 4 a tensor for its step count. N ranks each hold 1/N of what a mode shards:
+    # | mode  | parameters | gradients | optimizer state | gradients kept between steps |
+    # | none  | 4Ψ         | 4Ψ        | 8Ψ              | 4Ψ (DDP's buckets)            |
+    # | zero1 | 4Ψ         | 4Ψ        | 8Ψ/N            | 4Ψ                            |
+    # | zero2 | 4Ψ         | 4Ψ/N      | 8Ψ/N            | 0                             |
+    # | zero3 | 4Ψ/N       | 4Ψ/N      | 8Ψ/N            | 0                             |
     whole = {
         "parameters_bytes": 4 * parameters,
         "gradients_bytes": 4 * parameters,
@@ -64,8 +58,10 @@ def formula_bytes(parameters: int, tensors: int, ranks: int, mode: str) -> dict[
 
 
 def block_parameters(counts: dict[str, int]) -> dict[str, int]:
-    """The parameters of each encoder block, by its index, from the model's parameters by name
-    (`parameter_counts`); the rest (embeddings, head) is FSDP2's root unit."""
+    """The parameters of each encoder block, by its index, from `parameter_counts`.
+
+    The rest, embeddings and head, is FSDP2's root unit.
+    """
     blocks: dict[str, int] = {}
     for name, count in counts.items():
         if name.startswith("blocks."):
@@ -84,7 +80,7 @@ GLOO_SENDS = {  # per kind of c10d collective (its operators' names contain it),
 
 
 def collective_kind(name: str) -> str:
-    """The kind (a key of GLOO_SENDS) of the c10d operator `name`, refused in one line where it has none."""
+    """The kind of the c10d operator `name`, a key of GLOO_SENDS, refused in one line where it has none."""
     kind = next((kind for kind in GLOO_SENDS if kind in name), None)
     if kind is None:
         raise ResultsError(f"no algorithm known for the collective {name}: add its kind to GLOO_SENDS")
@@ -92,15 +88,19 @@ def collective_kind(name: str) -> str:
 
 
 def gloo_sends(counted: dict[str, dict], nodes: int) -> float:
-    """The bytes a node sends on average for the collectives one step handed to gloo (run.json's
-    `collectives_per_step`, `ddp_core.engine.collectives`), by gloo's algorithms (GLOO_SENDS)."""
+    """The bytes a node sends on average for the collectives one step handed to gloo, by gloo's algorithms.
+
+    `counted` is run.json's `collectives_per_step`, from `ddp_core.engine.collectives`.
+    """
     sent = sum(GLOO_SENDS[collective_kind(name)] * entry["bytes"] for name, entry in counted.items())
     return sent * (nodes - 1) / nodes
 
 
 def counted_collectives(run: RunInfo) -> dict[str, dict]:
-    """The collectives one step of `run` handed to the process group, by operator (run.json's
-    `collectives_per_step`), refused in one line for a run that did not count them."""
+    """The collectives one step of `run` handed to the process group, by operator, from run.json.
+
+    A run that did not count them is refused in one line.
+    """
     counted = run.raw.get("collectives_per_step")
     if not counted:
         raise ResultsError(f"run {run.name} did not count its collectives: train it with --count-collectives")
@@ -108,14 +108,21 @@ def counted_collectives(run: RunInfo) -> dict[str, dict]:
 
 
 def bytes_per_parameter(state: dict[str, float], parameters: int) -> float:
-    """What a rank holds of parameters, gradients and optimizer state together, per parameter of the model: the
-    number that sets the largest model a mode fits in a given memory."""
+    """What a rank holds of parameters, gradients and optimizer state together, per parameter of the model.
+
+    This number sets the largest model a mode fits in a given memory.
+    """
     return sum(state[kind] for kind in HELD) / parameters
 
 
 def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFrame:
-    """Per mode and ranks (`rows`: one per run, its mode, ranks and STATE_COLUMNS as measured), the measured bytes
-    of each kind beside the formula's, and the bytes per parameter of each."""
+    """Per mode and ranks, the measured bytes of each kind beside the formula's, and the bytes per parameter of each.
+
+    `rows` holds one run each: its mode, ranks and STATE_COLUMNS as measured.
+    """
+    # Measured bytes (`ddp_core.engine.memory`) depart from the formula's even 1/N where the split cannot be even.
+    # FSDP2 pads each tensor's first dimension to a multiple of N. ZeRO-1 gives each rank whole tensors, so one large
+    # tensor, an embedding, leaves one rank most of the optimizer's state.
     out = []
     for (mode, ranks), group in rows.groupby(["mode", "ranks"], sort=False):
         sides = {
@@ -134,8 +141,10 @@ def state_table(rows: pd.DataFrame, parameters: int, tensors: int) -> pd.DataFra
 
 
 def modes(study: dict[str, Experiment], nodes: int | None = None) -> dict[str, Experiment]:
-    """The study's variants on several nodes by sharding mode (the one-node runs, which shard nothing, apart); with
-    `nodes`, each variant's runs on that many alone, as the memory and the bytes are read (at the most nodes)."""
+    """The study's variants on several nodes by sharding mode, without the one-node runs, which shard nothing.
+
+    With `nodes`, each variant keeps its runs on that many alone, as the memory and the bytes are read.
+    """
     by_mode = {e.baseline.sharding: e for e in study.values() if e.largest > 1}
     return by_mode if nodes is None else {mode: only(e, nodes) for mode, e in by_mode.items()}
 
@@ -172,15 +181,17 @@ def memory_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def held_shares(table: pd.DataFrame) -> pd.DataFrame:
-    """Per mode's name (`memory_table`), the parameters, gradients and optimizer state its largest rank held over
-    DDP's, as measured and by the formula."""
+    """Per mode's name, the state its largest rank held over DDP's, as measured and by the formula.
+
+    The state is parameters, gradients and optimizer state.
+    """
     held = {side: table[[f"{kind}_{side}" for kind in HELD]].sum(axis=1) for side in ("measured", "formula")}
     return pd.DataFrame({side: held_bytes / held_bytes[MODE_NAMES["none"]] for side, held_bytes in held.items()})
 
 
 def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Comparison]]:
-    """Per number of nodes and sharded mode, its time per sample against DDP's on as many nodes, repeat by repeat, all
-    held against one floor, that of every configuration `sharding_runs` gives, the one node's too."""
+    """Per number of nodes and sharded mode, its time per sample against DDP's on as many nodes, repeat by repeat."""
+    # one floor for all: that of every configuration `sharding_runs` gives, the one node's too
     by_mode = modes(study)
     ddp, floor = by_mode["none"], time_floor(*study.values())
     return {
@@ -190,9 +201,10 @@ def time_comparisons(study: dict[str, Experiment]) -> dict[int, dict[str, Compar
 
 
 def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
-    """What the sharding chapter reads of the nodes study: each sharded mode's variant, the DDP variant whose links
-    the modes share (the same configuration modelled on nodes of the same share) and the one node of that share, so
-    that every mode's runs and DDP's ran in the same rounds."""
+    """What the sharding chapter reads of the nodes study: the sharded variants, the DDP variant, and the one node.
+
+    All ran in the same rounds, so every mode can be compared with DDP.
+    """
     sharded = {name: e for name, e in nodes.items() if e.baseline.sharded}
     if not sharded:
         raise ResultsError(
@@ -202,7 +214,7 @@ def sharding_runs(nodes: dict[str, Experiment]) -> dict[str, Experiment]:
     first = next(iter(sharded.values()))
     record = wind_tunnel_record(first.folder.parent)
     models, share = record[first.folder.name].models, node_share(first)
-    ddp = {
+    ddp = {  # the DDP variant whose links the modes share: the same configuration on nodes of the same share
         name: e
         for name, e in nodes.items()
         if ddp_on_nodes(e) and name in record and record[name].models == models and node_share(e) == share
@@ -215,9 +227,10 @@ SPEEDUP_KEYS = ("speedup", "speedup_low", "speedup_high", "efficiency", "verdict
 
 
 def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
-    """Per mode's name, its speedup over the one node of the same share on each number of nodes (`<key>_n<N>` for
-    each of SPEEDUP_KEYS), repeat by repeat: median and range, the verdict and the noise floor it was held against,
-    and the efficiency (the speedup over the nodes)."""
+    """Per mode's name, its speedup over the one node of the same share on each number of nodes, repeat by repeat.
+
+    Columns are `<key>_n<N>` for each of SPEEDUP_KEYS.
+    """
     alone = one_node(study)
     rows = {}
     for mode, e in modes(study).items():
@@ -228,9 +241,10 @@ def speedup_table(study: dict[str, Experiment]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Headline:
-    """What the key findings say of sharding, and the sharding page with them: the most nodes, their link and the
-    configuration it models, DDP's and ZeRO-3's speedups over one node there with their verdicts, ZeRO-3's share of
-    DDP's training state a rank (measured, and by ZeRO's formula) and its time per sample against DDP's."""
+    """What the key findings and the sharding page say of sharding, at the most nodes.
+
+    It sets DDP's and ZeRO-3's speedups beside ZeRO-3's share of DDP's state and its time against DDP's.
+    """
 
     nodes: int
     link: str
