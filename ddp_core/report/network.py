@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_core.analysis.emulated import BASELINE
-from ddp_core.analysis.gpu_measurements import load_gpu_results
+from ddp_core.analysis.gpu_measurements import ForecastBounds, emulated_table, forecast_bounds, load_gpu_results
 from ddp_core.analysis.likeness import likeness_table
-from ddp_core.analysis.nvlink_forecast import Replay, load_timelines, replay
 from ddp_core.analysis.provenance import Whose, runs_shown
 from ddp_core.analysis.results import load_study
 from ddp_core.analysis.tables import quantity_table
@@ -20,16 +19,17 @@ class Findings:
 
     runs: Whose
     gpu_device: str
-    gpu_replay: Replay  # why a GPU's share of the batch does not take 1/N of its step
+    gpu_forecast: ForecastBounds  # the GPU section's four H200s, from one GPU's steps measured in DDP
 
 
 def findings(results: Path) -> Findings:
     """Whose the one-node runs of the nodes study are, which stand for every study on the emulated nodes, and what a
     measured GPU's steps say of dividing a step among GPUs."""
+    nodes, gpu = load_study(results / "nodes"), load_gpu_results(results)
     return Findings(
-        runs=runs_shown(load_study(results / "nodes")[BASELINE]),
-        gpu_device=load_gpu_results(results).eager.info["device_name"],
-        gpu_replay=replay(load_timelines(results / "gpu_timeline")),
+        runs=runs_shown(nodes[BASELINE]),
+        gpu_device=gpu.eager.info["device_name"],
+        gpu_forecast=forecast_bounds(gpu, emulated_table(nodes)),
     )
 
 
