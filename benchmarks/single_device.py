@@ -185,20 +185,20 @@ def trainer_epoch(cfg, rt: Runtime, data: EncodedData, timers: bool, in_ddp: boo
     epochs = iter(range(1, sys.maxsize))
     evaluations = Evaluations(state, data, plan, cfg, rt, None)  # none inside the epoch: cfg evaluates at its end
     training = Training(
-        cfg,
-        rt,
-        state,
-        model,
-        data,
-        sampler,
-        plan,
-        timer,
-        GradientNoise(),
-        StateCensus(model, state.optimizer),
-        CollectiveCensus(False),
-        evaluations,
-        StopRequest(),
-        None,
+        cfg=cfg,
+        rt=rt,
+        state=state,
+        ddp_model=model,
+        data=data,
+        sampler=sampler,
+        batch=plan,
+        timer=timer,
+        noise=GradientNoise(),
+        census=StateCensus(model, state.optimizer),
+        collectives=CollectiveCensus(False),
+        evaluations=evaluations,
+        stop=StopRequest(),
+        out=None,
     )
     return lambda: train_epoch(training, next(epochs), None)
 

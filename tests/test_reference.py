@@ -420,3 +420,21 @@ def test_gpu_runs_of_the_results_chapter_are_the_headline_named_by_their_gpu_and
     assert (found.units, found.setting, found.most) == (f"{GPU_NAME} GPUs", "with NCCL", 4)
     assert float(found.speedup.shown) == pytest.approx(largest.ratio, abs=0.05)
     assert (found.whose, found.made_on) == ("yours", f"4 {GPU_NAME} GPUs")
+
+
+def test_the_first_pages_step_is_the_headlines_mean_step_cut_into_its_timed_parts():
+    """The step drawn on the first page: its parts add up to the mean step, and the all-reduce's two parts to the
+    all-reduce in flight, at the headline's most processes."""
+    from ddp_core.analysis.headline import headline_runs
+    from ddp_core.analysis.speedups import scaling_table
+    from ddp_core.report.intro import step_parts
+
+    parts = step_parts(REPO / "reference")
+    experiment = headline_runs(load_experiment(REFERENCE), load_study(NODES)).experiment
+    row = scaling_table(experiment).loc[experiment.largest]
+    assert parts.processes == experiment.largest
+    total = parts.forward_backward_ms + parts.exposed_ms + parts.optimizer_ms + parts.other_ms
+    assert total == pytest.approx(row["mean_step_s"] * 1e3)
+    assert parts.hidden_ms + parts.exposed_ms == pytest.approx(row["comm_total_per_step_s"] * 1e3)
+    assert parts.exposed_ms == pytest.approx(row["comm_exposed_per_step_s"] * 1e3)
+    assert parts.optimizer_ms == pytest.approx(row["optimizer_per_step_s"] * 1e3)

@@ -86,6 +86,57 @@ def headline_figure(results: Path):
     return figure
 
 
+@dataclass(frozen=True)
+class StepParts:
+    """One mean step of the headline's runs at their most processes, in ms, in the order a step spends them."""
+
+    processes: int
+    forward_backward_ms: float
+    hidden_ms: float  # the all-reduce in flight while backward still computed
+    exposed_ms: float  # the all-reduce after backward, which the step waits for
+    optimizer_ms: float
+    other_ms: float  # what no timer covers: loading the batch, the loop
+
+
+def step_parts(results: Path) -> StepParts:
+    """`StepParts` of the headline's runs (`headline_runs`), means over the steady epochs."""
+    scaling, nodes = load_experiment(results / "scaling"), load_study(results / "nodes")
+    experiment = headline.headline_runs(scaling, nodes).experiment
+    columns = ["mean_step_s", "compute_per_step_s", "optimizer_per_step_s", "comm_total_per_step_s"]
+    row = scaling_table(experiment).loc[experiment.largest, [*columns, "comm_exposed_per_step_s"]].astype(float) * 1e3
+    exposed = row["comm_exposed_per_step_s"]
+    return StepParts(
+        processes=experiment.largest,
+        forward_backward_ms=row["compute_per_step_s"] - row["optimizer_per_step_s"],
+        hidden_ms=row["comm_total_per_step_s"] - exposed,
+        exposed_ms=exposed,
+        optimizer_ms=row["optimizer_per_step_s"],
+        other_ms=row["mean_step_s"] - row["compute_per_step_s"] - exposed,
+    )
+
+
+def step_figure(results: Path):
+    """One step as a timeline: forward and backward, the all-reduce under backward's end (hidden) and after it
+    (exposed), then the optimizer. It draws the first page's terms with the headline's own milliseconds."""
+    parts = step_parts(results)
+    backward_end = parts.forward_backward_ms
+    spans = [
+        ("compute", 0, backward_end, "C0", "forward + backward"),
+        ("all-reduce", backward_end - parts.hidden_ms, parts.hidden_ms, "C2", "hidden"),
+        ("all-reduce", backward_end, parts.exposed_ms, "C3", "exposed"),
+        ("compute", backward_end + parts.exposed_ms, parts.optimizer_ms, "C1", "optimizer"),
+    ]
+    fig, ax = plt.subplots(figsize=(9, 2.2))
+    for lane, start, width, colour, name in spans:
+        ax.barh(lane, width, left=start, color=colour, edgecolor="white")
+        ax.text(start + width / 2, lane, f"{name}\n{width:,.0f} ms", ha="center", va="center", fontsize=8)
+    untimed = f"; {parts.other_ms:,.0f} ms more go untimed (loading the batch)" if parts.other_ms >= 0.5 else ""
+    ax.set(xlabel=f"ms into a mean step on {parts.processes} processes{untimed}", xlim=(0, None))
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
 def gpus_figure(scaling: Experiment, nodes: dict[str, Experiment]):
     """The GPUs' speedup over one against their number, beside the ideal N and the emulated nodes' links in grey.
     Beside it, their step's compute and exposed all-reduce against one GPU's compute / N."""
