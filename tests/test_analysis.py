@@ -430,9 +430,9 @@ def test_an_accuracy_a_guess_could_reach_on_the_evaluation_set_is_called_at_chan
     set_final_accuracies(folder, 1, accuracies)
     found = scaling.findings(load_experiment(folder), None, reference_nodes())
     samples = json.loads((folder / "n1" / "run.json").read_text())["config"]["eval_samples"]
-    assert found.chance == 0.5  # IMDB: two classes
-    assert found.chance_bar == pytest.approx(0.5 + 2 * (0.25 / samples) ** 0.5)
-    assert found.accuracy_vs_chance_n1 == says
+    assert found.accuracy.chance == 0.5  # IMDB: two classes
+    assert found.accuracy.chance_bar == pytest.approx(0.5 + 2 * (0.25 / samples) ** 0.5)
+    assert found.accuracy.vs_chance == says
 
 
 def steady_per_step(folder, n: int, columns) -> float:

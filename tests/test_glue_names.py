@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import get_type_hints
 
 import pytest
 
-from ddp_core.report.page import glue_names
+from ddp_core.report.page import glue_names, names_by_field
 
 REPO = Path(__file__).resolve().parents[1]
 QUOTED = re.compile(r"\{glue(?::\w*)?\}`([A-Za-z0-9_]+)|```\{glue(?::\w*)?\}\s+([A-Za-z0-9_]+)")
@@ -30,12 +28,7 @@ def test_a_page_quotes_only_its_records_fields_and_every_one_of_them(page):
     record = importlib.import_module(f"ddp_core.report.{page.stem}").Findings
     names = glue_names(record)
     assert sorted(quoted(page) - set(names)) == [], "quoted, but no field of the page's record"
-    hints = get_type_hints(record)
-    by_field = {
-        f.name: glue_names(hints[f.name], f.name + "_") if is_dataclass(hints[f.name]) else [f.name]
-        for f in fields(record)
-    }
-    unquoted = [field for field, its_names in by_field.items() if not quoted(page) & set(its_names)]
+    unquoted = [field for field, its_names in names_by_field(record).items() if not quoted(page) & set(its_names)]
     assert unquoted == [], "fields the page never quotes"
 
 

@@ -20,13 +20,18 @@ def glued(record, prefix: str = "") -> dict[str, object]:
     return values
 
 
-def glue_names(record_type: type, prefix: str = "") -> list[str]:
-    """The names `glued` gives every record of this type, read from its fields' types: what its page may quote."""
-    hints, names = get_type_hints(record_type), []
+def names_by_field(record_type: type, prefix: str = "") -> dict[str, list[str]]:
+    """The names `glued` gives each field of every record of this type, read from the fields' types."""
+    hints, by_field = get_type_hints(record_type), {}
     for field in fields(record_type):
-        kind = hints[field.name]
-        names += glue_names(kind, f"{prefix}{field.name}_") if is_dataclass(kind) else [prefix + field.name]
-    return names
+        kind, name = hints[field.name], prefix + field.name
+        by_field[field.name] = glue_names(kind, name + "_") if is_dataclass(kind) else [name]
+    return by_field
+
+
+def glue_names(record_type: type, prefix: str = "") -> list[str]:
+    """The names `glued` gives every record of this type: what its page may quote."""
+    return [name for names in names_by_field(record_type, prefix).values() for name in names]
 
 
 def glue_findings(record) -> None:

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ddp_core.analysis.comparisons import WARMUP_EPOCHS, against_chance, chance_bar
+from ddp_core.analysis.comparisons import WARMUP_EPOCHS, Chance, against_chance, chance_at
 from ddp_core.analysis.compute_ratio import cores_per_rank
 from ddp_core.analysis.figures import chance_line
 from ddp_core.analysis.results import Experiment, run_on_folder
@@ -65,10 +65,7 @@ class Findings(Largest):
     optimizer_share_nmax: float
     optimizer_growth_nmax: float
     cores_share_nmax: float
-    eval_samples: int | None
-    chance: float
-    chance_bar: float
-    accuracy_vs_chance_n1: str
+    accuracy: Chance  # one rank's final accuracy against guessing
     accuracy_vs_chance_nmax: str
     n1: AtRanks
     nmax: AtRanks
@@ -84,7 +81,6 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None, nodes: 
     (`cost_model.communication_split`), the time in flight splits into transfer and waiting."""
     table = scaling_table(experiment)
     first, most = experiment.baseline, experiment.largest
-    chance, bar = chance_bar(first)
     split = communication.loc[most] if communication is not None else {"transfer_s": np.nan, "waiting_s": np.nan}
     return Findings(
         **vars(largest(experiment)),
@@ -96,10 +92,7 @@ def findings(experiment: Experiment, communication: pd.DataFrame | None, nodes: 
         optimizer_share_nmax=float(table.loc[most, "optimizer_per_step_s"] / table.loc[most, "step_time_s"]),
         optimizer_growth_nmax=float(table.loc[most, "optimizer_per_step_s"] / table.loc[1, "optimizer_per_step_s"]),
         cores_share_nmax=float(cores_per_rank(experiment.runs[most]) / cores_per_rank(first)),
-        eval_samples=first.config["eval_samples"],
-        chance=chance,
-        chance_bar=bar,
-        accuracy_vs_chance_n1=against_chance(experiment, 1),
+        accuracy=chance_at(experiment, 1),
         accuracy_vs_chance_nmax=against_chance(experiment, most),
         n1=at_ranks(table, 1),
         nmax=at_ranks(table, most),
